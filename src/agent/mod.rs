@@ -1,0 +1,3 @@
+//! The node agent.
+
+pub mod crio;

@@ -1,0 +1,17 @@
+//! nodekeeper: one agent on every Kubernetes node plus a small central controller.
+//!
+//! Module map (see README "Architecture"):
+//! - [`config`]: the typed TOML configuration, read once, validated, printed without secrets.
+//! - [`agent`]: the node agent (CRI-O config, health checks, metadata sources, label rules).
+//! - [`sim`]: the Kubernetes API stand-in and cloud metadata emulators used by tests and the demo.
+//! - [`cli`]: the `nodekeeper` command line; the binary's `main` only calls [`cli::main`].
+
+pub mod agent;
+pub mod cli;
+pub mod config;
+pub mod shutdown;
+pub mod sim;
+pub mod telemetry;
+
+/// Version string printed by `nodekeeper --version`: crate version and git commit.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("NODEKEEPER_GIT_COMMIT"), ")");

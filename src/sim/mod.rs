@@ -1,0 +1,26 @@
+//! Test and demo stand-ins for the real peers nodekeeper talks to:
+//! - [`apiserver`]: a Kubernetes API server stand-in with simulated control loops (`nodekeeper sim apiserver`);
+//! - [`imds`]: cloud instance-metadata emulators for OCI, AWS, Azure and GCP (`nodekeeper sim imds`).
+
+pub mod apiserver;
+pub mod imds;
+
+/// `nodekeeper sim ...` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum SimCommand {
+    /// Run the Kubernetes API stand-in (with simulated kubelets, scheduler, controllers).
+    Apiserver(apiserver::ApiserverArgs),
+    /// Mint a service-account token bound to a pod and node (for TokenReview tests).
+    Token(apiserver::TokenArgs),
+    /// Serve a cloud's instance-metadata API (OCI, AWS, Azure, GCP) with an admin endpoint.
+    Imds(imds::ImdsArgs),
+}
+
+/// Runs a `sim` subcommand; returns the process exit code.
+pub async fn run(cmd: SimCommand) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
+    match cmd {
+        SimCommand::Apiserver(args) => apiserver::run_apiserver(args).await,
+        SimCommand::Token(args) => apiserver::run_token(args).await,
+        SimCommand::Imds(args) => imds::run(args).await,
+    }
+}
