@@ -514,27 +514,21 @@ mod tests {
     use crate::agent::host::systemd::RestartOutcome;
     use std::fs;
 
-    fn active() -> UnitStatus {
-        UnitStatus {
-            load_state: "loaded".into(),
-            active_state: "active".into(),
-            sub_state: "running".into(),
-            n_restarts: 0,
-        }
-    }
     fn outcome(result: &str, state: &str) -> RestartOutcome {
+        let status = match state {
+            "active" => FakeUnitManager::active(),
+            _ => FakeUnitManager::failed(),
+        };
         RestartOutcome {
             job_result: result.into(),
-            status: UnitStatus {
-                active_state: state.into(),
-                ..active()
-            },
+            status,
         }
     }
     fn fake(outcomes: Vec<RestartOutcome>) -> FakeUnitManager {
-        let f = FakeUnitManager::default();
-        *f.status.lock().unwrap() = active();
-        *f.outcomes.lock().unwrap() = outcomes;
+        let f = FakeUnitManager::new().with_unit("crio.service", FakeUnitManager::active());
+        for o in outcomes {
+            f.push_restart(Ok(o));
+        }
         f
     }
     fn cfg(dropins: &[(&str, &str)]) -> CrioConfig {
@@ -605,7 +599,7 @@ mod tests {
         let (r, res) = run(&c, root.path(), &f).await;
         res.unwrap();
         assert!(!r.changed && !r.restarted);
-        assert_eq!(f.restarts.lock().unwrap().len(), 1);
+        assert_eq!(f.restarts("crio.service"), 1);
     }
 
     #[tokio::test]
@@ -632,7 +626,7 @@ mod tests {
             fs::read_to_string(dropin_dir(root.path()).join("a.conf")).unwrap(),
             "good = 1\n"
         );
-        assert_eq!(bad.restarts.lock().unwrap().len(), 2);
+        assert_eq!(bad.restarts("crio.service"), 2);
         // The state still owns exactly the old file, with no transaction pending.
         let st = StatePaths {
             dir: root.path().join("var/lib/nodekeeper"),
@@ -667,7 +661,7 @@ mod tests {
             listing(root.path()),
             vec!["00-foreign.conf", "11-default.conf"]
         );
-        assert!(f.restarts.lock().unwrap().len() == 2);
+        assert!(f.restarts("crio.service") == 2);
     }
 
     #[tokio::test]
@@ -695,12 +689,16 @@ mod tests {
     async fn inactive_unit_is_not_restarted() {
         let root = tempfile::tempdir().unwrap();
         fs::create_dir_all(dropin_dir(root.path())).unwrap();
-        let f = fake(vec![]);
-        f.status.lock().unwrap().active_state = "inactive".into();
+        let inactive = UnitStatus {
+            active_state: "inactive".into(),
+            sub_state: "dead".into(),
+            ..FakeUnitManager::active()
+        };
+        let f = FakeUnitManager::new().with_unit("crio.service", inactive);
         let (r, res) = run(&cfg(&[("a.conf", "a = 1\n")]), root.path(), &f).await;
         res.unwrap();
         assert!(r.changed && !r.restarted);
-        assert!(f.restarts.lock().unwrap().is_empty());
+        assert_eq!(f.restarts("crio.service"), 0);
     }
 
     #[tokio::test]
