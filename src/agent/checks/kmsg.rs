@@ -28,6 +28,8 @@ use super::{
 pub const MAX_MESSAGE_LEN: usize = 1024;
 /// At most this many records are read per round (the rest wait for the next round).
 pub const MAX_RECORDS_PER_READ: usize = 10_000;
+/// At most this many records are scanned as backlog at open time.
+pub const MAX_BACKLOG: usize = 1_000_000;
 
 /// One `/dev/kmsg` record: `PRI,SEQ,TS_USEC,FLAGS[,...];MESSAGE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,13 +119,26 @@ impl KmsgReader {
             partial: Vec::new(),
         };
         if replay {
-            let backlog = reader.read_available()?;
+            let backlog = reader.drain_backlog()?;
             return Ok((reader, backlog));
         }
         if !kind.is_fifo() {
             reader.file.seek(SeekFrom::End(0)).map_err(kmsg_err(path))?;
         }
         Ok((reader, Vec::new()))
+    }
+
+    /// Everything already readable, in batches, so a full kernel buffer is not cut short
+    /// (bounded by [`MAX_BACKLOG`] in case records arrive faster than we read).
+    fn drain_backlog(&mut self) -> Result<Vec<String>, CheckError> {
+        let mut backlog = Vec::new();
+        loop {
+            let batch = self.read_available()?;
+            if batch.is_empty() || backlog.len() >= MAX_BACKLOG {
+                return Ok(backlog);
+            }
+            backlog.extend(batch);
+        }
     }
 
     /// Every complete record available now (first lines only; continuation lines dropped).
