@@ -63,21 +63,22 @@ impl ByteSize {
         let num: f64 = num
             .parse()
             .map_err(|_| format!("`{text}` is not a size (e.g. 512MiB, 2GiB, 1000000)"))?;
-        let mult: u64 =
-            match unit.trim().to_ascii_lowercase().as_str() {
-                "" | "b" => 1,
-                "k" | "kb" => 1_000,
-                "m" | "mb" => 1_000_000,
-                "g" | "gb" => 1_000_000_000,
-                "t" | "tb" => 1_000_000_000_000,
-                "kib" => 1 << 10,
-                "mib" => 1 << 20,
-                "gib" => 1 << 30,
-                "tib" => 1 << 40,
-                other => return Err(format!(
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" => 1_000,
+            "m" | "mb" => 1_000_000,
+            "g" | "gb" => 1_000_000_000,
+            "t" | "tb" => 1_000_000_000_000,
+            "kib" => 1 << 10,
+            "mib" => 1 << 20,
+            "gib" => 1 << 30,
+            "tib" => 1 << 40,
+            other => {
+                return Err(format!(
                     "`{text}`: unknown size unit `{other}` (use B, KiB, MiB, GiB, TiB, K, M, G, T)"
-                )),
-            };
+                ))
+            }
+        };
         let bytes = num * mult as f64;
         if !bytes.is_finite() || bytes >= u64::MAX as f64 {
             return Err(format!("`{text}` is too large"));
