@@ -14,4 +14,9 @@ pub mod sim;
 pub mod telemetry;
 
 /// Version string printed by `nodekeeper --version`: crate version and git commit.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("NODEKEEPER_GIT_COMMIT"), ")");
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("NODEKEEPER_GIT_COMMIT"),
+    ")"
+);

@@ -17,7 +17,9 @@ pub struct TokenArgs {
 }
 
 /// `nodekeeper sim apiserver`.
-pub async fn run_apiserver(_args: ApiserverArgs) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
+pub async fn run_apiserver(
+    _args: ApiserverArgs,
+) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
     Err("nodekeeper sim apiserver is not built yet".into())
 }
 
