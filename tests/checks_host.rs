@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nodekeeper::agent::checks::config::{
-    ByteSize, ChecksConfig, DiskConfig, KmsgConfig, MemoryConfig, PidsConfig,
+    ByteSize, ChecksConfig, DiskConfig, KmsgConfig, MemoryConfig, PidsConfig, SystemdConfig,
 };
 use nodekeeper::agent::checks::debounce::FlapConfig;
 use nodekeeper::agent::checks::disk::{stat_path, DiskCheck, PathState};
@@ -66,6 +66,10 @@ fn fake_config(root: &Path, flap: FlapConfig) -> ChecksConfig {
             ..Default::default()
         },
         kmsg: KmsgConfig {
+            enabled: false,
+            ..Default::default()
+        },
+        systemd: SystemdConfig {
             enabled: false,
             ..Default::default()
         },
@@ -176,10 +180,9 @@ async fn default_config_round_on_this_machine() {
         ..Default::default()
     };
     let mut checks = Checks::from_config(&cfg);
-    assert_eq!(checks.names(), ["memory", "disk", "pids"]);
+    assert_eq!(checks.names(), ["memory", "disk", "pids", "systemd"]);
     let round = checks.run_once(Instant::now()).await;
-    assert!(round.failures.is_empty(), "{:?}", round.failures);
-    assert_eq!(round.conditions.len(), 4, "{:?}", round.conditions);
+    assert_eq!(round.conditions.len(), 6, "{:?}", round.conditions);
     assert_ne!(
         find(&round, "NodekeeperMemoryPressure").status,
         ConditionStatus::Unknown
@@ -188,6 +191,27 @@ async fn default_config_round_on_this_machine() {
         find(&round, "NodekeeperPIDPressure").status,
         ConditionStatus::Unknown
     );
+    // this build box has no system bus: the unit conditions are Unknown with the reason why
+    if std::env::var_os("DBUS_SYSTEM_BUS_ADDRESS").is_none()
+        && !Path::new("/run/dbus/system_bus_socket").exists()
+    {
+        for t in ["KubeletUnhealthy", "ContainerRuntimeUnhealthy"] {
+            let c = find(&round, t);
+            assert_eq!(
+                (c.status, c.reason.as_str()),
+                (ConditionStatus::Unknown, "CheckFailed")
+            );
+            assert!(
+                c.message.contains("cannot connect to the system D-Bus"),
+                "{}",
+                c.message
+            );
+        }
+        let failed: Vec<&str> = round.failures.iter().map(|f| f.check.as_str()).collect();
+        assert_eq!(failed, ["systemd"]);
+    } else {
+        eprintln!("NOTE: a system bus exists here; not asserting the no-bus path");
+    }
     let disk = find(&round, "NodekeeperDiskPressure");
     // the default paths /var/lib/containers and /var/lib/kubelet do not exist on this build box
     for p in ["/var/lib/containers", "/var/lib/kubelet"] {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use nodekeeper::agent::checks::config::{
     ChecksConfig, DiskConfig, KmsgConfig, KmsgRule, MemoryConfig, PidsConfig, RuleKind,
+    SystemdConfig,
 };
 use nodekeeper::agent::checks::kmsg::KmsgCheck;
 use nodekeeper::agent::checks::{
@@ -272,6 +273,10 @@ async fn event_flood_is_capped_in_a_round() {
             ..Default::default()
         },
         pids: PidsConfig {
+            enabled: false,
+            ..Default::default()
+        },
+        systemd: SystemdConfig {
             enabled: false,
             ..Default::default()
         },

@@ -31,6 +31,8 @@ pub struct ChecksConfig {
     pub pids: PidsConfig,
     /// `[checks.kmsg]`
     pub kmsg: KmsgConfig,
+    /// `[checks.systemd]`
+    pub systemd: SystemdConfig,
 }
 
 impl Default for ChecksConfig {
@@ -43,6 +45,7 @@ impl Default for ChecksConfig {
             disk: DiskConfig::default(),
             pids: PidsConfig::default(),
             kmsg: KmsgConfig::default(),
+            systemd: SystemdConfig::default(),
         }
     }
 }
@@ -248,6 +251,55 @@ impl Default for KmsgConfig {
     }
 }
 
+/// `[checks.systemd]`: systemd units over D-Bus.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SystemdConfig {
+    /// Run this check.
+    pub enabled: bool,
+    /// The units, `[[checks.systemd.unit]]`.
+    #[serde(rename = "unit")]
+    pub units: Vec<UnitCheckConfig>,
+    /// `FrequentRestarts` when `NRestarts` grew by this much within `restart_window` (0: off).
+    pub max_restarts: u32,
+    /// The window for `max_restarts`.
+    #[serde(with = "humantime_serde")]
+    pub restart_window: Duration,
+    /// Flap guard.
+    pub flap: FlapConfig,
+}
+
+impl Default for SystemdConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            units: vec![
+                UnitCheckConfig {
+                    name: "kubelet.service".into(),
+                    condition_type: "KubeletUnhealthy".into(),
+                },
+                UnitCheckConfig {
+                    name: "crio.service".into(),
+                    condition_type: "ContainerRuntimeUnhealthy".into(),
+                },
+            ],
+            max_restarts: 3,
+            restart_window: Duration::from_secs(600),
+            flap: FlapConfig::default(),
+        }
+    }
+}
+
+/// `[[checks.systemd.unit]]`
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UnitCheckConfig {
+    /// The unit, e.g. `kubelet.service`.
+    pub name: String,
+    /// The condition type reported for it.
+    pub condition_type: String,
+}
+
 /// What a kernel-log rule produces.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -390,6 +442,45 @@ impl ChecksConfig {
         }
         out.extend(check_flap(&p.flap, "pids"));
         out.extend(self.validate_kmsg());
+        out.extend(self.validate_systemd());
+        out
+    }
+
+    fn validate_systemd(&self) -> Vec<Diagnostic> {
+        let s = &self.systemd;
+        let mut out = Vec::new();
+        for (i, u) in s.units.iter().enumerate() {
+            let valid = u.name.contains('.') && !u.name.contains('/') && !u.name.trim().is_empty();
+            if !valid {
+                out.push(Diagnostic::error(
+                    cfg_path!["checks", "systemd", "unit", i, "name"],
+                    format!("`{}` is not a unit name (e.g. `kubelet.service`)", u.name),
+                ));
+            }
+            out.extend(check_type(
+                &u.condition_type,
+                cfg_path!["checks", "systemd", "unit", i, "condition_type"],
+            ));
+            if s.units[..i]
+                .iter()
+                .any(|o| o.condition_type == u.condition_type)
+            {
+                out.push(Diagnostic::error(
+                    cfg_path!["checks", "systemd", "unit", i, "condition_type"],
+                    format!(
+                        "condition type `{}` is used by an earlier unit",
+                        u.condition_type
+                    ),
+                ));
+            }
+        }
+        if s.max_restarts > 0 && s.restart_window.is_zero() {
+            out.push(Diagnostic::error(
+                cfg_path!["checks", "systemd", "restart_window"],
+                "must be greater than zero",
+            ));
+        }
+        out.extend(check_flap(&s.flap, "systemd"));
         out
     }
 

@@ -13,6 +13,7 @@ pub mod kmsg;
 pub mod memory;
 pub mod pids;
 mod runner;
+pub mod systemd_unit;
 
 use std::fmt;
 use std::future::Future;

@@ -1,6 +1,7 @@
 //! The runner: builds the enabled checks from `[checks]`, runs them all once per tick, applies
 //! each check's flap guard, and turns a failed check into `Unknown` conditions (`CheckFailed`).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::ser::SerializeStruct;
@@ -11,7 +12,9 @@ use super::disk::DiskCheck;
 use super::kmsg::KmsgCheck;
 use super::memory::MemoryCheck;
 use super::pids::PidsCheck;
+use super::systemd_unit::SystemdUnitCheck;
 use super::{CheckError, CheckEvent, CheckResult, ConditionStatus, HealthCheck, HostRoot};
+use crate::agent::host::systemd::UnitManager;
 
 /// The reason of a condition whose check failed or timed out this round.
 pub const CHECK_FAILED: &str = "CheckFailed";
@@ -67,8 +70,36 @@ impl std::fmt::Debug for Checks {
 }
 
 impl Checks {
-    /// The enabled checks of a validated `[checks]` section.
+    /// The enabled checks of a validated `[checks]` section; the systemd check connects to the
+    /// system bus on its first run.
     pub fn from_config(cfg: &ChecksConfig) -> Self {
+        let mut checks = Self::without_systemd(cfg);
+        if cfg.systemd.enabled {
+            checks.push(
+                Box::new(SystemdUnitCheck::connecting(cfg.systemd.clone())),
+                cfg.systemd.flap,
+            );
+        }
+        checks
+    }
+
+    /// As [`Checks::from_config`], with the systemd check using `manager` (a connection shared
+    /// with the CRI-O apply engine, or a fake).
+    pub fn from_config_with<M: UnitManager + Send + Sync + 'static>(
+        cfg: &ChecksConfig,
+        manager: Arc<M>,
+    ) -> Self {
+        let mut checks = Self::without_systemd(cfg);
+        if cfg.systemd.enabled {
+            checks.push(
+                Box::new(SystemdUnitCheck::new(cfg.systemd.clone(), manager)),
+                cfg.systemd.flap,
+            );
+        }
+        checks
+    }
+
+    fn without_systemd(cfg: &ChecksConfig) -> Self {
         let host = HostRoot::new(&cfg.host_root);
         let mut checks: Vec<(Box<dyn HealthCheck>, FlapConfig)> = Vec::new();
         if cfg.memory.enabled {
