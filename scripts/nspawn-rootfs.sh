@@ -14,6 +14,11 @@ repo=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
 rootfs=${NSPAWN_ROOTFS:-$repo/.cache/nspawn-rootfs}
 stamp="$rootfs.stamp"
 want=$(sha256sum "$0" | cut -d' ' -f1)
+mkdir -p "$(dirname "$rootfs")"
+
+# Parallel test processes call this script at once: one builds, the others wait for it.
+exec 9>"$rootfs.lock"
+flock 9
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$rootfs/lib/systemd/systemd" ]; then
     echo "$rootfs"
