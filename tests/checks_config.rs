@@ -91,7 +91,7 @@ fn bad_regex_is_located_at_its_pattern() {
     let e = errors(text);
     assert_eq!(e.len(), 1, "{e:?}");
     assert!(
-        e[0].starts_with("c.toml:4:11: error: invalid regular expression"),
+        e[0].starts_with("c.toml:4:11: error: invalid regular expression: unclosed group ["),
         "{e:?}"
     );
     assert!(e[0].contains("checks.kmsg.rule[0].pattern"), "{e:?}");

@@ -544,20 +544,20 @@ impl ChecksConfig {
     }
 }
 
+/// The last line of a regex error (`unclosed group`), without the caret drawing above it.
+pub fn regex_error_summary(e: &regex::Error) -> String {
+    let text = e.to_string();
+    let last = text.lines().last().unwrap_or_default().trim();
+    last.strip_prefix("error: ").unwrap_or(last).to_string()
+}
+
 fn validate_rule(i: usize, rule: &KmsgRule) -> Vec<Diagnostic> {
     let at = |key: &str| -> Vec<PathSeg> { cfg_path!["checks", "kmsg", "rule", i, key] };
     let mut out = Vec::new();
     if let Err(e) = regex::Regex::new(&rule.pattern) {
-        let first = e
-            .to_string()
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_string();
         out.push(Diagnostic::error(
             at("pattern"),
-            format!("invalid regular expression: {first}"),
+            format!("invalid regular expression: {}", regex_error_summary(&e)),
         ));
     }
     if !is_camel_case(&rule.reason) {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use regex::Regex;
 
-use super::config::{default_kmsg_rules, KmsgConfig, KmsgRule, RuleKind};
+use super::config::{default_kmsg_rules, regex_error_summary, KmsgConfig, KmsgRule, RuleKind};
 use super::{
     CheckError, CheckEvent, CheckFuture, CheckOutput, CheckResult, ConditionStatus, EventSeverity,
     HealthCheck,
@@ -220,8 +220,10 @@ pub fn compile_rules(cfg: &KmsgConfig) -> (Vec<CompiledRule>, Vec<CheckError>) {
             Err(e) => errors.push(CheckError::Parse {
                 path: cfg.path.clone(),
                 message: format!(
-                    "rule `{}` skipped: invalid regular expression `{}`: {e}",
-                    rule.reason, rule.pattern
+                    "rule `{}` skipped: invalid regular expression `{}`: {}",
+                    rule.reason,
+                    rule.pattern,
+                    regex_error_summary(&e)
                 ),
             }),
         }
