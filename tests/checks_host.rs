@@ -379,11 +379,12 @@ async fn a_hung_check_times_out() {
         (h.status, h.reason.as_str()),
         (ConditionStatus::Unknown, "CheckFailed")
     );
-    assert!(
-        h.message.contains("did not finish within 50ms"),
-        "{}",
-        h.message
-    );
+    assert_eq!(h.message, "check hang failed: did not finish within 50ms");
+    assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+    assert!(matches!(
+        r.failures[0].error,
+        CheckError::Timeout { ref check, .. } if check == "hang"
+    ));
     assert_eq!(
         find(&r, "NodekeeperMemoryPressure").status,
         ConditionStatus::False

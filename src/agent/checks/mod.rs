@@ -145,6 +145,14 @@ pub enum CheckError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The check did not finish in time.
+    #[error("did not finish within {}", humantime::format_duration(*.timeout))]
+    Timeout {
+        /// The check's name.
+        check: String,
+        /// The time allowed (`[checks] check_timeout`).
+        timeout: std::time::Duration,
+    },
     /// A systemd unit could not be queried.
     #[error("systemd unit {unit}: {message}")]
     Unit {

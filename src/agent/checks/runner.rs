@@ -51,6 +51,8 @@ pub struct Round {
 struct Entry {
     check: Box<dyn HealthCheck>,
     debounce: Debounce,
+    /// The error of the previous round, to log a persisting failure once.
+    last_error: Option<String>,
 }
 
 /// All enabled checks with their flap guards.
@@ -130,20 +132,14 @@ impl Checks {
     pub fn new(checks: Vec<(Box<dyn HealthCheck>, FlapConfig)>, timeout: Duration) -> Self {
         let entries = checks
             .into_iter()
-            .map(|(check, flap)| Entry {
-                check,
-                debounce: Debounce::new(flap),
-            })
+            .map(|(check, flap)| Entry::new(check, flap))
             .collect();
         Self { entries, timeout }
     }
 
     /// Adds one check.
     pub fn push(&mut self, check: Box<dyn HealthCheck>, flap: FlapConfig) {
-        self.entries.push(Entry {
-            check,
-            debounce: Debounce::new(flap),
-        });
+        self.entries.push(Entry::new(check, flap));
     }
 
     /// Names of the checks, in run order.
@@ -158,39 +154,63 @@ impl Checks {
     pub async fn run_once(&mut self, now: Instant) -> Round {
         let mut round = Round::default();
         for entry in &mut self.entries {
-            let name = entry.check.name().to_string();
-            let raw = match tokio::time::timeout(self.timeout, entry.check.check()).await {
-                Ok(Ok(out)) => {
-                    round.events.extend(out.events);
-                    for error in out.problems {
-                        tracing::warn!(check = %name, %error, "health check problem");
-                        round.failures.push(CheckFailure {
-                            check: name.clone(),
-                            error,
-                        });
-                    }
-                    out.conditions
-                }
-                Ok(Err(error)) => {
-                    tracing::warn!(check = %name, %error, "health check failed");
-                    let msg = format!("check {name} failed: {error}");
-                    round.failures.push(CheckFailure {
-                        check: name.clone(),
-                        error,
-                    });
-                    unknown_all(entry.check.as_ref(), &msg)
-                }
-                Err(_) => {
-                    let msg = format!("check {name} did not finish within {:?}", self.timeout);
-                    tracing::warn!(check = %name, "{msg}");
-                    unknown_all(entry.check.as_ref(), &msg)
-                }
-            };
+            let raw = entry.run(self.timeout, &mut round).await;
             round
                 .conditions
                 .extend(raw.into_iter().map(|r| entry.debounce.observe(r, now)));
         }
         round
+    }
+}
+
+impl Entry {
+    fn new(check: Box<dyn HealthCheck>, flap: FlapConfig) -> Self {
+        Self {
+            check,
+            debounce: Debounce::new(flap),
+            last_error: None,
+        }
+    }
+
+    /// Runs the check; events and failures go into `round`, raw conditions are returned.
+    async fn run(&mut self, timeout: Duration, round: &mut Round) -> Vec<CheckResult> {
+        let name = self.check.name().to_string();
+        let result = match tokio::time::timeout(timeout, self.check.check()).await {
+            Ok(r) => r,
+            Err(_) => Err(CheckError::Timeout {
+                check: name.clone(),
+                timeout,
+            }),
+        };
+        match result {
+            Ok(out) => {
+                if self.last_error.take().is_some() {
+                    tracing::info!(check = %name, "health check recovered");
+                }
+                round.events.extend(out.events);
+                for error in out.problems {
+                    tracing::warn!(check = %name, %error, "health check problem");
+                    round.failures.push(CheckFailure {
+                        check: name.clone(),
+                        error,
+                    });
+                }
+                out.conditions
+            }
+            Err(error) => {
+                let text = error.to_string();
+                // Log a failure when it starts or changes, not on every round it persists.
+                if self.last_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(check = %name, error = %text, "health check failed");
+                } else {
+                    tracing::debug!(check = %name, error = %text, "health check still failing");
+                }
+                let msg = format!("check {name} failed: {text}");
+                self.last_error = Some(text);
+                round.failures.push(CheckFailure { check: name, error });
+                unknown_all(self.check.as_ref(), &msg)
+            }
+        }
     }
 }
 
