@@ -27,6 +27,8 @@ pub struct Config {
     pub crio: CrioConfig,
     /// The agent's own behaviour.
     pub agent: AgentConfig,
+    /// Node health checks.
+    pub checks: crate::agent::checks::ChecksConfig,
 }
 
 /// `[log]`
@@ -456,6 +458,7 @@ impl Config {
             ));
         }
         diags.extend(crate::agent::crio::lint::lint(&self.crio, crio_version));
+        diags.extend(self.checks.validate());
         diags
     }
 

@@ -4,6 +4,7 @@
 //! Later capabilities (health checks, metadata sources, label rules, reporting) join the same
 //! `select!` loop.
 
+pub mod checks;
 pub mod crio;
 pub mod host;
 
