@@ -27,6 +27,8 @@ pub struct Config {
     pub crio: CrioConfig,
     /// The agent's own behaviour.
     pub agent: AgentConfig,
+    /// Cloud metadata sources (preemption, maintenance and rebalance notices).
+    pub sources: crate::agent::sources::SourcesConfig,
 }
 
 /// `[log]`
@@ -381,6 +383,7 @@ impl Config {
             diags.push(Diagnostic::error(cfg_path!["agent", "config_poll_interval"], "must be greater than zero"));
         }
         diags.extend(crate::agent::crio::lint::lint(&self.crio, crio_version));
+        diags.extend(self.sources.validate());
         diags
     }
 

@@ -1,3 +1,4 @@
 //! The node agent.
 
 pub mod crio;
+pub mod sources;
