@@ -549,3 +549,51 @@ async fn emulators_enforce_access_rules() {
     );
     assert_eq!(r.headers()["etag"].to_str().unwrap(), etag);
 }
+
+/// The admin API refuses bad requests and survives extreme values.
+#[tokio::test]
+async fn admin_api_rejects_bad_input() {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let emu = emulator(Cloud::Aws).await;
+    let post =
+        |p: &str, b: &'static str| http.post(format!("{}/admin/{p}", emu.url())).body(b).send();
+    assert_eq!(
+        post("preempt", "{nope").await.unwrap().status().as_u16(),
+        400
+    );
+    assert_eq!(
+        post("preempt", r#"{"bogus":1}"#)
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        400
+    );
+    assert_eq!(
+        post("errors", r#"{"status":42}"#)
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        400
+    );
+    assert_eq!(
+        post("cancel", r#"{"what":"everything"}"#)
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        400
+    );
+    let huge = post("maintenance", r#"{"in_secs":18446744073709551615}"#)
+        .await
+        .unwrap();
+    assert_eq!(huge.status().as_u16(), 200);
+    let mut src = AwsSource::new(&config(&emu.url())).unwrap();
+    assert_eq!(one(src.poll().await).kind, EventKind::Reboot);
+    assert_eq!(post("cancel", "").await.unwrap().status().as_u16(), 200);
+    assert!(matches!(
+        one(src.poll().await).kind,
+        EventKind::Cancelled { .. }
+    ));
+}

@@ -241,7 +241,7 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(
 ) -> Result<T, ParseError> {
     serde_json::from_slice(body).map_err(|e| ParseError::Json {
         what,
-        message: e.to_string(),
+        message: truncate(&e.to_string(), 200),
     })
 }
 

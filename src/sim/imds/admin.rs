@@ -34,7 +34,11 @@ fn body<T: for<'de> Deserialize<'de> + Default>(b: &Bytes) -> Result<T, String> 
 }
 
 fn pending(inner: &mut Inner, prefix: &str, after: Duration, code: String) -> Pending {
-    let at = chrono::Utc::now() + chrono::Duration::from_std(after).unwrap_or_default();
+    let now = chrono::Utc::now();
+    let at = chrono::Duration::from_std(after)
+        .ok()
+        .and_then(|d| now.checked_add_signed(d))
+        .unwrap_or(now);
     Pending {
         id: Shared::next_id(inner, prefix),
         at,

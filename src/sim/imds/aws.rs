@@ -100,7 +100,7 @@ fn get(s: &Shared, path: &str) -> Response {
                         "Code": m.code,
                         "Description": "scheduled maintenance (emulated)",
                         "EventId": format!("instance-event-{}", m.id),
-                        "NotAfter": (m.at + chrono::Duration::hours(2)).format(fmt).to_string(),
+                        "NotAfter": m.at.checked_add_signed(chrono::Duration::hours(2)).unwrap_or(m.at).format(fmt).to_string(),
                         "State": if m.canceled { "canceled" } else { "active" },
                     })
                 })
