@@ -32,8 +32,18 @@ const ADMIN_CONF: &str =
 
 /// A config with `content` drop-ins (name, content) and one `settings` drop-in when `pids` is set.
 fn config(unit: &str, dropins: &[(&str, &str)], pids: Option<i64>) -> String {
-    let mut s =
-        format!("[crio]\nunit = \"{unit}\"\nrestart_timeout = \"20s\"\nversion = \"1.34.0\"\n");
+    config_with_timeout(unit, "20s", dropins, pids)
+}
+
+fn config_with_timeout(
+    unit: &str,
+    timeout: &str,
+    dropins: &[(&str, &str)],
+    pids: Option<i64>,
+) -> String {
+    let mut s = format!(
+        "[crio]\nunit = \"{unit}\"\nrestart_timeout = \"{timeout}\"\nversion = \"1.34.0\"\n"
+    );
     for (name, content) in dropins {
         s.push_str(&format!(
             "\n[[crio.dropin]]\nname = \"{name}\"\ncontent = '''\n{content}'''\n"
@@ -544,4 +554,75 @@ async fn a_file_nodekeeper_did_not_create_is_never_overwritten() {
     assert_eq!(report["changed"], false);
     assert_eq!(std::fs::read(&path).unwrap(), ADMIN_CONF.as_bytes());
     assert_eq!(mtime(&path), before);
+}
+
+#[tokio::test]
+async fn a_restart_timeout_rolls_back_and_names_the_timeout() {
+    let Some(env) = Env::boot("slow").await else {
+        return;
+    };
+    env.write_config(&config(
+        "crio.service",
+        &[("11-default.conf", DEFAULT_CONF)],
+        None,
+    ));
+    let (code, _, err) = env.apply_json();
+    assert_eq!(code, 0, "{err}");
+    let good = env.dir();
+
+    // SLOW_START makes the stand-in crio's start take 30 s: longer than restart_timeout.
+    let slow = "# SLOW_START\n[crio.runtime]\npids_limit = 2048\n";
+    env.write_config(&config_with_timeout(
+        "crio.service",
+        "2s",
+        &[("11-default.conf", slow)],
+        None,
+    ));
+    let started = Instant::now();
+    let out = env.apply_text();
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("restart of crio.service failed")
+            && err.contains("did not finish within 2s")
+            && err.contains("11-default.conf"),
+        "{err}"
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10),
+        "took {took:?}"
+    );
+    // Rolled back, and the restart with the restored files replaced the slow start.
+    assert_eq!(env.dir(), good);
+    assert_eq!(env.crio().await.active_state, "active");
+}
+
+#[test]
+fn a_missing_bus_is_one_clear_error_and_nothing_is_written() {
+    let root = tempfile::tempdir().unwrap();
+    let dropins = root.path().join("etc/crio/crio.conf.d");
+    std::fs::create_dir_all(&dropins).unwrap();
+    let config_file = root.path().join("nodekeeper.toml");
+    let text = config("crio.service", &[("11-default.conf", DEFAULT_CONF)], None);
+    std::fs::write(&config_file, text).unwrap();
+    let address = format!("unix:path={}/no_bus_here", root.path().display());
+    let out = Command::new(NK)
+        .args(["crio", "apply", "--config"])
+        .arg(&config_file)
+        .arg("--root")
+        .arg(root.path())
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &address)
+        .env("NODEKEEPER_LOG_LEVEL", "warn")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].contains(&format!("cannot connect to the system D-Bus at {address}")),
+        "{err}"
+    );
+    assert!(read_dir(&dropins).is_empty(), "nothing written");
 }
