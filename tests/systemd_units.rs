@@ -176,6 +176,10 @@ async fn a_missing_bus_is_a_connect_error_naming_the_address() {
 #[tokio::test]
 #[ignore = "helper: run in a child process by connect_system_honours_dbus_system_bus_address"]
 async fn helper_connect_system() {
+    if std::env::var_os("NK_HELPER").is_none() {
+        eprintln!("helper_connect_system: a helper, only meaningful when run by its parent test");
+        return;
+    }
     let systemd = Systemd::connect_system()
         .await
         .unwrap_or_else(|e| panic!("NK-HELPER error: {e}"));
@@ -196,6 +200,7 @@ async fn connect_system_honours_dbus_system_bus_address() {
             "--nocapture",
         ])
         .env("DBUS_SYSTEM_BUS_ADDRESS", node.bus_address())
+        .env("NK_HELPER", "1")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -214,6 +219,7 @@ async fn connect_system_honours_dbus_system_bus_address() {
             "--ignored",
             "--nocapture",
         ])
+        .env("NK_HELPER", "1")
         .env(
             "DBUS_SYSTEM_BUS_ADDRESS",
             "unix:path=/nonexistent/nk_socket",

@@ -20,7 +20,13 @@ use nodekeeper::agent::host::systemd::Systemd;
 const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
 const POWEROFF_TIMEOUT: Duration = Duration::from_secs(20);
 const DROPIN_DIR: &str = "root/etc/crio/crio.conf.d";
-const CGROUP_HIERARCHIES: [&str; 2] = ["/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"];
+/// cgroup v1/hybrid hosts: the `name=systemd` and unified hierarchies; a pure cgroup v2 host:
+/// `/sys/fs/cgroup` itself.
+const CGROUP_HIERARCHIES: [&str; 3] = [
+    "/sys/fs/cgroup/systemd",
+    "/sys/fs/cgroup/unified",
+    "/sys/fs/cgroup",
+];
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
@@ -280,10 +286,12 @@ async fn state(address: &str) -> Result<String, String> {
 
 /// One cgroup per container and hierarchy, so parallel containers never share `payload/`.
 fn make_cgroups(machine: &str) -> Vec<PathBuf> {
+    let pure_v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
     CGROUP_HIERARCHIES
         .iter()
         .map(Path::new)
         .filter(|h| h.join("cgroup.procs").exists())
+        .filter(|h| (*h == Path::new("/sys/fs/cgroup")) == pure_v2)
         .map(|h| {
             let cg = h.join("nodekeeper-tests").join(machine);
             std::fs::create_dir_all(&cg).unwrap_or_else(|e| panic!("mkdir {}: {e}", cg.display()));
