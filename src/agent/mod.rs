@@ -69,8 +69,9 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
         let reload = tokio::select! {
             _ = signals.shutdown.changed() => break,
             Some(()) = signals.reload.recv() => {
-                tracing::info!("SIGHUP: reloading configuration");
+                // Fingerprint first: an edit made after this log line is then always noticed.
                 fingerprint = file_fingerprint(&path);
+                tracing::info!("SIGHUP: reloading configuration");
                 true
             }
             _ = file_tick.tick() => {

@@ -339,6 +339,10 @@ where
         return commit(&paths, &mut state, plan.owned_after);
     }
     report.restarted = true;
+    if before.active_state == "failed" {
+        // A unit that failed (possibly by hitting its start limit) would refuse the restart.
+        reset_failed(&systemd, &cfg.unit).await;
+    }
     let outcome = systemd.restart(&cfg.unit, cfg.restart_timeout).await;
     match outcome {
         Ok(o) if o.succeeded() => {
@@ -379,6 +383,12 @@ async fn current_state<M: UnitManager>(m: &M, unit: &str) -> String {
         .await
         .map(|s| s.active_state)
         .unwrap_or_else(|_| "unknown".to_string())
+}
+
+async fn reset_failed<M: UnitManager>(m: &M, unit: &str) {
+    if let Err(error) = m.reset_failed(unit).await {
+        tracing::warn!(unit, %error, "cannot reset the unit's failed state");
+    }
 }
 
 /// Records the transaction (with backups of what is about to change) before touching the directory.
@@ -442,6 +452,9 @@ async fn rollback<M: UnitManager>(
     state.pending = None;
     paths.state.save(state)?;
     paths.state.clear_backups()?;
+    // The failed restart counts against the unit's start limit (default 5 in 10 s): without a
+    // reset, repeated failed applies would get the rollback restart refused and leave CRI-O down.
+    reset_failed(systemd, unit).await;
     let (note, unit_state) = match systemd.restart(unit, timeout).await {
         Ok(o) if o.succeeded() => (None, o.status.active_state),
         Ok(o) => (
@@ -577,6 +590,9 @@ mod tests {
         async fn restart(&self, unit: &str, t: Duration) -> Result<RestartOutcome, SystemdError> {
             (**self).restart(unit, t).await
         }
+        async fn reset_failed(&self, unit: &str) -> Result<(), SystemdError> {
+            (**self).reset_failed(unit).await
+        }
     }
 
     #[tokio::test]
@@ -627,6 +643,13 @@ mod tests {
             "good = 1\n"
         );
         assert_eq!(bad.restarts("crio.service"), 2);
+        assert!(
+            bad.calls()
+                .iter()
+                .any(|c| matches!(c, crate::agent::host::fake::FakeCall::ResetFailed { .. })),
+            "the rollback resets the start limit first: {:?}",
+            bad.calls()
+        );
         // The state still owns exactly the old file, with no transaction pending.
         let st = StatePaths {
             dir: root.path().join("var/lib/nodekeeper"),
