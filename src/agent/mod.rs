@@ -10,6 +10,7 @@
 pub mod checks;
 pub mod crio;
 pub mod host;
+pub mod labels;
 pub mod once;
 pub mod sources;
 pub mod state;
