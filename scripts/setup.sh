@@ -3,7 +3,7 @@
 # Debian packages, real kubectl in a venv, and the cached nspawn rootfs.
 . "$(dirname "$0")/lib.sh"
 
-apt_install ca-certificates systemd-container debootstrap dbus iproute2 util-linux hyperfine python3-venv
+apt_install ca-certificates systemd systemd-container debootstrap dbus iproute2 util-linux hyperfine python3-venv
 [ -x "$REPO/scripts/setup-kubectl.sh" ] && "$REPO/scripts/setup-kubectl.sh"
 [ -x "$REPO/scripts/nspawn-rootfs.sh" ] && "$REPO/scripts/nspawn-rootfs.sh"
 log "setup done"

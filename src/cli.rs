@@ -151,8 +151,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// Loads a configuration for a command; on failure prints every diagnostic and returns the exit code.
 pub fn load_config(path: &std::path::Path, env: &Env) -> Result<Loaded, u8> {
-    let version = crate::agent::crio::lint::detect_version();
-    match Config::load(path, env, version.as_deref()) {
+    match Config::load(path, env) {
         Ok(l) => {
             for w in &l.warnings {
                 eprintln!("{}", w.render(path));

@@ -29,6 +29,8 @@ pub struct Config {
     pub agent: AgentConfig,
     /// Node health checks.
     pub checks: crate::agent::checks::ChecksConfig,
+    /// Cloud metadata sources (preemption, maintenance and rebalance notices).
+    pub sources: crate::agent::sources::SourcesConfig,
 }
 
 /// `[log]`
@@ -334,13 +336,15 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
 
 impl Config {
     /// Reads, parses, applies environment overrides, and validates `path`.
-    /// `crio_version` is the detected CRI-O version, if any (for version-dependent lints).
-    pub fn load(path: &Path, env: &Env, crio_version: Option<&str>) -> Result<Loaded, ConfigError> {
+    /// The CRI-O version for version-dependent lints is `[crio] version`, else what `crio --version`
+    /// prints, asked only when a drop-in sets a version-gated key (so the no-change path of
+    /// `crio apply` spawns nothing).
+    pub fn load(path: &Path, env: &Env) -> Result<Loaded, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::load_str(path, &text, env, crio_version)
+        Self::load_str(path, &text, env, &crate::agent::crio::lint::detect_version)
     }
 
     /// As [`Config::load`], from text already read.
@@ -348,7 +352,7 @@ impl Config {
         path: &Path,
         text: &str,
         env: &Env,
-        crio_version: Option<&str>,
+        detect_crio_version: &dyn Fn() -> Option<String>,
     ) -> Result<Loaded, ConfigError> {
         let invalid = |diagnostics| ConfigError::Invalid {
             path: path.to_path_buf(),
@@ -364,7 +368,14 @@ impl Config {
         };
         diags.extend(config.apply_env(env));
         let version = config.crio.version.clone();
-        diags.extend(config.validate(version.as_deref().or(crio_version)));
+        let version = match version {
+            Some(v) => Some(v),
+            None if crate::agent::crio::lint::uses_version_gated_keys(&config.crio) => {
+                detect_crio_version()
+            }
+            None => None,
+        };
+        diags.extend(config.validate(version.as_deref()));
         for d in &mut diags {
             if d.location.is_none() {
                 d.location = locate(&doc, &d.path).map(|off| line_col(text, off));
@@ -450,6 +461,7 @@ impl Config {
         }
         diags.extend(crate::agent::crio::lint::lint(&self.crio, crio_version));
         diags.extend(self.checks.validate());
+        diags.extend(self.sources.validate());
         diags
     }
 
@@ -595,7 +607,7 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<Loaded, ConfigError> {
-        Config::load_str(Path::new("c.toml"), text, &Env::default(), None)
+        Config::load_str(Path::new("c.toml"), text, &Env::default(), &|| None)
     }
 
     fn errors(text: &str) -> Vec<String> {
@@ -679,14 +691,37 @@ mod tests {
             ("NODEKEEPER_CRIO_UNIT", "x.service"),
             ("NODEKEEPER_LOG_FORMAT", "json"),
         ]);
-        let l = Config::load_str(Path::new("c.toml"), "", &env, None).expect("valid");
+        let l = Config::load_str(Path::new("c.toml"), "", &env, &|| None).expect("valid");
         assert_eq!(l.config.crio.unit, "x.service");
         assert_eq!(l.config.log.format, LogFormat::Json);
         let env = Env::from_pairs([("NODEKEEPER_CRIO_RESTART_TIMEOUT", "soon")]);
-        let err = Config::load_str(Path::new("c.toml"), "", &env, None).expect_err("invalid");
+        let err = Config::load_str(Path::new("c.toml"), "", &env, &|| None).expect_err("invalid");
         assert!(
             err.to_string().contains("NODEKEEPER_CRIO_RESTART_TIMEOUT"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn crio_version_is_probed_only_when_a_gated_key_is_set() {
+        let calls = std::cell::Cell::new(0);
+        let probe = || {
+            calls.set(calls.get() + 1);
+            Some("crio version 1.31.0".to_string())
+        };
+        let plain = "[[crio.dropin]]\nname = \"a.conf\"\ncontent = \"[crio.runtime]\\npids_limit = 1\\n\"\n";
+        let l =
+            Config::load_str(Path::new("c.toml"), plain, &Env::default(), &probe).expect("valid");
+        assert!(l.warnings.is_empty());
+        assert_eq!(calls.get(), 0);
+        let gated = "[[crio.dropin]]\nname = \"a.conf\"\ncontent = \"[crio.image]\\nshort_name_mode = \\\"enforcing\\\"\\n\"\n";
+        let l =
+            Config::load_str(Path::new("c.toml"), gated, &Env::default(), &probe).expect("valid");
+        assert_eq!(calls.get(), 1);
+        assert!(
+            l.warnings[0].message.contains("CRI-O 1.31 ignores it"),
+            "{:?}",
+            l.warnings
         );
     }
 

@@ -6,6 +6,9 @@
 //! - [`sim`]: the Kubernetes API stand-in and cloud metadata emulators used by tests and the demo.
 //! - [`cli`]: the `nodekeeper` command line; the binary's `main` only calls [`cli::main`].
 
+// No unwrap()/expect() on anything in library code; tests may.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod agent;
 pub mod cli;
 pub mod config;

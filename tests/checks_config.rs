@@ -9,7 +9,7 @@ use nodekeeper::agent::checks::config::{ByteSize, RuleKind};
 use nodekeeper::config::{Config, ConfigError, Env};
 
 fn load(text: &str) -> Result<nodekeeper::config::Loaded, ConfigError> {
-    Config::load_str(Path::new("c.toml"), text, &Env::default(), None)
+    Config::load_str(Path::new("c.toml"), text, &Env::default(), &|| None)
 }
 
 fn errors(text: &str) -> Vec<String> {

@@ -7,6 +7,7 @@
 pub mod checks;
 pub mod crio;
 pub mod host;
+pub mod sources;
 
 use std::path::{Path, PathBuf};
 
@@ -59,8 +60,7 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
 
 /// Re-reads the configuration; an invalid file is logged and the running configuration kept.
 fn reload(path: &Path, env: &Env) -> Option<Config> {
-    let version = crate::agent::crio::lint::detect_version();
-    match Config::load(path, env, version.as_deref()) {
+    match Config::load(path, env) {
         Ok(l) => {
             for w in &l.warnings {
                 tracing::warn!(diagnostic = %w.render(path), "configuration warning");

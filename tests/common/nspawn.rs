@@ -146,7 +146,8 @@ impl NspawnNode {
 
     /// A command that runs the host program `program` inside the container's PID namespace only
     /// (host filesystem, host network): peers on the container's bus then see its PID, which
-    /// systemd-logind requires of callers of `Inhibit`.
+    /// systemd-logind requires of callers of `Inhibit`. nsenter forks: stop the program with
+    /// [`kill_tree`], not by killing nsenter alone.
     pub fn pidns_command(&self, program: &Path) -> Command {
         let mut cmd = Command::new("nsenter");
         cmd.args(["-t", &self.leader.to_string(), "-p", "--"])
@@ -202,12 +203,14 @@ impl NspawnNode {
                     self.log()
                 );
             }
-            if self.leader == 0 {
-                self.leader = leader_of(self.child.id()).unwrap_or(0);
-            }
-            if self.leader != 0 && socket.exists() {
+            if socket.exists() {
                 match state(&self.bus_address()).await {
-                    Ok(s) if s == "running" => return,
+                    Ok(s) if s == "running" => {
+                        // Only now: early on, nspawn's child is an intermediate process.
+                        self.leader = leader_of(self.child.id())
+                            .unwrap_or_else(|| panic!("{}: no container PID 1", self.machine));
+                        return;
+                    }
                     Ok(s) => last = s,
                     Err(e) => last = e,
                 }
@@ -311,11 +314,30 @@ fn spawn_nspawn(rootfs: &Path, machine: &str, dir: &Path, cgroups: &[PathBuf]) -
         .unwrap_or_else(|e| panic!("cannot start systemd-nspawn for {machine}: {e}"))
 }
 
-/// The container's PID 1: the child of systemd-nspawn.
+/// The container's PID 1: the child of systemd-nspawn that runs systemd.
 fn leader_of(nspawn: u32) -> Option<u32> {
     let children =
         std::fs::read_to_string(format!("/proc/{nspawn}/task/{nspawn}/children")).ok()?;
-    children.split_whitespace().next()?.parse().ok()
+    children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .find(|pid: &u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "systemd")
+        })
+}
+
+/// SIGKILL the children of `pid` (e.g. the program nsenter started), then `pid` itself.
+pub fn kill_tree(pid: u32) {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for child in children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
+    }
+    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
 }
 
 fn remove_cgroup_tree(cg: &Path) {

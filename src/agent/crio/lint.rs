@@ -160,6 +160,18 @@ pub fn parse_version(text: &str) -> Option<(u32, u32)> {
     Some((caps[1].parse().ok()?, caps[2].parse().ok()?))
 }
 
+/// Does any drop-in set a key whose meaning depends on the CRI-O version?
+pub fn uses_version_gated_keys(crio: &CrioConfig) -> bool {
+    crio.dropins.iter().any(|d| {
+        d.content
+            .as_deref()
+            .is_some_and(|c| c.contains("short_name_mode"))
+            || d.settings
+                .as_ref()
+                .is_some_and(|t| t.to_string().contains("short_name_mode"))
+    })
+}
+
 /// Runs `crio --version` if CRI-O is installed here; `None` when it is not (e.g. in a container).
 pub fn detect_version() -> Option<String> {
     let out = std::process::Command::new("crio")

@@ -6,5 +6,5 @@
 //! - [`fake`]: a scripted [`systemd::UnitManager`] for unit tests.
 
 pub mod fake;
-
+pub mod logind;
 pub mod systemd;

@@ -1,0 +1,353 @@
+//! GCP metadata server: `instance/preempted` and `instance/maintenance-event`, each watched by a
+//! long poll (`?wait_for_change=true&last_etag=…&timeout_sec=…`) with `Metadata-Flavor: Google`.
+//! Brief 503s during maintenance are retried. Each key has its own task so a change on one is
+//! reported without waiting for the other's long poll to end.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::future::BoxFuture;
+use reqwest::Method;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::driver::Backoff;
+use super::http::{Http, Response};
+use super::{
+    parse_text, Cloud, EventKind, EventSource, InstanceIdentity, Notice, NoticeTracker, ParseError,
+    PollOutcome, SourceError, SourcesConfig,
+};
+
+/// Base of the v1 metadata API.
+pub const BASE: &str = "/computeMetadata/v1/";
+/// Header every request must carry.
+pub const FLAVOR_HEADER: (&str, &str) = ("Metadata-Flavor", "Google");
+/// `TRUE` once the instance is being preempted.
+pub const PREEMPTED_KEY: &str = "instance/preempted";
+/// `NONE`, `MIGRATE_ON_HOST_MAINTENANCE` or `TERMINATE_ON_HOST_MAINTENANCE`.
+pub const MAINTENANCE_KEY: &str = "instance/maintenance-event";
+/// 503s retried quietly before one is reported.
+const QUIET_503_RETRIES: u32 = 3;
+
+/// Parses `instance/preempted`: `TRUE` is a preemption notice, `FALSE` none.
+pub fn parse_preempted(body: &[u8]) -> Result<Vec<Notice>, ParseError> {
+    const WHAT: &str = "gcp instance/preempted";
+    match parse_text(WHAT, body)? {
+        "TRUE" => Ok(vec![Notice::new("TRUE", EventKind::Preemption)]),
+        "FALSE" => Ok(Vec::new()),
+        other => Err(ParseError::value(WHAT, other)),
+    }
+}
+
+/// Parses `instance/maintenance-event`.
+pub fn parse_maintenance_event(body: &[u8]) -> Result<Vec<Notice>, ParseError> {
+    const WHAT: &str = "gcp instance/maintenance-event";
+    let v = parse_text(WHAT, body)?;
+    let kind = match v {
+        "NONE" => return Ok(Vec::new()),
+        "MIGRATE_ON_HOST_MAINTENANCE" => EventKind::Maintenance,
+        "TERMINATE_ON_HOST_MAINTENANCE" => EventKind::Termination,
+        other => return Err(ParseError::value(WHAT, other)),
+    };
+    Ok(vec![Notice::new(v, kind).with("maintenance_event", v)])
+}
+
+/// Identity fields read one by one (never the recursive document, which holds user attributes).
+pub const IDENTITY_KEYS: [&str; 5] = [
+    "instance/id",
+    "instance/name",
+    "instance/zone",
+    "instance/machine-type",
+    "instance/scheduling/preemptible",
+];
+
+/// Builds the identity from the plain-text answers of [`IDENTITY_KEYS`] (missing keys are skipped).
+pub fn parse_identity(fields: &BTreeMap<&str, Vec<u8>>) -> Result<InstanceIdentity, ParseError> {
+    let text = |k: &'static str| -> Result<Option<String>, ParseError> {
+        fields
+            .get(k)
+            .map(|b| parse_text(k, b).map(str::to_string))
+            .transpose()
+    };
+    let last = |s: String| s.rsplit('/').next().unwrap_or_default().to_string();
+    let id = text("instance/id")?.unwrap_or_default();
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ParseError::value("gcp instance/id", &id));
+    }
+    let zone = text("instance/zone")?.map(last);
+    let preemptible = match text("instance/scheduling/preemptible")?.as_deref() {
+        Some("TRUE") => Some(true),
+        Some("FALSE") => Some(false),
+        Some(other) => {
+            return Err(ParseError::value(
+                "gcp instance/scheduling/preemptible",
+                other,
+            ))
+        }
+        None => None,
+    };
+    Ok(InstanceIdentity {
+        cloud: Some(Cloud::Gcp),
+        instance_id: id,
+        name: text("instance/name")?,
+        region: zone
+            .as_deref()
+            .and_then(|z| z.rsplit_once('-'))
+            .map(|(r, _)| r.to_string()),
+        zone,
+        instance_type: text("instance/machine-type")?.map(last),
+        preemptible,
+        ..InstanceIdentity::default()
+    })
+}
+
+type Update = (&'static str, Result<Vec<u8>, SourceError>);
+
+/// The GCP source.
+#[derive(Debug)]
+pub struct GcpSource {
+    http: Http,
+    long_poll: Duration,
+    max_backoff: Duration,
+    tracker: NoticeTracker,
+    rx: Option<mpsc::Receiver<Update>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl GcpSource {
+    /// A source reading `cfg.endpoint`.
+    pub fn new(cfg: &SourcesConfig) -> Result<Self, SourceError> {
+        Ok(Self {
+            http: Http::new(&cfg.endpoint, cfg.request_timeout)?,
+            long_poll: cfg.gcp.long_poll_timeout,
+            max_backoff: cfg.max_backoff,
+            tracker: NoticeTracker::new(Some(Cloud::Gcp)),
+            rx: None,
+            tasks: Vec::new(),
+        })
+    }
+
+    fn start(&mut self) -> &mut mpsc::Receiver<Update> {
+        self.rx.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(16);
+            for key in [PREEMPTED_KEY, MAINTENANCE_KEY] {
+                let w = Watcher {
+                    http: self.http.clone(),
+                    key,
+                    long_poll: self.long_poll,
+                    max: self.max_backoff,
+                };
+                self.tasks.push(tokio::spawn(w.run(tx.clone())));
+            }
+            rx
+        })
+    }
+
+    fn apply(&mut self, out: &mut PollOutcome, (key, update): Update) {
+        let (channel, parse): (&str, super::NoticeParser) = match key {
+            PREEMPTED_KEY => ("gcp/preempted", parse_preempted),
+            _ => ("gcp/maintenance-event", parse_maintenance_event),
+        };
+        match update.and_then(|b| {
+            parse(&b).map_err(|source| SourceError::Parse {
+                url: self.http.url(&format!("{BASE}{key}")),
+                source,
+            })
+        }) {
+            Ok(n) => out
+                .events
+                .extend(self.tracker.observe(channel, n, Utc::now())),
+            Err(e) => out.errors.push(e),
+        }
+    }
+
+    async fn next(&mut self) -> PollOutcome {
+        let wait = self.long_poll + self.http.timeout();
+        let first = match tokio::time::timeout(wait, self.start().recv()).await {
+            Ok(Some(u)) => u,
+            Ok(None) => {
+                return PollOutcome::failed(SourceError::Config("gcp watchers stopped".to_string()))
+            }
+            Err(_) => return PollOutcome::default(),
+        };
+        let mut out = PollOutcome::default();
+        self.apply(&mut out, first);
+        while let Some(u) = self.rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+            self.apply(&mut out, u);
+        }
+        out
+    }
+
+    async fn read_identity(&mut self) -> Result<InstanceIdentity, SourceError> {
+        let mut fields = BTreeMap::new();
+        for key in IDENTITY_KEYS {
+            let req = self
+                .http
+                .request(Method::GET, &format!("{BASE}{key}"))
+                .header(FLAVOR_HEADER.0, FLAVOR_HEADER.1);
+            let resp = self.http.send(req, Duration::ZERO).await?;
+            match resp.status {
+                200 => {
+                    fields.insert(key, resp.body.to_vec());
+                }
+                404 => {}
+                _ => return Err(resp.unexpected()),
+            }
+        }
+        parse_identity(&fields).map_err(|source| SourceError::Parse {
+            url: self.http.url(BASE),
+            source,
+        })
+    }
+}
+
+impl Drop for GcpSource {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl EventSource for GcpSource {
+    fn name(&self) -> &'static str {
+        "gcp"
+    }
+    fn cloud(&self) -> Cloud {
+        Cloud::Gcp
+    }
+    fn poll(&mut self) -> BoxFuture<'_, PollOutcome> {
+        Box::pin(self.next())
+    }
+    fn identity(&mut self) -> BoxFuture<'_, Result<InstanceIdentity, SourceError>> {
+        Box::pin(self.read_identity())
+    }
+    fn long_polls(&self) -> bool {
+        true
+    }
+}
+
+/// Long-polls one key and sends each new value (or error) to the source.
+struct Watcher {
+    http: Http,
+    key: &'static str,
+    long_poll: Duration,
+    max: Duration,
+}
+
+impl Watcher {
+    fn path(&self, etag: Option<&str>) -> String {
+        match etag {
+            None => format!("{BASE}{}", self.key),
+            Some(e) => format!(
+                "{BASE}{}?wait_for_change=true&last_etag={}&timeout_sec={}",
+                self.key,
+                urlencode(e),
+                self.long_poll.as_secs().max(1)
+            ),
+        }
+    }
+
+    async fn fetch(&self, etag: Option<&str>) -> Result<Response, SourceError> {
+        let req = self
+            .http
+            .request(Method::GET, &self.path(etag))
+            .header(FLAVOR_HEADER.0, FLAVOR_HEADER.1);
+        let extra = if etag.is_some() {
+            self.long_poll
+        } else {
+            Duration::ZERO
+        };
+        self.http.send(req, extra).await
+    }
+
+    async fn run(self, tx: mpsc::Sender<Update>) {
+        let mut etag: Option<String> = None;
+        let mut backoff = Backoff::new(Duration::from_millis(200), self.max);
+        let mut quiet_503 = 0;
+        loop {
+            let result = self.fetch(etag.as_deref()).await;
+            let update = match result {
+                Ok(r) if r.status == 200 => {
+                    backoff.reset();
+                    quiet_503 = 0;
+                    if r.etag.is_some() && r.etag == etag {
+                        continue; // long poll timed out without a change
+                    }
+                    etag = r.etag.clone();
+                    if etag.is_none() {
+                        // Without an ETag a long poll cannot be resumed; fall back to polling.
+                        tokio::time::sleep(backoff.base()).await;
+                    }
+                    Ok(r.body.to_vec())
+                }
+                Ok(r) if r.status == 503 && quiet_503 < QUIET_503_RETRIES => {
+                    quiet_503 += 1;
+                    tokio::time::sleep(backoff.next_delay()).await;
+                    continue;
+                }
+                Ok(r) => Err(r.unexpected()),
+                Err(e) => Err(e),
+            };
+            let failed = update.is_err();
+            if tx.send((self.key, update)).await.is_err() {
+                return;
+            }
+            if failed {
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values() {
+        assert_eq!(parse_preempted(b"TRUE\n").unwrap().len(), 1);
+        assert!(parse_preempted(b"FALSE").unwrap().is_empty());
+        assert!(parse_preempted(b"maybe").is_err());
+        assert_eq!(
+            parse_maintenance_event(b"MIGRATE_ON_HOST_MAINTENANCE").unwrap()[0].kind,
+            EventKind::Maintenance
+        );
+        assert_eq!(
+            parse_maintenance_event(b"TERMINATE_ON_HOST_MAINTENANCE").unwrap()[0].kind,
+            EventKind::Termination
+        );
+        assert!(parse_maintenance_event(b"NONE").unwrap().is_empty());
+    }
+
+    #[test]
+    fn identity() {
+        let mut f: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
+        f.insert("instance/id", b"1234567890".to_vec());
+        f.insert("instance/zone", b"projects/42/zones/us-central1-a".to_vec());
+        f.insert(
+            "instance/machine-type",
+            b"projects/42/machineTypes/e2-medium".to_vec(),
+        );
+        f.insert("instance/scheduling/preemptible", b"TRUE".to_vec());
+        let id = parse_identity(&f).unwrap();
+        assert_eq!(id.zone.as_deref(), Some("us-central1-a"));
+        assert_eq!(id.region.as_deref(), Some("us-central1"));
+        assert_eq!(id.instance_type.as_deref(), Some("e2-medium"));
+        assert_eq!(id.preemptible, Some(true));
+        assert_eq!(urlencode("a b/c"), "a%20b%2Fc");
+    }
+}

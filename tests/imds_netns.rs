@@ -1,0 +1,156 @@
+//! The metadata sources at the real address, 169.254.169.254, inside a private network
+//! namespace: the outer test re-runs this test binary under
+//! `unshare -n sh -c 'ip link set lo up; ip addr add 169.254.169.254/32 dev lo; exec …'` with
+//! only the inner test selected. Inside, `nodekeeper sim imds` serves each cloud on
+//! 169.254.169.254:80 and the sources (default endpoint, auto-detection) read it. Nothing is
+//! ever sent to 169.254.169.254 from the host namespace: the inner test refuses to run unless
+//! that address is local (bound to the namespace's loopback).
+#![allow(clippy::unwrap_used)]
+
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nodekeeper::agent::sources::config::{CloudChoice, NoticeKind, OciPollPath};
+use nodekeeper::agent::sources::{build, poll_once, Cloud, EventKind, SourcesConfig};
+
+const INNER: &str = "inner_sources_at_169_254_169_254";
+const MARKER_ENV: &str = "NODEKEEPER_TEST_IN_NETNS";
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+#[test]
+fn sources_at_the_real_address_in_a_netns() {
+    if !is_root() {
+        eprintln!("SKIPPED sources_at_the_real_address_in_a_netns: needs root for `unshare -n` (not root here)");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let script = "ip link set lo up && ip addr add 169.254.169.254/32 dev lo && exec \"$0\" \"$@\"";
+    let out = Command::new("unshare")
+        .args(["-n", "sh", "-c", script])
+        .arg(&exe)
+        .args([
+            "--exact",
+            INNER,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(MARKER_ENV, "1")
+        .output()
+        .expect("run unshare (util-linux) and ip (iproute2)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "inner test failed:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the inner test did not run:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("netns: all four clouds ok"),
+        "{stdout}\n{stderr}"
+    );
+}
+
+/// Starts `nodekeeper sim imds` on 169.254.169.254:80 and waits until it accepts connections.
+fn start_emulator(cloud: Cloud) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args([
+            "sim",
+            "imds",
+            "--cloud",
+            cloud.as_str(),
+            "--listen",
+            "169.254.169.254:80",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr: SocketAddr = "169.254.169.254:80".parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+        assert!(Instant::now() < deadline, "{cloud} emulator did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+#[tokio::test]
+#[ignore = "runs inside a network namespace, started by sources_at_the_real_address_in_a_netns"]
+async fn inner_sources_at_169_254_169_254() {
+    assert_eq!(
+        std::env::var(MARKER_ENV).as_deref(),
+        Ok("1"),
+        "only run by the outer test"
+    );
+    // Binding succeeds only when the address is local, i.e. we are in the test's namespace.
+    std::net::UdpSocket::bind("169.254.169.254:0")
+        .expect("169.254.169.254 must be local: refusing to run");
+    let no_dmi = tempfile::tempdir().unwrap();
+    for cloud in Cloud::ALL {
+        let mut child = start_emulator(cloud);
+        let mut cfg = SourcesConfig {
+            cloud: CloudChoice::Auto,
+            host_root: no_dmi.path().to_path_buf(),
+            ..Default::default()
+        };
+        assert_eq!(
+            cfg.endpoint, "http://169.254.169.254",
+            "the default endpoint is used"
+        );
+        cfg.gcp.long_poll_timeout = Duration::from_secs(2);
+        cfg.oci.poll_paths = vec![OciPollPath {
+            path: nodekeeper::sim::imds::oci::PREEMPT_PATH.to_string(),
+            kind: NoticeKind::Preemption,
+        }];
+
+        let report = poll_once(&cfg).await;
+        assert_eq!(
+            report.cloud,
+            Some(cloud),
+            "auto-detection: {:?}",
+            report.errors
+        );
+        assert!(
+            report.identity.is_some() && report.errors.is_empty(),
+            "{cloud}: {:?}",
+            report.errors
+        );
+        assert!(report.events.is_empty());
+
+        let mut src = build(cloud, &cfg).unwrap();
+        let admin = reqwest::Client::builder().no_proxy().build().unwrap();
+        let r = admin
+            .post("http://169.254.169.254/admin/preempt")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let mut preemptions = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while preemptions == 0 {
+            assert!(Instant::now() < deadline, "{cloud}: no preemption event");
+            let out = tokio::time::timeout(Duration::from_secs(5), src.poll())
+                .await
+                .unwrap();
+            assert!(out.errors.is_empty(), "{cloud}: {:?}", out.errors);
+            preemptions += out
+                .events
+                .iter()
+                .filter(|e| e.kind == EventKind::Preemption)
+                .count();
+        }
+        assert_eq!(preemptions, 1, "{cloud}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        println!("netns: {cloud} ok");
+    }
+    println!("netns: all four clouds ok");
+}
