@@ -68,13 +68,15 @@ debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,iproute2 bookw
 units="$rootfs.tmp/etc/systemd/system"
 mkdir -p "$units/multi-user.target.wants" "$rootfs.tmp/etc/crio/crio.conf.d"
 
-# Stand-in CRI-O: a drop-in containing BROKEN makes the start fail for real (as CRI-O refuses a bad
-# config); one containing SLOW_START makes the start take 30 s (for restart timeouts).
+# Stand-in CRI-O: every start attempt appends a line to /run/crio-starts (tests count restarts);
+# a drop-in containing BROKEN makes the start fail for real (as CRI-O refuses a bad config); one
+# containing SLOW_START makes the start take 30 s (for restart timeouts).
 cat >"$units/crio.service" <<'UNIT'
 [Unit]
 Description=Stand-in CRI-O (nodekeeper tests)
 [Service]
 Type=simple
+ExecStartPre=/bin/sh -c 'echo start >>/run/crio-starts'
 ExecStartPre=/bin/sh -c '! grep -qs BROKEN /etc/crio/crio.conf.d/*'
 ExecStartPre=/bin/sh -c 'if grep -qs SLOW_START /etc/crio/crio.conf.d/*; then sleep 30; fi'
 ExecStart=/bin/sh -c 'exec sleep infinity'

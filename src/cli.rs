@@ -39,6 +39,12 @@ enum Command {
         /// Prefix for every host path (tests and the demo).
         #[arg(long)]
         root: Option<PathBuf>,
+        /// Print one report of this node and exit (nothing is applied or sent).
+        #[arg(long)]
+        once: bool,
+        /// Output of `--once`.
+        #[arg(long, short, value_enum, default_value_t = Output::Json, requires = "once")]
+        output: Output,
     },
     /// CRI-O configuration.
     Crio {
@@ -87,7 +93,12 @@ pub fn main() -> ExitCode {
     let env = Env::from_process();
     let code = match cli.command {
         Command::Validate { config } => validate(&config, &env),
-        Command::Agent { config, root } => agent(&config, root, env),
+        Command::Agent {
+            config,
+            root,
+            once,
+            output,
+        } => agent(&config, root, once, output, env),
         Command::Crio {
             command:
                 CrioCommand::Apply {
@@ -179,13 +190,27 @@ fn validate(path: &std::path::Path, env: &Env) -> u8 {
     }
 }
 
-fn agent(path: &std::path::Path, root: Option<PathBuf>, env: Env) -> u8 {
+fn agent(
+    path: &std::path::Path,
+    root: Option<PathBuf>,
+    once: bool,
+    output: Output,
+    env: Env,
+) -> u8 {
     let loaded = match load_config(path, &env) {
         Ok(l) => l,
         Err(code) => return code,
     };
     crate::telemetry::init(loaded.config.log.format, &loaded.config.log.level);
     block_on(async move {
+        if once {
+            let report = crate::agent::once::report(&loaded.config, root).await;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string(&report)?),
+                Output::Text => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+            return Ok(EXIT_OK);
+        }
         let signals = crate::shutdown::install()?;
         Ok(crate::agent::run(loaded, env, crate::agent::AgentOptions { root }, signals).await)
     })

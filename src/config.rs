@@ -78,12 +78,21 @@ pub struct AgentConfig {
     /// How often the agent checks whether its configuration file changed.
     #[serde(with = "humantime_serde")]
     pub config_poll_interval: Duration,
+    /// Hold a systemd-logind delay inhibitor lock and report a node shutdown (how OCI
+    /// preemption arrives on the node: an ACPI shutdown) before it happens.
+    pub shutdown_watcher: bool,
+    /// The longest the agent holds up a shutdown to deliver that report (logind's
+    /// `InhibitDelayMaxSec` bounds it further).
+    #[serde(with = "humantime_serde")]
+    pub shutdown_max_delay: Duration,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
         Self {
             config_poll_interval: Duration::from_secs(5),
+            shutdown_watcher: true,
+            shutdown_max_delay: Duration::from_secs(5),
         }
     }
 }

@@ -12,6 +12,7 @@
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod report;
 pub mod shutdown;
 pub mod sim;
 pub mod telemetry;

@@ -70,13 +70,16 @@ impl Drop for Agent {
     }
 }
 
+/// Tests never reach a metadata service from the host namespace: no cloud, no auto-detection.
+const BASE: &str = "[sources]\ncloud = \"none\"\n[agent]\nconfig_poll_interval = \"100ms\"\nshutdown_watcher = false\n";
+
 #[test]
 fn reloads_keeps_running_on_bad_config_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     std::fs::create_dir_all(root.join("etc/crio/crio.conf.d")).unwrap();
     let cfg = dir.path().join("agent.toml");
-    std::fs::write(&cfg, "[agent]\nconfig_poll_interval = \"100ms\"\n").unwrap();
+    std::fs::write(&cfg, BASE).unwrap();
     let mut agent = Agent::start(&cfg, &root);
     agent.expect("agent starting");
 
@@ -86,7 +89,7 @@ fn reloads_keeps_running_on_bad_config_and_stops_on_sigterm() {
     // A change that needs a restart, with no bus: the apply fails, nothing is written, the agent goes on.
     std::fs::write(
         &cfg,
-        "[agent]\nconfig_poll_interval = \"100ms\"\n[[crio.dropin]]\nname = \"a.conf\"\ncontent = \"[crio.runtime]\\npids_limit = 1\\n\"\n",
+        format!("{BASE}[[crio.dropin]]\nname = \"a.conf\"\ncontent = \"[crio.runtime]\\npids_limit = 1\\n\"\n"),
     )
     .unwrap();
     agent.expect("configuration file changed");

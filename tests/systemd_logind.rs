@@ -25,7 +25,12 @@ use nodekeeper::agent::host::systemd::{Systemd, UnitManager};
 #[tokio::test]
 #[ignore = "helper: run in a child process by the logind tests of this file"]
 async fn helper_shutdown_watcher() {
-    let bus = std::env::var("NK_BUS").unwrap();
+    let Ok(bus) = std::env::var("NK_BUS") else {
+        eprintln!(
+            "helper_shutdown_watcher: a helper, only meaningful when run by its parent tests"
+        );
+        return;
+    };
     let max_delay =
         Duration::from_millis(std::env::var("NK_MAX_DELAY_MS").unwrap().parse().unwrap());
     let ack_after: Option<u64> = std::env::var("NK_ACK_AFTER_MS")

@@ -176,6 +176,10 @@ async fn a_missing_bus_is_a_connect_error_naming_the_address() {
 #[tokio::test]
 #[ignore = "helper: run in a child process by connect_system_honours_dbus_system_bus_address"]
 async fn helper_connect_system() {
+    if std::env::var_os("NK_HELPER").is_none() {
+        eprintln!("helper_connect_system: a helper, only meaningful when run by its parent test");
+        return;
+    }
     let systemd = Systemd::connect_system()
         .await
         .unwrap_or_else(|e| panic!("NK-HELPER error: {e}"));
@@ -196,6 +200,7 @@ async fn connect_system_honours_dbus_system_bus_address() {
             "--nocapture",
         ])
         .env("DBUS_SYSTEM_BUS_ADDRESS", node.bus_address())
+        .env("NK_HELPER", "1")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -214,6 +219,7 @@ async fn connect_system_honours_dbus_system_bus_address() {
             "--ignored",
             "--nocapture",
         ])
+        .env("NK_HELPER", "1")
         .env(
             "DBUS_SYSTEM_BUS_ADDRESS",
             "unix:path=/nonexistent/nk_socket",
@@ -230,4 +236,38 @@ async fn connect_system_honours_dbus_system_bus_address() {
         all.contains("NK-HELPER error: cannot connect to the system D-Bus at unix:path=/nonexistent/nk_socket: "),
         "{all}"
     );
+}
+
+#[tokio::test]
+async fn reset_failed_lifts_the_start_limit_that_refuses_a_good_restart() {
+    let Some(node) = NspawnNode::boot("startlimit").await else {
+        return;
+    };
+    let systemd = connect(&node).await;
+    let broken = node.dropin_dir().join("99-broken.conf");
+    std::fs::write(&broken, "BROKEN = true\n").unwrap();
+    // Boot + 4 failed starts = 5 starts in 10 s (the default StartLimitBurst).
+    for _ in 0..4 {
+        assert_eq!(systemd.restart(CRIO, T).await.unwrap().job_result, "failed");
+    }
+    std::fs::remove_file(&broken).unwrap();
+    // The files are good again, but systemd refuses the sixth start.
+    let refused = systemd.restart(CRIO, T).await.unwrap();
+    assert!(!refused.succeeded(), "{refused:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !node
+        .journal()
+        .contains("crio.service: Start request repeated too quickly.")
+    {
+        assert!(Instant::now() < deadline, "{refused:?}\n{}", node.journal());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    systemd.reset_failed(CRIO).await.unwrap();
+    let outcome = systemd.restart(CRIO, T).await.unwrap();
+    assert!(outcome.succeeded(), "{outcome:?}");
+    assert!(matches!(
+        systemd.reset_failed("no-such-thing.service").await,
+        Err(SystemdError::NoSuchUnit { .. })
+    ));
 }

@@ -1,26 +1,51 @@
-//! The node agent: applies the CRI-O configuration at start, again on SIGHUP and whenever the
-//! configuration file changes, and stops cleanly on SIGTERM/SIGINT.
+//! The node agent: one `select!` loop over health-check ticks, metadata-source events, the
+//! shutdown watcher, configuration reloads (SIGHUP or a changed file) and termination signals.
+//! Everything it learns goes into one [`state::AgentState`], published as versioned
+//! [`NodeReport`]s on change.
 //!
-//! Later capabilities (health checks, metadata sources, label rules, reporting) join the same
-//! `select!` loop.
+//! - [`crio`]: CRI-O drop-ins (applied at start and on every reload);
+//! - [`checks`]: node health checks; [`sources`]: cloud metadata notices;
+//! - [`host`]: systemd and logind over D-Bus; [`state`]: the report assembly.
 
 pub mod checks;
 pub mod crio;
 pub mod host;
+pub mod once;
 pub mod sources;
+pub mod state;
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
+use chrono::Utc;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::agent::checks::Checks;
 use crate::agent::crio::apply::{self, ApplyOptions};
+use crate::agent::host::logind::{Delivered, ShutdownSignal, ShutdownWatcher, WatcherOptions};
 use crate::agent::host::systemd::Systemd;
+use crate::agent::sources::driver::SourceMessage;
+use crate::agent::sources::tracker::event_id;
+use crate::agent::sources::{EventKind, InstanceIdentity, NodeEvent, NODE_EVENT_VERSION};
+use crate::agent::state::AgentState;
 use crate::config::{Config, Env, Loaded};
+use crate::report::NodeReport;
 use crate::shutdown::Signals;
 
 /// Options of `nodekeeper agent`.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
-    /// Prefix for every host path (tests, demo).
+    /// Prefix for every host path of the CRI-O apply (tests, demo).
     pub root: Option<PathBuf>,
+}
+
+/// What the background tasks tell the loop.
+#[derive(Debug)]
+enum Input {
+    Source(SourceMessage),
+    Identity(InstanceIdentity),
+    Shutdown(ShutdownSignal),
 }
 
 /// Runs the agent until a termination signal. Returns the exit code.
@@ -28,34 +53,256 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
     let path = loaded.path.clone();
     let mut config = loaded.config;
     let mut fingerprint = file_fingerprint(&path);
+    let mut st = AgentState::new(node_name(&config), instance_id(), boot_id(&config));
     tracing::info!(config = %path.display(), version = crate::VERSION, "agent starting");
-    apply_crio(&config, &opts).await;
-    let mut poll = tokio::time::interval(config.agent.config_poll_interval);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (in_tx, mut in_rx) = mpsc::channel(256);
+    let mut tasks = Tasks::spawn(&config, in_tx.clone());
+    let mut checks = Checks::from_config(&config.checks);
+    apply_crio(&config, &opts, &mut st).await;
+    let mut check_tick = tokio::time::interval(config.checks.interval);
+    let mut file_tick = tokio::time::interval(config.agent.config_poll_interval);
+    check_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    file_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut events: Vec<NodeEvent> = Vec::new();
+    let mut held: Vec<Delivered> = Vec::new();
     loop {
-        tokio::select! {
+        let reload = tokio::select! {
             _ = signals.shutdown.changed() => break,
             Some(()) = signals.reload.recv() => {
                 tracing::info!("SIGHUP: reloading configuration");
                 fingerprint = file_fingerprint(&path);
-                if let Some(c) = reload(&path, &env) { config = c; }
-                apply_crio(&config, &opts).await;
+                true
             }
-            _ = poll.tick() => {
+            _ = file_tick.tick() => {
                 let now = file_fingerprint(&path);
-                if now != fingerprint {
+                let changed = now != fingerprint;
+                if changed {
                     fingerprint = now;
                     tracing::info!(config = %path.display(), "configuration file changed: reloading");
-                    if let Some(c) = reload(&path, &env) {
-                        config = c;
-                        apply_crio(&config, &opts).await;
-                    }
                 }
+                changed
             }
+            _ = check_tick.tick() => {
+                st.apply_round(checks.run_once(Instant::now()).await);
+                false
+            }
+            Some(input) = in_rx.recv() => {
+                on_input(input, &mut st, &mut events, &mut held);
+                false
+            }
+        };
+        if reload {
+            if let Some(c) = self::reload(&path, &env) {
+                config = c;
+                tasks.stop().await;
+                tasks = Tasks::spawn(&config, in_tx.clone());
+                checks = Checks::from_config(&config.checks);
+                check_tick = tokio::time::interval(config.checks.interval);
+                file_tick = tokio::time::interval(config.agent.config_poll_interval);
+            }
+            apply_crio(&config, &opts, &mut st).await;
+        }
+        if st.changed() || !events.is_empty() {
+            publish(&st.report(std::mem::take(&mut events), Utc::now()));
+            // The shutdown report is out: let the shutdown proceed.
+            held.drain(..).for_each(Delivered::done);
         }
     }
+    tasks.stop().await;
     tracing::info!("agent stopped");
     crate::cli::EXIT_OK
+}
+
+fn on_input(
+    input: Input,
+    st: &mut AgentState,
+    events: &mut Vec<NodeEvent>,
+    held: &mut Vec<Delivered>,
+) {
+    match input {
+        Input::Identity(id) => {
+            tracing::info!(instance = %id.instance_id, cloud = ?id.cloud, preemptible = ?id.preemptible, "instance identity");
+            st.set_identity(id);
+        }
+        Input::Source(SourceMessage::Event(e)) => {
+            tracing::warn!(id = %e.id, kind = e.kind.name(), source = %e.source, deadline = ?e.deadline, "node event");
+            events.push(e);
+        }
+        Input::Source(SourceMessage::Error { source, error }) => {
+            tracing::debug!(source, %error, "metadata source error");
+        }
+        Input::Shutdown(ShutdownSignal::ShuttingDown { delivered, .. }) => {
+            let e = shutdown_event(st);
+            tracing::warn!(id = %e.id, "node is shutting down");
+            events.push(e);
+            held.push(delivered);
+        }
+        Input::Shutdown(ShutdownSignal::Cancelled) => {
+            let of = shutdown_event(st).id;
+            let kind = EventKind::Cancelled { of: of.clone() };
+            let mut e = shutdown_event(st);
+            e.id = event_id(None, "logind", &kind, &of);
+            e.kind = kind;
+            tracing::info!(of = %of, "shutdown cancelled");
+            events.push(e);
+        }
+        Input::Shutdown(other) => tracing::debug!(signal = ?other, "shutdown watcher"),
+    }
+}
+
+/// The `ShuttingDown` event of this boot (one per boot: its id is derived from the boot id).
+fn shutdown_event(st: &AgentState) -> NodeEvent {
+    let kind = EventKind::ShuttingDown;
+    NodeEvent {
+        version: NODE_EVENT_VERSION,
+        id: event_id(None, "logind", &kind, st.boot_id()),
+        kind,
+        cloud: None,
+        source: "logind".into(),
+        not_before: None,
+        deadline: None,
+        detected_at: Utc::now(),
+        detail: Default::default(),
+    }
+}
+
+/// Where reports go until the controller reporter is configured: the log (a summary at info,
+/// the whole report at debug).
+fn publish(report: &NodeReport) {
+    tracing::info!(
+        sequence = report.sequence,
+        conditions = report.conditions.len(),
+        events = report.events.len(),
+        check_events = report.check_events.len(),
+        problems = report.problems.len(),
+        "node report"
+    );
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        tracing::debug!(report = %serde_json::to_string(report).unwrap_or_default(), "node report (full)");
+    }
+}
+
+/// The background producers: the metadata source and the shutdown watcher.
+struct Tasks {
+    stop: watch::Sender<bool>,
+    set: JoinSet<()>,
+}
+
+impl Tasks {
+    fn spawn(config: &Config, tx: mpsc::Sender<Input>) -> Self {
+        let (stop, stop_rx) = watch::channel(false);
+        let mut set = JoinSet::new();
+        let sources = config.sources.clone();
+        let (src_tx, stop_src) = (tx.clone(), stop_rx.clone());
+        set.spawn(async move { run_source(sources, src_tx, stop_src).await });
+        if config.agent.shutdown_watcher {
+            let options = WatcherOptions {
+                max_delay: config.agent.shutdown_max_delay,
+                ..WatcherOptions::default()
+            };
+            set.spawn(async move { run_shutdown_watcher(options, tx, stop_rx).await });
+        }
+        Self { stop, set }
+    }
+
+    async fn stop(&mut self) {
+        let _ = self.stop.send(true);
+        while self.set.join_next().await.is_some() {}
+    }
+}
+
+async fn run_source(
+    cfg: crate::agent::sources::SourcesConfig,
+    tx: mpsc::Sender<Input>,
+    stop: watch::Receiver<bool>,
+) {
+    let Some(cloud) = crate::agent::sources::detect::resolve(&cfg).await else {
+        tracing::info!("no cloud metadata source (none detected or configured)");
+        return;
+    };
+    let mut source = match crate::agent::sources::build(cloud, &cfg) {
+        Ok(s) => s,
+        Err(error) => {
+            tracing::error!(%cloud, %error, "cannot start the metadata source");
+            return;
+        }
+    };
+    match source.identity().await {
+        Ok(id) => {
+            let _ = tx.send(Input::Identity(id)).await;
+        }
+        Err(error) => tracing::warn!(%cloud, %error, "cannot read the instance identity"),
+    }
+    let (msg_tx, mut msg_rx) = mpsc::channel(64);
+    let driver = crate::agent::sources::driver::run(
+        source,
+        cfg.poll_interval,
+        cfg.max_backoff,
+        msg_tx,
+        stop,
+    );
+    let forward = async {
+        while let Some(m) = msg_rx.recv().await {
+            if tx.send(Input::Source(m)).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::join!(driver, forward);
+}
+
+async fn run_shutdown_watcher(
+    options: WatcherOptions,
+    tx: mpsc::Sender<Input>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let watcher = match ShutdownWatcher::connect_system(options).await {
+        Ok(w) => w,
+        Err(error) => {
+            tracing::warn!(%error, "shutdown watcher unavailable: node shutdowns are not reported ahead");
+            return;
+        }
+    };
+    let (sig_tx, mut sig_rx) = mpsc::channel(8);
+    let forward = async {
+        while let Some(s) = sig_rx.recv().await {
+            if tx.send(Input::Shutdown(s)).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        r = watcher.run(sig_tx) => if let Err(error) = r { tracing::warn!(%error, "shutdown watcher stopped") },
+        _ = forward => {}
+        _ = stop.changed() => {}
+    }
+}
+
+/// `[node] name`, else the host name.
+pub fn node_name(config: &Config) -> String {
+    if !config.node.name.is_empty() {
+        return config.node.name.clone();
+    }
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// The kernel's boot id under the checks' host root (empty if unreadable).
+pub fn boot_id(config: &Config) -> String {
+    let p = config
+        .checks
+        .host_root
+        .join("proc/sys/kernel/random/boot_id");
+    std::fs::read_to_string(p)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn instance_id() -> String {
+    use rand::Rng;
+    hex::encode(rand::rng().random::<[u8; 8]>())
 }
 
 /// Re-reads the configuration; an invalid file is logged and the running configuration kept.
@@ -81,13 +328,25 @@ fn file_fingerprint(path: &Path) -> Option<String> {
         .map(|b| crate::agent::crio::state::digest(&b))
 }
 
-async fn apply_crio(config: &Config, opts: &AgentOptions) {
+/// sha256 over the declared drop-ins (name and rendered content), to compare nodes.
+pub fn crio_config_hash(config: &Config) -> String {
+    let mut bytes = Vec::new();
+    for d in &config.crio.dropins {
+        bytes.extend_from_slice(d.name.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(&apply::render(d));
+        bytes.push(0);
+    }
+    crate::agent::crio::state::digest(&bytes)
+}
+
+async fn apply_crio(config: &Config, opts: &AgentOptions, st: &mut AgentState) {
     let aopts = ApplyOptions {
         root: opts.root.clone(),
         dry_run: false,
     };
     let (report, result) = apply::apply(&config.crio, &aopts, Systemd::connect_system).await;
-    match result {
+    match &result {
         Ok(()) if report.changed => tracing::info!(
             files = report.files.len(),
             restarted = report.restarted,
@@ -96,7 +355,8 @@ async fn apply_crio(config: &Config, opts: &AgentOptions) {
         ),
         Ok(()) => tracing::debug!("CRI-O drop-ins unchanged"),
         Err(e) => {
-            tracing::error!(error = %crate::cli::error_chain(&e), rolled_back = report.rolled_back, "CRI-O apply failed")
+            tracing::error!(error = %crate::cli::error_chain(e), rolled_back = report.rolled_back, "CRI-O apply failed")
         }
     }
+    st.set_crio(crio_config_hash(config), &report, &result, Utc::now());
 }

@@ -3,7 +3,8 @@
 //!
 //! Each [`NspawnNode`] gets a private tempdir `T` with `T/dbus` bound to the container's `/run/dbus`
 //! (so its system bus is reachable from the host at `unix:path=T/dbus/system_bus_socket`) and
-//! `T/crio.conf.d` bound to `/etc/crio/crio.conf.d`. Every container runs in its own cgroup
+//! `T/root/etc/crio/crio.conf.d` bound to `/etc/crio/crio.conf.d`, so `T/root` serves as
+//! `nodekeeper crio apply --root`. Every container runs in its own cgroup
 //! (`nodekeeper-tests/<machine>` in the `name=systemd` and unified hierarchies), so containers can
 //! boot in parallel; dropping the node powers it off and removes that cgroup tree.
 
@@ -18,7 +19,14 @@ use nodekeeper::agent::host::systemd::Systemd;
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
 const POWEROFF_TIMEOUT: Duration = Duration::from_secs(20);
-const CGROUP_HIERARCHIES: [&str; 2] = ["/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"];
+const DROPIN_DIR: &str = "root/etc/crio/crio.conf.d";
+/// cgroup v1/hybrid hosts: the `name=systemd` and unified hierarchies; a pure cgroup v2 host:
+/// `/sys/fs/cgroup` itself.
+const CGROUP_HIERARCHIES: [&str; 3] = [
+    "/sys/fs/cgroup/systemd",
+    "/sys/fs/cgroup/unified",
+    "/sys/fs/cgroup",
+];
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
@@ -77,8 +85,8 @@ impl NspawnNode {
             .prefix("nk-nspawn-")
             .tempdir()
             .unwrap();
-        for sub in ["dbus", "crio.conf.d"] {
-            std::fs::create_dir(dir.path().join(sub)).unwrap();
+        for sub in ["dbus", DROPIN_DIR] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
         }
         let cgroups = make_cgroups(&machine);
         let child = spawn_nspawn(&rootfs, &machine, dir.path(), &cgroups);
@@ -107,12 +115,17 @@ impl NspawnNode {
         )
     }
 
-    /// Host path of the container's `/etc/crio/crio.conf.d`.
+    /// Host path of the container's `/etc/crio/crio.conf.d` (`root()/etc/crio/crio.conf.d`).
     pub fn dropin_dir(&self) -> PathBuf {
-        self.dir.path().join("crio.conf.d")
+        self.dir.path().join(DROPIN_DIR)
     }
 
-    /// The private tempdir of this node (holds `dbus/`, `crio.conf.d/` and `nspawn.log`).
+    /// A host root for `--root`: its `etc/crio/crio.conf.d` is the container's drop-in dir.
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    /// The private tempdir of this node (holds `dbus/`, `root/` and `nspawn.log`).
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
@@ -153,6 +166,12 @@ impl NspawnNode {
         cmd.args(["-t", &self.leader.to_string(), "-p", "--"])
             .arg(program);
         cmd
+    }
+
+    /// How many times the stand-in crio.service began a start (boot included).
+    pub fn crio_starts(&self) -> usize {
+        let out = self.exec(&["cat", "/run/crio-starts"]);
+        String::from_utf8_lossy(&out.stdout).lines().count()
     }
 
     /// The container's journal (for failure messages).
@@ -267,10 +286,12 @@ async fn state(address: &str) -> Result<String, String> {
 
 /// One cgroup per container and hierarchy, so parallel containers never share `payload/`.
 fn make_cgroups(machine: &str) -> Vec<PathBuf> {
+    let pure_v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
     CGROUP_HIERARCHIES
         .iter()
         .map(Path::new)
         .filter(|h| h.join("cgroup.procs").exists())
+        .filter(|h| (*h == Path::new("/sys/fs/cgroup")) == pure_v2)
         .map(|h| {
             let cg = h.join("nodekeeper-tests").join(machine);
             std::fs::create_dir_all(&cg).unwrap_or_else(|e| panic!("mkdir {}: {e}", cg.display()));
@@ -304,7 +325,7 @@ fn spawn_nspawn(rootfs: &Path, machine: &str, dir: &Path, cgroups: &[PathBuf]) -
         .arg(format!("--bind={}:/run/dbus", dir.join("dbus").display()))
         .arg(format!(
             "--bind={}:/etc/crio/crio.conf.d",
-            dir.join("crio.conf.d").display()
+            dir.join(DROPIN_DIR).display()
         ))
         .env("NK_CGROUP_PROCS", procs.join(" "))
         .stdin(Stdio::null())

@@ -26,7 +26,7 @@ pub use config::ChecksConfig;
 pub use runner::{CheckFailure, Checks, Round};
 
 /// The status of a node condition, as Kubernetes spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub enum ConditionStatus {
     /// The problem the condition names is present (e.g. memory is low).
     True,
@@ -47,7 +47,7 @@ impl fmt::Display for ConditionStatus {
 }
 
 /// One node condition as a check sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct CheckResult {
     /// Condition type, e.g. `NodekeeperMemoryPressure` (see `docs/checks.md`).
     pub condition_type: String,
@@ -87,7 +87,7 @@ pub enum EventSeverity {
 }
 
 /// A temporary problem (NPD's "temporary" rules): reported once, never a condition.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct CheckEvent {
     /// CamelCase reason, e.g. `OOMKilling`.
     pub reason: String,

@@ -36,6 +36,11 @@ pub enum FakeCall {
         /// The unit asked about.
         unit: String,
     },
+    /// `reset_failed(unit)`.
+    ResetFailed {
+        /// The unit reset.
+        unit: String,
+    },
     /// `restart(unit, timeout)`.
     Restart {
         /// The unit restarted.
@@ -144,6 +149,25 @@ impl FakeUnitManager {
             })
     }
 
+    fn do_reset_failed(&self, unit: &str) -> Result<(), SystemdError> {
+        let mut state = self.lock();
+        state.calls.push(FakeCall::ResetFailed {
+            unit: unit.to_string(),
+        });
+        match state.units.get_mut(unit) {
+            Some(status) => {
+                if status.active_state == "failed" {
+                    status.active_state = "inactive".into();
+                    status.sub_state = "dead".into();
+                }
+                Ok(())
+            }
+            None => Err(SystemdError::NoSuchUnit {
+                unit: unit.to_string(),
+            }),
+        }
+    }
+
     fn do_restart(&self, unit: &str, timeout: Duration) -> Result<RestartOutcome, SystemdError> {
         let mut state = self.lock();
         state.calls.push(FakeCall::Restart {
@@ -171,6 +195,10 @@ impl UnitManager for FakeUnitManager {
 
     async fn restart(&self, unit: &str, timeout: Duration) -> Result<RestartOutcome, SystemdError> {
         self.do_restart(unit, timeout)
+    }
+
+    async fn reset_failed(&self, unit: &str) -> Result<(), SystemdError> {
+        self.do_reset_failed(unit)
     }
 }
 
@@ -221,5 +249,25 @@ mod tests {
         );
         assert_eq!(fake.restarts("crio.service"), 3);
         assert_eq!(fake.calls().len(), 5);
+    }
+
+    #[tokio::test]
+    async fn reset_failed_clears_failed_and_is_recorded() {
+        let fake = FakeUnitManager::new().with_unit("crio.service", FakeUnitManager::failed());
+        fake.reset_failed("crio.service").await.unwrap();
+        assert_eq!(
+            fake.status("crio.service").await.unwrap().active_state,
+            "inactive"
+        );
+        assert!(matches!(
+            fake.reset_failed("nope.service").await,
+            Err(SystemdError::NoSuchUnit { .. })
+        ));
+        assert_eq!(
+            fake.calls()[0],
+            FakeCall::ResetFailed {
+                unit: "crio.service".into()
+            }
+        );
     }
 }

@@ -29,6 +29,8 @@ pub trait Manager {
     fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
     /// Queue a restart job for `name`; returns the job's object path.
     fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    /// Clear the failed state of `name` and its start-rate counter.
+    fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
     /// A job finished: its id, object path, unit and result (`done`, `failed`, ...).
     #[zbus(signal)]
     fn job_removed(
@@ -75,6 +77,9 @@ pub trait Service {
     /// PID of the main process, 0 if none.
     #[zbus(property(emits_changed_signal = "false"), name = "MainPID")]
     fn main_pid(&self) -> zbus::Result<u32>;
+    /// Why the service last failed: `success`, `exit-code`, `start-limit-hit`, `timeout`, ...
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn result(&self) -> zbus::Result<String>;
 }
 
 /// Errors talking to systemd; each names the bus address or the unit and the method.
@@ -158,6 +163,13 @@ pub trait UnitManager {
         unit: &str,
         timeout: Duration,
     ) -> impl Future<Output = Result<RestartOutcome, SystemdError>> + Send;
+    /// Clear the unit's failed state and its start-rate counter (`ResetFailedUnit`), so a restart
+    /// right after several failed ones is not refused by `StartLimitBurst` (default: 5 starts in
+    /// 10 s). The default implementation does nothing.
+    fn reset_failed(&self, unit: &str) -> impl Future<Output = Result<(), SystemdError>> + Send {
+        let _ = unit;
+        async { Ok(()) }
+    }
 }
 
 /// A connection to a systemd manager on a D-Bus bus.
@@ -291,18 +303,7 @@ impl Systemd {
         let job = manager
             .restart_unit(unit, "replace")
             .await
-            .map_err(|source| match &source {
-                zbus::Error::MethodError(name, _, _) if name.as_str() == NO_SUCH_UNIT => {
-                    SystemdError::NoSuchUnit {
-                        unit: unit.to_string(),
-                    }
-                }
-                _ => SystemdError::Call {
-                    unit: unit.to_string(),
-                    method: "RestartUnit",
-                    source,
-                },
-            })?;
+            .map_err(|source| unit_call_err(unit, "RestartUnit", source))?;
         let job_result = loop {
             let Some(signal) = removed.next().await else {
                 return Err(SystemdError::Call {
@@ -338,6 +339,17 @@ impl UnitManager for Systemd {
                 timeout,
             })?
     }
+
+    async fn reset_failed(&self, unit: &str) -> Result<(), SystemdError> {
+        let manager = self
+            .manager()
+            .await
+            .map_err(call_err(unit, "ResetFailedUnit"))?;
+        manager
+            .reset_failed_unit(unit)
+            .await
+            .map_err(|source| unit_call_err(unit, "ResetFailedUnit", source))
+    }
 }
 
 async fn unit_proxy(
@@ -351,6 +363,22 @@ async fn unit_proxy(
         .build()
         .await
         .map_err(call_err(unit, "Unit proxy"))
+}
+
+/// A failed call about `unit`; systemd's `NoSuchUnit` reply becomes [`SystemdError::NoSuchUnit`].
+fn unit_call_err(unit: &str, method: &'static str, source: zbus::Error) -> SystemdError {
+    match &source {
+        zbus::Error::MethodError(name, _, _) if name.as_str() == NO_SUCH_UNIT => {
+            SystemdError::NoSuchUnit {
+                unit: unit.to_string(),
+            }
+        }
+        _ => SystemdError::Call {
+            unit: unit.to_string(),
+            method,
+            source,
+        },
+    }
 }
 
 fn call_err<'a>(
