@@ -58,8 +58,18 @@ fn sources_at_the_real_address_in_a_netns() {
     );
 }
 
+/// A child process killed (by its PID) and reaped when dropped, also when an assertion fails.
+struct Emulator(Child);
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `nodekeeper sim imds` on 169.254.169.254:80 and waits until it accepts connections.
-fn start_emulator(cloud: Cloud) -> Child {
+fn start_emulator(cloud: Cloud) -> Emulator {
     let child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
         .args([
             "sim",
@@ -72,6 +82,7 @@ fn start_emulator(cloud: Cloud) -> Child {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    let child = Emulator(child);
     let addr: SocketAddr = "169.254.169.254:80".parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
@@ -94,7 +105,7 @@ async fn inner_sources_at_169_254_169_254() {
         .expect("169.254.169.254 must be local: refusing to run");
     let no_dmi = tempfile::tempdir().unwrap();
     for cloud in Cloud::ALL {
-        let mut child = start_emulator(cloud);
+        let child = start_emulator(cloud);
         let mut cfg = SourcesConfig {
             cloud: CloudChoice::Auto,
             host_root: no_dmi.path().to_path_buf(),
@@ -148,8 +159,7 @@ async fn inner_sources_at_169_254_169_254() {
                 .count();
         }
         assert_eq!(preemptions, 1, "{cloud}");
-        child.kill().unwrap();
-        child.wait().unwrap();
+        drop(child);
         println!("netns: {cloud} ok");
     }
     println!("netns: all four clouds ok");

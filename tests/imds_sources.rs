@@ -294,9 +294,8 @@ async fn gcp_long_polls_report_changes_quickly() {
     assert_eq!(id.zone.as_deref(), Some("us-central1-a"));
     assert_eq!(id.instance_type.as_deref(), Some("e2-standard-4"));
     // First answers: the current values, nothing pending.
-    for _ in 0..2 {
-        assert!(clean(poll_within(&mut src, Duration::from_secs(1)).await).is_empty());
-    }
+    // The first poll returns both keys' current values at once: nothing pending.
+    assert!(clean(poll_within(&mut src, Duration::from_secs(1)).await).is_empty());
     // Inject through the admin API while the long polls are waiting.
     let admin = format!("{}/admin/preempt", emu.url());
     let inject = tokio::spawn(async move {
@@ -353,6 +352,21 @@ async fn gcp_long_polls_report_changes_quickly() {
     emu.maintenance(Duration::from_secs(60), "TERMINATE_ON_HOST_MAINTENANCE");
     let t = one(poll_within(&mut src, Duration::from_secs(3)).await);
     assert_eq!(t.kind, EventKind::Termination);
+}
+
+/// The first GCP poll shows everything already pending, from both keys.
+#[tokio::test]
+async fn gcp_first_poll_shows_all_pending_notices() {
+    let emu = emulator(Cloud::Gcp).await;
+    emu.maintenance(Duration::from_secs(60), "");
+    emu.preempt(Duration::from_secs(30));
+    let mut src = GcpSource::new(&config(&emu.url())).unwrap();
+    let mut kinds: Vec<_> = clean(poll_within(&mut src, Duration::from_secs(1)).await)
+        .into_iter()
+        .map(|e| e.kind.name())
+        .collect();
+    kinds.sort();
+    assert_eq!(kinds, ["maintenance", "preemption"]);
 }
 
 #[tokio::test]

@@ -210,23 +210,22 @@ impl AwsSource {
 
     /// GET with the token; on 401 the token is dropped, renewed and the GET retried once.
     async fn get(&mut self, path: &str) -> Result<Response, SourceError> {
-        for attempt in 0..2 {
-            let tok = self.token().await?;
-            let req = self
-                .http
-                .request(Method::GET, path)
-                .header(TOKEN_HEADER, tok);
-            let resp = self.http.send(req, Duration::ZERO).await?;
-            if resp.status == 401 && attempt == 0 {
-                tracing::debug!(path, "IMDSv2 token refused; renewing it");
-                self.token = None;
-                continue;
-            }
+        let resp = self.get_once(path).await?;
+        if resp.status != 401 {
             return Ok(resp);
         }
-        Err(SourceError::Config(
-            "unreachable: token retry loop".to_string(),
-        ))
+        tracing::debug!(path, "IMDSv2 token refused; renewing it");
+        self.token = None;
+        self.get_once(path).await
+    }
+
+    async fn get_once(&mut self, path: &str) -> Result<Response, SourceError> {
+        let tok = self.token().await?;
+        let req = self
+            .http
+            .request(Method::GET, path)
+            .header(TOKEN_HEADER, tok);
+        self.http.send(req, Duration::ZERO).await
     }
 
     async fn channel(

@@ -157,6 +157,7 @@ pub struct AzureSource {
     events_path: String,
     vm_name: Option<String>,
     incarnation: Option<u64>,
+    identity_tried: bool,
     tracker: NoticeTracker,
 }
 
@@ -168,6 +169,7 @@ impl AzureSource {
             events_path: format!("{EVENTS_PATH}?api-version={}", cfg.azure.api_version),
             vm_name: Some(cfg.azure.vm_name.clone()).filter(|n| !n.is_empty()),
             incarnation: None,
+            identity_tried: false,
             tracker: NoticeTracker::new(Some(Cloud::Azure)),
         })
     }
@@ -195,6 +197,15 @@ impl AzureSource {
     }
 
     async fn poll_events(&mut self) -> PollOutcome {
+        if self.vm_name.is_none() && !self.identity_tried {
+            // The VM name filters events meant for other VMs of the same set.
+            self.identity_tried = true;
+            if let Err(e) = self.read_identity().await {
+                tracing::warn!(
+                    "cannot read the Azure VM name; reporting events for every VM listed: {e}"
+                );
+            }
+        }
         let req = self
             .http
             .request(Method::GET, &self.events_path)
