@@ -210,13 +210,15 @@ impl AzureSource {
             .http
             .request(Method::GET, &self.events_path)
             .header(METADATA_HEADER.0, METADATA_HEADER.1);
-        let resp = match self.http.send(req, Duration::ZERO).await {
+        let resp = match self
+            .http
+            .send(req, Duration::ZERO)
+            .await
+            .and_then(|r| r.require_ok())
+        {
             Ok(r) => r,
             Err(e) => return PollOutcome::failed(e),
         };
-        if resp.status != 200 {
-            return PollOutcome::failed(resp.unexpected());
-        }
         match parse_scheduled_events(&resp.body, self.vm_name.as_deref()) {
             Ok((incarnation, notices)) => {
                 self.incarnation = Some(incarnation);
@@ -237,10 +239,7 @@ impl AzureSource {
             .http
             .request(Method::GET, COMPUTE_PATH)
             .header(METADATA_HEADER.0, METADATA_HEADER.1);
-        let resp = self.http.send(req, Duration::ZERO).await?;
-        if resp.status != 200 {
-            return Err(resp.unexpected());
-        }
+        let resp = self.http.send(req, Duration::ZERO).await?.require_ok()?;
         let id = parse_identity(&resp.body).map_err(|e| resp.parse_error(e))?;
         if self.vm_name.is_none() {
             self.vm_name.clone_from(&id.name);

@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use chrono::Utc;
 use futures::future::BoxFuture;
 use reqwest::Method;
 use tokio::sync::mpsc;
@@ -155,17 +154,10 @@ impl GcpSource {
             PREEMPTED_KEY => ("gcp/preempted", parse_preempted),
             _ => ("gcp/maintenance-event", parse_maintenance_event),
         };
-        match update.and_then(|b| {
-            parse(&b).map_err(|source| SourceError::Parse {
-                url: self.http.url(&format!("{BASE}{key}")),
-                source,
-            })
-        }) {
-            Ok(n) => out
-                .events
-                .extend(self.tracker.observe(channel, n, Utc::now())),
-            Err(e) => out.errors.push(e),
-        }
+        let url = self.http.url(&format!("{BASE}{key}"));
+        let notices =
+            update.and_then(|b| parse(&b).map_err(|source| SourceError::Parse { url, source }));
+        self.tracker.record(out, channel, notices);
     }
 
     async fn next(&mut self) -> PollOutcome {

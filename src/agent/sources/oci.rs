@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::DateTime;
 use futures::future::BoxFuture;
 use reqwest::Method;
 use serde::Deserialize;
@@ -175,25 +175,17 @@ impl OciSource {
         for p in self.paths.clone() {
             let kind = EventKind::from(p.kind);
             let channel = format!("oci{}", p.path);
-            let notices = match self.get(&p.path).await {
-                Ok(resp) => resp.notices(|b| parse_signal(b, &kind)),
-                Err(e) => Err(e),
-            };
-            match notices {
-                Ok(n) => out
-                    .events
-                    .extend(self.tracker.observe(&channel, n, Utc::now())),
-                Err(e) => out.errors.push(e),
-            }
+            let notices = self
+                .get(&p.path)
+                .await
+                .and_then(|resp| resp.notices(|b| parse_signal(b, &kind)));
+            self.tracker.record(&mut out, &channel, notices);
         }
         out
     }
 
     async fn read_identity(&mut self) -> Result<InstanceIdentity, SourceError> {
-        let resp = self.get(INSTANCE_PATH).await?;
-        if resp.status != 200 {
-            return Err(resp.unexpected());
-        }
+        let resp = self.get(INSTANCE_PATH).await?.require_ok()?;
         let mut id = parse_identity(&resp.body).map_err(|e| resp.parse_error(e))?;
         if id.preemptible.is_none() {
             let p = self.get(PREEMPTIBLE_PATH).await?;
