@@ -434,3 +434,51 @@ pub fn parse_time(what: &'static str, s: &str) -> Result<DateTime<Utc>, ParseErr
         .map(|t| t.and_utc())
         .map_err(|_| ParseError::time(what, s))
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_event_json_shape_round_trips() {
+        let mut t = NoticeTracker::new(Some(Cloud::Aws));
+        let n = Notice::new("terminate@t", EventKind::Preemption).with("action", "terminate");
+        let e = t.observe("aws/spot", vec![n], Utc::now()).remove(0);
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["kind"], serde_json::json!({"type": "preemption"}));
+        assert_eq!(v["cloud"], "aws");
+        assert_eq!(v["detail"]["action"], "terminate");
+        assert!(v.get("deadline").is_none(), "unknown times are omitted");
+        let back: NodeEvent = serde_json::from_value(v).unwrap();
+        assert_eq!(back, e);
+        let c = t.observe("aws/spot", vec![], Utc::now()).remove(0);
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            v["kind"],
+            serde_json::json!({"type": "cancelled", "of": e.id})
+        );
+    }
+
+    #[test]
+    fn times_in_all_three_formats() {
+        for s in [
+            "2016-09-19T18:29:47Z",
+            "Mon, 19 Sep 2016 18:29:47 GMT",
+            "19 Sep 2016 18:29:47 GMT",
+        ] {
+            assert_eq!(
+                parse_time("t", s).unwrap().timestamp(),
+                1_474_309_787,
+                "{s}"
+            );
+        }
+        assert!(matches!(
+            parse_time("t", "tomorrow"),
+            Err(ParseError::Time { .. })
+        ));
+        assert_eq!("gcp".parse::<Cloud>().unwrap(), Cloud::Gcp);
+        assert!("mars".parse::<Cloud>().is_err());
+    }
+}
