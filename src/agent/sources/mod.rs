@@ -31,7 +31,19 @@ pub use tracker::{Notice, NoticeTracker};
 pub const NODE_EVENT_VERSION: u32 = 1;
 
 /// A cloud whose instance-metadata service nodekeeper reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Cloud {
     /// Oracle Cloud Infrastructure.
