@@ -14,48 +14,18 @@ use std::time::{Duration, Instant};
 use nodekeeper::agent::sources::config::{CloudChoice, NoticeKind, OciPollPath};
 use nodekeeper::agent::sources::{build, poll_once, Cloud, EventKind, SourcesConfig};
 
-const INNER: &str = "inner_sources_at_169_254_169_254";
-const MARKER_ENV: &str = "NODEKEEPER_TEST_IN_NETNS";
+mod netns;
 
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
+const INNER: &str = "inner_sources_at_169_254_169_254";
 
 #[test]
 fn sources_at_the_real_address_in_a_netns() {
-    if !is_root() {
+    if !netns::is_root() {
         eprintln!("SKIPPED sources_at_the_real_address_in_a_netns: needs root for `unshare -n` (not root here)");
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let script = "ip link set lo up && ip addr add 169.254.169.254/32 dev lo && exec \"$0\" \"$@\"";
-    let out = Command::new("unshare")
-        .args(["-n", "sh", "-c", script])
-        .arg(&exe)
-        .args([
-            "--exact",
-            INNER,
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(MARKER_ENV, "1")
-        .output()
-        .expect("run unshare (util-linux) and ip (iproute2)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "inner test failed:\n{stdout}\n{stderr}"
-    );
-    assert!(
-        stdout.contains("1 passed"),
-        "the inner test did not run:\n{stdout}\n{stderr}"
-    );
-    assert!(
-        stdout.contains("netns: all four clouds ok"),
-        "{stdout}\n{stderr}"
-    );
+    let stdout = netns::run_inner(INNER);
+    assert!(stdout.contains("netns: all four clouds ok"), "{stdout}");
 }
 
 /// A child process killed (by its PID) and reaped when dropped, also when an assertion fails.
@@ -95,14 +65,7 @@ fn start_emulator(cloud: Cloud) -> Emulator {
 #[tokio::test]
 #[ignore = "runs inside a network namespace, started by sources_at_the_real_address_in_a_netns"]
 async fn inner_sources_at_169_254_169_254() {
-    assert_eq!(
-        std::env::var(MARKER_ENV).as_deref(),
-        Ok("1"),
-        "only run by the outer test"
-    );
-    // Binding succeeds only when the address is local, i.e. we are in the test's namespace.
-    std::net::UdpSocket::bind("169.254.169.254:0")
-        .expect("169.254.169.254 must be local: refusing to run");
+    netns::assert_inside();
     let no_dmi = tempfile::tempdir().unwrap();
     for cloud in Cloud::ALL {
         let child = start_emulator(cloud);

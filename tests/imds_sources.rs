@@ -384,6 +384,19 @@ async fn detection_probes_each_cloud() {
         assert!(report.identity.is_some(), "{cloud}: {:?}", report.errors);
         assert!(report.errors.is_empty(), "{cloud}: {:?}", report.errors);
     }
+    let emu = emulator(Cloud::Oci).await;
+    let mut cfg = config(&emu.url());
+    cfg.cloud = CloudChoice::Oci;
+    cfg.oci.poll_paths.clear();
+    let report = nodekeeper::agent::sources::poll_once(&cfg).await;
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("no IMDS preemption")),
+        "{:?}",
+        report.notes
+    );
     let cfg = SourcesConfig {
         cloud: CloudChoice::None,
         ..config("http://127.0.0.1:9")

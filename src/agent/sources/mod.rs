@@ -386,7 +386,7 @@ pub fn build(cloud: Cloud, cfg: &SourcesConfig) -> Result<Box<dyn EventSource>, 
 }
 
 /// Result of [`poll_once`]: which cloud, its identity, and the events seen.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct OnceReport {
     /// The cloud used (none: detection found none, or `cloud = "none"`).
     pub cloud: Option<Cloud>,
@@ -397,21 +397,22 @@ pub struct OnceReport {
     pub events: Vec<NodeEvent>,
     /// Errors, as text.
     pub errors: Vec<String>,
+    /// What this source cannot see, in words.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Detects the cloud (unless configured), reads the identity and polls once. For
 /// `nodekeeper agent --once` and debugging on a node.
 pub async fn poll_once(cfg: &SourcesConfig) -> OnceReport {
-    let mut report = OnceReport {
-        cloud: None,
-        identity: None,
-        events: Vec::new(),
-        errors: Vec::new(),
-    };
+    let mut report = OnceReport::default();
     let Some(cloud) = detect::resolve(cfg).await else {
         return report;
     };
     report.cloud = Some(cloud);
+    if cloud == Cloud::Oci && cfg.oci.poll_paths.is_empty() {
+        report.notes.push(oci::NO_NOTICE_PATHS.to_string());
+    }
     let mut source = match build(cloud, cfg) {
         Ok(s) => s,
         Err(e) => {

@@ -26,6 +26,10 @@ use super::{
 pub const INSTANCE_PATH: &str = "/opc/v2/instance/";
 /// `true` or `false` on KPO-launched nodes.
 pub const PREEMPTIBLE_PATH: &str = "/opc/v2/instance/metadata/oke-is-preemptible";
+/// Said once (log, `--once` report) when no signal paths are configured.
+pub const NO_NOTICE_PATHS: &str = "OCI documents no IMDS preemption/maintenance endpoint and no \
+    [[sources.oci.poll_paths]] are configured: OCI preemption is seen only by the shutdown watcher \
+    (ACPI shutdown) and, later, OCI Events through the controller";
 /// Header every v2 request must carry.
 pub const AUTH_HEADER: (&str, &str) = ("Authorization", "Bearer Oracle");
 
@@ -165,11 +169,7 @@ impl OciSource {
     async fn poll_paths(&mut self) -> PollOutcome {
         if self.paths.is_empty() && !self.told_no_paths {
             self.told_no_paths = true;
-            tracing::info!(
-                "OCI documents no IMDS preemption/maintenance endpoint and no [[sources.oci.poll_paths]] are \
-                 configured: OCI preemption is seen only by the shutdown watcher (ACPI shutdown) and, later, \
-                 OCI Events through the controller"
-            );
+            tracing::info!("{NO_NOTICE_PATHS}");
         }
         let mut out = PollOutcome::default();
         for p in self.paths.clone() {
