@@ -31,11 +31,54 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Run the node agent (CRI-O config now; health, notices, labels and reporting as they land).
+    Agent {
+        /// The TOML configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Prefix for every host path (tests and the demo).
+        #[arg(long)]
+        root: Option<PathBuf>,
+    },
+    /// CRI-O configuration.
+    Crio {
+        #[command(subcommand)]
+        command: CrioCommand,
+    },
     /// Stand-ins for the peers nodekeeper talks to (tests, demo, benchmarks).
     Sim {
         #[command(subcommand)]
         command: crate::sim::SimCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum CrioCommand {
+    /// Write the configured drop-ins atomically; restart CRI-O over D-Bus only if something
+    /// changed; roll back if the restart fails. Exit 0 ok/no change, 1 failed (rolled back), 2 invalid config.
+    Apply {
+        /// The TOML configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Prefix for every host path.
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// Print the diff and touch nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+}
+
+/// CLI output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object on one line.
+    Json,
 }
 
 /// Parses arguments, runs the command, and maps the outcome to an exit code.
@@ -44,6 +87,21 @@ pub fn main() -> ExitCode {
     let env = Env::from_process();
     let code = match cli.command {
         Command::Validate { config } => validate(&config, &env),
+        Command::Agent { config, root } => agent(&config, root, env),
+        Command::Crio {
+            command:
+                CrioCommand::Apply {
+                    config,
+                    root,
+                    dry_run,
+                    output,
+                },
+        } => crio_apply(
+            &config,
+            crate::agent::crio::apply::ApplyOptions { root, dry_run },
+            output,
+            &env,
+        ),
         Command::Sim { command } => block_on(async move {
             crate::telemetry::init(crate::config::LogFormat::Text, "info");
             crate::sim::run(command).await
@@ -57,7 +115,10 @@ fn block_on<F>(fut: F) -> u8
 where
     F: std::future::Future<Output = Result<u8, Box<dyn std::error::Error + Send + Sync>>>,
 {
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -90,8 +151,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 /// Loads a configuration for a command; on failure prints every diagnostic and returns the exit code.
 pub fn load_config(path: &std::path::Path, env: &Env) -> Result<Loaded, u8> {
-    let version = crate::agent::crio::lint::detect_version();
-    match Config::load(path, env, version.as_deref()) {
+    match Config::load(path, env) {
         Ok(l) => {
             for w in &l.warnings {
                 eprintln!("{}", w.render(path));
@@ -117,4 +177,102 @@ fn validate(path: &std::path::Path, env: &Env) -> u8 {
         }
         Err(code) => code,
     }
+}
+
+fn agent(path: &std::path::Path, root: Option<PathBuf>, env: Env) -> u8 {
+    let loaded = match load_config(path, &env) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    crate::telemetry::init(loaded.config.log.format, &loaded.config.log.level);
+    block_on(async move {
+        let signals = crate::shutdown::install()?;
+        Ok(crate::agent::run(loaded, env, crate::agent::AgentOptions { root }, signals).await)
+    })
+}
+
+fn crio_apply(
+    path: &std::path::Path,
+    opts: crate::agent::crio::apply::ApplyOptions,
+    output: Output,
+    env: &Env,
+) -> u8 {
+    use crate::agent::crio::apply::{self, ApplyReport};
+    let loaded = match load_config(path, env) {
+        Ok(l) => l,
+        Err(code) => {
+            if output == Output::Json {
+                let report = ApplyReport {
+                    unit_state: "unknown".into(),
+                    error: Some(format!("invalid configuration {}", path.display())),
+                    ..ApplyReport::default()
+                };
+                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            }
+            return code;
+        }
+    };
+    crate::telemetry::init(loaded.config.log.format, &loaded.config.log.level);
+    let crio = loaded.config.crio;
+    let dry_run = opts.dry_run;
+    block_on(async move {
+        let (report, result) = apply::apply(
+            &crio,
+            &opts,
+            crate::agent::host::systemd::Systemd::connect_system,
+        )
+        .await;
+        match output {
+            Output::Json => println!("{}", serde_json::to_string(&report)?),
+            Output::Text => print!("{}", render_text(&report, &crio.unit, dry_run)),
+        }
+        Ok(match result {
+            Ok(()) => EXIT_OK,
+            Err(e) => {
+                if output == Output::Text {
+                    eprintln!("error: {}", error_chain(&e));
+                }
+                EXIT_FAILURE
+            }
+        })
+    })
+}
+
+/// The text form of an apply report (stable; see README "CLI output").
+fn render_text(r: &crate::agent::crio::apply::ApplyReport, unit: &str, dry_run: bool) -> String {
+    use crate::agent::crio::apply::Action;
+    let mut out = String::new();
+    if !r.changed {
+        out.push_str("no change\n");
+        return out;
+    }
+    for f in &r.files {
+        let verb = match (dry_run, r.rolled_back, f.action) {
+            (true, _, Action::Create) => "would create",
+            (true, _, Action::Update) => "would update",
+            (true, _, Action::Remove) => "would remove",
+            (false, true, _) => "rolled back",
+            (false, false, Action::Create) => "created",
+            (false, false, Action::Update) => "updated",
+            (false, false, Action::Remove) => "removed",
+        };
+        out.push_str(&format!("{verb} {}\n", f.path.display()));
+        if let Some(d) = &f.diff {
+            out.push_str(d);
+        }
+    }
+    if !dry_run {
+        match (r.restarted, r.rolled_back) {
+            (true, false) => out.push_str(&format!("restarted {unit}: {}\n", r.unit_state)),
+            (true, true) => out.push_str(&format!(
+                "restart of {unit} failed; previous files restored; {unit}: {}\n",
+                r.unit_state
+            )),
+            (false, _) => out.push_str(&format!(
+                "{unit} not running ({}): not restarted\n",
+                r.unit_state
+            )),
+        }
+    }
+    out
 }

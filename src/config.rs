@@ -27,6 +27,8 @@ pub struct Config {
     pub crio: CrioConfig,
     /// The agent's own behaviour.
     pub agent: AgentConfig,
+    /// Node health checks.
+    pub checks: crate::agent::checks::ChecksConfig,
     /// Cloud metadata sources (preemption, maintenance and rebalance notices).
     pub sources: crate::agent::sources::SourcesConfig,
 }
@@ -43,7 +45,10 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        Self { format: LogFormat::Text, level: "info".to_string() }
+        Self {
+            format: LogFormat::Text,
+            level: "info".to_string(),
+        }
     }
 }
 
@@ -77,7 +82,9 @@ pub struct AgentConfig {
 
 impl Default for AgentConfig {
     fn default() -> Self {
-        Self { config_poll_interval: Duration::from_secs(5) }
+        Self {
+            config_poll_interval: Duration::from_secs(5),
+        }
     }
 }
 
@@ -128,6 +135,11 @@ pub struct DropIn {
     /// A TOML table rendered to TOML.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settings: Option<toml::Table>,
+    /// Take over an existing file of this name that nodekeeper did not create (e.g. one written
+    /// by a `postBootstrapInitScript`). Its previous content is backed up for rollback. Without
+    /// it, nodekeeper refuses to touch files it did not create.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopt: bool,
 }
 
 /// How serious a [`Diagnostic`] is.
@@ -187,11 +199,21 @@ pub struct Diagnostic {
 impl Diagnostic {
     /// An error at `path`.
     pub fn error(path: Vec<PathSeg>, message: impl Into<String>) -> Self {
-        Self { severity: Severity::Error, path, message: message.into(), location: None }
+        Self {
+            severity: Severity::Error,
+            path,
+            message: message.into(),
+            location: None,
+        }
     }
     /// A warning at `path`.
     pub fn warning(path: Vec<PathSeg>, message: impl Into<String>) -> Self {
-        Self { severity: Severity::Warning, path, message: message.into(), location: None }
+        Self {
+            severity: Severity::Warning,
+            path,
+            message: message.into(),
+            location: None,
+        }
     }
     /// Renders `FILE:LINE:COL: error: message` (or without LINE:COL when it has no location).
     pub fn render(&self, file: &Path) -> String {
@@ -200,9 +222,17 @@ impl Diagnostic {
             Severity::Warning => "warning",
         };
         let key = display_path(&self.path);
-        let key = if key.is_empty() { String::new() } else { format!(" [{key}]") };
+        let key = if key.is_empty() {
+            String::new()
+        } else {
+            format!(" [{key}]")
+        };
         match self.location {
-            Some((line, col)) => format!("{}:{line}:{col}: {sev}: {}{key}", file.display(), self.message),
+            Some((line, col)) => format!(
+                "{}:{line}:{col}: {sev}: {}{key}",
+                file.display(),
+                self.message
+            ),
             None => format!("{}: {sev}: {}{key}", file.display(), self.message),
         }
     }
@@ -247,7 +277,11 @@ pub enum ConfigError {
 }
 
 fn render_all(path: &Path, diagnostics: &[Diagnostic]) -> String {
-    diagnostics.iter().map(|d| d.render(path)).collect::<Vec<_>>().join("\n")
+    diagnostics
+        .iter()
+        .map(|d| d.render(path))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A configuration that passed validation, with the warnings found on the way.
@@ -268,11 +302,20 @@ pub struct Env(BTreeMap<String, String>);
 impl Env {
     /// Reads the process environment. The only place nodekeeper calls `std::env`.
     pub fn from_process() -> Self {
-        Self(std::env::vars().filter(|(k, _)| k.starts_with("NODEKEEPER_")).collect())
+        Self(
+            std::env::vars()
+                .filter(|(k, _)| k.starts_with("NODEKEEPER_"))
+                .collect(),
+        )
     }
     /// An environment from explicit pairs (tests).
     pub fn from_pairs<I: IntoIterator<Item = (S, S)>, S: Into<String>>(pairs: I) -> Self {
-        Self(pairs.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
+        Self(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )
     }
     fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(String::as_str)
@@ -293,31 +336,46 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
 
 impl Config {
     /// Reads, parses, applies environment overrides, and validates `path`.
-    /// `crio_version` is the detected CRI-O version, if any (for version-dependent lints).
-    pub fn load(path: &Path, env: &Env, crio_version: Option<&str>) -> Result<Loaded, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-        Self::load_str(path, &text, env, crio_version)
+    /// The CRI-O version for version-dependent lints is `[crio] version`, else what `crio --version`
+    /// prints, asked only when a drop-in sets a version-gated key (so the no-change path of
+    /// `crio apply` spawns nothing).
+    pub fn load(path: &Path, env: &Env) -> Result<Loaded, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::load_str(path, &text, env, &crate::agent::crio::lint::detect_version)
     }
 
     /// As [`Config::load`], from text already read.
-    pub fn load_str(path: &Path, text: &str, env: &Env, crio_version: Option<&str>) -> Result<Loaded, ConfigError> {
-        let invalid = |diagnostics| ConfigError::Invalid { path: path.to_path_buf(), diagnostics };
+    pub fn load_str(
+        path: &Path,
+        text: &str,
+        env: &Env,
+        detect_crio_version: &dyn Fn() -> Option<String>,
+    ) -> Result<Loaded, ConfigError> {
+        let invalid = |diagnostics| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            diagnostics,
+        };
         let doc = match parse_document(text) {
             Ok(doc) => doc,
             Err(diags) => return Err(invalid(diags)),
         };
-        let mut config: Config = match toml::from_str(text) {
-            Ok(c) => c,
-            Err(e) => {
-                let mut d = Diagnostic::error(Vec::new(), e.message().to_string());
-                d.location = e.span().map(|s| line_col(text, s.start));
-                return Err(invalid(vec![d]));
-            }
+        let (parsed, mut diags) = deserialize_all(text);
+        let Some(mut config) = parsed else {
+            return Err(invalid(diags));
         };
-        let mut diags = config.apply_env(env);
+        diags.extend(config.apply_env(env));
         let version = config.crio.version.clone();
-        diags.extend(config.validate(version.as_deref().or(crio_version)));
+        let version = match version {
+            Some(v) => Some(v),
+            None if crate::agent::crio::lint::uses_version_gated_keys(&config.crio) => {
+                detect_crio_version()
+            }
+            None => None,
+        };
+        diags.extend(config.validate(version.as_deref()));
         for d in &mut diags {
             if d.location.is_none() {
                 d.location = locate(&doc, &d.path).map(|off| line_col(text, off));
@@ -327,20 +385,30 @@ impl Config {
         if diags.iter().any(|d| d.severity == Severity::Error) {
             return Err(invalid(diags));
         }
-        Ok(Loaded { config, warnings: diags, path: path.to_path_buf() })
+        Ok(Loaded {
+            config,
+            warnings: diags,
+            path: path.to_path_buf(),
+        })
     }
 
     /// Applies `NODEKEEPER_*` overrides; a bad value is an error naming the variable.
     fn apply_env(&mut self, env: &Env) -> Vec<Diagnostic> {
         let mut diags = Vec::new();
         let mut bad = |var: &str, msg: String| {
-            diags.push(Diagnostic::error(Vec::new(), format!("environment variable {var}: {msg}")));
+            diags.push(Diagnostic::error(
+                Vec::new(),
+                format!("environment variable {var}: {msg}"),
+            ));
         };
         if let Some(v) = env.get("NODEKEEPER_LOG_FORMAT") {
             match v {
                 "text" => self.log.format = LogFormat::Text,
                 "json" => self.log.format = LogFormat::Json,
-                other => bad("NODEKEEPER_LOG_FORMAT", format!("expected `text` or `json`, got `{other}`")),
+                other => bad(
+                    "NODEKEEPER_LOG_FORMAT",
+                    format!("expected `text` or `json`, got `{other}`"),
+                ),
             }
         }
         if let Some(v) = env.get("NODEKEEPER_LOG_LEVEL") {
@@ -358,7 +426,10 @@ impl Config {
         if let Some(v) = env.get("NODEKEEPER_CRIO_RESTART_TIMEOUT") {
             match humantime::parse_duration(v) {
                 Ok(d) => self.crio.restart_timeout = d,
-                Err(e) => bad("NODEKEEPER_CRIO_RESTART_TIMEOUT", format!("`{v}` is not a duration: {e}")),
+                Err(e) => bad(
+                    "NODEKEEPER_CRIO_RESTART_TIMEOUT",
+                    format!("`{v}` is not a duration: {e}"),
+                ),
             }
         }
         if let Some(v) = env.get("NODEKEEPER_CRIO_STATE_DIR") {
@@ -376,13 +447,20 @@ impl Config {
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             diags.push(Diagnostic::error(
                 cfg_path!["log", "level"],
-                format!("`{}` is not a valid log filter (e.g. `info`, `nodekeeper=debug,warn`)", self.log.level),
+                format!(
+                    "`{}` is not a valid log filter (e.g. `info`, `nodekeeper=debug,warn`)",
+                    self.log.level
+                ),
             ));
         }
         if self.agent.config_poll_interval.is_zero() {
-            diags.push(Diagnostic::error(cfg_path!["agent", "config_poll_interval"], "must be greater than zero"));
+            diags.push(Diagnostic::error(
+                cfg_path!["agent", "config_poll_interval"],
+                "must be greater than zero",
+            ));
         }
         diags.extend(crate::agent::crio::lint::lint(&self.crio, crio_version));
+        diags.extend(self.checks.validate());
         diags.extend(self.sources.validate());
         diags
     }
@@ -396,6 +474,58 @@ impl Config {
 
 /// What secrets are replaced with when a configuration is printed.
 pub const REDACTED: &str = "<redacted>";
+
+/// Deserializes the typed config, collecting every type error and unknown key instead of only
+/// the first: each offending line (or table, for a header) is blanked out in place, keeping all
+/// other offsets intact, and deserialization is retried.
+fn deserialize_all(text: &str) -> (Option<Config>, Vec<Diagnostic>) {
+    let mut work = text.to_string();
+    let mut diags = Vec::new();
+    for _ in 0..64 {
+        let err = match toml::from_str::<Config>(&work) {
+            Ok(c) => return (Some(c), diags),
+            Err(e) => e,
+        };
+        let mut d = Diagnostic::error(Vec::new(), err.message().trim().to_string());
+        d.location = err.span().map(|s| line_col(text, s.start));
+        diags.push(d);
+        let Some(span) = err.span() else { break };
+        if !blank_out(&mut work, span.start) || toml::de::DeTable::parse(&work).is_err() {
+            break;
+        }
+    }
+    (None, diags)
+}
+
+/// Replaces the line holding byte `at` with spaces; a table header takes its whole table along.
+/// Returns false when there was nothing left to blank.
+fn blank_out(work: &mut String, at: usize) -> bool {
+    let at = floor_char_boundary(work, at.min(work.len()));
+    let start = work[..at].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = |from: usize| work[from..].find('\n').map_or(work.len(), |i| from + i);
+    let mut end = line_end(start);
+    if work[start..end].trim_start().starts_with('[') {
+        while end < work.len() {
+            let next = end + 1;
+            let next_end = line_end(next);
+            if work[next..next_end].trim_start().starts_with('[') {
+                break;
+            }
+            end = next_end;
+        }
+    }
+    if work[start..end].trim().is_empty() {
+        return false;
+    }
+    let blank: String = work[start..end]
+        .chars()
+        .map(|c| if c == '\n' { '\n' } else { ' ' })
+        .collect();
+    // Same length in bytes only for ASCII; keep offsets exact by padding to the byte length.
+    let pad = (end - start).saturating_sub(blank.len());
+    work.replace_range(start..end, &(blank + &" ".repeat(pad)));
+    true
+}
 
 /// Parses the document keeping spans. Syntax errors are all reported, each located.
 fn parse_document(text: &str) -> Result<toml::Spanned<toml::de::DeTable<'_>>, Vec<Diagnostic>> {
@@ -427,13 +557,17 @@ fn locate(doc: &toml::Spanned<toml::de::DeTable<'_>>, path: &[PathSeg]) -> Optio
                     (_, Some(DeValue::Table(t))) => t,
                     _ => return best,
                 };
-                let (key, v) = t.iter().find(|(key, _)| key.get_ref().as_ref() == k.as_str())?;
+                let (key, v) = t
+                    .iter()
+                    .find(|(key, _)| key.get_ref().as_ref() == k.as_str())?;
                 best = Some(key.span().start);
                 value = Some(v);
                 table = None;
             }
             PathSeg::Index(i) => {
-                let Some(DeValue::Array(items)) = value.map(|v| v.get_ref()) else { return best };
+                let Some(DeValue::Array(items)) = value.map(|v| v.get_ref()) else {
+                    return best;
+                };
                 let item = items.get(*i)?;
                 best = Some(item.span().start);
                 value = Some(item);
@@ -473,12 +607,15 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<Loaded, ConfigError> {
-        Config::load_str(Path::new("c.toml"), text, &Env::default(), None)
+        Config::load_str(Path::new("c.toml"), text, &Env::default(), &|| None)
     }
 
     fn errors(text: &str) -> Vec<String> {
         match load(text) {
-            Err(ConfigError::Invalid { diagnostics, .. }) => diagnostics.iter().map(|d| d.render(Path::new("c.toml"))).collect(),
+            Err(ConfigError::Invalid { diagnostics, .. }) => diagnostics
+                .iter()
+                .map(|d| d.render(Path::new("c.toml")))
+                .collect(),
             other => panic!("expected invalid, got {other:?}"),
         }
     }
@@ -487,7 +624,10 @@ mod tests {
     fn empty_file_gives_defaults() {
         let l = load("").expect("valid");
         assert_eq!(l.config, Config::default());
-        assert_eq!(l.config.crio.dropin_dir, PathBuf::from("/etc/crio/crio.conf.d"));
+        assert_eq!(
+            l.config.crio.dropin_dir,
+            PathBuf::from("/etc/crio/crio.conf.d")
+        );
         assert_eq!(l.config.crio.restart_timeout, Duration::from_secs(90));
     }
 
@@ -495,7 +635,30 @@ mod tests {
     fn unknown_key_is_located() {
         let e = errors("[crio]\nunit = \"crio.service\"\nbogus = 1\n");
         assert_eq!(e.len(), 1, "{e:?}");
-        assert!(e[0].starts_with("c.toml:3:1: error: unknown field `bogus`"), "{e:?}");
+        assert!(
+            e[0].starts_with("c.toml:3:1: error: unknown field `bogus`"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn every_type_error_and_unknown_key_is_reported() {
+        let text = "[crio]\nunit = 5\nbogus = 1\n\n[nope]\nx = 1\n\n[log]\nformat = \"xml\"\n";
+        let e = errors(text);
+        assert_eq!(e.len(), 4, "{e:?}");
+        assert!(e[0].starts_with("c.toml:2:8: error: invalid type"), "{e:?}");
+        assert!(
+            e[1].starts_with("c.toml:3:1: error: unknown field `bogus`"),
+            "{e:?}"
+        );
+        assert!(
+            e[2].starts_with("c.toml:5:2: error: unknown field `nope`"),
+            "{e:?}"
+        );
+        assert!(
+            e[3].starts_with("c.toml:9:10: error: unknown variant `xml`"),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -509,19 +672,57 @@ mod tests {
         let text = "[crio]\n\n[[crio.dropin]]\nname = \"bad name\"\ncontent = \"\"\n\n[[crio.dropin]]\nname = \"ok.conf\"\n";
         let e = errors(text);
         assert_eq!(e.len(), 2, "{e:?}");
-        assert!(e.iter().any(|l| l.starts_with("c.toml:4:8: error:") && l.contains("bad name")), "{e:?}");
-        assert!(e.iter().any(|l| l.starts_with("c.toml:7:1: error:") && l.contains("content") && l.contains("settings")), "{e:?}");
+        assert!(
+            e.iter()
+                .any(|l| l.starts_with("c.toml:4:8: error:") && l.contains("bad name")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|l| l.starts_with("c.toml:7:1: error:")
+                && l.contains("content")
+                && l.contains("settings")),
+            "{e:?}"
+        );
     }
 
     #[test]
     fn env_overrides_apply_and_bad_values_fail() {
-        let env = Env::from_pairs([("NODEKEEPER_CRIO_UNIT", "x.service"), ("NODEKEEPER_LOG_FORMAT", "json")]);
-        let l = Config::load_str(Path::new("c.toml"), "", &env, None).expect("valid");
+        let env = Env::from_pairs([
+            ("NODEKEEPER_CRIO_UNIT", "x.service"),
+            ("NODEKEEPER_LOG_FORMAT", "json"),
+        ]);
+        let l = Config::load_str(Path::new("c.toml"), "", &env, &|| None).expect("valid");
         assert_eq!(l.config.crio.unit, "x.service");
         assert_eq!(l.config.log.format, LogFormat::Json);
         let env = Env::from_pairs([("NODEKEEPER_CRIO_RESTART_TIMEOUT", "soon")]);
-        let err = Config::load_str(Path::new("c.toml"), "", &env, None).expect_err("invalid");
-        assert!(err.to_string().contains("NODEKEEPER_CRIO_RESTART_TIMEOUT"), "{err}");
+        let err = Config::load_str(Path::new("c.toml"), "", &env, &|| None).expect_err("invalid");
+        assert!(
+            err.to_string().contains("NODEKEEPER_CRIO_RESTART_TIMEOUT"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn crio_version_is_probed_only_when_a_gated_key_is_set() {
+        let calls = std::cell::Cell::new(0);
+        let probe = || {
+            calls.set(calls.get() + 1);
+            Some("crio version 1.31.0".to_string())
+        };
+        let plain = "[[crio.dropin]]\nname = \"a.conf\"\ncontent = \"[crio.runtime]\\npids_limit = 1\\n\"\n";
+        let l =
+            Config::load_str(Path::new("c.toml"), plain, &Env::default(), &probe).expect("valid");
+        assert!(l.warnings.is_empty());
+        assert_eq!(calls.get(), 0);
+        let gated = "[[crio.dropin]]\nname = \"a.conf\"\ncontent = \"[crio.image]\\nshort_name_mode = \\\"enforcing\\\"\\n\"\n";
+        let l =
+            Config::load_str(Path::new("c.toml"), gated, &Env::default(), &probe).expect("valid");
+        assert_eq!(calls.get(), 1);
+        assert!(
+            l.warnings[0].message.contains("CRI-O 1.31 ignores it"),
+            "{:?}",
+            l.warnings
+        );
     }
 
     #[test]

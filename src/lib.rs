@@ -6,12 +6,21 @@
 //! - [`sim`]: the Kubernetes API stand-in and cloud metadata emulators used by tests and the demo.
 //! - [`cli`]: the `nodekeeper` command line; the binary's `main` only calls [`cli::main`].
 
+// No unwrap()/expect() on anything in library code; tests may.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod report;
 pub mod shutdown;
 pub mod sim;
 pub mod telemetry;
 
 /// Version string printed by `nodekeeper --version`: crate version and git commit.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("NODEKEEPER_GIT_COMMIT"), ")");
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("NODEKEEPER_GIT_COMMIT"),
+    ")"
+);

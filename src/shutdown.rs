@@ -42,5 +42,8 @@ pub fn install() -> std::io::Result<Signals> {
             }
         }
     });
-    Ok(Signals { shutdown: stop_rx, reload: reload_rx })
+    Ok(Signals {
+        shutdown: stop_rx,
+        reload: reload_rx,
+    })
 }

@@ -1,4 +1,12 @@
 //! Post-bootstrap CRI-O configuration: validated drop-ins, atomic writes, restart over systemd
 //! D-Bus only on change, rollback on failure.
+//!
+//! - [`lint`]: validation of `[crio]` (names, TOML, `short_name_mode`, version gates, unknown keys);
+//! - [`apply`]: plan and apply, with rollback;
+//! - [`state`]: ownership record and the transaction in flight;
+//! - [`fsops`]: atomic file operations.
 
+pub mod apply;
+pub mod fsops;
 pub mod lint;
+pub mod state;

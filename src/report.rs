@@ -1,0 +1,185 @@
+//! The agent → controller wire schema (`POST /v1/reports`), versioned.
+//!
+//! A report is the agent's whole current view of its node (conditions, CRI-O state, pending label
+//! removals) plus the events not yet acknowledged by the controller. The controller answers with
+//! commands for the agent. Compatibility rule: fields are only added within a version (readers
+//! ignore fields they do not know); anything else bumps [`REPORT_VERSION`], and the controller
+//! rejects versions it does not know with 400.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::agent::checks::{CheckEvent, CheckResult};
+use crate::agent::sources::{InstanceIdentity, NodeEvent};
+
+/// The schema version this build writes and reads.
+pub const REPORT_VERSION: u32 = 1;
+
+/// One report from the agent on `node`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// Schema version ([`REPORT_VERSION`]).
+    pub version: u32,
+    /// The Kubernetes node the agent runs on (the controller checks it against the caller's token).
+    pub node: String,
+    /// `nodekeeper --version` of the agent.
+    pub agent_version: String,
+    /// A random id chosen when the agent process starts; with `sequence`, makes reports idempotent.
+    pub agent_instance: String,
+    /// Increases by one per report of this agent instance; replays (≤ the last seen) are ignored.
+    pub sequence: u64,
+    /// The kernel boot id (`/proc/sys/kernel/random/boot_id`): a change proves a reboot.
+    pub boot_id: String,
+    /// When the report was made.
+    pub generated_at: DateTime<Utc>,
+    /// The cloud instance behind the node, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<InstanceIdentity>,
+    /// Current (debounced) health conditions; the full set the agent owns.
+    #[serde(default)]
+    pub conditions: Vec<CheckResult>,
+    /// Temporary health events since the last delivered report.
+    #[serde(default)]
+    pub check_events: Vec<CheckEvent>,
+    /// Interruption/maintenance notices (and their cancellations) not yet acknowledged.
+    #[serde(default)]
+    pub events: Vec<NodeEvent>,
+    /// The last CRI-O apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crio: Option<CrioReport>,
+    /// Labels the agent's rules want removed from its own node.
+    #[serde(default)]
+    pub label_removals: Vec<LabelRemoval>,
+    /// Results of commands the controller sent earlier.
+    #[serde(default)]
+    pub command_results: Vec<CommandResult>,
+    /// Typed problems of checks and sources, as text (e.g. a metadata endpoint answering garbage).
+    #[serde(default)]
+    pub problems: Vec<String>,
+}
+
+/// The outcome of the last CRI-O apply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CrioReport {
+    /// sha256 of the rendered drop-ins (name + content), to compare nodes.
+    pub config_hash: String,
+    /// `ok`, `no_change`, `failed`, `rolled_back`.
+    pub result: CrioResult,
+    /// The unit's ActiveState afterwards (`unknown` when not asked).
+    pub unit_state: String,
+    /// The error, when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When it ran.
+    pub at: DateTime<Utc>,
+}
+
+/// Result of a CRI-O apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CrioResult {
+    /// Changed and (if running) restarted successfully.
+    Ok,
+    /// Nothing to do.
+    NoChange,
+    /// Failed before changing anything (or the rollback itself failed).
+    Failed,
+    /// The restart failed and the previous files were restored.
+    RolledBack,
+}
+
+/// A request to remove a label from the reporting node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelRemoval {
+    /// The label key.
+    pub label: String,
+    /// Why (which rule matched, e.g. `cilium pod cilium-x7k2p Ready`).
+    pub reason: String,
+}
+
+/// What happened to a command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandResult {
+    /// The command's id.
+    pub id: String,
+    /// It ran (or had already run) successfully.
+    pub ok: bool,
+    /// Details or the error.
+    #[serde(default)]
+    pub message: String,
+}
+
+/// The controller's answer to a report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReportResponse {
+    /// The report was new (false: a replay, ignored).
+    pub accepted: bool,
+    /// Event ids the controller has recorded; the agent stops resending them.
+    #[serde(default)]
+    pub acknowledged_events: Vec<String>,
+    /// Commands for the agent (each runs at most once, by id).
+    #[serde(default)]
+    pub commands: Vec<AgentCommand>,
+}
+
+/// A command from the controller to one agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentCommand {
+    /// Reboot the node through systemd (verified by a new boot id).
+    Reboot {
+        /// Command id.
+        id: String,
+        /// Why, for the logs and the journal.
+        reason: String,
+    },
+    /// Approve an Azure scheduled event early (`StartRequests`).
+    AckScheduledEvent {
+        /// Command id.
+        id: String,
+        /// The Azure `EventId`.
+        event_id: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_round_trips_and_tolerates_unknown_fields() {
+        let r = NodeReport {
+            version: REPORT_VERSION,
+            node: "n1".into(),
+            agent_version: "0.1.0".into(),
+            agent_instance: "i".into(),
+            sequence: 7,
+            boot_id: "b".into(),
+            generated_at: Utc::now(),
+            identity: None,
+            conditions: vec![],
+            check_events: vec![],
+            events: vec![],
+            crio: None,
+            label_removals: vec![LabelRemoval {
+                label: "last-migration-failure".into(),
+                reason: "cilium Ready".into(),
+            }],
+            command_results: vec![],
+            problems: vec![],
+        };
+        let mut v = serde_json::to_value(&r).unwrap();
+        v["added_later"] = serde_json::json!(1);
+        let back: NodeReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+        let c: AgentCommand =
+            serde_json::from_str(r#"{"type":"reboot","id":"r1","reason":"repair"}"#).unwrap();
+        assert_eq!(
+            c,
+            AgentCommand::Reboot {
+                id: "r1".into(),
+                reason: "repair".into()
+            }
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! Service-account tokens minted by the sim and the TokenReview API that checks them.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::clock::{fmt_time, SimClock};
+
+/// What a token is bound to (the body of `POST /sim/v1/tokens`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenRequest {
+    /// Pod name.
+    pub pod: String,
+    /// Node name.
+    pub node: String,
+    /// Audiences the token is valid for (empty: the API server's default audience).
+    #[serde(default)]
+    pub audiences: Vec<String>,
+    /// Namespace of the pod and service account.
+    #[serde(default = "default_ns")]
+    pub namespace: String,
+    /// Service account name.
+    #[serde(default = "default_sa")]
+    pub service_account: String,
+    /// Lifetime in simulated seconds.
+    #[serde(default = "default_ttl")]
+    pub expiration_seconds: i64,
+}
+
+fn default_ns() -> String {
+    "default".into()
+}
+fn default_sa() -> String {
+    "default".into()
+}
+fn default_ttl() -> i64 {
+    3600
+}
+
+/// Default audience of tokens minted without one.
+pub const DEFAULT_AUDIENCE: &str = "https://kubernetes.default.svc";
+
+#[derive(Debug, Clone)]
+struct Minted {
+    req: TokenRequest,
+    expires: DateTime<Utc>,
+}
+
+/// The token registry.
+#[derive(Debug, Default)]
+pub struct Tokens {
+    minted: Mutex<HashMap<String, Minted>>,
+}
+
+impl Tokens {
+    /// Mints a token; returns it with its expiry time.
+    pub fn mint(&self, clock: &SimClock, mut req: TokenRequest) -> (String, String) {
+        if req.audiences.is_empty() {
+            req.audiences.push(DEFAULT_AUDIENCE.to_string());
+        }
+        let raw: [u8; 24] = rand::rng().random();
+        let token = format!(
+            "sim.{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
+        );
+        let expires = clock.now() + chrono::Duration::seconds(req.expiration_seconds.max(1));
+        let mut m = self.minted.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(token.clone(), Minted { req, expires });
+        (token, fmt_time(expires))
+    }
+
+    /// Answers a TokenReview request body with the full TokenReview (spec + status).
+    pub fn review(&self, clock: &SimClock, body: &Value) -> Value {
+        let token = body
+            .pointer("/spec/token")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let wanted: Vec<String> = body
+            .pointer("/spec/audiences")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let status = self.status(clock, token, &wanted);
+        let mut out = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "metadata": {"creationTimestamp": null}, "spec": body.get("spec").cloned().unwrap_or(json!({})),
+            "status": status});
+        if let Some(m) = out["spec"].as_object_mut() {
+            m.remove("token");
+        }
+        out
+    }
+
+    fn status(&self, clock: &SimClock, token: &str, wanted: &[String]) -> Value {
+        let minted = {
+            let m = self.minted.lock().unwrap_or_else(|e| e.into_inner());
+            m.get(token).cloned()
+        };
+        let Some(minted) = minted else {
+            return json!({"authenticated": false, "error": "invalid bearer token"});
+        };
+        if minted.expires <= clock.now() {
+            return json!({"authenticated": false, "error": "invalid bearer token, token has expired"});
+        }
+        let audiences: Vec<&String> = if wanted.is_empty() {
+            minted.req.audiences.iter().collect()
+        } else {
+            wanted
+                .iter()
+                .filter(|a| minted.req.audiences.contains(a))
+                .collect()
+        };
+        if audiences.is_empty() {
+            return json!({"authenticated": false,
+                "error": "invalid bearer token, token audiences is invalid for the target audiences"});
+        }
+        let r = &minted.req;
+        json!({"authenticated": true, "audiences": audiences, "user": {
+        "username": format!("system:serviceaccount:{}:{}", r.namespace, r.service_account),
+        "uid": format!("sim-sa-{}-{}", r.namespace, r.service_account),
+        "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{}", r.namespace), "system:authenticated"],
+        "extra": {
+            "authentication.kubernetes.io/pod-name": [r.pod],
+            "authentication.kubernetes.io/node-name": [r.node],
+            "authentication.kubernetes.io/credential-id": [format!("JTI={}", &token[token.len().saturating_sub(8)..])]
+        }}})
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn req(aud: &[&str], ttl: i64) -> TokenRequest {
+        TokenRequest {
+            pod: "agent-x".into(),
+            node: "n1".into(),
+            audiences: aud.iter().map(|s| s.to_string()).collect(),
+            namespace: "kube-system".into(),
+            service_account: "nodekeeper".into(),
+            expiration_seconds: ttl,
+        }
+    }
+
+    #[test]
+    fn review_table() {
+        let clock = SimClock::new(1.0);
+        let tokens = Tokens::default();
+        let (tok, _) = tokens.mint(&clock, req(&["nodekeeper"], 60));
+        let (short, _) = tokens.mint(&clock, req(&[], 10));
+        let ok = tokens.review(
+            &clock,
+            &json!({"spec": {"token": tok, "audiences": ["nodekeeper"]}}),
+        );
+        assert_eq!(ok["status"]["authenticated"], true);
+        assert_eq!(
+            ok["status"]["user"]["extra"]["authentication.kubernetes.io/pod-name"][0],
+            "agent-x"
+        );
+        assert_eq!(
+            ok["status"]["user"]["extra"]["authentication.kubernetes.io/node-name"][0],
+            "n1"
+        );
+        assert!(ok["spec"].get("token").is_none());
+        let wrong_aud = tokens.review(
+            &clock,
+            &json!({"spec": {"token": tok, "audiences": ["other"]}}),
+        );
+        assert_eq!(wrong_aud["status"]["authenticated"], false);
+        let unknown = tokens.review(&clock, &json!({"spec": {"token": "nope"}}));
+        assert_eq!(unknown["status"]["authenticated"], false);
+        let default_aud = tokens.review(&clock, &json!({"spec": {"token": short}}));
+        assert_eq!(default_aud["status"]["audiences"][0], DEFAULT_AUDIENCE);
+        clock.advance(std::time::Duration::from_secs(11));
+        let expired = tokens.review(&clock, &json!({"spec": {"token": short}}));
+        assert_eq!(expired["status"]["authenticated"], false);
+        assert!(expired["status"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("expired"));
+    }
+}

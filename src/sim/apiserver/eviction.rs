@@ -1,0 +1,247 @@
+//! The Eviction subresource: PodDisruptionBudget evaluation and graceful deletion.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::error::{ApiError, ApiResult};
+use super::resources::well_known;
+use super::selectors::LabelSelector;
+use super::store::{DeleteOptions, Txn};
+
+/// Whether a pod is Ready and not terminating (a "healthy" pod for PDBs).
+pub fn pod_healthy(pod: &Value) -> bool {
+    pod.pointer("/metadata/deletionTimestamp").is_none()
+        && pod
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// An int-or-percent value scaled against `total`, rounding up (as the disruption controller does).
+pub fn scaled(v: &Value, total: i64) -> Result<i64, String> {
+    match v {
+        Value::Number(n) => n.as_i64().ok_or_else(|| format!("invalid integer {n}")),
+        Value::String(s) => {
+            let pct = s
+                .strip_suffix('%')
+                .and_then(|p| p.trim().parse::<i64>().ok())
+                .filter(|p| (0..=100).contains(p))
+                .ok_or_else(|| {
+                    format!("invalid value {s:?}: expected an integer or a percentage")
+                })?;
+            Ok((total * pct + 99) / 100)
+        }
+        other => Err(format!("invalid value {other}")),
+    }
+}
+
+/// The budget arithmetic of one PDB over its matching pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    /// Pods the PDB covers.
+    pub expected: i64,
+    /// Ready, non-terminating pods.
+    pub current_healthy: i64,
+    /// Pods that must stay healthy.
+    pub desired_healthy: i64,
+    /// Evictions allowed now.
+    pub disruptions_allowed: i64,
+}
+
+/// Computes a PDB's budget from its spec and matching pods.
+pub fn budget(pdb: &Value, pods: &[Arc<Value>]) -> Result<Budget, String> {
+    let expected = i64::try_from(pods.len()).unwrap_or(i64::MAX);
+    let current_healthy =
+        i64::try_from(pods.iter().filter(|p| pod_healthy(p)).count()).unwrap_or(i64::MAX);
+    let spec = pdb.get("spec").cloned().unwrap_or(Value::Null);
+    let desired_healthy = match (spec.get("minAvailable"), spec.get("maxUnavailable")) {
+        (Some(min), _) if !min.is_null() => scaled(min, expected)?,
+        (_, Some(max)) if !max.is_null() => (expected - scaled(max, expected)?).max(0),
+        _ => 1,
+    };
+    let disruptions_allowed = (current_healthy - desired_healthy).max(0);
+    Ok(Budget {
+        expected,
+        current_healthy,
+        desired_healthy,
+        disruptions_allowed,
+    })
+}
+
+/// Decides whether evicting `pod` is allowed by `pdb` (given the PDB's matching pods).
+pub fn check(pdb: &Value, pod: &Value, pods: &[Arc<Value>]) -> Result<(), ApiError> {
+    let name = pdb
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let b = budget(pdb, pods)
+        .map_err(|e| ApiError::internal(format!("PodDisruptionBudget {name}: {e}")))?;
+    let always = pdb
+        .pointer("/spec/unhealthyPodEvictionPolicy")
+        .and_then(Value::as_str)
+        == Some("AlwaysAllow");
+    let allowed = if pod_healthy(pod) {
+        b.disruptions_allowed > 0
+    } else {
+        always || b.current_healthy >= b.desired_healthy
+    };
+    if allowed {
+        return Ok(());
+    }
+    let cause = format!(
+        "The disruption budget {name} needs {} healthy pods and has {} currently",
+        b.desired_healthy, b.current_healthy
+    );
+    Err(ApiError::new(
+        429,
+        "TooManyRequests",
+        format!("Cannot evict pod as it would violate the pod's disruption budget. {cause}"),
+    )
+    .with_details(json!({"causes": [{"reason": "DisruptionBudget", "message": cause}]})))
+}
+
+/// `POST pods/{name}/eviction`: evaluates matching PDBs and deletes the pod gracefully when allowed.
+pub fn evict(t: &mut Txn<'_>, ns: &str, name: &str, body: &Value) -> ApiResult<Value> {
+    let pods = well_known::pods();
+    if body
+        .get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|k| k != "Eviction")
+    {
+        return Err(ApiError::bad_request(
+            "the body must be a policy/v1 Eviction",
+        ));
+    }
+    if let Some(n) = body
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|n| *n != name)
+    {
+        return Err(ApiError::bad_request(format!(
+            "name in URL ({name}) does not match name in Eviction object ({n})"
+        )));
+    }
+    let pod = t
+        .get(pods, ns, name)
+        .ok_or_else(|| ApiError::not_found(pods, name))?;
+    let phase = pod
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let skip_pdb = pod.pointer("/metadata/deletionTimestamp").is_some()
+        || matches!(phase, "Succeeded" | "Failed" | "Pending");
+    if !skip_pdb {
+        let labels = super::selectors::labels_of(&pod);
+        let matching: Vec<Arc<Value>> = t
+            .list(well_known::pdbs(), Some(ns))
+            .into_iter()
+            .filter(|pdb| pdb_selector(pdb).is_some_and(|s| s.matches(&labels)))
+            .collect();
+        if matching.len() > 1 {
+            return Err(ApiError::internal(
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            ));
+        }
+        if let Some(pdb) = matching.first() {
+            let selector = pdb_selector(pdb).unwrap_or_default();
+            let covered: Vec<Arc<Value>> = t
+                .list(pods, Some(ns))
+                .into_iter()
+                .filter(|p| selector.matches_object(p))
+                .collect();
+            check(pdb, &pod, &covered)?;
+        }
+    }
+    let grace = body
+        .pointer("/deleteOptions/gracePeriodSeconds")
+        .and_then(Value::as_i64);
+    let uid = body
+        .pointer("/deleteOptions/preconditions/uid")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    t.delete(
+        pods,
+        ns,
+        name,
+        &DeleteOptions {
+            grace_seconds: grace,
+            uid,
+            resource_version: None,
+        },
+    )?;
+    Ok(
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    )
+}
+
+/// A PDB's selector; `None` for a missing selector (matches nothing), empty matches everything.
+fn pdb_selector(pdb: &Value) -> Option<LabelSelector> {
+    let sel = pdb.pointer("/spec/selector")?;
+    LabelSelector::from_json(sel).ok()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn pod(ready: bool) -> Arc<Value> {
+        Arc::new(json!({"metadata": {"name": "p"}, "status": {"conditions": [
+            {"type": "Ready", "status": if ready { "True" } else { "False" }}]}}))
+    }
+
+    fn pdb(spec: Value) -> Value {
+        json!({"metadata": {"name": "web-pdb"}, "spec": spec})
+    }
+
+    #[test]
+    fn budget_table() {
+        // (spec, ready pods, unready pods, disruptions allowed)
+        let cases: Vec<(Value, usize, usize, i64)> = vec![
+            (json!({"minAvailable": 2}), 3, 0, 1),
+            (json!({"minAvailable": 3}), 3, 0, 0),
+            (json!({"minAvailable": "50%"}), 3, 0, 1), // ceil(1.5) = 2
+            (json!({"minAvailable": "100%"}), 4, 0, 0),
+            (json!({"maxUnavailable": 1}), 3, 0, 1),
+            (json!({"maxUnavailable": 1}), 2, 1, 0),
+            (json!({"maxUnavailable": "34%"}), 3, 0, 2), // ceil(1.02) = 2 unavailable
+            (json!({"maxUnavailable": 0}), 3, 0, 0),
+            (json!({"maxUnavailable": "0%"}), 5, 0, 0),
+            (json!({}), 2, 0, 1),
+        ];
+        for (spec, ready, unready, want) in cases {
+            let pods: Vec<Arc<Value>> = (0..ready)
+                .map(|_| pod(true))
+                .chain((0..unready).map(|_| pod(false)))
+                .collect();
+            let b = budget(&pdb(spec.clone()), &pods).unwrap();
+            assert_eq!(
+                b.disruptions_allowed, want,
+                "spec {spec} ready {ready} unready {unready}: {b:?}"
+            );
+        }
+        assert!(budget(&pdb(json!({"minAvailable": "x%"})), &[]).is_err());
+        assert!(scaled(&json!("150%"), 10).is_err());
+    }
+
+    #[test]
+    fn check_names_the_pdb_and_honours_unhealthy_policy() {
+        let pods = vec![pod(true), pod(true)];
+        let err = check(&pdb(json!({"minAvailable": 2})), &pods[0], &pods).unwrap_err();
+        assert_eq!(err.code, 429);
+        assert!(err.message.contains("web-pdb"), "{}", err.message);
+        // An unready pod: IfHealthyBudget allows only when the budget is met.
+        let mixed = vec![pod(true), pod(false)];
+        assert!(check(&pdb(json!({"minAvailable": 2})), &mixed[1], &mixed).is_err());
+        assert!(check(&pdb(json!({"minAvailable": 1})), &mixed[1], &mixed).is_ok());
+        assert!(check(
+            &pdb(json!({"minAvailable": 2, "unhealthyPodEvictionPolicy": "AlwaysAllow"})),
+            &mixed[1],
+            &mixed
+        )
+        .is_ok());
+    }
+}
