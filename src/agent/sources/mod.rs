@@ -158,6 +158,25 @@ pub struct NodeEvent {
     pub detail: BTreeMap<String, String>,
 }
 
+impl NodeEvent {
+    /// An event from an on-node signal (no cloud), e.g. [`EventKind::ShuttingDown`] from the
+    /// shutdown watcher. `key` identifies the occurrence (for a shutdown: the boot id from
+    /// `/proc/sys/kernel/random/boot_id`), so the id is deterministic like the clouds' ones.
+    pub fn on_node(kind: EventKind, source: &str, key: &str, detected_at: DateTime<Utc>) -> Self {
+        NodeEvent {
+            version: NODE_EVENT_VERSION,
+            id: tracker::event_id(None, source, &kind, key),
+            kind,
+            cloud: None,
+            source: source.to_string(),
+            not_before: None,
+            deadline: None,
+            detected_at,
+            detail: BTreeMap::new(),
+        }
+    }
+}
+
 /// What the instance-metadata service says about this instance.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceIdentity {
@@ -472,6 +491,20 @@ mod tests {
             v["kind"],
             serde_json::json!({"type": "cancelled", "of": e.id})
         );
+    }
+
+    #[test]
+    fn on_node_events_have_deterministic_ids() {
+        let now = Utc::now();
+        let a = NodeEvent::on_node(EventKind::ShuttingDown, "logind", "boot-1", now);
+        let b = NodeEvent::on_node(EventKind::ShuttingDown, "logind", "boot-1", now);
+        let c = NodeEvent::on_node(EventKind::ShuttingDown, "logind", "boot-2", now);
+        assert_eq!(a.id, b.id);
+        assert_ne!(a.id, c.id);
+        assert_eq!(a.cloud, None);
+        let v = serde_json::to_value(&a).unwrap();
+        assert_eq!(v["kind"], serde_json::json!({"type": "shutting_down"}));
+        assert!(v.get("cloud").is_none());
     }
 
     #[test]
