@@ -212,7 +212,12 @@ async fn azure_events_ack_and_cancel() {
     );
     let event_id = e.detail["event_id"].clone();
     src.ack(&event_id).await.unwrap();
-    assert_eq!(emu.acks(), vec![event_id]);
+    assert_eq!(emu.acks(), vec![event_id.clone()]);
+    // The same through the free function (no running source needed).
+    nodekeeper::agent::sources::azure::ack_event(&config(&emu.url()), &event_id)
+        .await
+        .unwrap();
+    assert_eq!(emu.acks().len(), 2);
     assert!(
         clean(src.poll().await).is_empty(),
         "a started event is the same notice"

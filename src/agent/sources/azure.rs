@@ -150,6 +150,12 @@ pub fn parse_identity(body: &[u8]) -> Result<InstanceIdentity, ParseError> {
     })
 }
 
+/// Approves `event_id` without a running source (e.g. when the controller asks for it while the
+/// source is owned by its driver task): see [`AzureSource::ack`].
+pub async fn ack_event(cfg: &SourcesConfig, event_id: &str) -> Result<(), SourceError> {
+    AzureSource::new(cfg)?.ack(event_id).await
+}
+
 /// The Azure Scheduled Events source.
 #[derive(Debug)]
 pub struct AzureSource {
@@ -189,11 +195,11 @@ impl AzureSource {
             .header(METADATA_HEADER.0, METADATA_HEADER.1)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.to_string());
-        let resp = self.http.send(req, Duration::ZERO).await?;
-        match resp.status {
-            200 => Ok(()),
-            _ => Err(resp.unexpected()),
-        }
+        self.http
+            .send(req, Duration::ZERO)
+            .await?
+            .require_ok()
+            .map(drop)
     }
 
     async fn poll_events(&mut self) -> PollOutcome {
