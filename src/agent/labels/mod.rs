@@ -188,11 +188,9 @@ pub async fn watch<R: LabelRemover>(
         node_writer,
         watcher(Api::<Node>::all(client.clone()), node_cfg),
     )
-    .default_backoff()
-    .touched_objects();
-    let pods = reflector(pod_writer, watcher(Api::<Pod>::all(client), pod_cfg))
-        .default_backoff()
-        .touched_objects();
+    .default_backoff();
+    // Every watcher event counts, not only touched objects: the stores fill at `InitDone`.
+    let pods = reflector(pod_writer, watcher(Api::<Pod>::all(client), pod_cfg)).default_backoff();
     let mut changes = std::pin::pin!(futures::stream::select(
         nodes.map(|r| r.map(|_| ())),
         pods.map(|r| r.map(|_| ()))
