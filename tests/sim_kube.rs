@@ -527,6 +527,33 @@ async fn bad_input_gets_status_errors_and_never_corrupts() {
     )
     .await;
     assert_eq!(code, 400, "apply without fieldManager");
+    let (code, _) = raw(
+        u,
+        "PATCH",
+        "/api/v1/nodes/n1",
+        "application/merge-patch+json",
+        br#"{"spec":"x"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(code, 400, "a patch that breaks the object's shape");
+    let (code, _) = raw(
+        u,
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        j,
+        br#"{"metadata":{"name":"p"},"spec":[1]}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(code, 400);
+    let (code, _) = raw(
+        u,
+        "POST",
+        "/api/v1/namespaces/default/pods/nope/eviction",
+        j,
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(code, 404);
     let (code, _) = raw(u, "GET", "/api/v1/nodes?limit=x", j, vec![]).await;
     assert_eq!(code, 400);
     let (code, _) = raw(u, "GET", "/api/v1/nodes?continue=garbage!", j, vec![]).await;

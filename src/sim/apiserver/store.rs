@@ -185,6 +185,18 @@ fn node_of(obj: &Value) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
+/// Top-level fields must have the right JSON type (a typed apiserver would fail to decode otherwise).
+fn check_shape(obj: &Value) -> ApiResult<()> {
+    for f in ["metadata", "spec", "status"] {
+        if obj.get(f).is_some_and(|v| !v.is_object() && !v.is_null()) {
+            return Err(ApiError::bad_request(format!(
+                "invalid object: {f} must be an object"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn valid_object_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
@@ -537,6 +549,7 @@ impl Txn<'_> {
         if !obj.is_object() {
             return Err(ApiError::bad_request("the object must be a JSON object"));
         }
+        check_shape(&obj)?;
         if let Some(kind) = obj.get("kind").and_then(Value::as_str) {
             if kind != res.kind {
                 return Err(ApiError::bad_request(format!(
@@ -635,6 +648,7 @@ impl Txn<'_> {
         if !desired.is_object() {
             return Err(ApiError::bad_request("the object must be a JSON object"));
         }
+        check_shape(&desired)?;
         if !desired.get("metadata").is_some_and(Value::is_object) {
             desired["metadata"] = json!({});
         }

@@ -121,7 +121,13 @@ fn every(
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = t.tick() => f(&sim),
+                _ = t.tick() => {
+                    // A malformed object must not kill the loop: log and carry on.
+                    let run = std::panic::AssertUnwindSafe(|| f(&sim));
+                    if std::panic::catch_unwind(run).is_err() {
+                        tracing::error!("a simulated control loop panicked on this tick; continuing");
+                    }
+                }
             }
         }
     });
