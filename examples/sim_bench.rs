@@ -30,7 +30,10 @@ fn rss_mib() -> f64 {
 }
 
 fn arg(i: usize, default: usize) -> usize {
-    std::env::args().nth(i).and_then(|a| a.parse().ok()).unwrap_or(default)
+    std::env::args()
+        .nth(i)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(default)
 }
 
 #[tokio::main]
@@ -38,11 +41,20 @@ async fn main() {
     let (nodes, per_node, watchers, rate) = (arg(1, 5000), arg(2, 20), arg(3, 10), arg(4, 1000));
     let rss0 = rss_mib();
     let t0 = Instant::now();
-    let opts = SimOptions { loops: LoopOptions::none(), scenario: Scenario::scale(nodes, per_node), ..Default::default() };
+    let opts = SimOptions {
+        loops: LoopOptions::none(),
+        scenario: Scenario::scale(nodes, per_node),
+        ..Default::default()
+    };
     let c = TestCluster::start(opts).await.unwrap();
     let seed = t0.elapsed();
-    println!("nodes={nodes} pods={} start+seed={:.2}s rss={:.0}MiB (baseline {:.0}MiB)",
-        c.sim.store.count(well_known::pods()), seed.as_secs_f64(), rss_mib(), rss0);
+    println!(
+        "nodes={nodes} pods={} start+seed={:.2}s rss={:.0}MiB (baseline {:.0}MiB)",
+        c.sim.store.count(well_known::pods()),
+        seed.as_secs_f64(),
+        rss_mib(),
+        rss0
+    );
 
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
     let mut lat = Vec::new();
@@ -54,11 +66,18 @@ async fn main() {
         assert_eq!(l.items.len(), per_node);
     }
     lat.sort();
-    println!("list pods on one node over HTTP: p50={:.2}ms p99={:.2}ms",
-        lat[lat.len() / 2].as_secs_f64() * 1e3, lat[lat.len() * 99 / 100].as_secs_f64() * 1e3);
+    println!(
+        "list pods on one node over HTTP: p50={:.2}ms p99={:.2}ms",
+        lat[lat.len() / 2].as_secs_f64() * 1e3,
+        lat[lat.len() * 99 / 100].as_secs_f64() * 1e3
+    );
     let t = Instant::now();
     let all = pods.list(&ListParams::default()).await.unwrap();
-    println!("list all {} pods over HTTP: {:.0}ms", all.items.len(), t.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "list all {} pods over HTTP: {:.0}ms",
+        all.items.len(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
 
     let rv = c.sim.store.resource_version().to_string();
     let received = Arc::new(AtomicU64::new(0));
@@ -68,7 +87,11 @@ async fn main() {
         let rv = rv.clone();
         let received = received.clone();
         tasks.push(tokio::spawn(async move {
-            let mut s = pods.watch(&WatchParams::default().timeout(290), &rv).await.unwrap().boxed();
+            let mut s = pods
+                .watch(&WatchParams::default().timeout(290), &rv)
+                .await
+                .unwrap()
+                .boxed();
             while let Some(ev) = s.next().await {
                 if let Ok(WatchEvent::Modified(_)) = ev {
                     received.fetch_add(1, Ordering::Relaxed);
@@ -89,11 +112,17 @@ async fn main() {
             for _ in 0..per_tick {
                 let node = sent % nodes;
                 let name = format!("filler-scale-{node}-{}", sent % per_node);
-                let _ = tx.modify(well_known::pods(), "default", &name, WriteTarget::Internal, |p| {
-                    let mut p = p.clone();
-                    p["metadata"]["annotations"] = json!({"bench": sent.to_string()});
-                    Ok(p)
-                });
+                let _ = tx.modify(
+                    well_known::pods(),
+                    "default",
+                    &name,
+                    WriteTarget::Internal,
+                    |p| {
+                        let mut p = p.clone();
+                        p["metadata"]["annotations"] = json!({"bench": sent.to_string()});
+                        Ok(p)
+                    },
+                );
                 sent += 1;
             }
         });
