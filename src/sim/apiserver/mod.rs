@@ -18,6 +18,7 @@ pub mod resources;
 pub mod scenario;
 pub mod selectors;
 pub mod store;
+mod table;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
