@@ -595,3 +595,42 @@ async fn faults_are_injected_and_cleared() {
     assert_eq!(code, 200);
     assert!(nodes.list(&ListParams::default()).await.is_ok());
 }
+
+#[tokio::test]
+async fn recorder_events_show_up_as_core_events() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use kube::Resource;
+    let c = bare().await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let n = nodes
+        .create(&PostParams::default(), &node("n1"))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(
+        c.client.clone(),
+        Reporter {
+            controller: "nodekeeper".into(),
+            instance: None,
+        },
+    );
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Cordoned".into(),
+        note: Some("cordoned for repair".into()),
+        action: "Cordon".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &n.object_ref(&())).await.unwrap();
+    recorder.publish(&ev, &n.object_ref(&())).await.unwrap();
+    let core: Api<CoreEvent> = Api::namespaced(c.client.clone(), "default");
+    let list = core
+        .list(&ListParams::default().fields("involvedObject.name=n1"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1, "one event, with a series");
+    let e = &list.items[0];
+    assert_eq!(e.reason.as_deref(), Some("Cordoned"));
+    assert_eq!(e.message.as_deref(), Some("cordoned for repair"));
+    assert_eq!(e.count, Some(2));
+}

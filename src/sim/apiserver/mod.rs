@@ -10,6 +10,7 @@ pub mod auth;
 pub mod clock;
 mod defaults;
 pub mod error;
+mod events;
 pub mod eviction;
 pub mod handlers;
 pub mod loops;

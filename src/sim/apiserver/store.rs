@@ -536,7 +536,40 @@ impl Txn<'_> {
         }
         // No receivers is fine.
         let _ = self.store.tx.send(ev);
+        if std::ptr::eq(res, well_known::new_events()) {
+            self.mirror_event(&obj, kind);
+        }
         obj
+    }
+
+    /// Keeps the core v1 copy of an events.k8s.io Event in step.
+    fn mirror_event(&mut self, ev: &Value, kind: EventType) {
+        let core = well_known::events();
+        let key = (
+            meta_str(ev, "namespace").unwrap_or_default().to_string(),
+            meta_str(ev, "name").unwrap_or_default().to_string(),
+        );
+        let existing = self.get(core, &key.0, &key.1);
+        if kind == EventType::Deleted {
+            if let Some(old) = existing {
+                self.commit(core, key, (*old).clone(), EventType::Deleted);
+            }
+            return;
+        }
+        let mut obj = super::events::to_core(ev);
+        obj["apiVersion"] = json!("v1");
+        obj["kind"] = json!("Event");
+        let base = existing.as_deref().cloned().unwrap_or_else(
+            || json!({"metadata": {"uid": new_uid(), "creationTimestamp": self.now()}}),
+        );
+        obj["metadata"]["uid"] = base["metadata"]["uid"].clone();
+        obj["metadata"]["creationTimestamp"] = base["metadata"]["creationTimestamp"].clone();
+        let kind = if existing.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        self.commit(core, key, obj, kind);
     }
 
     /// Creates an object (fills name from generateName, uid, timestamps, resourceVersion, defaults).
