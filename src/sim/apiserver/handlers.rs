@@ -661,6 +661,49 @@ mod tests {
     }
 
     #[test]
+    fn selector_transitions_in_watches() {
+        let f = Filter {
+            labels: LabelSelector::parse("app=web").unwrap(),
+            ..Default::default()
+        };
+        let obj = |app: &str| {
+            Arc::new(json!({"metadata": {"name": "p", "namespace": "a", "labels": {"app": app}}}))
+        };
+        let ev = |kind, now: &str, prev: Option<&str>| WatchEvent {
+            res: 1,
+            kind,
+            rv: 5,
+            object: obj(now),
+            prev: prev.map(obj),
+        };
+        use EventType::*;
+        let cases = [
+            (ev(Added, "web", None), Some(Added)),
+            (ev(Added, "db", None), None),
+            (ev(Modified, "web", Some("web")), Some(Modified)),
+            (ev(Modified, "web", Some("db")), Some(Added)),
+            (ev(Modified, "db", Some("web")), Some(Deleted)),
+            (ev(Modified, "db", Some("db")), None),
+            (ev(Deleted, "web", None), Some(Deleted)),
+        ];
+        for (e, want) in cases {
+            assert_eq!(
+                visible(&e, &f),
+                want,
+                "{:?} {} prev {:?}",
+                e.kind,
+                e.object,
+                e.prev
+            );
+        }
+        let other_ns = Filter {
+            namespace: Some("b".into()),
+            ..Default::default()
+        };
+        assert_eq!(visible(&ev(Added, "web", None), &other_ns), None);
+    }
+
+    #[test]
     fn continue_tokens_roundtrip_and_reject_garbage() {
         let k = ("ns".to_string(), "name".to_string());
         assert_eq!(decode_continue(&encode_continue(&k)).unwrap(), k);
