@@ -288,3 +288,55 @@ async fn admin_conditions_time_and_state() {
     assert!((t1 - t0).num_seconds() >= 3600);
     assert_eq!(after["objects"]["v1/nodes"].as_array().unwrap().len(), 5);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_scenario_file_seeds_and_schedules() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/sim-scenario.toml");
+    let scenario = Scenario::load(&path).unwrap();
+    let opts = SimOptions {
+        time_scale: 20.0,
+        scenario,
+        ..Default::default()
+    };
+    let c = TestCluster::start(opts).await.unwrap();
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    assert_eq!(
+        nodes
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        6
+    );
+    let gpu = nodes.get("gpu-0").await.unwrap();
+    assert_eq!(gpu.spec.unwrap().taints.unwrap()[0].key, "example.com/gpu");
+    let ml: Api<Pod> = Api::namespaced(c.client.clone(), "ml");
+    eventually("the train pod runs on the gpu node", 15, || async {
+        let pods = ml
+            .list(&ListParams::default().labels("app=train"))
+            .await
+            .unwrap()
+            .items;
+        pods.len() == 1
+            && pods[0].spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("gpu-0")
+    })
+    .await;
+    let web: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    eventually("web pods avoid the tainted gpu node", 15, || async {
+        let pods = web
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items;
+        pods.len() == 4
+            && pods.iter().all(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .is_some_and(|n| n != "gpu-0")
+            })
+    })
+    .await;
+    assert!(Scenario::load(std::path::Path::new("/nonexistent.toml")).is_err());
+}
