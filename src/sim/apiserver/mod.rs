@@ -1,6 +1,6 @@
 //! Kubernetes API stand-in and cluster simulator (`nodekeeper sim apiserver`).
 //!
-//! Layout: [`store`] (objects, resourceVersion, indexes, watch fan-out), [`selectors`], [`patch`],
+//! Layout: [`store`] (objects, resourceVersion, indexes, watch fan-out), [`selectors`] (in `crate::k8s`), [`patch`],
 //! [`resources`] (resource table and discovery), [`handlers`] (HTTP), [`eviction`] (PDB math), [`auth`]
 //! (tokens, TokenReview), [`admin`] (`/sim/v1/`), [`loops`] (simulated kubelet, scheduler, controllers),
 //! [`scenario`] (cluster seeding). See docs/sim.md.
@@ -17,7 +17,7 @@ pub mod loops;
 pub mod patch;
 pub mod resources;
 pub mod scenario;
-pub mod selectors;
+pub use crate::k8s::selectors;
 pub mod store;
 mod table;
 
