@@ -203,7 +203,7 @@ pub struct Diagnostic {
     pub path: Vec<PathSeg>,
     /// What is wrong, in words a user can act on.
     pub message: String,
-    /// 1-based line and column, filled in by [`locate`].
+    /// 1-based line and column, filled in by `locate`.
     pub location: Option<(usize, usize)>,
 }
 
