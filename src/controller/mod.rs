@@ -1,0 +1,3 @@
+//! The central controller. Only the drain engine lives here so far.
+
+pub mod drain;
