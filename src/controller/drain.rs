@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use exec::{drain, DrainOptions};
+pub use exec::{client, drain, DrainOptions};
 
 /// Taint key nodekeeper puts on interrupted nodes; pods tolerating it are not drained.
 pub const INTERRUPTION_TAINT: &str = "nodekeeper.io/interruption";

@@ -99,7 +99,7 @@ async fn client(kubeconfig: Option<&Path>) -> Result<Client, String> {
             .await
             .map_err(|e| format!("no Kubernetes configuration found: {e}"))?,
     };
-    Client::try_from(cfg).map_err(|e| format!("cannot build a Kubernetes client: {e}"))
+    super::client(cfg).map_err(|e| format!("cannot build a Kubernetes client: {e}"))
 }
 
 async fn run(args: DrainArgs) -> u8 {

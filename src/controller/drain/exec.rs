@@ -49,6 +49,8 @@ pub struct DrainOptions {
     pub backoff_max: Duration,
     /// With `force-delete`: how long past the deadline to wait for force-deleted pods to go.
     pub force_settle: Duration,
+    /// Longest single eviction or deletion call (also cut at the deadline).
+    pub call_timeout: Duration,
 }
 
 impl DrainOptions {
@@ -67,6 +69,7 @@ impl DrainOptions {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             force_settle: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(10),
         }
     }
 
@@ -99,7 +102,17 @@ enum Outcome {
     Fatal(kube::Error),
 }
 
-/// Drains `opts.node`. Progress goes to `progress` whenever it changes; `cancel` stops the drain
+/// A client for the drain: `cfg` with kube's built-in retry of 429/503/504 turned off.
+///
+/// kube-rs retries 429 transparently by default (up to 15 times, minutes in all), which would hide the
+/// PodDisruptionBudget that refuses an eviction and overrun the deadline. The drain handles 429 itself.
+pub fn client(mut cfg: kube::Config) -> Result<Client, kube::Error> {
+    cfg.default_retry = false;
+    Client::try_from(cfg)
+}
+
+/// Drains `opts.node` using `client` (build it with [`client`]: a client that retries 429 itself is
+/// bounded by `call_timeout` but hides blockers). Progress goes to `progress` whenever it changes; `cancel` stops the drain
 /// (the node stays cordoned). Returns the report, or why the drain did not finish.
 pub async fn drain(
     client: Client,
@@ -310,6 +323,19 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
         }
     }
 
+    /// How long one call may take: `call_timeout`, cut at the deadline (at least 100 ms).
+    fn call_limit(&self, now: Instant) -> Duration {
+        let to_deadline = self
+            .opts
+            .deadline
+            .map(|d| d.saturating_duration_since(now))
+            .unwrap_or(Duration::MAX);
+        self.opts
+            .call_timeout
+            .min(to_deadline)
+            .max(Duration::from_millis(100))
+    }
+
     fn past_deadline(&self, now: Instant) -> bool {
         self.opts.deadline.is_some_and(|d| now >= d)
     }
@@ -393,8 +419,9 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
             return Ok(0);
         }
         let api = &self.pods;
+        let limit = self.call_limit(now);
         let results: Vec<(&Pod, Outcome)> = futures::stream::iter(due)
-            .map(|p| async move { (p, evict(api, p).await) })
+            .map(|p| async move { (p, bounded(limit, evict(api, p)).await) })
             .buffer_unordered(self.opts.concurrency.max(1))
             .collect()
             .await;
@@ -512,7 +539,8 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
         let mut accepted = 0;
         let mut pdbs = None;
         for (pod, grace) in due {
-            let outcome = force_delete(&self.pods, pod, grace).await;
+            let limit = self.call_limit(Instant::now());
+            let outcome = bounded(limit, force_delete(&self.pods, pod, grace)).await;
             accepted += usize::from(self.apply(pod, outcome, true, &mut pdbs).await?);
         }
         Ok(accepted)
@@ -637,6 +665,16 @@ fn classify(r: Result<(), kube::Error>) -> Outcome {
             Outcome::Retry(Box::new(Status::failure(&e.to_string(), "Transport")))
         }
         Err(e) => Outcome::Fatal(e),
+    }
+}
+
+/// Runs `call` for at most `limit`; a call cut short is retried like a 504.
+async fn bounded(limit: Duration, call: impl std::future::Future<Output = Outcome>) -> Outcome {
+    match tokio::time::timeout(limit, call).await {
+        Ok(o) => o,
+        Err(_) => Outcome::Retry(Box::new(
+            Status::failure(&format!("no answer within {limit:?}"), "Timeout").with_code(504),
+        )),
     }
 }
 
