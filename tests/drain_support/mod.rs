@@ -6,6 +6,14 @@ use nodekeeper::sim::apiserver::scenario::running_status;
 use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
 use serde_json::{json, Value};
 
+pub type Cluster = TestCluster;
+
+/// The VolumeAttachment resource of the sim.
+pub fn volumeattachments() -> &'static nodekeeper::sim::apiserver::resources::ResourceDef {
+    nodekeeper::sim::apiserver::resources::find("storage.k8s.io", "v1", "volumeattachments")
+        .unwrap()
+}
+
 pub async fn cluster() -> TestCluster {
     TestCluster::start(SimOptions::bare()).await.unwrap()
 }

@@ -519,18 +519,19 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
         if self.opts.on_timeout != OnTimeout::ForceDelete {
             return Ok(0);
         }
-        let left = deadline.saturating_duration_since(now).as_secs();
+        let left = deadline.saturating_duration_since(now);
         let due: Vec<(&Pod, u32)> = plan
             .all()
             .filter(|(_, c)| matches!(c, Class::Evict(_) | Class::Terminating(_)))
             .map(|(p, _)| (*p, pod_grace(p)))
             .filter(|(p, grace)| {
-                u64::from(*grace) >= left && !self.tracks.get(&uid(p)).is_some_and(|t| t.forced)
+                Duration::from_secs(u64::from(*grace)) >= left
+                    && !self.tracks.get(&uid(p)).is_some_and(|t| t.forced)
             })
             .map(|(p, grace)| {
                 (
                     p,
-                    u32::try_from(left)
+                    u32::try_from(left.as_secs())
                         .unwrap_or(u32::MAX)
                         .clamp(1, grace.max(1)),
                 )
