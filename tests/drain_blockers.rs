@@ -158,13 +158,14 @@ async fn do_not_disrupt_is_respected_except_past_an_interruption_deadline() {
     assert!(pods_on(&c, "n1").is_empty());
 }
 
+/// Pod name → grace the API server was given.
+type Graces = Arc<Mutex<Vec<(String, i64)>>>;
+
 /// A stand-in kubelet: pods carrying the test finalizer lose it once terminating (recording the grace
 /// the API server was given), so they then disappear.
-fn kubelet(
-    c: &drain_support::Cluster,
-) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Vec<(String, i64)>>>) {
+fn kubelet(c: &drain_support::Cluster) -> (tokio::task::JoinHandle<()>, Graces) {
     let sim = c.sim.clone();
-    let graces: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
+    let graces: Graces = Arc::default();
     let g = graces.clone();
     let h = tokio::spawn(async move {
         loop {
