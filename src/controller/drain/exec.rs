@@ -302,7 +302,8 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
             }
             let forced = self.force_delete_due(&plan, now).await?;
             let blocker = self.current_blocker(&plan);
-            let phase = if self.past_deadline(now) {
+            let forcing = self.opts.on_timeout == OnTimeout::ForceDelete;
+            let phase = if forcing && self.past_deadline(now) {
                 Phase::ForceDeleting
             } else {
                 Phase::Evicting
