@@ -148,3 +148,83 @@ async fn unknown_node_is_an_error() {
     );
     assert!(err.to_string().contains("nope"));
 }
+
+/// The DaemonSet controller ignores cordons: a DaemonSet pod recreated during the drain is skipped,
+/// so the drain ends instead of evicting its replacements forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recreated_daemonset_pods_do_not_loop() {
+    let c = cluster().await;
+    node(&c, "n1");
+    pod("logs-0", "logs").ds("logs").on(&c, "n1");
+    // A critical pod held by a PDB for 400 ms keeps the drain going after the DaemonSet tier.
+    let mut crit = pod("crit-0", "crit").critical();
+    crit.ns = "default".into();
+    crit.on(&c, "n1");
+    pdb(
+        &c,
+        "crit-pdb",
+        "crit",
+        serde_json::json!({"minAvailable": 1}),
+    );
+    let sim2 = c.sim.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        sim2.store
+            .txn(|t| {
+                t.delete(
+                    nodekeeper::sim::apiserver::resources::well_known::pdbs(),
+                    "default",
+                    "crit-pdb",
+                    &Default::default(),
+                )
+            })
+            .unwrap();
+    });
+    let sim = c.sim.clone();
+    // A DaemonSet controller stand-in: recreates logs pods on n1 as they go.
+    let h = tokio::spawn(async move {
+        let mut n = 0;
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let have = sim
+                .store
+                .txn(|t| {
+                    t.list(
+                        nodekeeper::sim::apiserver::resources::well_known::pods(),
+                        Some("kube-system"),
+                    )
+                })
+                .len();
+            if have == 0 {
+                n += 1;
+                let tc = &sim;
+                let obj = serde_json::json!({"metadata": {"name": format!("logs-new-{n}"), "labels": {"app": "logs"},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "logs", "uid": "uid-logs", "controller": true}]},
+                    "spec": {"nodeName": "n1", "containers": [{"name": "main", "image": "x"}]},
+                    "status": nodekeeper::sim::apiserver::scenario::running_status(&tc.store.clock.stamp())});
+                let _ = tc.store.txn(|t| {
+                    t.create(
+                        nodekeeper::sim::apiserver::resources::well_known::pods(),
+                        "kube-system",
+                        obj,
+                    )
+                });
+            }
+        }
+    });
+    let opts = DrainOptions::new("n1").with_timeout(Duration::from_secs(5));
+    let report = drain::drain(client(&c), &opts, CancellationToken::new(), |_| {})
+        .await
+        .unwrap();
+    h.abort();
+    let removed: Vec<&str> = report.removed.iter().map(|r| r.pod.as_str()).collect();
+    assert_eq!(removed, ["kube-system/logs-0", "default/crit-0"]);
+    assert!(
+        report
+            .skipped
+            .iter()
+            .any(|s| s.reason == drain::select::SkipReason::RecreatedDaemonSet),
+        "{:?}",
+        report.skipped
+    );
+}

@@ -1,7 +1,7 @@
 //! The drain executor over kube-rs: cordon, evict tier by tier with bounded concurrency and jittered
 //! backoff, confirm deletions by UID, force-delete past the deadline if asked, wait for volumes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -136,6 +136,7 @@ pub async fn drain(
         last: None,
         progress,
         cancel,
+        initial_ds: None,
     };
     d.run().await
 }
@@ -152,6 +153,8 @@ struct Drainer<'a, F> {
     last: Option<DrainProgress>,
     progress: F,
     cancel: CancellationToken,
+    /// UIDs of the DaemonSet pods seen at the first listing.
+    initial_ds: Option<HashSet<String>>,
 }
 
 fn uid(pod: &Pod) -> String {
@@ -242,6 +245,7 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
         SelectOptions {
             taint_value: self.opts.taint_value.clone(),
             honour_do_not_disrupt: !(past && self.opts.interruption),
+            initial_daemonset_pods: self.initial_ds.clone(),
             ..SelectOptions::at(chrono::Utc::now())
         }
     }
@@ -293,10 +297,15 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
                 }
                 Err(e) => return Err(self.api_err("list pods", e)),
             };
+            if self.initial_ds.is_none() {
+                let ds = pods.iter().filter(|p| select::is_daemonset(p)).map(uid);
+                self.initial_ds = Some(ds.collect());
+            }
             let now = Instant::now();
             let plan = select::plan(&pods, &self.select_options(now));
             self.record_skipped(&plan);
-            self.tracks.retain(|u, _| pods.iter().any(|p| &uid(p) == u));
+            let present: HashSet<String> = pods.iter().map(uid).collect();
+            self.tracks.retain(|u, _| present.contains(u));
             if plan.remaining() == 0 {
                 return Ok(());
             }

@@ -22,6 +22,9 @@ pub enum SkipReason {
     ToleratesTaint,
     /// Terminating for longer than the stuck threshold past its deletion time (its node is likely gone).
     StuckTerminating,
+    /// A DaemonSet pod created after the drain started: the DaemonSet controller ignores cordons, so it
+    /// would recreate every evicted pod (taint the node to keep DaemonSet pods off).
+    RecreatedDaemonSet,
 }
 
 /// How one pod is treated.
@@ -60,6 +63,9 @@ pub struct SelectOptions {
     pub now: DateTime<Utc>,
     /// A pod still terminating this long after its deletion timestamp is skipped.
     pub stuck_after: chrono::Duration,
+    /// UIDs of the DaemonSet pods on the node when the drain started; other DaemonSet pods are
+    /// skipped as recreated. `None`: no such filter (first listing).
+    pub initial_daemonset_pods: Option<std::collections::HashSet<String>>,
 }
 
 impl SelectOptions {
@@ -71,6 +77,7 @@ impl SelectOptions {
             honour_do_not_disrupt: true,
             now,
             stuck_after: chrono::Duration::seconds(60),
+            initial_daemonset_pods: None,
         }
     }
 }
@@ -104,7 +111,13 @@ fn skip_reason(pod: &Pod, o: &SelectOptions) -> Option<SkipReason> {
     let stuck = pod.metadata.deletion_timestamp.as_ref().is_some_and(|t| {
         o.now.timestamp_millis() - t.0.as_millisecond() > o.stuck_after.num_milliseconds()
     });
-    stuck.then_some(SkipReason::StuckTerminating)
+    if stuck {
+        return Some(SkipReason::StuckTerminating);
+    }
+    let recreated = o.initial_daemonset_pods.as_ref().is_some_and(|known| {
+        is_daemonset(pod) && !known.contains(pod.metadata.uid.as_deref().unwrap_or_default())
+    });
+    recreated.then_some(SkipReason::RecreatedDaemonSet)
 }
 
 /// A mirror pod: the kubelet's annotation or owned by the Node.
@@ -425,6 +438,33 @@ mod tests {
     }
 
     const INTERRUPTION: &str = super::super::INTERRUPTION_TAINT;
+
+    #[test]
+    fn recreated_daemonset_pods_are_skipped() {
+        let mut d = ds();
+        merge(&mut d, json!({"metadata": {"uid": "new"}}));
+        let mut o = SelectOptions::at(now());
+        assert_eq!(
+            classify(&pod(d.clone()), &o),
+            Class::Evict(Tier::NonCriticalDaemonSet)
+        );
+        o.initial_daemonset_pods = Some(["old".to_string()].into());
+        assert_eq!(
+            classify(&pod(d.clone()), &o),
+            Class::Skip(SkipReason::RecreatedDaemonSet)
+        );
+        o.initial_daemonset_pods = Some(["new".to_string()].into());
+        assert_eq!(
+            classify(&pod(d), &o),
+            Class::Evict(Tier::NonCriticalDaemonSet)
+        );
+        // Only DaemonSet pods.
+        o.initial_daemonset_pods = Some(Default::default());
+        assert_eq!(
+            classify(&pod(json!({})), &o),
+            Class::Evict(Tier::NonCritical)
+        );
+    }
 
     #[test]
     fn taint_value_and_deadline_override() {
