@@ -29,6 +29,8 @@ pub struct Config {
     pub agent: AgentConfig,
     /// Node health checks.
     pub checks: crate::agent::checks::ChecksConfig,
+    /// Migration-label rules.
+    pub labels: crate::agent::labels::LabelsConfig,
     /// Cloud metadata sources (preemption, maintenance and rebalance notices).
     pub sources: crate::agent::sources::SourcesConfig,
 }
@@ -471,6 +473,7 @@ impl Config {
         diags.extend(crate::agent::crio::lint::lint(&self.crio, crio_version));
         diags.extend(self.checks.validate());
         diags.extend(self.sources.validate());
+        diags.extend(self.labels.validate());
         diags
     }
 

@@ -13,6 +13,7 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod k8s;
 pub mod report;
 pub mod shutdown;
 pub mod sim;

@@ -9,7 +9,10 @@ pub fn init(format: LogFormat, level: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(true);
+        .with_target(true)
+        // A closed stderr (e.g. a log collector gone) must never turn into a panic: the
+        // subscriber's fallback `eprintln!` would panic on EPIPE.
+        .log_internal_errors(false);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder

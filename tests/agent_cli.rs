@@ -155,3 +155,28 @@ fn invalid_config_at_start_is_exit_2() {
         "{err}"
     );
 }
+
+#[test]
+fn a_closed_stderr_does_not_crash_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(&cfg, BASE).unwrap();
+    let mut agent = Agent::start(&cfg, dir.path());
+    agent.expect("agent starting");
+    // Close our end of its stderr: every later log line hits EPIPE.
+    drop(std::mem::replace(&mut agent.lines, mpsc::channel().1));
+    std::thread::sleep(Duration::from_millis(300));
+    agent.signal(Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(status) = agent.child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(0), "exit status with a closed stderr");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent did not exit within 5 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -209,6 +209,11 @@ async fn default_config_round_on_this_machine() {
         }
         let failed: Vec<&str> = round.failures.iter().map(|f| f.check.as_str()).collect();
         assert_eq!(failed, ["systemd"]);
+        assert!(
+            matches!(round.failures[0].error, CheckError::Systemd { .. }),
+            "{:?}",
+            round.failures[0]
+        );
     } else {
         eprintln!("NOTE: a system bus exists here; not asserting the no-bus path");
     }

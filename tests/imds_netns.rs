@@ -14,52 +14,32 @@ use std::time::{Duration, Instant};
 use nodekeeper::agent::sources::config::{CloudChoice, NoticeKind, OciPollPath};
 use nodekeeper::agent::sources::{build, poll_once, Cloud, EventKind, SourcesConfig};
 
-const INNER: &str = "inner_sources_at_169_254_169_254";
-const MARKER_ENV: &str = "NODEKEEPER_TEST_IN_NETNS";
+mod netns;
 
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
+const INNER: &str = "inner_sources_at_169_254_169_254";
 
 #[test]
 fn sources_at_the_real_address_in_a_netns() {
-    if !is_root() {
+    if !netns::is_root() {
         eprintln!("SKIPPED sources_at_the_real_address_in_a_netns: needs root for `unshare -n` (not root here)");
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let script = "ip link set lo up && ip addr add 169.254.169.254/32 dev lo && exec \"$0\" \"$@\"";
-    let out = Command::new("unshare")
-        .args(["-n", "sh", "-c", script])
-        .arg(&exe)
-        .args([
-            "--exact",
-            INNER,
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(MARKER_ENV, "1")
-        .output()
-        .expect("run unshare (util-linux) and ip (iproute2)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "inner test failed:\n{stdout}\n{stderr}"
-    );
-    assert!(
-        stdout.contains("1 passed"),
-        "the inner test did not run:\n{stdout}\n{stderr}"
-    );
-    assert!(
-        stdout.contains("netns: all four clouds ok"),
-        "{stdout}\n{stderr}"
-    );
+    let stdout = netns::run_inner(INNER);
+    assert!(stdout.contains("netns: all four clouds ok"), "{stdout}");
+}
+
+/// A child process killed (by its PID) and reaped when dropped, also when an assertion fails.
+struct Emulator(Child);
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Starts `nodekeeper sim imds` on 169.254.169.254:80 and waits until it accepts connections.
-fn start_emulator(cloud: Cloud) -> Child {
+fn start_emulator(cloud: Cloud) -> Emulator {
     let child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
         .args([
             "sim",
@@ -72,6 +52,7 @@ fn start_emulator(cloud: Cloud) -> Child {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    let child = Emulator(child);
     let addr: SocketAddr = "169.254.169.254:80".parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
@@ -84,17 +65,10 @@ fn start_emulator(cloud: Cloud) -> Child {
 #[tokio::test]
 #[ignore = "runs inside a network namespace, started by sources_at_the_real_address_in_a_netns"]
 async fn inner_sources_at_169_254_169_254() {
-    assert_eq!(
-        std::env::var(MARKER_ENV).as_deref(),
-        Ok("1"),
-        "only run by the outer test"
-    );
-    // Binding succeeds only when the address is local, i.e. we are in the test's namespace.
-    std::net::UdpSocket::bind("169.254.169.254:0")
-        .expect("169.254.169.254 must be local: refusing to run");
+    netns::assert_inside();
     let no_dmi = tempfile::tempdir().unwrap();
     for cloud in Cloud::ALL {
-        let mut child = start_emulator(cloud);
+        let child = start_emulator(cloud);
         let mut cfg = SourcesConfig {
             cloud: CloudChoice::Auto,
             host_root: no_dmi.path().to_path_buf(),
@@ -148,8 +122,7 @@ async fn inner_sources_at_169_254_169_254() {
                 .count();
         }
         assert_eq!(preemptions, 1, "{cloud}");
-        child.kill().unwrap();
-        child.wait().unwrap();
+        drop(child);
         println!("netns: {cloud} ok");
     }
     println!("netns: all four clouds ok");

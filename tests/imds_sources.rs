@@ -212,7 +212,12 @@ async fn azure_events_ack_and_cancel() {
     );
     let event_id = e.detail["event_id"].clone();
     src.ack(&event_id).await.unwrap();
-    assert_eq!(emu.acks(), vec![event_id]);
+    assert_eq!(emu.acks(), vec![event_id.clone()]);
+    // The same through the free function (no running source needed).
+    nodekeeper::agent::sources::azure::ack_event(&config(&emu.url()), &event_id)
+        .await
+        .unwrap();
+    assert_eq!(emu.acks().len(), 2);
     assert!(
         clean(src.poll().await).is_empty(),
         "a started event is the same notice"
@@ -294,9 +299,8 @@ async fn gcp_long_polls_report_changes_quickly() {
     assert_eq!(id.zone.as_deref(), Some("us-central1-a"));
     assert_eq!(id.instance_type.as_deref(), Some("e2-standard-4"));
     // First answers: the current values, nothing pending.
-    for _ in 0..2 {
-        assert!(clean(poll_within(&mut src, Duration::from_secs(1)).await).is_empty());
-    }
+    // The first poll returns both keys' current values at once: nothing pending.
+    assert!(clean(poll_within(&mut src, Duration::from_secs(1)).await).is_empty());
     // Inject through the admin API while the long polls are waiting.
     let admin = format!("{}/admin/preempt", emu.url());
     let inject = tokio::spawn(async move {
@@ -355,6 +359,21 @@ async fn gcp_long_polls_report_changes_quickly() {
     assert_eq!(t.kind, EventKind::Termination);
 }
 
+/// The first GCP poll shows everything already pending, from both keys.
+#[tokio::test]
+async fn gcp_first_poll_shows_all_pending_notices() {
+    let emu = emulator(Cloud::Gcp).await;
+    emu.maintenance(Duration::from_secs(60), "");
+    emu.preempt(Duration::from_secs(30));
+    let mut src = GcpSource::new(&config(&emu.url())).unwrap();
+    let mut kinds: Vec<_> = clean(poll_within(&mut src, Duration::from_secs(1)).await)
+        .into_iter()
+        .map(|e| e.kind.name())
+        .collect();
+    kinds.sort();
+    assert_eq!(kinds, ["maintenance", "preemption"]);
+}
+
 #[tokio::test]
 async fn detection_probes_each_cloud() {
     for cloud in Cloud::ALL {
@@ -370,6 +389,19 @@ async fn detection_probes_each_cloud() {
         assert!(report.identity.is_some(), "{cloud}: {:?}", report.errors);
         assert!(report.errors.is_empty(), "{cloud}: {:?}", report.errors);
     }
+    let emu = emulator(Cloud::Oci).await;
+    let mut cfg = config(&emu.url());
+    cfg.cloud = CloudChoice::Oci;
+    cfg.oci.poll_paths.clear();
+    let report = nodekeeper::agent::sources::poll_once(&cfg).await;
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("no IMDS preemption")),
+        "{:?}",
+        report.notes
+    );
     let cfg = SourcesConfig {
         cloud: CloudChoice::None,
         ..config("http://127.0.0.1:9")

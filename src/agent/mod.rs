@@ -10,6 +10,7 @@
 pub mod checks;
 pub mod crio;
 pub mod host;
+pub mod labels;
 pub mod once;
 pub mod sources;
 pub mod state;
@@ -26,8 +27,7 @@ use crate::agent::crio::apply::{self, ApplyOptions};
 use crate::agent::host::logind::{Delivered, ShutdownSignal, ShutdownWatcher, WatcherOptions};
 use crate::agent::host::systemd::Systemd;
 use crate::agent::sources::driver::SourceMessage;
-use crate::agent::sources::tracker::event_id;
-use crate::agent::sources::{EventKind, InstanceIdentity, NodeEvent, NODE_EVENT_VERSION};
+use crate::agent::sources::{EventKind, InstanceIdentity, NodeEvent};
 use crate::agent::state::AgentState;
 use crate::config::{Config, Env, Loaded};
 use crate::report::NodeReport;
@@ -46,6 +46,7 @@ enum Input {
     Source(SourceMessage),
     Identity(InstanceIdentity),
     Shutdown(ShutdownSignal),
+    Labels(Vec<crate::report::LabelRemoval>),
 }
 
 /// Runs the agent until a termination signal. Returns the exit code.
@@ -133,37 +134,24 @@ fn on_input(
             tracing::debug!(source, %error, "metadata source error");
         }
         Input::Shutdown(ShutdownSignal::ShuttingDown { delivered, .. }) => {
-            let e = shutdown_event(st);
+            let e = NodeEvent::on_node(EventKind::ShuttingDown, "logind", st.boot_id(), Utc::now());
             tracing::warn!(id = %e.id, "node is shutting down");
             events.push(e);
             held.push(delivered);
         }
         Input::Shutdown(ShutdownSignal::Cancelled) => {
-            let of = shutdown_event(st).id;
-            let kind = EventKind::Cancelled { of: of.clone() };
-            let mut e = shutdown_event(st);
-            e.id = event_id(None, "logind", &kind, &of);
-            e.kind = kind;
+            let of =
+                NodeEvent::on_node(EventKind::ShuttingDown, "logind", st.boot_id(), Utc::now()).id;
             tracing::info!(of = %of, "shutdown cancelled");
-            events.push(e);
+            events.push(NodeEvent::on_node(
+                EventKind::Cancelled { of: of.clone() },
+                "logind",
+                &of,
+                Utc::now(),
+            ));
         }
         Input::Shutdown(other) => tracing::debug!(signal = ?other, "shutdown watcher"),
-    }
-}
-
-/// The `ShuttingDown` event of this boot (one per boot: its id is derived from the boot id).
-fn shutdown_event(st: &AgentState) -> NodeEvent {
-    let kind = EventKind::ShuttingDown;
-    NodeEvent {
-        version: NODE_EVENT_VERSION,
-        id: event_id(None, "logind", &kind, st.boot_id()),
-        kind,
-        cloud: None,
-        source: "logind".into(),
-        not_before: None,
-        deadline: None,
-        detected_at: Utc::now(),
-        detail: Default::default(),
+        Input::Labels(removals) => st.set_label_removals(removals),
     }
 }
 
@@ -191,17 +179,22 @@ struct Tasks {
 
 impl Tasks {
     fn spawn(config: &Config, tx: mpsc::Sender<Input>) -> Self {
-        let (stop, stop_rx) = watch::channel(false);
+        let (stop, _) = watch::channel(false);
         let mut set = JoinSet::new();
-        let sources = config.sources.clone();
-        let (src_tx, stop_src) = (tx.clone(), stop_rx.clone());
-        set.spawn(async move { run_source(sources, src_tx, stop_src).await });
+        let (sources, tx1, stop1) = (config.sources.clone(), tx.clone(), stop.subscribe());
+        set.spawn(async move { run_source(sources, tx1, stop1).await });
         if config.agent.shutdown_watcher {
             let options = WatcherOptions {
                 max_delay: config.agent.shutdown_max_delay,
                 ..WatcherOptions::default()
             };
-            set.spawn(async move { run_shutdown_watcher(options, tx, stop_rx).await });
+            let (tx2, stop2) = (tx.clone(), stop.subscribe());
+            set.spawn(async move { run_shutdown_watcher(options, tx2, stop2).await });
+        }
+        if !config.labels.cleanup.is_empty() {
+            let (labels, node, stop3) =
+                (config.labels.clone(), node_name(config), stop.subscribe());
+            set.spawn(async move { run_label_rules(labels, node, tx, stop3).await });
         }
         Self { stop, set }
     }
@@ -250,6 +243,39 @@ async fn run_source(
         }
     };
     tokio::join!(driver, forward);
+}
+
+async fn run_label_rules(
+    cfg: crate::agent::labels::LabelsConfig,
+    node: String,
+    tx: mpsc::Sender<Input>,
+    stop: watch::Receiver<bool>,
+) {
+    use crate::agent::labels::{self, PatchRemover, RemovalMode};
+    let rules = match labels::compile(&cfg) {
+        Ok(r) => r,
+        Err(error) => return tracing::error!(%error, "label rules disabled"),
+    };
+    // In a pod: the service account; elsewhere: KUBECONFIG (kube's own resolution).
+    let client = match kube::Client::try_default().await {
+        Ok(c) => c,
+        Err(error) => {
+            return tracing::warn!(%error, "label rules disabled: no Kubernetes API client")
+        }
+    };
+    let remover = (cfg.mode == RemovalMode::Direct).then(|| PatchRemover::new(client.clone()));
+    let (l_tx, mut l_rx) = mpsc::channel(8);
+    let forward = async {
+        while let Some(r) = l_rx.recv().await {
+            if tx.send(Input::Labels(r)).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::join!(
+        labels::watch(client, node, rules, remover, l_tx, stop),
+        forward
+    );
 }
 
 async fn run_shutdown_watcher(

@@ -637,6 +637,18 @@ mod tests {
         assert!(ByteSize::parse("99999999999TiB").is_err());
     }
 
+    proptest::proptest! {
+        #[test]
+        fn byte_size_parser_never_panics(s in "\\PC*") {
+            let _ = ByteSize::parse(&s);
+        }
+
+        #[test]
+        fn byte_sizes_in_mib_round_trip(n in 0u64..1 << 30) {
+            proptest::prop_assert_eq!(ByteSize::parse(&format!("{n}MiB")), Ok(ByteSize(n << 20)));
+        }
+    }
+
     #[test]
     fn default_rules_compile_and_default_config_is_valid() {
         for r in default_kmsg_rules() {

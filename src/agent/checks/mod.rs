@@ -153,6 +153,13 @@ pub enum CheckError {
         /// The time allowed (`[checks] check_timeout`).
         timeout: std::time::Duration,
     },
+    /// The systemd manager could not be reached (no system bus, refused, ...).
+    #[error("{source}")]
+    Systemd {
+        /// The connection error, naming the bus address.
+        #[source]
+        source: crate::agent::host::systemd::SystemdError,
+    },
     /// A systemd unit could not be queried.
     #[error("systemd unit {unit}: {message}")]
     Unit {

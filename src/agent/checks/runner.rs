@@ -221,3 +221,18 @@ fn unknown_all(check: &dyn HealthCheck, message: &str) -> Vec<CheckResult> {
         .map(|t| CheckResult::new(t, ConditionStatus::Unknown, CHECK_FAILED, message))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// The agent loop may run a round inside a spawned task.
+    #[test]
+    fn checks_and_their_round_future_are_send() {
+        let mut checks = Checks::from_config(&ChecksConfig::default());
+        assert_send(&checks.run_once(Instant::now()));
+        assert_send(&checks);
+    }
+}

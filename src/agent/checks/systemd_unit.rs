@@ -54,11 +54,18 @@ impl History {
     }
 }
 
+/// Where the check's [`UnitManager`] comes from.
+enum Source<M> {
+    /// Connected (or given).
+    Ready(Arc<M>),
+    /// Not connected yet: connect on the next run.
+    Connect(Connector<M>),
+}
+
 /// The unit check.
 pub struct SystemdUnitCheck<M> {
     config: SystemdConfig,
-    manager: Option<Arc<M>>,
-    connect: Option<Connector<M>>,
+    source: Source<M>,
     clock: Clock,
     history: HashMap<String, History>,
 }
@@ -67,7 +74,7 @@ impl<M> std::fmt::Debug for SystemdUnitCheck<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SystemdUnitCheck")
             .field("config", &self.config)
-            .field("connected", &self.manager.is_some())
+            .field("connected", &matches!(self.source, Source::Ready(_)))
             .finish()
     }
 }
@@ -79,8 +86,7 @@ impl SystemdUnitCheck<Systemd> {
         let connect: Connector<Systemd> = Box::new(|| Box::pin(Systemd::connect_system()));
         Self {
             config,
-            manager: None,
-            connect: Some(connect),
+            source: Source::Connect(connect),
             clock: Arc::new(Instant::now),
             history: HashMap::new(),
         }
@@ -92,8 +98,7 @@ impl<M: UnitManager + Send + Sync + 'static> SystemdUnitCheck<M> {
     pub fn new(config: SystemdConfig, manager: Arc<M>) -> Self {
         Self {
             config,
-            manager: Some(manager),
-            connect: None,
+            source: Source::Ready(manager),
             clock: Arc::new(Instant::now),
             history: HashMap::new(),
         }
@@ -153,18 +158,15 @@ impl<M: UnitManager + Send + Sync + 'static> SystemdUnitCheck<M> {
     }
 
     async fn manager(&mut self) -> Result<Arc<M>, CheckError> {
-        if let Some(m) = &self.manager {
-            return Ok(m.clone());
-        }
-        let connect = self.connect.as_ref().ok_or_else(|| CheckError::Unit {
-            unit: "(all)".to_string(),
-            message: "no systemd connection".to_string(),
-        })?;
-        let m = Arc::new(connect().await.map_err(|e| CheckError::Unit {
-            unit: "(all)".to_string(),
-            message: e.to_string(),
-        })?);
-        self.manager = Some(m.clone());
+        let m = match &self.source {
+            Source::Ready(m) => return Ok(m.clone()),
+            Source::Connect(connect) => Arc::new(
+                connect()
+                    .await
+                    .map_err(|source| CheckError::Systemd { source })?,
+            ),
+        };
+        self.source = Source::Ready(m.clone());
         Ok(m)
     }
 

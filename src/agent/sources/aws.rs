@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use futures::future::BoxFuture;
 use reqwest::Method;
 use serde::Deserialize;
@@ -196,10 +195,7 @@ impl AwsSource {
             .http
             .request(Method::PUT, TOKEN_PATH)
             .header(TTL_HEADER, self.ttl.as_secs().to_string());
-        let resp = self.http.send(req, Duration::ZERO).await?;
-        if resp.status != 200 {
-            return Err(resp.unexpected());
-        }
+        let resp = self.http.send(req, Duration::ZERO).await?.require_ok()?;
         let tok = parse_text("aws token", &resp.body).map_err(|e| resp.parse_error(e))?;
         if tok.is_empty() || !tok.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(resp.parse_error(ParseError::value("aws token", "<not a token>")));
@@ -210,23 +206,22 @@ impl AwsSource {
 
     /// GET with the token; on 401 the token is dropped, renewed and the GET retried once.
     async fn get(&mut self, path: &str) -> Result<Response, SourceError> {
-        for attempt in 0..2 {
-            let tok = self.token().await?;
-            let req = self
-                .http
-                .request(Method::GET, path)
-                .header(TOKEN_HEADER, tok);
-            let resp = self.http.send(req, Duration::ZERO).await?;
-            if resp.status == 401 && attempt == 0 {
-                tracing::debug!(path, "IMDSv2 token refused; renewing it");
-                self.token = None;
-                continue;
-            }
+        let resp = self.get_once(path).await?;
+        if resp.status != 401 {
             return Ok(resp);
         }
-        Err(SourceError::Config(
-            "unreachable: token retry loop".to_string(),
-        ))
+        tracing::debug!(path, "IMDSv2 token refused; renewing it");
+        self.token = None;
+        self.get_once(path).await
+    }
+
+    async fn get_once(&mut self, path: &str) -> Result<Response, SourceError> {
+        let tok = self.token().await?;
+        let req = self
+            .http
+            .request(Method::GET, path)
+            .header(TOKEN_HEADER, tok);
+        self.http.send(req, Duration::ZERO).await
     }
 
     async fn channel(
@@ -236,16 +231,8 @@ impl AwsSource {
         path: &str,
         parse: super::NoticeParser,
     ) {
-        let notices = match self.get(path).await {
-            Ok(resp) => resp.notices(parse),
-            Err(e) => Err(e),
-        };
-        match notices {
-            Ok(n) => out
-                .events
-                .extend(self.tracker.observe(channel, n, Utc::now())),
-            Err(e) => out.errors.push(e),
-        }
+        let notices = self.get(path).await.and_then(|resp| resp.notices(parse));
+        self.tracker.record(out, channel, notices);
     }
 
     async fn poll_all(&mut self) -> PollOutcome {
@@ -260,10 +247,7 @@ impl AwsSource {
     }
 
     async fn read_identity(&mut self) -> Result<InstanceIdentity, SourceError> {
-        let doc = self.get(IDENTITY_PATH).await?;
-        if doc.status != 200 {
-            return Err(doc.unexpected());
-        }
+        let doc = self.get(IDENTITY_PATH).await?.require_ok()?;
         let lc = self.get(LIFECYCLE_PATH).await?;
         let lifecycle = (lc.status == 200).then_some(&lc.body[..]);
         parse_identity(&doc.body, lifecycle).map_err(|e| doc.parse_error(e))

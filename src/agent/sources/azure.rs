@@ -150,6 +150,12 @@ pub fn parse_identity(body: &[u8]) -> Result<InstanceIdentity, ParseError> {
     })
 }
 
+/// Approves `event_id` without a running source (e.g. when the controller asks for it while the
+/// source is owned by its driver task): see [`AzureSource::ack`].
+pub async fn ack_event(cfg: &SourcesConfig, event_id: &str) -> Result<(), SourceError> {
+    AzureSource::new(cfg)?.ack(event_id).await
+}
+
 /// The Azure Scheduled Events source.
 #[derive(Debug)]
 pub struct AzureSource {
@@ -157,6 +163,7 @@ pub struct AzureSource {
     events_path: String,
     vm_name: Option<String>,
     incarnation: Option<u64>,
+    identity_tried: bool,
     tracker: NoticeTracker,
 }
 
@@ -168,6 +175,7 @@ impl AzureSource {
             events_path: format!("{EVENTS_PATH}?api-version={}", cfg.azure.api_version),
             vm_name: Some(cfg.azure.vm_name.clone()).filter(|n| !n.is_empty()),
             incarnation: None,
+            identity_tried: false,
             tracker: NoticeTracker::new(Some(Cloud::Azure)),
         })
     }
@@ -187,25 +195,36 @@ impl AzureSource {
             .header(METADATA_HEADER.0, METADATA_HEADER.1)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.to_string());
-        let resp = self.http.send(req, Duration::ZERO).await?;
-        match resp.status {
-            200 => Ok(()),
-            _ => Err(resp.unexpected()),
-        }
+        self.http
+            .send(req, Duration::ZERO)
+            .await?
+            .require_ok()
+            .map(drop)
     }
 
     async fn poll_events(&mut self) -> PollOutcome {
+        if self.vm_name.is_none() && !self.identity_tried {
+            // The VM name filters events meant for other VMs of the same set.
+            self.identity_tried = true;
+            if let Err(e) = self.read_identity().await {
+                tracing::warn!(
+                    "cannot read the Azure VM name; reporting events for every VM listed: {e}"
+                );
+            }
+        }
         let req = self
             .http
             .request(Method::GET, &self.events_path)
             .header(METADATA_HEADER.0, METADATA_HEADER.1);
-        let resp = match self.http.send(req, Duration::ZERO).await {
+        let resp = match self
+            .http
+            .send(req, Duration::ZERO)
+            .await
+            .and_then(|r| r.require_ok())
+        {
             Ok(r) => r,
             Err(e) => return PollOutcome::failed(e),
         };
-        if resp.status != 200 {
-            return PollOutcome::failed(resp.unexpected());
-        }
         match parse_scheduled_events(&resp.body, self.vm_name.as_deref()) {
             Ok((incarnation, notices)) => {
                 self.incarnation = Some(incarnation);
@@ -226,10 +245,7 @@ impl AzureSource {
             .http
             .request(Method::GET, COMPUTE_PATH)
             .header(METADATA_HEADER.0, METADATA_HEADER.1);
-        let resp = self.http.send(req, Duration::ZERO).await?;
-        if resp.status != 200 {
-            return Err(resp.unexpected());
-        }
+        let resp = self.http.send(req, Duration::ZERO).await?.require_ok()?;
         let id = parse_identity(&resp.body).map_err(|e| resp.parse_error(e))?;
         if self.vm_name.is_none() {
             self.vm_name.clone_from(&id.name);

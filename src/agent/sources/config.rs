@@ -196,11 +196,11 @@ impl SourcesConfig {
     /// Semantic checks of `[sources]`.
     pub fn validate(&self) -> Vec<Diagnostic> {
         let mut out = Vec::new();
-        if !(self.endpoint.starts_with("http://") || self.endpoint.starts_with("https://")) {
+        if !self.endpoint.starts_with("http://") {
             out.push(Diagnostic::error(
                 cfg_path!["sources", "endpoint"],
                 format!(
-                    "`{}` must be an http:// URL, e.g. http://169.254.169.254",
+                    "`{}` must be a plain http:// URL, e.g. http://169.254.169.254 (metadata services are plain HTTP)",
                     self.endpoint
                 ),
             ));

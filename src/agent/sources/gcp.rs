@@ -3,10 +3,9 @@
 //! Brief 503s during maintenance are retried. Each key has its own task so a change on one is
 //! reported without waiting for the other's long poll to end.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use chrono::Utc;
 use futures::future::BoxFuture;
 use reqwest::Method;
 use tokio::sync::mpsc;
@@ -27,6 +26,8 @@ pub const FLAVOR_HEADER: (&str, &str) = ("Metadata-Flavor", "Google");
 pub const PREEMPTED_KEY: &str = "instance/preempted";
 /// `NONE`, `MIGRATE_ON_HOST_MAINTENANCE` or `TERMINATE_ON_HOST_MAINTENANCE`.
 pub const MAINTENANCE_KEY: &str = "instance/maintenance-event";
+/// The keys watched by long polls.
+const WATCHED: [&str; 2] = [PREEMPTED_KEY, MAINTENANCE_KEY];
 /// 503s retried quietly before one is reported.
 const QUIET_503_RETRIES: u32 = 3;
 
@@ -112,6 +113,8 @@ pub struct GcpSource {
     max_backoff: Duration,
     tracker: NoticeTracker,
     rx: Option<mpsc::Receiver<Update>>,
+    /// Keys that answered at least once.
+    seen: BTreeSet<&'static str>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -124,6 +127,7 @@ impl GcpSource {
             max_backoff: cfg.max_backoff,
             tracker: NoticeTracker::new(Some(Cloud::Gcp)),
             rx: None,
+            seen: BTreeSet::new(),
             tasks: Vec::new(),
         })
     }
@@ -131,7 +135,7 @@ impl GcpSource {
     fn start(&mut self) -> &mut mpsc::Receiver<Update> {
         self.rx.get_or_insert_with(|| {
             let (tx, rx) = mpsc::channel(16);
-            for key in [PREEMPTED_KEY, MAINTENANCE_KEY] {
+            for key in WATCHED {
                 let w = Watcher {
                     http: self.http.clone(),
                     key,
@@ -145,21 +149,15 @@ impl GcpSource {
     }
 
     fn apply(&mut self, out: &mut PollOutcome, (key, update): Update) {
+        self.seen.insert(key);
         let (channel, parse): (&str, super::NoticeParser) = match key {
             PREEMPTED_KEY => ("gcp/preempted", parse_preempted),
             _ => ("gcp/maintenance-event", parse_maintenance_event),
         };
-        match update.and_then(|b| {
-            parse(&b).map_err(|source| SourceError::Parse {
-                url: self.http.url(&format!("{BASE}{key}")),
-                source,
-            })
-        }) {
-            Ok(n) => out
-                .events
-                .extend(self.tracker.observe(channel, n, Utc::now())),
-            Err(e) => out.errors.push(e),
-        }
+        let url = self.http.url(&format!("{BASE}{key}"));
+        let notices =
+            update.and_then(|b| parse(&b).map_err(|source| SourceError::Parse { url, source }));
+        self.tracker.record(out, channel, notices);
     }
 
     async fn next(&mut self) -> PollOutcome {
@@ -173,6 +171,14 @@ impl GcpSource {
         };
         let mut out = PollOutcome::default();
         self.apply(&mut out, first);
+        // At start, wait for every key's first answer so one poll shows the whole current state.
+        while self.seen.len() < WATCHED.len() {
+            let Some(rx) = self.rx.as_mut() else { break };
+            match tokio::time::timeout(self.http.timeout(), rx.recv()).await {
+                Ok(Some(u)) => self.apply(&mut out, u),
+                Ok(None) | Err(_) => break,
+            }
+        }
         while let Some(u) = self.rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
             self.apply(&mut out, u);
         }

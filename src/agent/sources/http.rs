@@ -33,6 +33,27 @@ impl Response {
             body: super::truncate(text.trim(), 120),
         }
     }
+    /// This answer if its status is 200, else a [`SourceError::Status`].
+    pub fn require_ok(self) -> Result<Self, SourceError> {
+        match self.status {
+            200 => Ok(self),
+            _ => Err(self.unexpected()),
+        }
+    }
+
+    /// The usual notice channel contract: 404 = nothing pending, 200 = parse the body, anything
+    /// else is an error.
+    pub fn notices<F>(&self, parse: F) -> Result<Vec<super::Notice>, SourceError>
+    where
+        F: FnOnce(&[u8]) -> Result<Vec<super::Notice>, super::ParseError>,
+    {
+        match self.status {
+            404 => Ok(Vec::new()),
+            200 => parse(&self.body).map_err(|e| self.parse_error(e)),
+            _ => Err(self.unexpected()),
+        }
+    }
+
     /// A [`SourceError::Parse`] for this answer.
     pub fn parse_error(&self, source: super::ParseError) -> SourceError {
         SourceError::Parse {
@@ -104,7 +125,7 @@ impl Http {
     async fn exchange(&self, req: reqwest::Request, url: &str) -> Result<Response, SourceError> {
         let transport = |e: reqwest::Error| SourceError::Transport {
             url: url.to_string(),
-            message: chain(&e),
+            message: crate::cli::error_chain(&e),
         };
         let mut resp = self.client.execute(req).await.map_err(transport)?;
         let status = resp.status().as_u16();
@@ -129,31 +150,5 @@ impl Http {
             etag,
             body: body.freeze(),
         })
-    }
-}
-
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-impl Response {
-    /// The usual notice channel contract: 404 = nothing pending, 200 = parse the body, anything
-    /// else is an error.
-    pub fn notices<F>(&self, parse: F) -> Result<Vec<super::Notice>, SourceError>
-    where
-        F: FnOnce(&[u8]) -> Result<Vec<super::Notice>, super::ParseError>,
-    {
-        match self.status {
-            404 => Ok(Vec::new()),
-            200 => parse(&self.body).map_err(|e| self.parse_error(e)),
-            _ => Err(self.unexpected()),
-        }
     }
 }

@@ -31,7 +31,19 @@ pub use tracker::{Notice, NoticeTracker};
 pub const NODE_EVENT_VERSION: u32 = 1;
 
 /// A cloud whose instance-metadata service nodekeeper reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Cloud {
     /// Oracle Cloud Infrastructure.
@@ -144,6 +156,25 @@ pub struct NodeEvent {
     /// Notice fields worth showing (never user data or secrets).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub detail: BTreeMap<String, String>,
+}
+
+impl NodeEvent {
+    /// An event from an on-node signal (no cloud), e.g. [`EventKind::ShuttingDown`] from the
+    /// shutdown watcher. `key` identifies the occurrence (for a shutdown: the boot id from
+    /// `/proc/sys/kernel/random/boot_id`), so the id is deterministic like the clouds' ones.
+    pub fn on_node(kind: EventKind, source: &str, key: &str, detected_at: DateTime<Utc>) -> Self {
+        NodeEvent {
+            version: NODE_EVENT_VERSION,
+            id: tracker::event_id(None, source, &kind, key),
+            kind,
+            cloud: None,
+            source: source.to_string(),
+            not_before: None,
+            deadline: None,
+            detected_at,
+            detail: BTreeMap::new(),
+        }
+    }
 }
 
 /// What the instance-metadata service says about this instance.
@@ -374,7 +405,7 @@ pub fn build(cloud: Cloud, cfg: &SourcesConfig) -> Result<Box<dyn EventSource>, 
 }
 
 /// Result of [`poll_once`]: which cloud, its identity, and the events seen.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct OnceReport {
     /// The cloud used (none: detection found none, or `cloud = "none"`).
     pub cloud: Option<Cloud>,
@@ -385,21 +416,22 @@ pub struct OnceReport {
     pub events: Vec<NodeEvent>,
     /// Errors, as text.
     pub errors: Vec<String>,
+    /// What this source cannot see, in words.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Detects the cloud (unless configured), reads the identity and polls once. For
 /// `nodekeeper agent --once` and debugging on a node.
 pub async fn poll_once(cfg: &SourcesConfig) -> OnceReport {
-    let mut report = OnceReport {
-        cloud: None,
-        identity: None,
-        events: Vec::new(),
-        errors: Vec::new(),
-    };
+    let mut report = OnceReport::default();
     let Some(cloud) = detect::resolve(cfg).await else {
         return report;
     };
     report.cloud = Some(cloud);
+    if cloud == Cloud::Oci && cfg.oci.poll_paths.is_empty() {
+        report.notes.push(oci::NO_NOTICE_PATHS.to_string());
+    }
     let mut source = match build(cloud, cfg) {
         Ok(s) => s,
         Err(e) => {
@@ -433,4 +465,66 @@ pub fn parse_time(what: &'static str, s: &str) -> Result<DateTime<Utc>, ParseErr
     chrono::NaiveDateTime::parse_from_str(s, "%d %b %Y %H:%M:%S GMT")
         .map(|t| t.and_utc())
         .map_err(|_| ParseError::time(what, s))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_event_json_shape_round_trips() {
+        let mut t = NoticeTracker::new(Some(Cloud::Aws));
+        let n = Notice::new("terminate@t", EventKind::Preemption).with("action", "terminate");
+        let e = t.observe("aws/spot", vec![n], Utc::now()).remove(0);
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["kind"], serde_json::json!({"type": "preemption"}));
+        assert_eq!(v["cloud"], "aws");
+        assert_eq!(v["detail"]["action"], "terminate");
+        assert!(v.get("deadline").is_none(), "unknown times are omitted");
+        let back: NodeEvent = serde_json::from_value(v).unwrap();
+        assert_eq!(back, e);
+        let c = t.observe("aws/spot", vec![], Utc::now()).remove(0);
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            v["kind"],
+            serde_json::json!({"type": "cancelled", "of": e.id})
+        );
+    }
+
+    #[test]
+    fn on_node_events_have_deterministic_ids() {
+        let now = Utc::now();
+        let a = NodeEvent::on_node(EventKind::ShuttingDown, "logind", "boot-1", now);
+        let b = NodeEvent::on_node(EventKind::ShuttingDown, "logind", "boot-1", now);
+        let c = NodeEvent::on_node(EventKind::ShuttingDown, "logind", "boot-2", now);
+        assert_eq!(a.id, b.id);
+        assert_ne!(a.id, c.id);
+        assert_eq!(a.cloud, None);
+        let v = serde_json::to_value(&a).unwrap();
+        assert_eq!(v["kind"], serde_json::json!({"type": "shutting_down"}));
+        assert!(v.get("cloud").is_none());
+    }
+
+    #[test]
+    fn times_in_all_three_formats() {
+        for s in [
+            "2016-09-19T18:29:47Z",
+            "Mon, 19 Sep 2016 18:29:47 GMT",
+            "19 Sep 2016 18:29:47 GMT",
+        ] {
+            assert_eq!(
+                parse_time("t", s).unwrap().timestamp(),
+                1_474_309_787,
+                "{s}"
+            );
+        }
+        assert!(matches!(
+            parse_time("t", "tomorrow"),
+            Err(ParseError::Time { .. })
+        ));
+        assert_eq!("gcp".parse::<Cloud>().unwrap(), Cloud::Gcp);
+        assert!("mars".parse::<Cloud>().is_err());
+    }
 }

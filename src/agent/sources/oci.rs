@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::DateTime;
 use futures::future::BoxFuture;
 use reqwest::Method;
 use serde::Deserialize;
@@ -26,6 +26,10 @@ use super::{
 pub const INSTANCE_PATH: &str = "/opc/v2/instance/";
 /// `true` or `false` on KPO-launched nodes.
 pub const PREEMPTIBLE_PATH: &str = "/opc/v2/instance/metadata/oke-is-preemptible";
+/// Said once (log, `--once` report) when no signal paths are configured.
+pub const NO_NOTICE_PATHS: &str = "OCI documents no IMDS preemption/maintenance endpoint and no \
+    [[sources.oci.poll_paths]] are configured: OCI preemption is seen only by the shutdown watcher \
+    (ACPI shutdown) and, later, OCI Events through the controller";
 /// Header every v2 request must carry.
 pub const AUTH_HEADER: (&str, &str) = ("Authorization", "Bearer Oracle");
 
@@ -165,35 +169,23 @@ impl OciSource {
     async fn poll_paths(&mut self) -> PollOutcome {
         if self.paths.is_empty() && !self.told_no_paths {
             self.told_no_paths = true;
-            tracing::info!(
-                "OCI documents no IMDS preemption/maintenance endpoint and no [[sources.oci.poll_paths]] are \
-                 configured: OCI preemption is seen only by the shutdown watcher (ACPI shutdown) and, later, \
-                 OCI Events through the controller"
-            );
+            tracing::info!("{NO_NOTICE_PATHS}");
         }
         let mut out = PollOutcome::default();
         for p in self.paths.clone() {
             let kind = EventKind::from(p.kind);
             let channel = format!("oci{}", p.path);
-            let notices = match self.get(&p.path).await {
-                Ok(resp) => resp.notices(|b| parse_signal(b, &kind)),
-                Err(e) => Err(e),
-            };
-            match notices {
-                Ok(n) => out
-                    .events
-                    .extend(self.tracker.observe(&channel, n, Utc::now())),
-                Err(e) => out.errors.push(e),
-            }
+            let notices = self
+                .get(&p.path)
+                .await
+                .and_then(|resp| resp.notices(|b| parse_signal(b, &kind)));
+            self.tracker.record(&mut out, &channel, notices);
         }
         out
     }
 
     async fn read_identity(&mut self) -> Result<InstanceIdentity, SourceError> {
-        let resp = self.get(INSTANCE_PATH).await?;
-        if resp.status != 200 {
-            return Err(resp.unexpected());
-        }
+        let resp = self.get(INSTANCE_PATH).await?.require_ok()?;
         let mut id = parse_identity(&resp.body).map_err(|e| resp.parse_error(e))?;
         if id.preemptible.is_none() {
             let p = self.get(PREEMPTIBLE_PATH).await?;

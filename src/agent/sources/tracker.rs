@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
-use super::{Cloud, EventKind, NodeEvent, NODE_EVENT_VERSION};
+use super::{Cloud, EventKind, NodeEvent, PollOutcome, SourceError, NODE_EVENT_VERSION};
 
 /// A notice as parsed from one channel, before it gets its id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +113,20 @@ impl NoticeTracker {
             self.active.insert(channel.to_string(), current);
         }
         out
+    }
+
+    /// Observes one channel's result into `out`: its events, or its error (a failed channel is
+    /// not observed, so it never yields cancellations).
+    pub fn record(
+        &mut self,
+        out: &mut PollOutcome,
+        channel: &str,
+        result: Result<Vec<Notice>, SourceError>,
+    ) {
+        match result {
+            Ok(n) => out.events.extend(self.observe(channel, n, Utc::now())),
+            Err(e) => out.errors.push(e),
+        }
     }
 
     /// The notices currently active, over all channels.

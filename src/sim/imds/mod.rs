@@ -42,8 +42,8 @@ use crate::agent::sources::Cloud;
 #[derive(Debug, clap::Args)]
 pub struct ImdsArgs {
     /// Which cloud's metadata API to serve.
-    #[arg(long)]
-    pub cloud: String,
+    #[arg(long, value_enum)]
+    pub cloud: Cloud,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8169")]
     pub listen: String,
@@ -51,7 +51,7 @@ pub struct ImdsArgs {
 
 /// `nodekeeper sim imds`: serves until SIGTERM or SIGINT.
 pub async fn run(args: ImdsArgs) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
-    let cloud: Cloud = args.cloud.parse()?;
+    let cloud = args.cloud;
     let addr: SocketAddr = args.listen.parse().map_err(|e| {
         format!(
             "--listen `{}` is not an address (IP:PORT): {e}",
