@@ -377,7 +377,7 @@ async fn main() {
         .await
         .unwrap();
         let (left_a, left_b) = (pods_on(&sim, &a), pods_on(&sim, &b));
-        println!("run {run}: nodekeeper {:>7.1} ms ({left_a} pods left)   kubectl {:>7.1} ms ({left_b} pods left)   ratio {:.2}",
+        println!("run {run}: nodekeeper {:>7.1} ms ({left_a} pods left)   kubectl {:>7.1} ms ({left_b} pods left)   ratio {:.3}",
             tn.as_secs_f64() * 1e3, tk.as_secs_f64() * 1e3, tn.as_secs_f64() / tk.as_secs_f64());
         assert_eq!(left_a, 7, "nodekeeper leaves the 4 tolerating DaemonSet pods, 2 mirror pods and the Succeeded pod");
         assert_eq!(
@@ -389,7 +389,7 @@ async fn main() {
     }
     let (mn, mk) = (median(nk.clone()), median(kk.clone()));
     println!(
-        "median: nodekeeper {:.1} ms (min {:.1}), kubectl {:.1} ms (min {:.1}), ratio {:.2}",
+        "median: nodekeeper {:.1} ms (min {:.1}), kubectl {:.1} ms (min {:.1}), ratio {:.3}",
         mn.as_secs_f64() * 1e3,
         nk.iter().min().unwrap().as_secs_f64() * 1e3,
         mk.as_secs_f64() * 1e3,
