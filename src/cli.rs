@@ -130,10 +130,23 @@ fn block_on<F>(fut: F) -> u8
 where
     F: std::future::Future<Output = Result<u8, Box<dyn std::error::Error + Send + Sync>>>,
 {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    run_on(tokio::runtime::Builder::new_multi_thread(), fut)
+}
+
+/// As [`block_on`] on one thread: the agent is idle nearly all the time, and one thread (with
+/// one malloc arena) keeps its resident memory small.
+fn block_on_current_thread<F>(fut: F) -> u8
+where
+    F: std::future::Future<Output = Result<u8, Box<dyn std::error::Error + Send + Sync>>>,
+{
+    run_on(tokio::runtime::Builder::new_current_thread(), fut)
+}
+
+fn run_on<F>(mut builder: tokio::runtime::Builder, fut: F) -> u8
+where
+    F: std::future::Future<Output = Result<u8, Box<dyn std::error::Error + Send + Sync>>>,
+{
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -206,7 +219,7 @@ fn agent(
         Err(code) => return code,
     };
     crate::telemetry::init(loaded.config.log.format, &loaded.config.log.level);
-    block_on(async move {
+    block_on_current_thread(async move {
         if once {
             let report = crate::agent::once::report(&loaded.config, root).await;
             match output {

@@ -133,6 +133,15 @@ async fn kubectl_conformance() {
     assert_eq!(n2["metadata"]["annotations"]["example.com/note"], "hello");
     assert_eq!(n2["spec"]["taints"][0]["key"], "dedicated");
     assert_eq!(n2["spec"]["unschedulable"], true);
+    let table = k.ok(&["get", "nodes"]).await;
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("n2 "))
+        .unwrap_or_default();
+    assert!(
+        row.contains("Ready,SchedulingDisabled"),
+        "server-side Table columns: {table}"
+    );
     k.ok(&["uncordon", "n2"]).await;
     k.ok(&["taint", "node", "n2", "dedicated-"]).await;
     k.ok(&["label", "node", "n2", "tier-"]).await;

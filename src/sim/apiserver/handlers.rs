@@ -170,15 +170,25 @@ async fn dispatch(
         ("GET", None, None) => {
             let filter = filter_from(res, &t.ns, query)?;
             if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
-                return watch(sim, res, filter, query);
+                return watch(sim, res, filter, query, as_table(headers));
             }
-            list(sim, res, &filter, query)
+            list(sim, res, &filter, query, as_table(headers))
         }
         ("GET", Some(name), None | Some("status")) => {
             let obj = sim
                 .store
                 .get(res, &t.ns, name)
                 .ok_or_else(|| ApiError::not_found(res, name))?;
+            if as_table(headers) && super::table::supported(res.kind) {
+                let meta = json!({"resourceVersion": sim.store.resource_version().to_string()});
+                let t = super::table::render(
+                    res.kind,
+                    std::iter::once(&*obj),
+                    meta,
+                    sim.store.clock.now(),
+                );
+                return Ok(json_response(StatusCode::OK, &t));
+            }
             Ok(json_response(StatusCode::OK, &obj))
         }
         ("POST", None, None) if res.virtual_create => {
@@ -226,6 +236,13 @@ async fn dispatch(
             sub.map(|s| format!("/{s}")).unwrap_or_default()
         ))),
     }
+}
+
+fn as_table(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(super::table::wanted)
 }
 
 fn parse_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {
@@ -291,6 +308,7 @@ fn list(
     res: &ResourceDef,
     filter: &Filter,
     q: &HashMap<String, String>,
+    as_table: bool,
 ) -> ApiResult<Response> {
     let limit = match q.get("limit") {
         Some(l) => Some(
@@ -308,6 +326,15 @@ fn list(
     let mut meta = json!({"resourceVersion": page.rv.to_string()});
     if let Some(next) = &page.next {
         meta["continue"] = json!(encode_continue(next));
+    }
+    if as_table && super::table::supported(res.kind) {
+        let t = super::table::render(
+            res.kind,
+            page.items.iter().map(|i| &**i),
+            meta,
+            sim.store.clock.now(),
+        );
+        return Ok(json_response(StatusCode::OK, &t));
     }
     let mut out = Vec::with_capacity(256 + page.items.len() * 1024);
     let head = json!({"kind": format!("{}List", res.kind), "apiVersion": res.api_version(), "metadata": meta});
@@ -492,6 +519,7 @@ fn watch(
     res: &'static ResourceDef,
     filter: Filter,
     q: &HashMap<String, String>,
+    as_table: bool,
 ) -> ApiResult<Response> {
     let initial = q.get("sendInitialEvents").is_some_and(|v| v == "true");
     let rv = q
@@ -513,6 +541,17 @@ fn watch(
         .unwrap_or(1800)
         .min(3600);
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
+    let table = as_table && super::table::supported(res.kind);
+    let clock = sim.store.clock.clone();
+    let render = move |k: EventType, ev: &WatchEvent| {
+        if table {
+            let meta = json!({"resourceVersion": ev.rv.to_string()});
+            let t = super::table::render(res.kind, std::iter::once(&*ev.object), meta, clock.now());
+            event_line(k.as_str(), &t)
+        } else {
+            event_line(k.as_str(), &ev.object)
+        }
+    };
     let start = sim.store.watch(res, &filter, from);
     let mut epoch = sim.watch_epoch();
     tokio::spawn(async move {
@@ -525,7 +564,7 @@ fn watch(
         };
         for ev in &backlog {
             if let Some(k) = visible(ev, &filter) {
-                if tx.send(event_line(k.as_str(), &ev.object)).await.is_err() {
+                if tx.send(render(k, ev)).await.is_err() {
                     return;
                 }
             }
@@ -556,7 +595,7 @@ fn watch(
                             continue;
                         }
                         if let Some(k) = visible(&ev, &filter) {
-                            if tx.send(event_line(k.as_str(), &ev.object)).await.is_err() {
+                            if tx.send(render(k, &ev)).await.is_err() {
                                 return;
                             }
                         }
@@ -619,6 +658,49 @@ mod tests {
         );
         assert!(route("/apis/nope/v1/things", "x").is_err());
         assert!(matches!(route("/apis", "x"), Ok(Route::Json(_))));
+    }
+
+    #[test]
+    fn selector_transitions_in_watches() {
+        let f = Filter {
+            labels: LabelSelector::parse("app=web").unwrap(),
+            ..Default::default()
+        };
+        let obj = |app: &str| {
+            Arc::new(json!({"metadata": {"name": "p", "namespace": "a", "labels": {"app": app}}}))
+        };
+        let ev = |kind, now: &str, prev: Option<&str>| WatchEvent {
+            res: 1,
+            kind,
+            rv: 5,
+            object: obj(now),
+            prev: prev.map(obj),
+        };
+        use EventType::*;
+        let cases = [
+            (ev(Added, "web", None), Some(Added)),
+            (ev(Added, "db", None), None),
+            (ev(Modified, "web", Some("web")), Some(Modified)),
+            (ev(Modified, "web", Some("db")), Some(Added)),
+            (ev(Modified, "db", Some("web")), Some(Deleted)),
+            (ev(Modified, "db", Some("db")), None),
+            (ev(Deleted, "web", None), Some(Deleted)),
+        ];
+        for (e, want) in cases {
+            assert_eq!(
+                visible(&e, &f),
+                want,
+                "{:?} {} prev {:?}",
+                e.kind,
+                e.object,
+                e.prev
+            );
+        }
+        let other_ns = Filter {
+            namespace: Some("b".into()),
+            ..Default::default()
+        };
+        assert_eq!(visible(&ev(Added, "web", None), &other_ns), None);
     }
 
     #[test]

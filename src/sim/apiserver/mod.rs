@@ -10,6 +10,7 @@ pub mod auth;
 pub mod clock;
 mod defaults;
 pub mod error;
+mod events;
 pub mod eviction;
 pub mod handlers;
 pub mod loops;
@@ -18,6 +19,7 @@ pub mod resources;
 pub mod scenario;
 pub mod selectors;
 pub mod store;
+mod table;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -212,6 +214,10 @@ pub fn write_kubeconfig(path: &Path, url: &str) -> Result<(), SimError> {
 }
 
 /// A kube client for a plain-HTTP sim URL.
+///
+/// kube 5 clients retry 429/503/504 by default (up to 15 times, backoff up to 1000 s), which turns a
+/// PDB-refused eviction into minutes of waiting; this client has that retry layer off so tests see
+/// the server's answer at once.
 pub fn client_for(url: &str) -> Result<kube::Client, SimError> {
     let uri: Uri = url
         .parse()
@@ -221,6 +227,7 @@ pub fn client_for(url: &str) -> Result<kube::Client, SimError> {
         })?;
     let mut cfg = kube::Config::new(uri);
     cfg.default_namespace = "default".into();
+    cfg.default_retry = false;
     kube::Client::try_from(cfg).map_err(|source| SimError::Client {
         url: url.into(),
         source,

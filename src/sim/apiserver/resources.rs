@@ -225,6 +225,10 @@ pub mod well_known {
     pub fn events() -> &'static ResourceDef {
         get("", "events")
     }
+    /// events.k8s.io/v1 events.
+    pub fn new_events() -> &'static ResourceDef {
+        find("events.k8s.io", "v1", "events").unwrap_or(&super::RESOURCES[0])
+    }
     /// apps/v1 replicasets.
     pub fn replicasets() -> &'static ResourceDef {
         get("apps", "replicasets")

@@ -302,7 +302,8 @@ pub fn node_object(pool: &Pool, name: &str, now: &str) -> Value {
 
 /// The NodeClaim of a pool member.
 pub fn nodeclaim_object(pool: &Pool, node: &str) -> Value {
-    json!({"metadata": {"name": node, "labels": {"karpenter.sh/nodepool": pool.name}},
+    json!({"metadata": {"name": node, "labels": {"karpenter.sh/nodepool": pool.name},
+            "finalizers": [super::loops::provisioner::FINALIZER]},
         "spec": {"nodeClassRef": {"group": "sim.nodekeeper.dev", "kind": "SimNodeClass", "name": "default"},
                  "requirements": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": [pool.capacity_type]}]},
         "status": {"nodeName": node, "providerID": format!("sim:///{node}"),

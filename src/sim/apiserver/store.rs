@@ -185,6 +185,18 @@ fn node_of(obj: &Value) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
+/// Top-level fields must have the right JSON type (a typed apiserver would fail to decode otherwise).
+fn check_shape(obj: &Value) -> ApiResult<()> {
+    for f in ["metadata", "spec", "status"] {
+        if obj.get(f).is_some_and(|v| !v.is_object() && !v.is_null()) {
+            return Err(ApiError::bad_request(format!(
+                "invalid object: {f} must be an object"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn valid_object_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
@@ -524,7 +536,40 @@ impl Txn<'_> {
         }
         // No receivers is fine.
         let _ = self.store.tx.send(ev);
+        if std::ptr::eq(res, well_known::new_events()) {
+            self.mirror_event(&obj, kind);
+        }
         obj
+    }
+
+    /// Keeps the core v1 copy of an events.k8s.io Event in step.
+    fn mirror_event(&mut self, ev: &Value, kind: EventType) {
+        let core = well_known::events();
+        let key = (
+            meta_str(ev, "namespace").unwrap_or_default().to_string(),
+            meta_str(ev, "name").unwrap_or_default().to_string(),
+        );
+        let existing = self.get(core, &key.0, &key.1);
+        if kind == EventType::Deleted {
+            if let Some(old) = existing {
+                self.commit(core, key, (*old).clone(), EventType::Deleted);
+            }
+            return;
+        }
+        let mut obj = super::events::to_core(ev);
+        obj["apiVersion"] = json!("v1");
+        obj["kind"] = json!("Event");
+        let base = existing.as_deref().cloned().unwrap_or_else(
+            || json!({"metadata": {"uid": new_uid(), "creationTimestamp": self.now()}}),
+        );
+        obj["metadata"]["uid"] = base["metadata"]["uid"].clone();
+        obj["metadata"]["creationTimestamp"] = base["metadata"]["creationTimestamp"].clone();
+        let kind = if existing.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        self.commit(core, key, obj, kind);
     }
 
     /// Creates an object (fills name from generateName, uid, timestamps, resourceVersion, defaults).
@@ -537,6 +582,7 @@ impl Txn<'_> {
         if !obj.is_object() {
             return Err(ApiError::bad_request("the object must be a JSON object"));
         }
+        check_shape(&obj)?;
         if let Some(kind) = obj.get("kind").and_then(Value::as_str) {
             if kind != res.kind {
                 return Err(ApiError::bad_request(format!(
@@ -635,6 +681,7 @@ impl Txn<'_> {
         if !desired.is_object() {
             return Err(ApiError::bad_request("the object must be a JSON object"));
         }
+        check_shape(&desired)?;
         if !desired.get("metadata").is_some_and(Value::is_object) {
             desired["metadata"] = json!({});
         }

@@ -3,9 +3,16 @@
 //! Each loop is a task ticking in real time and reading simulated time from the store clock, so a
 //! time scale of 60 makes a 40 s node-monitor grace period pass in under a second.
 
+pub mod kubelet;
+pub mod lifecycle;
+pub mod provisioner;
+pub mod scheduler;
+pub mod workloads;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::Sim;
@@ -73,9 +80,29 @@ impl LoopOptions {
 pub fn spawn(sim: Arc<Sim>, cancel: CancellationToken) {
     let o = sim.opts.loops.clone();
     if o.kubelet {
+        let mut k = kubelet::Kubelets::default();
+        let lo = o.clone();
+        every(&sim, &cancel, o.tick, move |s| k.tick(s, &lo));
+    }
+    if o.lifecycle {
+        let lo = o.clone();
+        every(&sim, &cancel, o.tick, move |s| lifecycle::tick(s, &lo));
+    }
+    if o.scheduler {
+        every(&sim, &cancel, o.tick, scheduler::tick);
+    }
+    if o.controllers {
         every(&sim, &cancel, o.tick, |s| {
-            let _ = s;
+            workloads::deployments(s);
+            workloads::replicasets(s);
+            workloads::daemonsets(s);
+            workloads::garbage_collect(s);
         });
+    }
+    if o.provisioner {
+        let mut p = provisioner::Provisioner::default();
+        let lo = o.clone();
+        every(&sim, &cancel, o.tick, move |s| p.tick(s, &lo));
     }
 }
 
@@ -84,7 +111,7 @@ fn every(
     sim: &Arc<Sim>,
     cancel: &CancellationToken,
     tick: Duration,
-    f: impl Fn(&Sim) + Send + 'static,
+    mut f: impl FnMut(&Sim) + Send + 'static,
 ) {
     let sim = sim.clone();
     let cancel = cancel.clone();
@@ -94,8 +121,112 @@ fn every(
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = t.tick() => f(&sim),
+                _ = t.tick() => {
+                    // A malformed object must not kill the loop: log and carry on.
+                    let run = std::panic::AssertUnwindSafe(|| f(&sim));
+                    if std::panic::catch_unwind(run).is_err() {
+                        tracing::error!("a simulated control loop panicked on this tick; continuing");
+                    }
+                }
             }
         }
     });
+}
+
+/// `metadata.name`.
+pub fn name_of(o: &Value) -> &str {
+    o.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// `metadata.namespace` ("" for cluster-scoped).
+pub fn ns_of(o: &Value) -> &str {
+    o.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// `metadata.uid`.
+pub fn uid_of(o: &Value) -> &str {
+    o.pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// Status of a condition by type.
+pub fn condition_status<'a>(o: &'a Value, type_: &str) -> Option<&'a str> {
+    o.pointer("/status/conditions")
+        .and_then(Value::as_array)?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .and_then(|c| c["status"].as_str())
+}
+
+/// CPU quantity in millicores (`100m`, `2`, `0.5`); unparsable counts as 0.
+pub fn cpu_millis(q: &str) -> i64 {
+    if let Some(m) = q.strip_suffix('m') {
+        return m.parse().unwrap_or(0);
+    }
+    q.parse::<f64>()
+        .map(|c| (c * 1000.0).round() as i64)
+        .unwrap_or(0)
+}
+
+/// Whether a pod tolerates a taint.
+pub fn tolerates(pod: &Value, taint: &Value) -> bool {
+    let tols = pod.pointer("/spec/tolerations").and_then(Value::as_array);
+    tols.into_iter().flatten().any(|t| {
+        let key = t["key"].as_str().unwrap_or_default();
+        let exists = t["operator"].as_str() == Some("Exists");
+        let effect_ok = t["effect"]
+            .as_str()
+            .is_none_or(|e| e.is_empty() || Some(e) == taint["effect"].as_str());
+        let key_ok = (key.is_empty() && exists) || Some(key) == taint["key"].as_str();
+        let value_ok = exists
+            || t["value"].as_str().unwrap_or_default()
+                == taint["value"].as_str().unwrap_or_default();
+        effect_ok && key_ok && value_ok
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn quantities_and_tolerations() {
+        assert_eq!(cpu_millis("100m"), 100);
+        assert_eq!(cpu_millis("2"), 2000);
+        assert_eq!(cpu_millis("0.5"), 500);
+        assert_eq!(cpu_millis("bogus"), 0);
+        let taint = json!({"key": "k", "value": "v", "effect": "NoSchedule"});
+        let cases = vec![
+            (json!([{"operator": "Exists"}]), true),
+            (json!([{"key": "k", "operator": "Exists"}]), true),
+            (
+                json!([{"key": "k", "operator": "Equal", "value": "v"}]),
+                true,
+            ),
+            (
+                json!([{"key": "k", "operator": "Equal", "value": "w"}]),
+                false,
+            ),
+            (
+                json!([{"key": "k", "operator": "Exists", "effect": "NoExecute"}]),
+                false,
+            ),
+            (json!([{"key": "other", "operator": "Exists"}]), false),
+            (json!([]), false),
+        ];
+        for (tols, want) in cases {
+            assert_eq!(
+                tolerates(&json!({"spec": {"tolerations": tols}}), &taint),
+                want,
+                "{tols}"
+            );
+        }
+    }
 }

@@ -1,0 +1,127 @@
+//! Node lifecycle: Ready → Unknown (plus unreachable taints) after missed Lease heartbeats, taints
+//! removed when the node is Ready again; pod GC for pods bound to nodes that no longer exist.
+
+use std::collections::HashSet;
+
+use serde_json::{json, Value};
+
+use super::{condition_status, name_of, LoopOptions};
+use crate::sim::apiserver::clock::{fmt_time, parse_time};
+use crate::sim::apiserver::resources::well_known;
+use crate::sim::apiserver::store::{Filter, WriteTarget};
+use crate::sim::apiserver::Sim;
+
+/// Taint key set on nodes whose kubelet stopped posting status.
+pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+
+/// One pass.
+pub fn tick(sim: &Sim, o: &LoopOptions) {
+    let now = sim.store.clock.now();
+    let grace = chrono::Duration::from_std(o.node_monitor_grace).unwrap_or_default();
+    let nodes = sim
+        .store
+        .list(well_known::nodes(), &Filter::default(), None, None)
+        .items;
+    let mut names = HashSet::new();
+    for node in &nodes {
+        let name = name_of(node).to_string();
+        names.insert(name.clone());
+        let lease = sim
+            .store
+            .get(well_known::leases(), "kube-node-lease", &name);
+        let renewed = lease
+            .as_ref()
+            .and_then(|l| l.pointer("/spec/renewTime"))
+            .and_then(Value::as_str)
+            .and_then(parse_time);
+        let stale = renewed.is_some_and(|r| now - r > grace);
+        let ready = condition_status(node, "Ready");
+        let tainted = has_unreachable(node);
+        if stale && ready != Some("Unknown") {
+            mark_unknown(sim, &name, &fmt_time(now));
+        } else if !stale && ready == Some("True") && tainted {
+            set_unreachable_taints(sim, &name, false);
+        }
+    }
+    let orphans: Vec<(String, String)> = sim
+        .store
+        .list(well_known::pods(), &Filter::default(), None, None)
+        .items
+        .iter()
+        .filter(|p| {
+            p.pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty() && !names.contains(n))
+        })
+        .map(|p| {
+            (
+                p["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                name_of(p).to_string(),
+            )
+        })
+        .collect();
+    if !orphans.is_empty() {
+        sim.store.txn(|t| {
+            for (ns, n) in &orphans {
+                t.remove(well_known::pods(), ns, n);
+            }
+        });
+    }
+}
+
+fn has_unreachable(node: &Value) -> bool {
+    node.pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .is_some_and(|ts| ts.iter().any(|t| t["key"] == UNREACHABLE))
+}
+
+fn mark_unknown(sim: &Sim, name: &str, stamp: &str) {
+    let _ = sim.store.txn(|t| {
+        t.modify(well_known::nodes(), "", name, WriteTarget::Internal, |n| {
+            let mut n = n.clone();
+            if let Some(conds) = n
+                .pointer_mut("/status/conditions")
+                .and_then(Value::as_array_mut)
+            {
+                for c in conds.iter_mut() {
+                    c["status"] = json!("Unknown");
+                    c["reason"] = json!("NodeStatusUnknown");
+                    c["message"] = json!("Kubelet stopped posting node status.");
+                    c["lastTransitionTime"] = json!(stamp);
+                }
+            }
+            add_taints(&mut n, true);
+            Ok(n)
+        })
+    });
+}
+
+fn set_unreachable_taints(sim: &Sim, name: &str, on: bool) {
+    let _ = sim.store.txn(|t| {
+        t.modify(well_known::nodes(), "", name, WriteTarget::Internal, |n| {
+            let mut n = n.clone();
+            add_taints(&mut n, on);
+            Ok(n)
+        })
+    });
+}
+
+fn add_taints(n: &mut Value, on: bool) {
+    let mut taints: Vec<Value> = n
+        .pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    taints.retain(|t| t["key"] != UNREACHABLE);
+    if on {
+        taints.push(json!({"key": UNREACHABLE, "effect": "NoSchedule"}));
+        taints.push(json!({"key": UNREACHABLE, "effect": "NoExecute"}));
+    }
+    if !n.get("spec").is_some_and(Value::is_object) {
+        n["spec"] = json!({});
+    }
+    n["spec"]["taints"] = Value::Array(taints);
+}

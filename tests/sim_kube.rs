@@ -1,0 +1,636 @@
+//! kube-rs against `nodekeeper sim apiserver` over HTTP: cordon, evict, watcher/reflector, Controller,
+//! Lease-based leader election, TokenReview, bad input.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::authentication::v1::TokenReview;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{
+    Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams, WatchEvent,
+    WatchParams,
+};
+use kube::runtime::controller::Action;
+use kube::runtime::{reflector, watcher, Controller, WatchStreamExt};
+use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use serde_json::json;
+
+async fn bare() -> TestCluster {
+    TestCluster::start(SimOptions::bare()).await.unwrap()
+}
+
+fn node(name: &str) -> Node {
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": {"pool": "a"}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+    .unwrap()
+}
+
+fn ready_pod(name: &str, app: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": {"app": app}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}))
+    .unwrap()
+}
+
+fn pdb(name: &str, app: &str, min: i32) -> PodDisruptionBudget {
+    serde_json::from_value(json!({"metadata": {"name": name},
+        "spec": {"minAvailable": min, "selector": {"matchLabels": {"app": app}}}}))
+    .unwrap()
+}
+
+fn api_code(e: kube::Error) -> (u16, String) {
+    match e {
+        kube::Error::Api(s) => (s.code, s.message),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+async fn raw(
+    url: &str,
+    method: &str,
+    path: &str,
+    ct: &str,
+    body: Vec<u8>,
+) -> (u16, serde_json::Value) {
+    let client = nodekeeper::sim::apiserver::client_for(url).unwrap();
+    let req = axum::http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", ct)
+        .body(body)
+        .unwrap();
+    match client.request::<serde_json::Value>(req).await {
+        Ok(v) => (200, v),
+        Err(kube::Error::Api(s)) => (s.code, serde_json::to_value(&*s).unwrap()),
+        Err(e) => panic!("{method} {path}: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn cordon_uncordon_and_conflicts() {
+    let c = bare().await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let created = nodes
+        .create(&PostParams::default(), &node("n1"))
+        .await
+        .unwrap();
+    let n = nodes.cordon("n1").await.unwrap();
+    assert_eq!(n.spec.unwrap().unschedulable, Some(true));
+    let n = nodes.uncordon("n1").await.unwrap();
+    assert_ne!(n.spec.and_then(|s| s.unschedulable), Some(true));
+    // A replace with the stale resourceVersion of the first version is a 409.
+    let (code, msg) = api_code(
+        nodes
+            .replace("n1", &PostParams::default(), &created)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 409, "{msg}");
+    // Server-side apply merges fields and requires a field manager.
+    let pp = PatchParams::apply("nodekeeper-test");
+    let patch = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"applied": "yes"}}});
+    let n = nodes.patch("n1", &pp, &Patch::Apply(&patch)).await.unwrap();
+    let labels = n.metadata.labels.unwrap();
+    assert_eq!(labels["applied"], "yes");
+    assert_eq!(
+        labels["pool"], "a",
+        "apply keeps fields it does not mention"
+    );
+    // Status patch with conditions merged by type.
+    let st = json!({"status": {"conditions": [{"type": "NodekeeperHealthy", "status": "False"}]}});
+    let n = nodes
+        .patch_status("n1", &PatchParams::default(), &Patch::Strategic(&st))
+        .await
+        .unwrap();
+    let types: Vec<String> = n
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    assert_eq!(types, vec!["Ready", "NodekeeperHealthy"]);
+    let (code, _) = api_code(nodes.get("missing").await.unwrap_err());
+    assert_eq!(code, 404);
+}
+
+#[tokio::test]
+async fn evict_honours_pdbs() {
+    let c = bare().await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(c.client.clone(), "default");
+    for (p, n) in [("web-1", "n1"), ("web-2", "n2")] {
+        pods.create(&PostParams::default(), &ready_pod(p, "web", n))
+            .await
+            .unwrap();
+    }
+    pdbs.create(&PostParams::default(), &pdb("web-pdb", "web", 2))
+        .await
+        .unwrap();
+    let (code, msg) = api_code(
+        pods.evict("web-1", &EvictParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 429);
+    assert!(msg.contains("web-pdb"), "{msg}");
+    let (code, _) = api_code(
+        pods.evict("nope", &EvictParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 404);
+    // Two PDBs over one pod: 500.
+    pdbs.create(&PostParams::default(), &pdb("second", "web", 0))
+        .await
+        .unwrap();
+    let (code, msg) = api_code(
+        pods.evict("web-1", &EvictParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 500, "{msg}");
+    pdbs.delete("second", &DeleteParams::default())
+        .await
+        .unwrap();
+    pdbs.patch(
+        "web-pdb",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"minAvailable": 1}})),
+    )
+    .await
+    .unwrap();
+    let st = pods.evict("web-1", &EvictParams::default()).await.unwrap();
+    assert!(st.is_success());
+    assert!(pods.get_opt("web-1").await.unwrap().is_none());
+    // Now one healthy pod left and minAvailable 1: blocked again.
+    let (code, _) = api_code(
+        pods.evict("web-2", &EvictParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 429);
+}
+
+#[tokio::test]
+async fn watcher_reflector_survive_drops_and_410() {
+    let c = bare().await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    nodes
+        .create(&PostParams::default(), &node("a"))
+        .await
+        .unwrap();
+    let (reader, writer) = reflector::store::<Node>();
+    let stream =
+        reflector(writer, watcher(nodes.clone(), watcher::Config::default())).applied_objects();
+    let task = tokio::spawn(async move {
+        let mut s = std::pin::pin!(stream);
+        while s.next().await.is_some() {}
+    });
+    reader.wait_until_ready().await.unwrap();
+    assert_eq!(reader.state().len(), 1);
+    nodes
+        .create(&PostParams::default(), &node("b"))
+        .await
+        .unwrap();
+    wait_for(|| reader.state().len() == 2).await;
+    // Drop every watch, and compact history: the watcher gets 410 on resume and relists.
+    c.sim.store.compact();
+    c.sim.drop_watches();
+    nodes
+        .create(&PostParams::default(), &node("c"))
+        .await
+        .unwrap();
+    wait_for(|| reader.state().len() == 3).await;
+    nodes.delete("a", &DeleteParams::default()).await.unwrap();
+    wait_for(|| reader.state().len() == 2).await;
+    task.abort();
+
+    // A raw watch from a compacted version is 410 Gone; from a recent one it resumes.
+    let rv = nodes
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    c.sim.store.compact();
+    let mut old = nodes
+        .watch(&WatchParams::default(), "1")
+        .await
+        .unwrap()
+        .boxed();
+    match old.next().await {
+        Some(Ok(WatchEvent::Error(e))) => assert_eq!(e.code, 410),
+        Some(Err(kube::Error::Api(s))) => assert_eq!(s.code, 410),
+        other => panic!("expected 410, got {other:?}"),
+    }
+    let mut fresh = nodes
+        .watch(&WatchParams::default().labels("pool=a"), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    nodes
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"pool": "z"}}})),
+        )
+        .await
+        .unwrap();
+    match tokio::time::timeout(Duration::from_secs(5), fresh.next())
+        .await
+        .unwrap()
+    {
+        Some(Ok(WatchEvent::Deleted(n))) => assert_eq!(
+            n.metadata.name.as_deref(),
+            Some("b"),
+            "leaving the selector is DELETED"
+        ),
+        other => panic!("expected DELETED for b, got {other:?}"),
+    }
+}
+
+async fn wait_for(cond: impl Fn() -> bool) {
+    for _ in 0..200 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("condition not reached in 5 s");
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("never")]
+struct Never;
+
+#[tokio::test]
+async fn controller_reconciles_nodes() {
+    let c = bare().await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    nodes
+        .create(&PostParams::default(), &node("n1"))
+        .await
+        .unwrap();
+    nodes
+        .create(&PostParams::default(), &node("n2"))
+        .await
+        .unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let ctx = Arc::new((nodes.clone(), seen.clone()));
+    let ctl = Controller::new(nodes.clone(), watcher::Config::default()).run(
+        |n: Arc<Node>, ctx: Arc<(Api<Node>, Arc<AtomicUsize>)>| async move {
+            ctx.1.fetch_add(1, Ordering::SeqCst);
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let labels = n.metadata.labels.clone().unwrap_or_default();
+            if !labels.contains_key("reconciled") {
+                let p = json!({"metadata": {"labels": {"reconciled": "true"}}});
+                ctx.0
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(p))
+                    .await
+                    .map_err(|_| Never)?;
+            }
+            Ok::<_, Never>(Action::await_change())
+        },
+        |_n, _e: &Never, _ctx| Action::requeue(Duration::from_secs(1)),
+        ctx,
+    );
+    let task = tokio::spawn(ctl.for_each(|_| async {}));
+    let all_labelled = || async {
+        let list = nodes
+            .list(&ListParams::default().labels("reconciled=true"))
+            .await
+            .unwrap();
+        list.items.len()
+    };
+    for _ in 0..200 {
+        if all_labelled().await == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(all_labelled().await, 2);
+    nodes
+        .create(&PostParams::default(), &node("n3"))
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        if all_labelled().await == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(all_labelled().await, 3, "a new node is reconciled");
+    assert!(seen.load(Ordering::SeqCst) >= 3);
+    task.abort();
+}
+
+/// Tries to take or renew the lease; returns whether `me` holds it afterwards.
+async fn try_lead(leases: &Api<Lease>, me: &str, ttl: i32) -> bool {
+    let now = chrono::Utc::now();
+    let Some(cur) = leases.get_opt("leader").await.unwrap() else {
+        let l: Lease = serde_json::from_value(json!({"metadata": {"name": "leader"},
+            "spec": {"holderIdentity": me, "leaseDurationSeconds": ttl,
+                     "renewTime": now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}}))
+        .unwrap();
+        return leases.create(&PostParams::default(), &l).await.is_ok();
+    };
+    let spec = cur.spec.clone().unwrap_or_default();
+    let now_ms = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    let expired = spec
+        .renew_time
+        .map(|t| t.0.as_millisecond() + i64::from(ttl) * 1000 < now_ms)
+        .unwrap_or(true);
+    if spec.holder_identity.as_deref() != Some(me) && !expired {
+        return false;
+    }
+    let mut next = cur.clone();
+    let s = next.spec.get_or_insert_with(Default::default);
+    s.holder_identity = Some(me.to_string());
+    s.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    // replace carries the resourceVersion we read: a concurrent writer makes this a 409.
+    leases
+        .replace("leader", &PostParams::default(), &next)
+        .await
+        .is_ok()
+}
+
+#[tokio::test]
+async fn lease_leader_election() {
+    let c = bare().await;
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), "kube-system");
+    assert!(try_lead(&leases, "a", 1).await);
+    assert!(
+        !try_lead(&leases, "b", 1).await,
+        "b must not steal a live lease"
+    );
+    assert!(try_lead(&leases, "a", 1).await, "a renews");
+    let stale = leases.get("leader").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert!(try_lead(&leases, "b", 1).await, "b takes the expired lease");
+    let (code, _) = api_code(
+        leases
+            .replace("leader", &PostParams::default(), &stale)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 409, "a stale holder cannot overwrite");
+    let l = leases.get("leader").await.unwrap();
+    assert_eq!(l.spec.unwrap().holder_identity.as_deref(), Some("b"));
+}
+
+#[tokio::test]
+async fn token_cli_and_tokenreview() {
+    let c = bare().await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args([
+            "sim",
+            "token",
+            "--server",
+            &c.url,
+            "--pod",
+            "agent-x",
+            "--node",
+            "n7",
+            "--audience",
+            "nodekeeper",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let reviews: Api<TokenReview> = Api::all(c.client.clone());
+    let review = |tok: &str, aud: &str| {
+        serde_json::from_value::<TokenReview>(json!({"spec": {"token": tok, "audiences": [aud]}}))
+            .unwrap()
+    };
+    let ok = reviews
+        .create(&PostParams::default(), &review(&token, "nodekeeper"))
+        .await
+        .unwrap();
+    let st = ok.status.unwrap();
+    assert_eq!(st.authenticated, Some(true));
+    let extra = st.user.unwrap().extra.unwrap();
+    assert_eq!(
+        extra["authentication.kubernetes.io/pod-name"],
+        vec!["agent-x".to_string()]
+    );
+    assert_eq!(
+        extra["authentication.kubernetes.io/node-name"],
+        vec!["n7".to_string()]
+    );
+    let bad = reviews
+        .create(&PostParams::default(), &review("forged", "nodekeeper"))
+        .await
+        .unwrap();
+    assert_eq!(bad.status.unwrap().authenticated, Some(false));
+    let wrong = reviews
+        .create(&PostParams::default(), &review(&token, "other"))
+        .await
+        .unwrap();
+    assert_eq!(wrong.status.unwrap().authenticated, Some(false));
+}
+
+#[tokio::test]
+async fn bad_input_gets_status_errors_and_never_corrupts() {
+    let c = bare().await;
+    let u = c.url.as_str();
+    let j = "application/json";
+    let (code, st) = raw(u, "POST", "/api/v1/nodes", j, b"{not json".to_vec()).await;
+    assert_eq!(
+        (code, st["reason"].as_str()),
+        (400, Some("BadRequest")),
+        "{st}"
+    );
+    let (code, _) = raw(
+        u,
+        "POST",
+        "/api/v1/nodes",
+        "application/yaml",
+        b"a: [b".to_vec(),
+    )
+    .await;
+    assert_eq!(code, 400);
+    let (code, st) = raw(u, "POST", "/api/v1/nodes", j, vec![b' '; 4 * 1024 * 1024]).await;
+    assert_eq!(code, 413, "{st}");
+    let (code, _) = raw(u, "GET", "/apis/example.com/v1/widgets", j, vec![]).await;
+    assert_eq!(code, 404);
+    let (code, _) = raw(
+        u,
+        "POST",
+        "/api/v1/nodes",
+        j,
+        br#"{"kind":"Pod","metadata":{"name":"x"}}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(code, 400, "kind mismatch");
+    let (code, _) = raw(u, "GET", "/api/v1/pods?labelSelector=a%20in%20b", j, vec![]).await;
+    assert_eq!(code, 400);
+    let (code, _) = raw(
+        u,
+        "GET",
+        "/api/v1/pods?fieldSelector=spec.bogus%3Dx",
+        j,
+        vec![],
+    )
+    .await;
+    assert_eq!(code, 400);
+    let (code, _) = raw(
+        u,
+        "POST",
+        "/api/v1/nodes",
+        j,
+        br#"{"metadata":{"name":"n1"}}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let (code, _) = raw(
+        u,
+        "PATCH",
+        "/api/v1/nodes/n1",
+        "application/json-patch+json",
+        br#"[{"op":"test","path":"/metadata/name","value":"zz"}]"#.to_vec(),
+    )
+    .await;
+    assert_eq!(code, 422);
+    let (code, _) = raw(
+        u,
+        "PATCH",
+        "/api/v1/nodes/n1",
+        "application/json-patch+json",
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(code, 400);
+    let (code, _) = raw(u, "PATCH", "/api/v1/nodes/n1", "text/plain", b"{}".to_vec()).await;
+    assert_eq!(code, 415);
+    let (code, _) = raw(
+        u,
+        "PATCH",
+        "/api/v1/nodes/n1",
+        "application/apply-patch+yaml",
+        b"metadata: {}".to_vec(),
+    )
+    .await;
+    assert_eq!(code, 400, "apply without fieldManager");
+    let (code, _) = raw(
+        u,
+        "PATCH",
+        "/api/v1/nodes/n1",
+        "application/merge-patch+json",
+        br#"{"spec":"x"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(code, 400, "a patch that breaks the object's shape");
+    let (code, _) = raw(
+        u,
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        j,
+        br#"{"metadata":{"name":"p"},"spec":[1]}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(code, 400);
+    let (code, _) = raw(
+        u,
+        "POST",
+        "/api/v1/namespaces/default/pods/nope/eviction",
+        j,
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(code, 404);
+    let (code, _) = raw(u, "GET", "/api/v1/nodes?limit=x", j, vec![]).await;
+    assert_eq!(code, 400);
+    let (code, _) = raw(u, "GET", "/api/v1/nodes?continue=garbage!", j, vec![]).await;
+    assert_eq!(code, 400);
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let n = nodes.get("n1").await.unwrap();
+    assert_eq!(
+        n.metadata.name.as_deref(),
+        Some("n1"),
+        "the store is intact"
+    );
+    let list = nodes.list(&ListParams::default().limit(1)).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+}
+
+#[tokio::test]
+async fn faults_are_injected_and_cleared() {
+    let c = bare().await;
+    let (code, _) = raw(
+        &c.url,
+        "PUT",
+        "/sim/v1/faults",
+        "application/json",
+        br#"{"errorRates":{"503":1.0}}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let (code, _) = api_code(nodes.list(&ListParams::default()).await.unwrap_err());
+    assert_eq!(code, 503);
+    let (code, _) = raw(
+        &c.url,
+        "DELETE",
+        "/sim/v1/faults",
+        "application/json",
+        vec![],
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(nodes.list(&ListParams::default()).await.is_ok());
+}
+
+#[tokio::test]
+async fn recorder_events_show_up_as_core_events() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use kube::Resource;
+    let c = bare().await;
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let n = nodes
+        .create(&PostParams::default(), &node("n1"))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(
+        c.client.clone(),
+        Reporter {
+            controller: "nodekeeper".into(),
+            instance: None,
+        },
+    );
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Cordoned".into(),
+        note: Some("cordoned for repair".into()),
+        action: "Cordon".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &n.object_ref(&())).await.unwrap();
+    recorder.publish(&ev, &n.object_ref(&())).await.unwrap();
+    let core: Api<CoreEvent> = Api::namespaced(c.client.clone(), "default");
+    let list = core
+        .list(&ListParams::default().fields("involvedObject.name=n1"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1, "one event, with a series");
+    let e = &list.items[0];
+    assert_eq!(e.reason.as_deref(), Some("Cordoned"));
+    assert_eq!(e.message.as_deref(), Some("cordoned for repair"));
+    assert_eq!(e.count, Some(2));
+}
