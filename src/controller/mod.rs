@@ -1,3 +1,1 @@
-//! The central controller. Only the drain engine lives here so far.
-
 pub mod drain;
