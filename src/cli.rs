@@ -51,6 +51,9 @@ enum Command {
         #[command(subcommand)]
         command: CrioCommand,
     },
+    /// Cordon and drain a node in tiers, naming what blocks it. Exit 0 drained, 1 error, 2 usage,
+    /// 3 blocked by a PDB/do-not-disrupt at the deadline, 4 timed out, 5 interrupted (docs/drain.md).
+    Drain(crate::controller::drain::cli::DrainArgs),
     /// Stand-ins for the peers nodekeeper talks to (tests, demo, benchmarks).
     Sim {
         #[command(subcommand)]
@@ -113,6 +116,7 @@ pub fn main() -> ExitCode {
             output,
             &env,
         ),
+        Command::Drain(args) => crate::controller::drain::cli::main(args),
         Command::Sim { command } => block_on(async move {
             crate::telemetry::init(crate::config::LogFormat::Text, "info");
             crate::sim::run(command).await
