@@ -40,6 +40,12 @@ enum Command {
         #[arg(long)]
         root: Option<PathBuf>,
     },
+    /// Run the central controller (report API, node state, OCI Events, leader election).
+    Controller {
+        /// The TOML configuration file (with a `[controller]` section).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// CRI-O configuration.
     Crio {
         #[command(subcommand)]
@@ -88,6 +94,7 @@ pub fn main() -> ExitCode {
     let code = match cli.command {
         Command::Validate { config } => validate(&config, &env),
         Command::Agent { config, root } => agent(&config, root, env),
+        Command::Controller { config } => crate::controller::run(&config, &env),
         Command::Crio {
             command:
                 CrioCommand::Apply {

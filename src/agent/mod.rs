@@ -7,6 +7,7 @@
 pub mod checks;
 pub mod crio;
 pub mod host;
+pub mod reporter;
 pub mod sources;
 
 use std::path::{Path, PathBuf};

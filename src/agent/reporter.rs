@@ -1,0 +1,518 @@
+//! The agent's reporter: delivers the agent's [`NodeReport`] to the controller and hands the
+//! controller's commands back.
+//!
+//! # Wiring (for `agent::run`)
+//! ```text
+//! let reporter = Reporter::new(config.report.clone().unwrap(), &state_dir)?;   // loads the persisted queue
+//! let (report_tx, report_rx) = tokio::sync::watch::channel(initial_report);    // latest full state
+//! let (event_tx, event_rx) = tokio::sync::mpsc::channel(256);                    // NodeEvents as they appear
+//! let (cmd_tx, cmd_rx) = tokio::sync::mpsc::channel(16);                        // commands to execute
+//! tokio::spawn(reporter.run(report_rx, event_rx, cmd_tx, shutdown_rx));
+//! ```
+//! - `report_tx.send(..)` whenever conditions, CRI-O state, label-removal requests or command
+//!   results change; the reporter fills in `agent_instance`, `sequence` and `events` itself.
+//! - Sends happen on change (at most every 200 ms) and every `heartbeat` (default 10 s); failures
+//!   back off exponentially with jitter up to `backoff_max`.
+//! - Events sent on `event_tx` are queued until the controller acknowledges their id. The queue is
+//!   bounded (`max_queued_events`; the oldest is dropped with an error log when full — never while
+//!   under the bound) and persisted to `<state_dir>/reporter-events.json` after every change, so a
+//!   restarted agent resends them. Ids are deterministic, so duplicates are harmless.
+//! - Commands are forwarded on `cmd_tx` at most once per id; ids are persisted to
+//!   `<state_dir>/reporter-commands.json` before forwarding (so a command runs at most once even
+//!   across restarts). The executor reports results through `NodeReport::command_results`.
+//! - TLS: only the CA in `ca_file` is trusted and the certificate must be valid for `server_name`
+//!   (independent of the host in `url`), so commands are accepted only from that controller.
+//! - The projected service-account token is re-read from `token_file` for every request (kubelet
+//!   rotates it in place).
+//! - `shutdown` set to `true` (or dropped) ends `run` after persisting the queue.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::agent::sources::NodeEvent;
+use crate::cfg_path;
+use crate::config::Diagnostic;
+use crate::report::{AgentCommand, NodeReport, ReportResponse};
+
+const MIN_INTERVAL: Duration = Duration::from_millis(200);
+const EVENTS_FILE: &str = "reporter-events.json";
+const COMMANDS_FILE: &str = "reporter-commands.json";
+const REMEMBERED_COMMANDS: usize = 1000;
+
+/// `[report]`: where and how the agent reports.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReporterConfig {
+    /// Controller base URL, e.g. `https://nodekeeper-controller.nodekeeper.svc:8443`.
+    pub url: String,
+    /// PEM CA certificate(s) the controller's certificate must chain to (required for https).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// The name the controller's certificate must carry (default: the host of `url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// The projected service-account token (audience `nodekeeper`).
+    pub token_file: PathBuf,
+    /// Report at least this often.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Timeout of one request.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Longest wait between retries while the controller is unreachable.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// Unacknowledged events kept (and persisted) at most.
+    pub max_queued_events: usize,
+}
+
+impl Default for ReporterConfig {
+    fn default() -> Self {
+        ReporterConfig {
+            url: "https://nodekeeper-controller.nodekeeper.svc:8443".into(),
+            ca_file: Some("/var/run/secrets/nodekeeper/ca.crt".into()),
+            server_name: None,
+            token_file: "/var/run/secrets/nodekeeper/token".into(),
+            heartbeat: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(30),
+            max_queued_events: 1000,
+        }
+    }
+}
+
+impl ReporterConfig {
+    /// Semantic checks.
+    pub fn validate(&self) -> Vec<Diagnostic> {
+        let mut d = Vec::new();
+        match reqwest::Url::parse(&self.url) {
+            Ok(u) if u.scheme() == "https" && self.ca_file.is_none() => d.push(Diagnostic::error(
+                cfg_path!["report", "ca_file"],
+                "required for an https:// controller URL (the controller's CA is pinned)",
+            )),
+            Ok(u) if u.scheme() == "https" || u.scheme() == "http" => {}
+            _ => d.push(Diagnostic::error(
+                cfg_path!["report", "url"],
+                format!("`{}` must be an https:// (or http://) URL", self.url),
+            )),
+        }
+        for (k, v) in [
+            ("heartbeat", self.heartbeat),
+            ("timeout", self.timeout),
+            ("backoff_max", self.backoff_max),
+        ] {
+            if v.is_zero() {
+                d.push(Diagnostic::error(
+                    cfg_path!["report", k],
+                    "must be greater than zero",
+                ));
+            }
+        }
+        if self.max_queued_events == 0 {
+            d.push(Diagnostic::error(
+                cfg_path!["report", "max_queued_events"],
+                "must be greater than zero",
+            ));
+        }
+        d
+    }
+}
+
+/// Reporter failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ReporterError {
+    /// The CA file is unusable.
+    #[error("CA file {path}: {why}")]
+    Ca {
+        /// File.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// The URL or server name is invalid.
+    #[error("controller URL {url}: {why}")]
+    Url {
+        /// URL.
+        url: String,
+        /// Why.
+        why: String,
+    },
+    /// The token file cannot be read.
+    #[error("token file {path}: {source}")]
+    Token {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The request failed.
+    #[error("POST {url}: {source}")]
+    Http {
+        /// URL.
+        url: String,
+        /// Cause.
+        source: reqwest::Error,
+    },
+    /// The controller refused the report.
+    #[error("POST {url}: HTTP {status}: {body}")]
+    Status {
+        /// URL.
+        url: String,
+        /// Status code.
+        status: u16,
+        /// Body (truncated).
+        body: String,
+    },
+    /// The state file cannot be written.
+    #[error("state file {path}: {source}")]
+    State {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// Delivers reports; see the module docs.
+#[derive(Debug)]
+pub struct Reporter {
+    cfg: ReporterConfig,
+    state_dir: PathBuf,
+    client: reqwest::Client,
+    endpoint: String,
+    instance: String,
+    sequence: u64,
+    queue: VecDeque<NodeEvent>,
+    executed: VecDeque<String>,
+}
+
+impl Reporter {
+    /// A reporter for `cfg`, persisting into `state_dir` (created if missing).
+    pub fn new(cfg: ReporterConfig, state_dir: &Path) -> Result<Self, ReporterError> {
+        let client = http_client(&cfg)?;
+        std::fs::create_dir_all(state_dir).map_err(|source| ReporterError::State {
+            path: state_dir.to_path_buf(),
+            source,
+        })?;
+        let queue: VecDeque<NodeEvent> =
+            load_json(&state_dir.join(EVENTS_FILE)).unwrap_or_default();
+        let executed: VecDeque<String> =
+            load_json(&state_dir.join(COMMANDS_FILE)).unwrap_or_default();
+        let raw: [u8; 8] = rand::rng().random();
+        Ok(Reporter {
+            endpoint: format!("{}/v1/reports", cfg.url.trim_end_matches('/')),
+            cfg,
+            state_dir: state_dir.to_path_buf(),
+            client,
+            instance: hex::encode(raw),
+            sequence: 0,
+            queue,
+            executed,
+        })
+    }
+
+    /// Unacknowledged events, oldest first.
+    pub fn queued(&self) -> impl Iterator<Item = &NodeEvent> {
+        self.queue.iter()
+    }
+
+    fn enqueue(&mut self, ev: NodeEvent) {
+        if self.queue.iter().any(|e| e.id == ev.id) {
+            return;
+        }
+        if self.queue.len() >= self.cfg.max_queued_events {
+            if let Some(old) = self.queue.pop_front() {
+                tracing::error!(id = %old.id, kind = old.kind.name(), "report queue full: dropped the oldest event");
+            }
+        }
+        self.queue.push_back(ev);
+        self.persist_queue();
+    }
+
+    fn persist_queue(&self) {
+        let path = self.state_dir.join(EVENTS_FILE);
+        if let Err(e) = store_json(&path, &self.queue) {
+            tracing::warn!(error = %e, "cannot persist the event queue");
+        }
+    }
+
+    /// Sends one report built from `latest`; applies the acknowledgements.
+    pub async fn send_once(
+        &mut self,
+        latest: &NodeReport,
+    ) -> Result<ReportResponse, ReporterError> {
+        let token = std::fs::read_to_string(&self.cfg.token_file).map_err(|source| {
+            ReporterError::Token {
+                path: self.cfg.token_file.clone(),
+                source,
+            }
+        })?;
+        self.sequence += 1;
+        let mut report = latest.clone();
+        report.agent_instance = self.instance.clone();
+        report.sequence = self.sequence;
+        report.events.extend(self.queue.iter().cloned());
+        let http = |source| ReporterError::Http {
+            url: self.endpoint.clone(),
+            source,
+        };
+        let resp = self
+            .client
+            .post(&self.endpoint)
+            .bearer_auth(token.trim())
+            .json(&report)
+            .send()
+            .await
+            .map_err(http)?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            return Err(ReporterError::Status {
+                url: self.endpoint.clone(),
+                status: status.as_u16(),
+                body: crate::agent::sources::truncate(&body, 300),
+            });
+        }
+        let out: ReportResponse = resp.json().await.map_err(|source| ReporterError::Http {
+            url: self.endpoint.clone(),
+            source,
+        })?;
+        let before = self.queue.len();
+        self.queue
+            .retain(|e| !out.acknowledged_events.contains(&e.id));
+        if self.queue.len() != before {
+            self.persist_queue();
+        }
+        Ok(out)
+    }
+
+    /// Records new command ids (persisted first) and returns the commands not seen before.
+    fn fresh_commands(&mut self, cmds: Vec<AgentCommand>) -> Vec<AgentCommand> {
+        let mut out = Vec::new();
+        for c in cmds {
+            let id = match &c {
+                AgentCommand::Reboot { id, .. } | AgentCommand::AckScheduledEvent { id, .. } => {
+                    id.clone()
+                }
+            };
+            if self.executed.contains(&id) {
+                continue;
+            }
+            self.executed.push_back(id);
+            while self.executed.len() > REMEMBERED_COMMANDS {
+                self.executed.pop_front();
+            }
+            out.push(c);
+        }
+        if !out.is_empty() {
+            if let Err(e) = store_json(&self.state_dir.join(COMMANDS_FILE), &self.executed) {
+                tracing::error!(error = %e, "cannot persist command ids: not running the commands");
+                return vec![];
+            }
+        }
+        out
+    }
+
+    fn backoff(&self, failures: u32) -> Duration {
+        let base = Duration::from_millis(500).saturating_mul(1u32 << failures.min(16));
+        let capped = base.min(self.cfg.backoff_max);
+        capped.mul_f64(rand::rng().random_range(0.5..=1.0))
+    }
+
+    /// Runs until `shutdown`; see the module docs.
+    pub async fn run(
+        mut self,
+        mut rx: watch::Receiver<NodeReport>,
+        mut events: mpsc::Receiver<NodeEvent>,
+        commands_tx: mpsc::Sender<AgentCommand>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut next = Instant::now();
+        let mut last_send: Option<Instant> = None;
+        let mut failures: u32 = 0;
+        let (mut rx_open, mut ev_open) = (true, true);
+        loop {
+            let soon = |last: Option<Instant>| {
+                last.map_or(Instant::now(), |l| (l + MIN_INTERVAL).max(Instant::now()))
+            };
+            tokio::select! {
+                r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { break },
+                r = rx.changed(), if rx_open => match r {
+                    Ok(()) if failures == 0 => next = next.min(soon(last_send)),
+                    Ok(()) => {}
+                    Err(_) => rx_open = false,
+                },
+                e = events.recv(), if ev_open => match e {
+                    Some(ev) => {
+                        self.enqueue(ev);
+                        if failures == 0 { next = next.min(soon(last_send)); }
+                    }
+                    None => ev_open = false,
+                },
+                _ = tokio::time::sleep_until(next) => {
+                    let latest = rx.borrow_and_update().clone();
+                    last_send = Some(Instant::now());
+                    match self.send_once(&latest).await {
+                        Ok(resp) => {
+                            if failures > 0 {
+                                tracing::info!(after = failures, queued = self.queue.len(), "controller reachable again");
+                            }
+                            failures = 0;
+                            next = Instant::now() + self.cfg.heartbeat;
+                            for c in self.fresh_commands(resp.commands) {
+                                if commands_tx.send(c).await.is_err() {
+                                    tracing::warn!("command receiver closed");
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            failures = failures.saturating_add(1);
+                            if failures == 1 || failures % 10 == 0 {
+                                tracing::warn!(error = %e, failures, queued = self.queue.len(), "report not delivered; degraded mode");
+                            }
+                            next = Instant::now() + self.backoff(failures);
+                        }
+                    }
+                }
+            }
+        }
+        self.persist_queue();
+    }
+}
+
+fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+    let text = std::fs::read(path).ok()?;
+    match serde_json::from_slice(&text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable state file");
+            None
+        }
+    }
+}
+
+fn store_json<T: Serialize>(path: &Path, v: &T) -> Result<(), ReporterError> {
+    let st = |source| ReporterError::State {
+        path: path.to_path_buf(),
+        source,
+    };
+    let text = serde_json::to_vec(v).map_err(|e| st(std::io::Error::other(e)))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(st)?;
+    std::fs::rename(&tmp, path).map_err(st)
+}
+
+/// The HTTP client: for https, trusts only `ca_file` and checks the certificate against the pinned name.
+fn http_client(cfg: &ReporterConfig) -> Result<reqwest::Client, ReporterError> {
+    let url = reqwest::Url::parse(&cfg.url).map_err(|e| ReporterError::Url {
+        url: cfg.url.clone(),
+        why: e.to_string(),
+    })?;
+    let builder = reqwest::Client::builder()
+        .timeout(cfg.timeout)
+        .pool_idle_timeout(Duration::from_secs(60));
+    let builder = if url.scheme() == "https" {
+        let ca = cfg.ca_file.as_ref().ok_or_else(|| ReporterError::Url {
+            url: cfg.url.clone(),
+            why: "https needs a ca_file".into(),
+        })?;
+        let name = cfg
+            .server_name
+            .clone()
+            .or_else(|| url.host_str().map(str::to_string))
+            .unwrap_or_default();
+        builder.tls_backend_preconfigured(pinned_tls(ca, &name, &cfg.url)?)
+    } else {
+        builder
+    };
+    builder.build().map_err(|source| ReporterError::Http {
+        url: cfg.url.clone(),
+        source,
+    })
+}
+
+fn pinned_tls(ca: &Path, name: &str, url: &str) -> Result<rustls::ClientConfig, ReporterError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, ServerName};
+    let ca_err = |why: String| ReporterError::Ca {
+        path: ca.to_path_buf(),
+        why,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).map_err(|e| ca_err(e.to_string()))? {
+        roots
+            .add(c.map_err(|e| ca_err(e.to_string()))?)
+            .map_err(|e| ca_err(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(ca_err("no certificate in the file".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| ca_err(e.to_string()))?;
+    let name = ServerName::try_from(name.to_string()).map_err(|e| ReporterError::Url {
+        url: url.into(),
+        why: format!("server name {name:?}: {e}"),
+    })?;
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ca_err(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedName { inner, name }))
+        .with_no_client_auth();
+    Ok(cfg)
+}
+
+/// Verifies the server certificate against the CA and the pinned name (not the URL's host).
+#[derive(Debug)]
+struct PinnedName {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    name: rustls_pki_types::ServerName<'static>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls_pki_types::CertificateDer<'_>,
+        intermediates: &[rustls_pki_types::CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &self.name, ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
