@@ -152,13 +152,13 @@ pub enum ReporterError {
         /// Cause.
         source: std::io::Error,
     },
-    /// The request failed.
-    #[error("POST {url}: {source}")]
-    Http {
+    /// The request failed (connect, TLS, timeout, body).
+    #[error("{url}: {why}")]
+    Transport {
         /// URL.
         url: String,
-        /// Cause.
-        source: reqwest::Error,
+        /// Why.
+        why: String,
     },
     /// The controller refused the report.
     #[error("POST {url}: HTTP {status}: {body}")]
@@ -185,7 +185,7 @@ pub enum ReporterError {
 pub struct Reporter {
     cfg: ReporterConfig,
     state_dir: PathBuf,
-    client: reqwest::Client,
+    client: HttpsClient,
     endpoint: String,
     instance: String,
     sequence: u64,
@@ -196,7 +196,16 @@ pub struct Reporter {
 impl Reporter {
     /// A reporter for `cfg`, persisting into `state_dir` (created if missing).
     pub fn new(cfg: ReporterConfig, state_dir: &Path) -> Result<Self, ReporterError> {
-        let client = http_client(&cfg)?;
+        let url = reqwest::Url::parse(&cfg.url).map_err(|e| ReporterError::Url {
+            url: cfg.url.clone(),
+            why: e.to_string(),
+        })?;
+        let name = cfg
+            .server_name
+            .clone()
+            .or_else(|| url.host_str().map(str::to_string));
+        let client = HttpsClient::new(cfg.ca_file.as_deref(), name.as_deref(), cfg.timeout)
+            .map_err(|e| e.for_url(&cfg.url))?;
         std::fs::create_dir_all(state_dir).map_err(|source| ReporterError::State {
             path: state_dir.to_path_buf(),
             source,
@@ -259,31 +268,26 @@ impl Reporter {
         report.agent_instance = self.instance.clone();
         report.sequence = self.sequence;
         report.events.extend(self.queue.iter().cloned());
-        let http = |source| ReporterError::Http {
+        let body = serde_json::to_vec(&report).map_err(|e| ReporterError::Transport {
             url: self.endpoint.clone(),
-            source,
-        };
-        let resp = self
+            why: e.to_string(),
+        })?;
+        let (status, bytes) = self
             .client
-            .post(&self.endpoint)
-            .bearer_auth(token.trim())
-            .json(&report)
-            .send()
-            .await
-            .map_err(http)?;
-        let status = resp.status();
-        if !status.is_success() {
-            let body = resp.text().await.unwrap_or_default();
+            .request("POST", &self.endpoint, Some(token.trim()), &[], Some(body))
+            .await?;
+        if !(200..300).contains(&status) {
             return Err(ReporterError::Status {
                 url: self.endpoint.clone(),
-                status: status.as_u16(),
-                body: crate::agent::sources::truncate(&body, 300),
+                status,
+                body: crate::agent::sources::truncate(&String::from_utf8_lossy(&bytes), 300),
             });
         }
-        let out: ReportResponse = resp.json().await.map_err(|source| ReporterError::Http {
-            url: self.endpoint.clone(),
-            source,
-        })?;
+        let out: ReportResponse =
+            serde_json::from_slice(&bytes).map_err(|e| ReporterError::Transport {
+                url: self.endpoint.clone(),
+                why: format!("invalid response: {e}"),
+            })?;
         let before = self.queue.len();
         self.queue
             .retain(|e| !out.acknowledged_events.contains(&e.id));
@@ -409,36 +413,130 @@ fn store_json<T: Serialize>(path: &Path, v: &T) -> Result<(), ReporterError> {
     std::fs::rename(&tmp, path).map_err(st)
 }
 
-/// The HTTP client: for https, trusts only `ca_file` and checks the certificate against the pinned name.
-fn http_client(cfg: &ReporterConfig) -> Result<reqwest::Client, ReporterError> {
-    let url = reqwest::Url::parse(&cfg.url).map_err(|e| ReporterError::Url {
-        url: cfg.url.clone(),
-        why: e.to_string(),
-    })?;
-    let builder = reqwest::Client::builder()
-        .timeout(cfg.timeout)
-        .pool_idle_timeout(Duration::from_secs(60));
-    let builder = if url.scheme() == "https" {
-        let ca = cfg.ca_file.as_ref().ok_or_else(|| ReporterError::Url {
-            url: cfg.url.clone(),
-            why: "https needs a ca_file".into(),
-        })?;
-        let name = cfg
-            .server_name
-            .clone()
-            .or_else(|| url.host_str().map(str::to_string))
-            .unwrap_or_default();
-        builder.tls_backend_preconfigured(pinned_tls(ca, &name, &cfg.url)?)
-    } else {
-        builder
-    };
-    builder.build().map_err(|source| ReporterError::Http {
-        url: cfg.url.clone(),
-        source,
-    })
+type Inner = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// A small HTTP(S) client on rustls (ring): trusts only the given CA and checks the certificate
+/// against a pinned server name (independent of the URL's host); without a CA, the system roots
+/// and the URL's host. Plain `http://` URLs also work (tests, local demos).
+#[derive(Clone)]
+pub struct HttpsClient {
+    inner: Inner,
+    timeout: Duration,
 }
 
-fn pinned_tls(ca: &Path, name: &str, url: &str) -> Result<rustls::ClientConfig, ReporterError> {
+impl std::fmt::Debug for HttpsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpsClient")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReporterError {
+    fn for_url(self, url: &str) -> Self {
+        match self {
+            ReporterError::Transport { why, .. } => ReporterError::Transport {
+                url: url.into(),
+                why,
+            },
+            e => e,
+        }
+    }
+}
+
+impl HttpsClient {
+    /// A client pinned to `ca` + `server_name` (both optional, see the type docs).
+    pub fn new(
+        ca: Option<&Path>,
+        server_name: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Self, ReporterError> {
+        let tls = match ca {
+            Some(ca) => pinned_tls(ca, server_name)?,
+            None => system_tls()?,
+        };
+        let conn = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .build();
+        let inner =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(60))
+                .build(conn);
+        Ok(HttpsClient { inner, timeout })
+    }
+
+    /// Sends one request; returns the status and body. JSON content type when a body is given.
+    pub async fn request(
+        &self,
+        method: &str,
+        url: &str,
+        bearer: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, bytes::Bytes), ReporterError> {
+        use http_body_util::BodyExt;
+        let terr = |why: String| ReporterError::Transport {
+            url: url.into(),
+            why,
+        };
+        let mut b = hyper::Request::builder().method(method).uri(url);
+        if let Some(t) = bearer {
+            b = b.header("authorization", format!("Bearer {t}"));
+        }
+        if body.is_some() {
+            b = b.header("content-type", "application/json");
+        }
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let req = b
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.unwrap_or_default(),
+            )))
+            .map_err(|e| terr(e.to_string()))?;
+        let fut = async {
+            let resp = self
+                .inner
+                .request(req)
+                .await
+                .map_err(|e| terr(crate::cli::error_chain(&e)))?;
+            let status = resp.status().as_u16();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| terr(e.to_string()))?
+                .to_bytes();
+            Ok((status, bytes))
+        };
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .map_err(|_| terr(format!("timed out after {:?}", self.timeout)))?
+    }
+}
+
+fn system_tls() -> Result<rustls::ClientConfig, ReporterError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(c);
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let b = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ReporterError::Transport {
+            url: String::new(),
+            why: format!("TLS setup: {e}"),
+        })?;
+    Ok(b.with_root_certificates(roots).with_no_client_auth())
+}
+
+fn pinned_tls(ca: &Path, name: Option<&str>) -> Result<rustls::ClientConfig, ReporterError> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, ServerName};
     let ca_err = |why: String| ReporterError::Ca {
@@ -461,8 +559,9 @@ fn pinned_tls(ca: &Path, name: &str, url: &str) -> Result<rustls::ClientConfig, 
     )
     .build()
     .map_err(|e| ca_err(e.to_string()))?;
+    let name = name.ok_or_else(|| ca_err("a pinned CA needs a server_name".into()))?;
     let name = ServerName::try_from(name.to_string()).map_err(|e| ReporterError::Url {
-        url: url.into(),
+        url: name.into(),
         why: format!("server name {name:?}: {e}"),
     })?;
     let cfg = rustls::ClientConfig::builder_with_provider(provider)

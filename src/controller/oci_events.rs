@@ -42,7 +42,7 @@ const CHANNEL: &str = "oci/events";
 pub struct OciEvents {
     cfg: OciEventsConfig,
     store: Store<Node>,
-    http: reqwest::Client,
+    http: Option<crate::agent::reporter::HttpsClient>,
 }
 
 impl OciEvents {
@@ -51,10 +51,9 @@ impl OciEvents {
         OciEvents {
             cfg,
             store,
-            http: reqwest::Client::builder()
-                .timeout(std::time::Duration::from_secs(10))
-                .build()
-                .unwrap_or_default(),
+            http: crate::agent::reporter::HttpsClient::new(None, None, std::time::Duration::from_secs(10))
+                .map_err(|e| tracing::error!(error = %e, "no HTTPS client: subscriptions cannot be confirmed"))
+                .ok(),
         }
     }
 
@@ -179,14 +178,20 @@ async fn confirm_subscription(oci: &OciEvents, url: &str) -> Response {
     if !oci.cfg.confirm_subscriptions {
         return Json(json!({"confirmation": "logged"})).into_response();
     }
-    match oci
-        .http
-        .get(url)
-        .send()
-        .await
-        .and_then(reqwest::Response::error_for_status)
-    {
-        Ok(_) => Json(json!({"confirmation": "confirmed"})).into_response(),
+    let Some(http) = &oci.http else {
+        return (
+            StatusCode::BAD_GATEWAY,
+            Json(json!({"error": "no HTTPS client"})),
+        )
+            .into_response();
+    };
+    let res = match http.request("GET", url, None, &[], None).await {
+        Ok((code, _)) if (200..300).contains(&code) => Ok(()),
+        Ok((code, _)) => Err(format!("HTTP {code}")),
+        Err(e) => Err(e.to_string()),
+    };
+    match res {
+        Ok(()) => Json(json!({"confirmation": "confirmed"})).into_response(),
         Err(e) => {
             tracing::warn!(url, error = %e, "cannot confirm the subscription");
             (

@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use nodekeeper::agent::checks::{CheckResult, ConditionStatus};
+use nodekeeper::agent::reporter::HttpsClient;
 use nodekeeper::controller::config::ControllerConfig;
 use nodekeeper::report::{NodeReport, REPORT_VERSION};
 use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
@@ -138,31 +139,43 @@ impl Env {
 pub async fn token_for(cluster: &TestCluster, node: &str, audience: &str, sa: &str) -> String {
     let body = serde_json::json!({"pod": format!("agent-{node}"), "node": node, "audiences": [audience],
         "namespace": "nodekeeper", "serviceAccount": sa, "expirationSeconds": 3600});
-    let v: serde_json::Value = reqwest::Client::new()
-        .post(cluster.admin_url("tokens"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
+    static CLIENT: std::sync::OnceLock<HttpsClient> = std::sync::OnceLock::new();
+    let client =
+        CLIENT.get_or_init(|| HttpsClient::new(None, None, Duration::from_secs(60)).unwrap());
+    let (_, bytes) = client
+        .request(
+            "POST",
+            &cluster.admin_url("tokens"),
+            None,
+            &[],
+            Some(serde_json::to_vec(&body).unwrap()),
+        )
         .await
         .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     v["token"].as_str().unwrap().to_string()
 }
 
-/// An HTTPS client trusting only the test CA, resolving SERVER_NAME to `addr`.
-pub fn https(ca: &Path, addr: SocketAddr) -> reqwest::Client {
+/// An HTTPS client trusting only the test CA and pinned to SERVER_NAME (the agent's client).
+pub fn https(ca: &Path, _addr: SocketAddr) -> HttpsClient {
     install_crypto();
-    let pem = std::fs::read(ca).unwrap();
-    reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(&pem).unwrap()])
-        .resolve(SERVER_NAME, addr)
-        .build()
-        .unwrap()
+    HttpsClient::new(Some(ca), Some(SERVER_NAME), Duration::from_secs(30)).unwrap()
 }
 
 pub fn url(addr: SocketAddr, path: &str) -> String {
-    format!("https://{SERVER_NAME}:{}{path}", addr.port())
+    format!("https://127.0.0.1:{}{path}", addr.port())
+}
+
+pub async fn get(
+    client: &HttpsClient,
+    addr: SocketAddr,
+    path: &str,
+) -> Result<(u16, String), String> {
+    client
+        .request("GET", &url(addr, path), None, &[], None)
+        .await
+        .map(|(c, b)| (c, String::from_utf8_lossy(&b).into_owned()))
+        .map_err(|e| e.to_string())
 }
 
 pub fn report(node: &str, seq: u64, conds: &[(&str, ConditionStatus)]) -> NodeReport {
@@ -228,16 +241,23 @@ pub async fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) {
 }
 
 pub async fn post(
-    client: &reqwest::Client,
+    client: &HttpsClient,
     addr: SocketAddr,
     token: Option<&str>,
     body: &serde_json::Value,
 ) -> (u16, serde_json::Value) {
-    let mut req = client.post(url(addr, "/v1/reports")).json(body);
-    if let Some(t) = token {
-        req = req.bearer_auth(t);
-    }
-    let resp = req.send().await.unwrap();
-    let code = resp.status().as_u16();
-    (code, resp.json().await.unwrap_or(serde_json::Value::Null))
+    let (code, bytes) = client
+        .request(
+            "POST",
+            &url(addr, "/v1/reports"),
+            token,
+            &[],
+            Some(serde_json::to_vec(body).unwrap()),
+        )
+        .await
+        .unwrap();
+    (
+        code,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    )
 }
