@@ -101,6 +101,12 @@ async fn degraded_mode_buffers_and_flushes() {
     etx.send(event("e1")).await.unwrap();
     assert_eq!(next_event(&mut events_a).await, ("n0".into(), "e1".into()));
 
+    // Acknowledged: gone from the persisted queue.
+    wait_for(Duration::from_secs(5), || {
+        std::fs::read_to_string(state.path().join("reporter-events.json")).is_ok_and(|s| s == "[]")
+    })
+    .await;
+
     // The controller goes away; the agent keeps the newest state and the events.
     a.stop().await;
     etx.send(event("e2")).await.unwrap();
