@@ -235,3 +235,67 @@ impl ControllerConfig {
         d
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, Env};
+
+    #[test]
+    fn secrets_are_redacted_and_sections_validated() {
+        let text = r#"
+[controller]
+listen = "127.0.0.1:8443"
+insecure_plain_http = true
+service_account = "system:serviceaccount:nodekeeper:nodekeeper-agent"
+label_removal_allow = ["last-migration-failure"]
+[controller.oci_events]
+enabled = true
+token = "very-secret-token-value"
+[report]
+url = "https://nodekeeper-controller.nodekeeper.svc:8443"
+ca_file = "/ca.pem"
+token_file = "/token"
+"#;
+        let l = Config::load_str(
+            std::path::Path::new("t.toml"),
+            text,
+            &Env::default(),
+            &|| None,
+        )
+        .unwrap();
+        let out = l.config.to_redacted_toml();
+        assert!(!out.contains("very-secret-token-value"), "{out}");
+        assert!(out.contains(crate::config::REDACTED), "{out}");
+        assert_eq!(
+            l.config
+                .controller
+                .as_ref()
+                .unwrap()
+                .oci_events
+                .token
+                .expose(),
+            "very-secret-token-value"
+        );
+        // Neither TLS files nor explicit plain HTTP: an error at the right key.
+        let bad = "[controller]\nservice_account = \"x\"\n";
+        let e = Config::load_str(
+            std::path::Path::new("t.toml"),
+            bad,
+            &Env::default(),
+            &|| None,
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("tls_cert_file") && msg.contains("service_account"),
+            "{msg}"
+        );
+        // An agent config without the sections stays valid.
+        assert!(
+            Config::load_str(std::path::Path::new("t.toml"), "", &Env::default(), &|| {
+                None
+            })
+            .is_ok()
+        );
+    }
+}
