@@ -279,6 +279,41 @@ async fn oci_preemption_reaches_the_right_node() {
             .is_err(),
         "duplicate not re-emitted"
     );
+    // `nodekeeper sim oci-event` (the real binary) posts a maintenance notice for n1 over TLS.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args([
+            "sim",
+            "oci-event",
+            "--url",
+            &url(c.addr, "/v1/oci-events"),
+            "--kind",
+            "maintenance",
+            "--instance",
+            "ocid1.instance.oc1.phx.n1",
+            "--server-name",
+            SERVER_NAME,
+            "--ca-file",
+        ])
+        .arg(&env.ca)
+        .env("NODEKEEPER_OCI_EVENTS_TOKEN", "s3cret-s3cret-s3cret")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (node, got) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (node.as_str(), got.kind),
+        ("n1", nodekeeper::agent::sources::EventKind::Maintenance)
+    );
+    assert!(got.not_before.is_some());
+
     // The Kubernetes Event is on n2.
     let evs: kube::Api<k8s_openapi::api::events::v1::Event> =
         kube::Api::namespaced(env.cluster.client.clone(), "nodekeeper");
