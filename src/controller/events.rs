@@ -23,16 +23,12 @@ pub enum Reason {
     NodeShuttingDown,
     /// An earlier notice was withdrawn (Normal).
     NoticeCancelled,
-    /// A nodekeeper condition changed status (Normal when it became False, Warning otherwise).
-    ConditionChanged,
     /// The agent stopped reporting; its conditions were set to Unknown (Warning).
     AgentSilent,
     /// An allow-listed label was removed on the agent's request (Normal).
     LabelRemoved,
     /// An agent asked to remove a label that is not allow-listed (Warning).
     LabelRemovalDenied,
-    /// A check reported a temporary problem (Warning) — `CheckEvent`s are passed through with their own reason.
-    CheckEvent,
 }
 
 impl Reason {
@@ -44,21 +40,18 @@ impl Reason {
             Reason::RebalanceRecommendation => "RebalanceRecommendation",
             Reason::NodeShuttingDown => "NodeShuttingDown",
             Reason::NoticeCancelled => "NoticeCancelled",
-            Reason::ConditionChanged => "ConditionChanged",
             Reason::AgentSilent => "AgentSilent",
             Reason::LabelRemoved => "LabelRemoved",
             Reason::LabelRemovalDenied => "LabelRemovalDenied",
-            Reason::CheckEvent => "CheckEvent",
         }
     }
 
     /// `Normal` or `Warning`.
     pub fn event_type(self) -> &'static str {
         match self {
-            Reason::RebalanceRecommendation
-            | Reason::NoticeCancelled
-            | Reason::LabelRemoved
-            | Reason::ConditionChanged => "Normal",
+            Reason::RebalanceRecommendation | Reason::NoticeCancelled | Reason::LabelRemoved => {
+                "Normal"
+            }
             _ => "Warning",
         }
     }
