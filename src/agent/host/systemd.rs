@@ -29,6 +29,8 @@ pub trait Manager {
     fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
     /// Queue a restart job for `name`; returns the job's object path.
     fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    /// Queue a start job for `name`; returns the job's object path.
+    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     /// A job finished: its id, object path, unit and result (`done`, `failed`, ...).
     #[zbus(signal)]
     fn job_removed(
@@ -207,6 +209,18 @@ impl Systemd {
     /// `SystemState` of the manager (`running` once boot finished).
     pub async fn system_state(&self) -> zbus::Result<String> {
         self.manager().await?.system_state().await
+    }
+
+    /// Reboots the machine the orderly way: `StartUnit("reboot.target", "replace-irreversibly")`
+    /// (units stop normally, shutdown inhibitors apply). Returns once the job is queued.
+    pub async fn reboot(&self) -> Result<(), SystemdError> {
+        const UNIT: &str = "reboot.target";
+        let manager = self.manager().await.map_err(call_err(UNIT, "StartUnit"))?;
+        manager
+            .start_unit(UNIT, "replace-irreversibly")
+            .await
+            .map_err(call_err(UNIT, "StartUnit"))?;
+        Ok(())
     }
 
     /// The unit proxy for `unit`, after `LoadUnit`; errors if the unit is `not-found`.
