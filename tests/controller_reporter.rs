@@ -112,7 +112,8 @@ async fn degraded_mode_buffers_and_flushes() {
     etx.send(event("e2")).await.unwrap();
     etx.send(event("e3")).await.unwrap();
     rtx.send_modify(|r| r.conditions[0].status = True);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Cut off for a full minute (the scenario): the reporter keeps retrying with backoff.
+    tokio::time::sleep(Duration::from_secs(60)).await;
     let persisted = std::fs::read_to_string(state.path().join("reporter-events.json")).unwrap();
     assert!(
         persisted.contains("\"e2\"")
@@ -122,7 +123,10 @@ async fn degraded_mode_buffers_and_flushes() {
     );
 
     // It comes back: everything is delivered, once.
-    let b = env.controller(&cfg, true).await;
+    // Subscribe before it can accept anything, then wait until it leads.
+    let b = nodekeeper::controller::start(env.cluster.client.clone(), &cfg)
+        .await
+        .unwrap();
     let mut events_b = b.app.states.subscribe_events();
     let mut got = vec![
         next_event(&mut events_b).await.1,

@@ -349,8 +349,13 @@ impl Reporter {
             tokio::select! {
                 r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { break },
                 r = rx.changed(), if rx_open => match r {
-                    Ok(()) if failures == 0 => next = next.min(soon(last_send)),
-                    Ok(()) => {}
+                    Ok(()) => {
+                        // Mark the value seen (else `changed()` fires again at once); sends read the latest.
+                        rx.borrow_and_update();
+                        if failures == 0 {
+                            next = next.min(soon(last_send));
+                        }
+                    }
                     Err(_) => rx_open = false,
                 },
                 e = events.recv(), if ev_open => match e {
