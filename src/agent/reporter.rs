@@ -620,3 +620,64 @@ impl rustls::client::danger::ServerCertVerifier for PinnedName {
         self.inner.supported_verify_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::sources::EventKind;
+
+    fn ev(id: &str) -> NodeEvent {
+        NodeEvent {
+            version: 1,
+            id: id.into(),
+            kind: EventKind::Maintenance,
+            cloud: None,
+            source: "t".into(),
+            not_before: None,
+            deadline: None,
+            detected_at: chrono::Utc::now(),
+            detail: Default::default(),
+        }
+    }
+
+    #[test]
+    fn queue_is_bounded_deduplicated_and_persisted_and_commands_run_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ReporterConfig {
+            url: "http://127.0.0.1:9".into(),
+            ca_file: None,
+            max_queued_events: 2,
+            ..Default::default()
+        };
+        let mut r = Reporter::new(cfg.clone(), dir.path()).unwrap();
+        for id in ["a", "b", "b", "c"] {
+            r.enqueue(ev(id));
+        }
+        let ids: Vec<&str> = r.queued().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, vec!["b", "c"]);
+        let reboot = |id: &str| AgentCommand::Reboot {
+            id: id.into(),
+            reason: "x".into(),
+        };
+        assert_eq!(r.fresh_commands(vec![reboot("r1"), reboot("r1")]).len(), 1);
+        assert!(r.fresh_commands(vec![reboot("r1")]).is_empty());
+        let mut again = Reporter::new(cfg, dir.path()).unwrap();
+        let ids: Vec<&str> = again.queued().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, vec!["b", "c"], "queue reloaded from state_dir");
+        assert!(
+            again.fresh_commands(vec![reboot("r1")]).is_empty(),
+            "command ids survive restarts"
+        );
+        assert_eq!(again.fresh_commands(vec![reboot("r2")]).len(), 1);
+    }
+
+    #[test]
+    fn config_requires_a_ca_for_https() {
+        let c = ReporterConfig {
+            ca_file: None,
+            ..Default::default()
+        };
+        assert_eq!(c.validate().len(), 1);
+        assert!(ReporterConfig::default().validate().is_empty());
+    }
+}
