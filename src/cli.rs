@@ -46,6 +46,12 @@ enum Command {
         #[arg(long, short, value_enum, default_value_t = Output::Json, requires = "once")]
         output: Output,
     },
+    /// Run the central controller (report API, node state, OCI Events, leader election).
+    Controller {
+        /// The TOML configuration file (with a `[controller]` section).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// CRI-O configuration.
     Crio {
         #[command(subcommand)]
@@ -102,6 +108,7 @@ pub fn main() -> ExitCode {
             once,
             output,
         } => agent(&config, root, once, output, env),
+        Command::Controller { config } => crate::controller::run(&config, &env),
         Command::Crio {
             command:
                 CrioCommand::Apply {

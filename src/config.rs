@@ -33,6 +33,12 @@ pub struct Config {
     pub labels: crate::agent::labels::LabelsConfig,
     /// Cloud metadata sources (preemption, maintenance and rebalance notices).
     pub sources: crate::agent::sources::SourcesConfig,
+    /// The controller (`nodekeeper controller`); absent on nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller: Option<crate::controller::config::ControllerConfig>,
+    /// Reporting to the controller (agent); absent: the agent does not report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<crate::agent::reporter::ReporterConfig>,
 }
 
 /// `[log]`
@@ -474,6 +480,8 @@ impl Config {
         diags.extend(self.checks.validate());
         diags.extend(self.sources.validate());
         diags.extend(self.labels.validate());
+        diags.extend(self.controller.iter().flat_map(|c| c.validate()));
+        diags.extend(self.report.iter().flat_map(|r| r.validate()));
         diags
     }
 

@@ -3,6 +3,7 @@
 //! Module map (see README "Architecture"):
 //! - [`config`]: the typed TOML configuration, read once, validated, printed without secrets.
 //! - [`agent`]: the node agent (CRI-O config, health checks, metadata sources, label rules).
+//! - [`controller`]: the central controller (report API, node state, OCI Events, leader election).
 //! - [`sim`]: the Kubernetes API stand-in and cloud metadata emulators used by tests and the demo.
 //! - [`cli`]: the `nodekeeper` command line; the binary's `main` only calls [`cli::main`].
 

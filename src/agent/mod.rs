@@ -12,6 +12,7 @@ pub mod crio;
 pub mod host;
 pub mod labels;
 pub mod once;
+pub mod reporter;
 pub mod sources;
 pub mod state;
 

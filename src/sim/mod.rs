@@ -4,6 +4,7 @@
 
 pub mod apiserver;
 pub mod imds;
+pub mod oci_events;
 
 /// `nodekeeper sim ...` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -14,6 +15,8 @@ pub enum SimCommand {
     Token(apiserver::TokenArgs),
     /// Serve a cloud's instance-metadata API (OCI, AWS, Azure, GCP) with an admin endpoint.
     Imds(imds::ImdsArgs),
+    /// Post an OCI Events notification (preemption, maintenance) to the controller.
+    OciEvent(oci_events::OciEventArgs),
 }
 
 /// Runs a `sim` subcommand; returns the process exit code.
@@ -22,5 +25,6 @@ pub async fn run(cmd: SimCommand) -> Result<u8, Box<dyn std::error::Error + Send
         SimCommand::Apiserver(args) => apiserver::run_apiserver(args).await,
         SimCommand::Token(args) => apiserver::run_token(args).await,
         SimCommand::Imds(args) => imds::run(args).await,
+        SimCommand::OciEvent(args) => oci_events::run(args).await,
     }
 }

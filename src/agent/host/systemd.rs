@@ -31,6 +31,8 @@ pub trait Manager {
     fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     /// Clear the failed state of `name` and its start-rate counter.
     fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
+    /// Queue a start job for `name`; returns the job's object path.
+    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     /// A job finished: its id, object path, unit and result (`done`, `failed`, ...).
     #[zbus(signal)]
     fn job_removed(
@@ -219,6 +221,18 @@ impl Systemd {
     /// `SystemState` of the manager (`running` once boot finished).
     pub async fn system_state(&self) -> zbus::Result<String> {
         self.manager().await?.system_state().await
+    }
+
+    /// Reboots the machine the orderly way: `StartUnit("reboot.target", "replace-irreversibly")`
+    /// (units stop normally, shutdown inhibitors apply). Returns once the job is queued.
+    pub async fn reboot(&self) -> Result<(), SystemdError> {
+        const UNIT: &str = "reboot.target";
+        let manager = self.manager().await.map_err(call_err(UNIT, "StartUnit"))?;
+        manager
+            .start_unit(UNIT, "replace-irreversibly")
+            .await
+            .map_err(call_err(UNIT, "StartUnit"))?;
+        Ok(())
     }
 
     /// The unit proxy for `unit`, after `LoadUnit`; errors if the unit is `not-found`.

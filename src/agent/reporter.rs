@@ -1,0 +1,683 @@
+//! The agent's reporter: delivers the agent's [`NodeReport`] to the controller and hands the
+//! controller's commands back.
+//!
+//! # Wiring (for `agent::run`)
+//! ```text
+//! let reporter = Reporter::new(config.report.clone().unwrap(), &state_dir)?;   // loads the persisted queue
+//! let (report_tx, report_rx) = tokio::sync::watch::channel(initial_report);    // latest full state
+//! let (event_tx, event_rx) = tokio::sync::mpsc::channel(256);                    // NodeEvents as they appear
+//! let (cmd_tx, cmd_rx) = tokio::sync::mpsc::channel(16);                        // commands to execute
+//! tokio::spawn(reporter.run(report_rx, event_rx, cmd_tx, shutdown_rx));
+//! ```
+//! - `report_tx.send(..)` whenever conditions, CRI-O state, label-removal requests or command
+//!   results change; the reporter fills in `agent_instance`, `sequence` and `events` itself.
+//! - Sends happen on change (at most every 200 ms) and every `heartbeat` (default 10 s); failures
+//!   back off exponentially with jitter up to `backoff_max`.
+//! - Events sent on `event_tx` are queued until the controller acknowledges their id. The queue is
+//!   bounded (`max_queued_events`; the oldest is dropped with an error log when full — never while
+//!   under the bound) and persisted to `<state_dir>/reporter-events.json` after every change, so a
+//!   restarted agent resends them. Ids are deterministic, so duplicates are harmless.
+//! - Commands are forwarded on `cmd_tx` at most once per id; ids are persisted to
+//!   `<state_dir>/reporter-commands.json` before forwarding (so a command runs at most once even
+//!   across restarts). The executor reports results through `NodeReport::command_results`.
+//! - TLS: only the CA in `ca_file` is trusted and the certificate must be valid for `server_name`
+//!   (independent of the host in `url`), so commands are accepted only from that controller.
+//! - The projected service-account token is re-read from `token_file` for every request (kubelet
+//!   rotates it in place).
+//! - `shutdown` set to `true` (or dropped) ends `run` after persisting the queue.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::agent::sources::NodeEvent;
+use crate::cfg_path;
+use crate::config::Diagnostic;
+use crate::report::{AgentCommand, NodeReport, ReportResponse};
+
+const MIN_INTERVAL: Duration = Duration::from_millis(200);
+const EVENTS_FILE: &str = "reporter-events.json";
+const COMMANDS_FILE: &str = "reporter-commands.json";
+const REMEMBERED_COMMANDS: usize = 1000;
+
+/// `[report]`: where and how the agent reports.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReporterConfig {
+    /// Controller base URL, e.g. `https://nodekeeper-controller.nodekeeper.svc:8443`.
+    pub url: String,
+    /// PEM CA certificate(s) the controller's certificate must chain to (required for https).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// The name the controller's certificate must carry (default: the host of `url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// The projected service-account token (audience `nodekeeper`).
+    pub token_file: PathBuf,
+    /// Report at least this often.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Timeout of one request.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Longest wait between retries while the controller is unreachable.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// Unacknowledged events kept (and persisted) at most.
+    pub max_queued_events: usize,
+}
+
+impl Default for ReporterConfig {
+    fn default() -> Self {
+        ReporterConfig {
+            url: "https://nodekeeper-controller.nodekeeper.svc:8443".into(),
+            ca_file: Some("/var/run/secrets/nodekeeper/ca.crt".into()),
+            server_name: None,
+            token_file: "/var/run/secrets/nodekeeper/token".into(),
+            heartbeat: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(30),
+            max_queued_events: 1000,
+        }
+    }
+}
+
+impl ReporterConfig {
+    /// Semantic checks.
+    pub fn validate(&self) -> Vec<Diagnostic> {
+        let mut d = Vec::new();
+        match reqwest::Url::parse(&self.url) {
+            Ok(u) if u.scheme() == "https" && self.ca_file.is_none() => d.push(Diagnostic::error(
+                cfg_path!["report", "ca_file"],
+                "required for an https:// controller URL (the controller's CA is pinned)",
+            )),
+            Ok(u) if u.scheme() == "https" || u.scheme() == "http" => {}
+            _ => d.push(Diagnostic::error(
+                cfg_path!["report", "url"],
+                format!("`{}` must be an https:// (or http://) URL", self.url),
+            )),
+        }
+        for (k, v) in [
+            ("heartbeat", self.heartbeat),
+            ("timeout", self.timeout),
+            ("backoff_max", self.backoff_max),
+        ] {
+            if v.is_zero() {
+                d.push(Diagnostic::error(
+                    cfg_path!["report", k],
+                    "must be greater than zero",
+                ));
+            }
+        }
+        if self.max_queued_events == 0 {
+            d.push(Diagnostic::error(
+                cfg_path!["report", "max_queued_events"],
+                "must be greater than zero",
+            ));
+        }
+        d
+    }
+}
+
+/// Reporter failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ReporterError {
+    /// The CA file is unusable.
+    #[error("CA file {path}: {why}")]
+    Ca {
+        /// File.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// The URL or server name is invalid.
+    #[error("controller URL {url}: {why}")]
+    Url {
+        /// URL.
+        url: String,
+        /// Why.
+        why: String,
+    },
+    /// The token file cannot be read.
+    #[error("token file {path}: {source}")]
+    Token {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The request failed (connect, TLS, timeout, body).
+    #[error("{url}: {why}")]
+    Transport {
+        /// URL.
+        url: String,
+        /// Why.
+        why: String,
+    },
+    /// The controller refused the report.
+    #[error("POST {url}: HTTP {status}: {body}")]
+    Status {
+        /// URL.
+        url: String,
+        /// Status code.
+        status: u16,
+        /// Body (truncated).
+        body: String,
+    },
+    /// The state file cannot be written.
+    #[error("state file {path}: {source}")]
+    State {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// Delivers reports; see the module docs.
+#[derive(Debug)]
+pub struct Reporter {
+    cfg: ReporterConfig,
+    state_dir: PathBuf,
+    client: HttpsClient,
+    endpoint: String,
+    instance: String,
+    sequence: u64,
+    queue: VecDeque<NodeEvent>,
+    executed: VecDeque<String>,
+}
+
+impl Reporter {
+    /// A reporter for `cfg`, persisting into `state_dir` (created if missing).
+    pub fn new(cfg: ReporterConfig, state_dir: &Path) -> Result<Self, ReporterError> {
+        let url = reqwest::Url::parse(&cfg.url).map_err(|e| ReporterError::Url {
+            url: cfg.url.clone(),
+            why: e.to_string(),
+        })?;
+        let name = cfg
+            .server_name
+            .clone()
+            .or_else(|| url.host_str().map(str::to_string));
+        let client = HttpsClient::new(cfg.ca_file.as_deref(), name.as_deref(), cfg.timeout)
+            .map_err(|e| e.for_url(&cfg.url))?;
+        std::fs::create_dir_all(state_dir).map_err(|source| ReporterError::State {
+            path: state_dir.to_path_buf(),
+            source,
+        })?;
+        let queue: VecDeque<NodeEvent> =
+            load_json(&state_dir.join(EVENTS_FILE)).unwrap_or_default();
+        let executed: VecDeque<String> =
+            load_json(&state_dir.join(COMMANDS_FILE)).unwrap_or_default();
+        let raw: [u8; 8] = rand::rng().random();
+        Ok(Reporter {
+            endpoint: format!("{}/v1/reports", cfg.url.trim_end_matches('/')),
+            cfg,
+            state_dir: state_dir.to_path_buf(),
+            client,
+            instance: hex::encode(raw),
+            sequence: 0,
+            queue,
+            executed,
+        })
+    }
+
+    /// Unacknowledged events, oldest first.
+    pub fn queued(&self) -> impl Iterator<Item = &NodeEvent> {
+        self.queue.iter()
+    }
+
+    fn enqueue(&mut self, ev: NodeEvent) {
+        if self.queue.iter().any(|e| e.id == ev.id) {
+            return;
+        }
+        if self.queue.len() >= self.cfg.max_queued_events {
+            if let Some(old) = self.queue.pop_front() {
+                tracing::error!(id = %old.id, kind = old.kind.name(), "report queue full: dropped the oldest event");
+            }
+        }
+        self.queue.push_back(ev);
+        self.persist_queue();
+    }
+
+    fn persist_queue(&self) {
+        let path = self.state_dir.join(EVENTS_FILE);
+        if let Err(e) = store_json(&path, &self.queue) {
+            tracing::warn!(error = %e, "cannot persist the event queue");
+        }
+    }
+
+    /// Sends one report built from `latest`; applies the acknowledgements.
+    pub async fn send_once(
+        &mut self,
+        latest: &NodeReport,
+    ) -> Result<ReportResponse, ReporterError> {
+        let token = std::fs::read_to_string(&self.cfg.token_file).map_err(|source| {
+            ReporterError::Token {
+                path: self.cfg.token_file.clone(),
+                source,
+            }
+        })?;
+        self.sequence += 1;
+        let mut report = latest.clone();
+        report.agent_instance = self.instance.clone();
+        report.sequence = self.sequence;
+        report.events.extend(self.queue.iter().cloned());
+        let body = serde_json::to_vec(&report).map_err(|e| ReporterError::Transport {
+            url: self.endpoint.clone(),
+            why: e.to_string(),
+        })?;
+        let (status, bytes) = self
+            .client
+            .request("POST", &self.endpoint, Some(token.trim()), &[], Some(body))
+            .await?;
+        if !(200..300).contains(&status) {
+            return Err(ReporterError::Status {
+                url: self.endpoint.clone(),
+                status,
+                body: crate::agent::sources::truncate(&String::from_utf8_lossy(&bytes), 300),
+            });
+        }
+        let out: ReportResponse =
+            serde_json::from_slice(&bytes).map_err(|e| ReporterError::Transport {
+                url: self.endpoint.clone(),
+                why: format!("invalid response: {e}"),
+            })?;
+        let before = self.queue.len();
+        self.queue
+            .retain(|e| !out.acknowledged_events.contains(&e.id));
+        if self.queue.len() != before {
+            self.persist_queue();
+        }
+        Ok(out)
+    }
+
+    /// Records new command ids (persisted first) and returns the commands not seen before.
+    fn fresh_commands(&mut self, cmds: Vec<AgentCommand>) -> Vec<AgentCommand> {
+        let mut out = Vec::new();
+        for c in cmds {
+            let id = match &c {
+                AgentCommand::Reboot { id, .. } | AgentCommand::AckScheduledEvent { id, .. } => {
+                    id.clone()
+                }
+            };
+            if self.executed.contains(&id) {
+                continue;
+            }
+            self.executed.push_back(id);
+            while self.executed.len() > REMEMBERED_COMMANDS {
+                self.executed.pop_front();
+            }
+            out.push(c);
+        }
+        if !out.is_empty() {
+            if let Err(e) = store_json(&self.state_dir.join(COMMANDS_FILE), &self.executed) {
+                tracing::error!(error = %e, "cannot persist command ids: not running the commands");
+                return vec![];
+            }
+        }
+        out
+    }
+
+    fn backoff(&self, failures: u32) -> Duration {
+        let base = Duration::from_millis(500).saturating_mul(1u32 << failures.min(16));
+        let capped = base.min(self.cfg.backoff_max);
+        capped.mul_f64(rand::rng().random_range(0.5..=1.0))
+    }
+
+    /// Runs until `shutdown`; see the module docs.
+    pub async fn run(
+        mut self,
+        mut rx: watch::Receiver<NodeReport>,
+        mut events: mpsc::Receiver<NodeEvent>,
+        commands_tx: mpsc::Sender<AgentCommand>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut next = Instant::now();
+        let mut last_send: Option<Instant> = None;
+        let mut failures: u32 = 0;
+        let (mut rx_open, mut ev_open) = (true, true);
+        loop {
+            let soon = |last: Option<Instant>| {
+                last.map_or(Instant::now(), |l| (l + MIN_INTERVAL).max(Instant::now()))
+            };
+            tokio::select! {
+                r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { break },
+                r = rx.changed(), if rx_open => match r {
+                    Ok(()) => {
+                        // Mark the value seen (else `changed()` fires again at once); sends read the latest.
+                        rx.borrow_and_update();
+                        if failures == 0 {
+                            next = next.min(soon(last_send));
+                        }
+                    }
+                    Err(_) => rx_open = false,
+                },
+                e = events.recv(), if ev_open => match e {
+                    Some(ev) => {
+                        self.enqueue(ev);
+                        if failures == 0 { next = next.min(soon(last_send)); }
+                    }
+                    None => ev_open = false,
+                },
+                _ = tokio::time::sleep_until(next) => {
+                    let latest = rx.borrow_and_update().clone();
+                    last_send = Some(Instant::now());
+                    match self.send_once(&latest).await {
+                        Ok(resp) => {
+                            if failures > 0 {
+                                tracing::info!(after = failures, queued = self.queue.len(), "controller reachable again");
+                            }
+                            failures = 0;
+                            next = Instant::now() + self.cfg.heartbeat;
+                            for c in self.fresh_commands(resp.commands) {
+                                if commands_tx.send(c).await.is_err() {
+                                    tracing::warn!("command receiver closed");
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            failures = failures.saturating_add(1);
+                            if failures == 1 || failures % 10 == 0 {
+                                tracing::warn!(error = %e, failures, queued = self.queue.len(), "report not delivered; degraded mode");
+                            }
+                            next = Instant::now() + self.backoff(failures);
+                        }
+                    }
+                }
+            }
+        }
+        self.persist_queue();
+    }
+}
+
+fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+    let text = std::fs::read(path).ok()?;
+    match serde_json::from_slice(&text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable state file");
+            None
+        }
+    }
+}
+
+fn store_json<T: Serialize>(path: &Path, v: &T) -> Result<(), ReporterError> {
+    let st = |source| ReporterError::State {
+        path: path.to_path_buf(),
+        source,
+    };
+    let text = serde_json::to_vec(v).map_err(|e| st(std::io::Error::other(e)))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(st)?;
+    std::fs::rename(&tmp, path).map_err(st)
+}
+
+type Inner = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// A small HTTP(S) client on rustls (ring): trusts only the given CA and checks the certificate
+/// against a pinned server name (independent of the URL's host); without a CA, the system roots
+/// and the URL's host. Plain `http://` URLs also work (tests, local demos).
+#[derive(Clone)]
+pub struct HttpsClient {
+    inner: Inner,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for HttpsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpsClient")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReporterError {
+    fn for_url(self, url: &str) -> Self {
+        match self {
+            ReporterError::Transport { why, .. } => ReporterError::Transport {
+                url: url.into(),
+                why,
+            },
+            e => e,
+        }
+    }
+}
+
+impl HttpsClient {
+    /// A client pinned to `ca` + `server_name` (both optional, see the type docs).
+    pub fn new(
+        ca: Option<&Path>,
+        server_name: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Self, ReporterError> {
+        let tls = match ca {
+            Some(ca) => pinned_tls(ca, server_name)?,
+            None => system_tls()?,
+        };
+        let conn = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .build();
+        let inner =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(60))
+                .build(conn);
+        Ok(HttpsClient { inner, timeout })
+    }
+
+    /// Sends one request; returns the status and body. JSON content type when a body is given.
+    pub async fn request(
+        &self,
+        method: &str,
+        url: &str,
+        bearer: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, bytes::Bytes), ReporterError> {
+        use http_body_util::BodyExt;
+        let terr = |why: String| ReporterError::Transport {
+            url: url.into(),
+            why,
+        };
+        let mut b = hyper::Request::builder().method(method).uri(url);
+        if let Some(t) = bearer {
+            b = b.header("authorization", format!("Bearer {t}"));
+        }
+        if body.is_some() {
+            b = b.header("content-type", "application/json");
+        }
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let req = b
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.unwrap_or_default(),
+            )))
+            .map_err(|e| terr(e.to_string()))?;
+        let fut = async {
+            let resp = self
+                .inner
+                .request(req)
+                .await
+                .map_err(|e| terr(crate::cli::error_chain(&e)))?;
+            let status = resp.status().as_u16();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| terr(e.to_string()))?
+                .to_bytes();
+            Ok((status, bytes))
+        };
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .map_err(|_| terr(format!("timed out after {:?}", self.timeout)))?
+    }
+}
+
+fn system_tls() -> Result<rustls::ClientConfig, ReporterError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(c);
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let b = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ReporterError::Transport {
+            url: String::new(),
+            why: format!("TLS setup: {e}"),
+        })?;
+    Ok(b.with_root_certificates(roots).with_no_client_auth())
+}
+
+fn pinned_tls(ca: &Path, name: Option<&str>) -> Result<rustls::ClientConfig, ReporterError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, ServerName};
+    let ca_err = |why: String| ReporterError::Ca {
+        path: ca.to_path_buf(),
+        why,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).map_err(|e| ca_err(e.to_string()))? {
+        roots
+            .add(c.map_err(|e| ca_err(e.to_string()))?)
+            .map_err(|e| ca_err(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(ca_err("no certificate in the file".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| ca_err(e.to_string()))?;
+    let name = name.ok_or_else(|| ca_err("a pinned CA needs a server_name".into()))?;
+    let name = ServerName::try_from(name.to_string()).map_err(|e| ReporterError::Url {
+        url: name.into(),
+        why: format!("server name {name:?}: {e}"),
+    })?;
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ca_err(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedName { inner, name }))
+        .with_no_client_auth();
+    Ok(cfg)
+}
+
+/// Verifies the server certificate against the CA and the pinned name (not the URL's host).
+#[derive(Debug)]
+struct PinnedName {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    name: rustls_pki_types::ServerName<'static>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls_pki_types::CertificateDer<'_>,
+        intermediates: &[rustls_pki_types::CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &self.name, ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::sources::EventKind;
+
+    fn ev(id: &str) -> NodeEvent {
+        NodeEvent {
+            version: 1,
+            id: id.into(),
+            kind: EventKind::Maintenance,
+            cloud: None,
+            source: "t".into(),
+            not_before: None,
+            deadline: None,
+            detected_at: chrono::Utc::now(),
+            detail: Default::default(),
+        }
+    }
+
+    #[test]
+    fn queue_is_bounded_deduplicated_and_persisted_and_commands_run_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ReporterConfig {
+            url: "http://127.0.0.1:9".into(),
+            ca_file: None,
+            max_queued_events: 2,
+            ..Default::default()
+        };
+        let mut r = Reporter::new(cfg.clone(), dir.path()).unwrap();
+        for id in ["a", "b", "b", "c"] {
+            r.enqueue(ev(id));
+        }
+        let ids: Vec<&str> = r.queued().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, vec!["b", "c"]);
+        let reboot = |id: &str| AgentCommand::Reboot {
+            id: id.into(),
+            reason: "x".into(),
+        };
+        assert_eq!(r.fresh_commands(vec![reboot("r1"), reboot("r1")]).len(), 1);
+        assert!(r.fresh_commands(vec![reboot("r1")]).is_empty());
+        let mut again = Reporter::new(cfg, dir.path()).unwrap();
+        let ids: Vec<&str> = again.queued().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, vec!["b", "c"], "queue reloaded from state_dir");
+        assert!(
+            again.fresh_commands(vec![reboot("r1")]).is_empty(),
+            "command ids survive restarts"
+        );
+        assert_eq!(again.fresh_commands(vec![reboot("r2")]).len(), 1);
+    }
+
+    #[test]
+    fn config_requires_a_ca_for_https() {
+        let c = ReporterConfig {
+            ca_file: None,
+            ..Default::default()
+        };
+        assert_eq!(c.validate().len(), 1);
+        assert!(ReporterConfig::default().validate().is_empty());
+    }
+}

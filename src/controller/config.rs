@@ -1,0 +1,301 @@
+//! `[controller]`: the controller's configuration (listen address, TLS, who may report, the
+//! node-state layer, leader election, OCI Events ingestion).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::cfg_path;
+use crate::config::Diagnostic;
+
+/// A secret string: deserialized normally, always printed as [`crate::config::REDACTED`].
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// A secret holding `s`.
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+    /// The secret value (compare it in constant time).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(crate::config::REDACTED)
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(crate::config::REDACTED)
+    }
+}
+
+/// `[controller]`
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControllerConfig {
+    /// Address the report API listens on.
+    pub listen: String,
+    /// PEM certificate chain for HTTPS (e.g. from a Secret or cert-manager).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key for HTTPS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Serve plain HTTP (only when set explicitly; tests and local demos).
+    pub insecure_plain_http: bool,
+    /// The only identity allowed to report: `system:serviceaccount:<ns>:<name>`.
+    pub service_account: String,
+    /// The audience the agents' projected tokens must carry.
+    pub audience: String,
+    /// Maximum number of cached TokenReview results.
+    pub token_cache_size: usize,
+    /// Upper bound on how long a TokenReview result is cached (shorter when the token expires sooner).
+    #[serde(with = "humantime_serde")]
+    pub token_cache_ttl: Duration,
+    /// Largest accepted report body in bytes (larger: 413).
+    pub max_report_bytes: usize,
+    /// Namespace for the Lease and Kubernetes Events.
+    pub namespace: String,
+    /// Condition types starting with this prefix are owned by nodekeeper (written, restored, removed).
+    pub condition_prefix: String,
+    /// An agent silent longer than this gets its conditions set to `Unknown`.
+    #[serde(with = "humantime_serde")]
+    pub staleness: Duration,
+    /// Rewrite unchanged conditions (to refresh `lastHeartbeatTime`) at most this often.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_write_interval: Duration,
+    /// Labels agents may ask to remove from their own node (exact keys).
+    pub label_removal_allow: Vec<String>,
+    /// Leader election.
+    pub leader: LeaderConfig,
+    /// OCI Events (Notifications HTTPS subscription) ingestion.
+    pub oci_events: OciEventsConfig,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            listen: "0.0.0.0:8443".into(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            insecure_plain_http: false,
+            service_account: "system:serviceaccount:nodekeeper:nodekeeper-agent".into(),
+            audience: "nodekeeper".into(),
+            token_cache_size: 20_000,
+            token_cache_ttl: Duration::from_secs(300),
+            max_report_bytes: 1 << 20,
+            namespace: "nodekeeper".into(),
+            condition_prefix: "Nodekeeper".into(),
+            staleness: Duration::from_secs(60),
+            heartbeat_write_interval: Duration::from_secs(60),
+            label_removal_allow: Vec::new(),
+            leader: LeaderConfig::default(),
+            oci_events: OciEventsConfig::default(),
+        }
+    }
+}
+
+/// `[controller.leader]`
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaderConfig {
+    /// Name of the coordination.k8s.io Lease.
+    pub lease_name: String,
+    /// This replica's identity (default: the host name plus a random suffix).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// How long a lease is valid without renewal.
+    #[serde(with = "humantime_serde")]
+    pub lease_duration: Duration,
+    /// How often the holder renews (and others retry).
+    #[serde(with = "humantime_serde")]
+    pub retry_period: Duration,
+}
+
+impl Default for LeaderConfig {
+    fn default() -> Self {
+        LeaderConfig {
+            lease_name: "nodekeeper-controller".into(),
+            identity: None,
+            lease_duration: Duration::from_secs(15),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// `[controller.oci_events]`
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OciEventsConfig {
+    /// Accept OCI Notifications deliveries.
+    pub enabled: bool,
+    /// URL path prefix; the secret token may follow as the last segment (`<path>/<token>`).
+    pub path: String,
+    /// The shared secret (in the URL path or the `header`); required when enabled.
+    pub token: Secret,
+    /// Header that may carry the secret instead of the path.
+    pub header: String,
+    /// Confirm subscriptions by fetching the `ConfirmationURL` (off: only log it).
+    pub confirm_subscriptions: bool,
+}
+
+impl Default for OciEventsConfig {
+    fn default() -> Self {
+        OciEventsConfig {
+            enabled: false,
+            path: "/v1/oci-events".into(),
+            token: Secret::default(),
+            header: "x-nodekeeper-token".into(),
+            confirm_subscriptions: true,
+        }
+    }
+}
+
+impl ControllerConfig {
+    /// Semantic checks.
+    pub fn validate(&self) -> Vec<Diagnostic> {
+        let mut d = Vec::new();
+        let err = |d: &mut Vec<Diagnostic>, p, m: &str| d.push(Diagnostic::error(p, m));
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            err(
+                &mut d,
+                cfg_path!["controller", "listen"],
+                "must be an address such as 0.0.0.0:8443",
+            );
+        }
+        let tls = (&self.tls_cert_file, &self.tls_key_file);
+        match (self.insecure_plain_http, tls) {
+            (false, (Some(_), Some(_))) | (true, (None, None)) => {}
+            (true, _) => err(&mut d, cfg_path!["controller", "insecure_plain_http"],
+                "plain HTTP and TLS files are both set: choose one"),
+            (false, _) => err(&mut d, cfg_path!["controller", "tls_cert_file"],
+                "tls_cert_file and tls_key_file are required (or set insecure_plain_http = true explicitly)"),
+        }
+        let sa = self.service_account.split(':').collect::<Vec<_>>();
+        if sa.len() != 4
+            || sa[0] != "system"
+            || sa[1] != "serviceaccount"
+            || sa[2].is_empty()
+            || sa[3].is_empty()
+        {
+            err(
+                &mut d,
+                cfg_path!["controller", "service_account"],
+                "must be system:serviceaccount:<namespace>:<name>",
+            );
+        }
+        if self.audience.is_empty() {
+            err(
+                &mut d,
+                cfg_path!["controller", "audience"],
+                "must not be empty",
+            );
+        }
+        if self.token_cache_size == 0 {
+            err(
+                &mut d,
+                cfg_path!["controller", "token_cache_size"],
+                "must be greater than zero",
+            );
+        }
+        if self.staleness.is_zero() {
+            err(
+                &mut d,
+                cfg_path!["controller", "staleness"],
+                "must be greater than zero",
+            );
+        }
+        if self.condition_prefix.is_empty() {
+            err(&mut d, cfg_path!["controller", "condition_prefix"],
+                "must not be empty (an empty prefix would claim every condition type, including Ready)");
+        }
+        let l = &self.leader;
+        if l.retry_period.is_zero() || l.retry_period >= l.lease_duration {
+            err(
+                &mut d,
+                cfg_path!["controller", "leader", "retry_period"],
+                "must be greater than zero and shorter than lease_duration",
+            );
+        }
+        if self.oci_events.enabled && self.oci_events.token.expose().len() < 16 {
+            err(
+                &mut d,
+                cfg_path!["controller", "oci_events", "token"],
+                "must be at least 16 characters when oci_events is enabled",
+            );
+        }
+        d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, Env};
+
+    #[test]
+    fn secrets_are_redacted_and_sections_validated() {
+        let text = r#"
+[controller]
+listen = "127.0.0.1:8443"
+insecure_plain_http = true
+service_account = "system:serviceaccount:nodekeeper:nodekeeper-agent"
+label_removal_allow = ["last-migration-failure"]
+[controller.oci_events]
+enabled = true
+token = "very-secret-token-value"
+[report]
+url = "https://nodekeeper-controller.nodekeeper.svc:8443"
+ca_file = "/ca.pem"
+token_file = "/token"
+"#;
+        let l = Config::load_str(
+            std::path::Path::new("t.toml"),
+            text,
+            &Env::default(),
+            &|| None,
+        )
+        .unwrap();
+        let out = l.config.to_redacted_toml();
+        assert!(!out.contains("very-secret-token-value"), "{out}");
+        assert!(out.contains(crate::config::REDACTED), "{out}");
+        assert_eq!(
+            l.config
+                .controller
+                .as_ref()
+                .unwrap()
+                .oci_events
+                .token
+                .expose(),
+            "very-secret-token-value"
+        );
+        // Neither TLS files nor explicit plain HTTP: an error at the right key.
+        let bad = "[controller]\nservice_account = \"x\"\n";
+        let e = Config::load_str(
+            std::path::Path::new("t.toml"),
+            bad,
+            &Env::default(),
+            &|| None,
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("tls_cert_file") && msg.contains("service_account"),
+            "{msg}"
+        );
+        // An agent config without the sections stays valid.
+        assert!(
+            Config::load_str(std::path::Path::new("t.toml"), "", &Env::default(), &|| {
+                None
+            })
+            .is_ok()
+        );
+    }
+}

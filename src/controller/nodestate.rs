@@ -1,0 +1,514 @@
+//! The node-state layer: the latest report of every agent, written onto its Node.
+//!
+//! - A kube-runtime reflector caches Nodes; `/readyz` waits for its first list.
+//! - Conditions whose type starts with the configured prefix are **owned**: every write sets the
+//!   full reported set (strategic merge by `type`) and deletes owned types the agent no longer
+//!   reports — including types found on the Node after a controller restart.
+//! - `lastTransitionTime` changes only when the status changes (taken from the Node the first time,
+//!   so restarts keep it); `lastHeartbeatTime` is refreshed when anything changes and at least every
+//!   `heartbeat_write_interval`.
+//! - Reports are idempotent: `(agent_instance, sequence)` at or below the last seen is a replay.
+//! - Only the leader writes. A follower keeps the latest report in memory and writes it when it
+//!   becomes leader; it does not acknowledge events (so the agent resends them).
+//! - An agent silent for `staleness` (counted from the controller's start for nodes it has not
+//!   heard from yet) gets its owned conditions set to `Unknown` / `AgentNotReporting`.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::Store;
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, watch};
+
+use super::events::{Reason, Recorder};
+use crate::agent::checks::{CheckResult, ConditionStatus};
+use crate::agent::sources::NodeEvent;
+use crate::report::{AgentCommand, NodeReport, ReportResponse};
+
+/// Reason written on conditions of a silent agent.
+pub const STALE_REASON: &str = "AgentNotReporting";
+/// Event ids remembered per node for deduplication.
+const SEEN_EVENTS: usize = 256;
+
+/// Tunables of the node-state layer.
+#[derive(Debug, Clone)]
+pub struct NodeStateConfig {
+    /// Owned condition type prefix.
+    pub prefix: String,
+    /// Silence after which conditions become Unknown.
+    pub staleness: Duration,
+    /// Refresh unchanged conditions at most this often.
+    pub heartbeat_write_interval: Duration,
+    /// Label keys agents may have removed from their own node.
+    pub label_allow: Vec<String>,
+}
+
+/// Failures writing Node state.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeStateError {
+    /// Patching the Node failed.
+    #[error("patch node {node}: {source}")]
+    Patch {
+        /// Node.
+        node: String,
+        /// Cause.
+        source: kube::Error,
+    },
+}
+
+/// Counters exported on `/metrics`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Reports accepted.
+    pub reports: AtomicU64,
+    /// Replays ignored.
+    pub replays: AtomicU64,
+    /// Node status writes.
+    pub node_writes: AtomicU64,
+    /// Failed Node writes.
+    pub write_failures: AtomicU64,
+    /// Node events recorded.
+    pub node_events: AtomicU64,
+    /// Labels removed.
+    pub labels_removed: AtomicU64,
+    /// Nodes marked stale.
+    pub stale_marked: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Agent {
+    instance: String,
+    sequence: u64,
+    last_seen: Option<Instant>,
+    conditions: Vec<CheckResult>,
+    /// type → (status, lastTransitionTime) as last written.
+    written: Option<BTreeMap<String, (String, String)>>,
+    written_at: Option<Instant>,
+    dirty: bool,
+    stale: bool,
+    seen_events: VecDeque<String>,
+    pending_commands: Vec<AgentCommand>,
+}
+
+/// The shared node state.
+pub struct NodeStates {
+    cfg: NodeStateConfig,
+    nodes_api: Api<Node>,
+    store: Store<Node>,
+    leader: watch::Receiver<bool>,
+    agents: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Agent>>>>,
+    started: Instant,
+    recorder: Recorder,
+    events_tx: broadcast::Sender<(String, NodeEvent)>,
+    /// Counters.
+    pub counters: Counters,
+}
+
+impl std::fmt::Debug for NodeStates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeStates")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+fn ts(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+impl NodeStates {
+    /// A node-state layer over a Node reflector `store`.
+    pub fn new(
+        cfg: NodeStateConfig,
+        client: kube::Client,
+        store: Store<Node>,
+        leader: watch::Receiver<bool>,
+        recorder: Recorder,
+    ) -> Arc<Self> {
+        let (events_tx, _) = broadcast::channel(4096);
+        Arc::new(NodeStates {
+            cfg,
+            nodes_api: Api::all(client),
+            store,
+            leader,
+            agents: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+            recorder,
+            events_tx,
+            counters: Counters::default(),
+        })
+    }
+
+    /// Every new node event (from agents or OCI Events), as `(node, event)`, once per id.
+    pub fn subscribe_events(&self) -> broadcast::Receiver<(String, NodeEvent)> {
+        self.events_tx.subscribe()
+    }
+
+    /// Queues a command for the agent on `node` (delivered with the next response until it reports a result).
+    pub async fn queue_command(&self, node: &str, cmd: AgentCommand) {
+        self.agent(node).lock().await.pending_commands.push(cmd);
+    }
+
+    fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    fn agent(&self, node: &str) -> Arc<tokio::sync::Mutex<Agent>> {
+        let mut m = self.agents.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(node.to_string()).or_default().clone()
+    }
+
+    /// Handles an authenticated report (the caller checked `report.node`).
+    pub async fn handle(&self, report: NodeReport) -> Result<ReportResponse, NodeStateError> {
+        let node = report.node.clone();
+        let entry = self.agent(&node);
+        let mut a = entry.lock().await;
+        if a.instance == report.agent_instance && report.sequence <= a.sequence {
+            self.counters.replays.fetch_add(1, Ordering::Relaxed);
+            let acked = report
+                .events
+                .iter()
+                .filter(|e| a.seen_events.contains(&e.id))
+                .map(|e| e.id.clone())
+                .collect();
+            return Ok(ReportResponse {
+                accepted: false,
+                acknowledged_events: acked,
+                commands: vec![],
+            });
+        }
+        self.counters.reports.fetch_add(1, Ordering::Relaxed);
+        a.instance = report.agent_instance.clone();
+        a.sequence = report.sequence;
+        a.last_seen = Some(Instant::now());
+        a.stale = false;
+        a.conditions = report
+            .conditions
+            .iter()
+            .filter(|c| c.condition_type.starts_with(&self.cfg.prefix))
+            .cloned()
+            .collect();
+        let done: HashSet<&str> = report
+            .command_results
+            .iter()
+            .map(|r| r.id.as_str())
+            .collect();
+        a.pending_commands.retain(|c| !done.contains(command_id(c)));
+        if !self.is_leader() {
+            a.dirty = true;
+            return Ok(ReportResponse {
+                accepted: true,
+                acknowledged_events: vec![],
+                commands: vec![],
+            });
+        }
+        self.write_conditions(&node, &mut a, false).await?;
+        let acked = self.record_events(&node, &mut a, &report.events).await;
+        for ce in &report.check_events {
+            self.recorder
+                .node_with(
+                    &node,
+                    &ce.reason,
+                    &format!("{:?}", ce.severity),
+                    "Check",
+                    &ce.message,
+                )
+                .await;
+        }
+        super::labels::remove_requested(self, &node, &report.label_removals).await;
+        Ok(ReportResponse {
+            accepted: true,
+            acknowledged_events: acked,
+            commands: a.pending_commands.clone(),
+        })
+    }
+
+    /// Records (once per id) and broadcasts node events; returns every id now known.
+    async fn record_events(&self, node: &str, a: &mut Agent, events: &[NodeEvent]) -> Vec<String> {
+        let mut acked = Vec::new();
+        for ev in events {
+            if !a.seen_events.contains(&ev.id) {
+                self.publish_event(node, ev).await;
+                a.seen_events.push_back(ev.id.clone());
+                if a.seen_events.len() > SEEN_EVENTS {
+                    a.seen_events.pop_front();
+                }
+            }
+            acked.push(ev.id.clone());
+        }
+        acked
+    }
+
+    async fn publish_event(&self, node: &str, ev: &NodeEvent) {
+        self.counters.node_events.fetch_add(1, Ordering::Relaxed);
+        let reason = Reason::for_kind(&ev.kind);
+        let mut note = format!("{} from {} (id {})", ev.kind.name(), ev.source, ev.id);
+        if let Some(d) = ev.not_before {
+            note.push_str(&format!(", not before {}", ts(d)));
+        }
+        self.recorder.node(node, reason, "Notice", &note).await;
+        let _ = self.events_tx.send((node.to_string(), ev.clone()));
+    }
+
+    /// Records a node event from a central source (OCI Events); true when it was new.
+    pub async fn ingest_event(&self, node: &str, ev: NodeEvent) -> bool {
+        let entry = self.agent(node);
+        let mut a = entry.lock().await;
+        if a.seen_events.contains(&ev.id) {
+            return false;
+        }
+        let new = self
+            .record_events(node, &mut a, std::slice::from_ref(&ev))
+            .await;
+        !new.is_empty()
+    }
+
+    /// The owned conditions currently on the Node in the cache.
+    fn node_conditions(&self, node: &str) -> Vec<Value> {
+        let key = kube::runtime::reflector::ObjectRef::<Node>::new(node);
+        let Some(n) = self.store.get(&key) else {
+            return vec![];
+        };
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .map(|cs| {
+                cs.iter()
+                    .filter(|c| c.type_.starts_with(&self.cfg.prefix))
+                    .filter_map(|c| serde_json::to_value(c).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Writes the agent's conditions when they changed (or `force`, or the heartbeat interval passed).
+    async fn write_conditions(
+        &self,
+        node: &str,
+        a: &mut Agent,
+        force: bool,
+    ) -> Result<(), NodeStateError> {
+        let on_node = self.node_conditions(node);
+        let written = a.written.get_or_insert_with(|| {
+            on_node
+                .iter()
+                .filter_map(|c| {
+                    Some((
+                        c.get("type")?.as_str()?.to_string(),
+                        (
+                            c.get("status")?.as_str()?.to_string(),
+                            c.get("lastTransitionTime")
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .to_string(),
+                        ),
+                    ))
+                })
+                .collect()
+        });
+        let now = ts(Utc::now());
+        let mut next: BTreeMap<String, (String, String)> = BTreeMap::new();
+        let mut items = Vec::new();
+        let mut changed = force || a.dirty;
+        for c in &a.conditions {
+            let status = c.status.to_string();
+            let transition = match written.get(&c.condition_type) {
+                Some((s, t)) if *s == status && !t.is_empty() => t.clone(),
+                _ => {
+                    changed = true;
+                    now.clone()
+                }
+            };
+            items.push(
+                json!({"type": c.condition_type, "status": status, "reason": c.reason,
+                "message": c.message, "lastHeartbeatTime": now, "lastTransitionTime": transition}),
+            );
+            next.insert(c.condition_type.clone(), (status, transition));
+        }
+        let mut gone: HashSet<String> = written.keys().cloned().collect();
+        gone.extend(
+            on_node
+                .iter()
+                .filter_map(|c| c.get("type")?.as_str().map(str::to_string)),
+        );
+        for t in gone.iter().filter(|t| !next.contains_key(*t)) {
+            changed = true;
+            items.push(json!({"type": t, "$patch": "delete"}));
+        }
+        let due = a
+            .written_at
+            .is_none_or(|w| w.elapsed() >= self.cfg.heartbeat_write_interval);
+        if !changed && !due {
+            return Ok(());
+        }
+        self.patch_conditions(node, items).await?;
+        a.written = Some(next);
+        a.written_at = Some(Instant::now());
+        a.dirty = false;
+        Ok(())
+    }
+
+    async fn patch_conditions(&self, node: &str, items: Vec<Value>) -> Result<(), NodeStateError> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let patch = json!({"status": {"conditions": items}});
+        self.counters.node_writes.fetch_add(1, Ordering::Relaxed);
+        self.nodes_api
+            .patch_status(node, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+            .map_err(|source| {
+                self.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+                NodeStateError::Patch {
+                    node: node.into(),
+                    source,
+                }
+            })?;
+        Ok(())
+    }
+
+    /// Removes `labels` from `node` (the caller checked the allow-list).
+    pub(super) async fn remove_labels(
+        &self,
+        node: &str,
+        labels: &[String],
+    ) -> Result<(), NodeStateError> {
+        let map: serde_json::Map<String, Value> =
+            labels.iter().map(|l| (l.clone(), Value::Null)).collect();
+        let patch = json!({"metadata": {"labels": map}});
+        self.counters.node_writes.fetch_add(1, Ordering::Relaxed);
+        self.nodes_api
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|source| NodeStateError::Patch {
+                node: node.into(),
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// Whether `node` currently has `label` (from the cache).
+    pub(super) fn node_has_label(&self, node: &str, label: &str) -> bool {
+        let key = kube::runtime::reflector::ObjectRef::<Node>::new(node);
+        self.store
+            .get(&key)
+            .and_then(|n| n.metadata.labels.as_ref().map(|l| l.contains_key(label)))
+            .unwrap_or(false)
+    }
+
+    pub(super) fn config(&self) -> &NodeStateConfig {
+        &self.cfg
+    }
+
+    pub(super) fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    /// One maintenance pass (leader only): writes reports a follower kept, marks silent agents stale.
+    pub async fn tick(&self) {
+        if !self.is_leader() {
+            return;
+        }
+        let agents: Vec<(String, Arc<tokio::sync::Mutex<Agent>>)> = {
+            let m = self.agents.lock().unwrap_or_else(|e| e.into_inner());
+            m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        let known: HashSet<String> = agents.iter().map(|(k, _)| k.clone()).collect();
+        for (node, entry) in agents {
+            let mut a = entry.lock().await;
+            let silent = a.last_seen.unwrap_or(self.started).elapsed() > self.cfg.staleness;
+            let res = if silent && !a.stale {
+                self.mark_stale(&node, &mut a).await
+            } else if a.dirty && !silent {
+                self.write_conditions(&node, &mut a, true).await
+            } else {
+                Ok(())
+            };
+            if let Err(e) = res {
+                tracing::warn!(node, error = %e, "node state write failed; will retry");
+            }
+        }
+        if self.started.elapsed() > self.cfg.staleness {
+            for n in self.store.state() {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                if !known.contains(&name) && !self.node_conditions(&name).is_empty() {
+                    self.agent(&name);
+                }
+            }
+        }
+    }
+
+    async fn mark_stale(&self, node: &str, a: &mut Agent) -> Result<(), NodeStateError> {
+        let on_node = self.node_conditions(node);
+        if on_node.is_empty() {
+            a.stale = true;
+            return Ok(());
+        }
+        let now = ts(Utc::now());
+        let silent_for = a.last_seen.unwrap_or(self.started).elapsed().as_secs();
+        let msg = format!("no report from the nodekeeper agent for {silent_for}s");
+        let items: Vec<Value> = on_node
+            .iter()
+            .filter_map(|c| {
+                let t = c.get("type")?.as_str()?;
+                let same = c.get("status").and_then(Value::as_str) == Some("Unknown");
+                let transition = if same {
+                    c.get("lastTransitionTime").cloned().unwrap_or(json!(now))
+                } else {
+                    json!(now)
+                };
+                Some(
+                    json!({"type": t, "status": "Unknown", "reason": STALE_REASON, "message": msg,
+                    "lastHeartbeatTime": now, "lastTransitionTime": transition}),
+                )
+            })
+            .collect();
+        self.patch_conditions(node, items).await?;
+        self.counters.stale_marked.fetch_add(1, Ordering::Relaxed);
+        a.stale = true;
+        a.written = None;
+        a.conditions = a
+            .conditions
+            .iter()
+            .map(|c| {
+                CheckResult::new(
+                    c.condition_type.clone(),
+                    ConditionStatus::Unknown,
+                    STALE_REASON,
+                    msg.clone(),
+                )
+            })
+            .collect();
+        self.recorder
+            .node(node, Reason::AgentSilent, "MarkUnknown", &msg)
+            .await;
+        Ok(())
+    }
+
+    /// Runs [`tick`](Self::tick) every `period` until `cancel`.
+    pub async fn run_maintenance(
+        self: Arc<Self>,
+        period: Duration,
+        cancel: tokio_util::sync::CancellationToken,
+    ) {
+        let mut iv = tokio::time::interval(period);
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = iv.tick() => self.tick().await,
+            }
+        }
+    }
+}
+
+fn command_id(c: &AgentCommand) -> &str {
+    match c {
+        AgentCommand::Reboot { id, .. } | AgentCommand::AckScheduledEvent { id, .. } => id,
+    }
+}

@@ -1,0 +1,311 @@
+//! OCI Events ingestion through an OCI Notifications HTTPS subscription.
+//!
+//! - Authentication: a shared secret as the last URL path segment (`<path>/<token>`) or in the
+//!   configured header; compared in constant time. Anything else is 401.
+//! - Subscription confirmation: a message with a `ConfirmationURL` (body) or the
+//!   `X-OCI-NS-ConfirmationURL` header is confirmed by a GET of that URL (when enabled).
+//! - Events: `com.oraclecloud.computeapi.instancepreemptionaction` (Preemption),
+//!   `com.oraclecloud.computeapi.instancemaintenance` (Maintenance; `CANCELED` → Cancelled) and
+//!   `…computeapi.maintenancerescheduled` (Maintenance with the new window, hence a new id). The
+//!   instance OCID (`data.additionalDetails.instanceId`, else `data.resourceId`) is mapped to a Node
+//!   by `spec.providerID` (`oci://<ocid>` or the bare OCID), then handed to the node-state layer as
+//!   the same [`NodeEvent`] an agent would send, deduplicated by its deterministic id.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::Utc;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::Store;
+use serde_json::{json, Value};
+
+use super::config::OciEventsConfig;
+use super::server::App;
+use crate::agent::sources::tracker::event_id;
+use crate::agent::sources::{Cloud, EventKind, NodeEvent, NODE_EVENT_VERSION};
+
+/// Event type of a preemption.
+pub const PREEMPTION: &str = "com.oraclecloud.computeapi.instancepreemptionaction";
+/// Event type of a maintenance event.
+pub const MAINTENANCE: &str = "com.oraclecloud.computeapi.instancemaintenance";
+/// Event type of a rescheduled maintenance.
+pub const RESCHEDULED: &str = "com.oraclecloud.computeapi.maintenancerescheduled";
+const CHANNEL: &str = "oci/events";
+
+/// The OCI Events endpoint's state.
+#[derive(Debug)]
+pub struct OciEvents {
+    cfg: OciEventsConfig,
+    store: Store<Node>,
+    http: Option<crate::agent::reporter::HttpsClient>,
+}
+
+impl OciEvents {
+    /// Ingestion with `cfg`, mapping instances through the Node cache.
+    pub fn new(cfg: OciEventsConfig, store: Store<Node>) -> Self {
+        OciEvents {
+            cfg,
+            store,
+            http: crate::agent::reporter::HttpsClient::new(None, None, std::time::Duration::from_secs(10))
+                .map_err(|e| tracing::error!(error = %e, "no HTTPS client: subscriptions cannot be confirmed"))
+                .ok(),
+        }
+    }
+
+    /// The URL path.
+    pub fn path(&self) -> &str {
+        &self.cfg.path
+    }
+
+    fn token_ok(&self, given: Option<&str>) -> bool {
+        let want = self.cfg.token.expose().as_bytes();
+        match given {
+            Some(g) if !want.is_empty() => ct_eq(g.as_bytes(), want),
+            _ => false,
+        }
+    }
+
+    /// The node whose `spec.providerID` names `ocid`.
+    pub fn node_for(&self, ocid: &str) -> Option<String> {
+        let index: HashMap<String, String> = self
+            .store
+            .state()
+            .iter()
+            .filter_map(|n| {
+                let pid = n.spec.as_ref()?.provider_id.clone()?;
+                let id = pid.strip_prefix("oci://").unwrap_or(&pid).to_string();
+                Some((id, n.metadata.name.clone()?))
+            })
+            .collect();
+        index.get(ocid).cloned()
+    }
+}
+
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    use sha2::{Digest, Sha256};
+    let (x, y) = (Sha256::digest(a), Sha256::digest(b));
+    x.iter()
+        .zip(y.iter())
+        .fold(0u8, |acc, (p, q)| acc | (p ^ q))
+        == 0
+}
+
+/// `POST <path>` (secret in the header).
+pub async fn handle(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some(oci) = &app.oci else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let given = headers
+        .get(oci.cfg.header.as_str())
+        .and_then(|v| v.to_str().ok());
+    process(&app, oci, oci.token_ok(given), &headers, &body).await
+}
+
+/// `POST <path>/<token>`.
+pub async fn handle_with_path_token(
+    State(app): State<Arc<App>>,
+    Path(token): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(oci) = &app.oci else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    process(&app, oci, oci.token_ok(Some(&token)), &headers, &body).await
+}
+
+async fn process(
+    app: &App,
+    oci: &OciEvents,
+    authorized: bool,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    if !authorized {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": "missing or wrong OCI events token"})),
+        )
+            .into_response();
+    }
+    let v: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"error": format!("invalid JSON: {e}")})),
+            )
+                .into_response()
+        }
+    };
+    let confirm = headers
+        .get("x-oci-ns-confirmationurl")
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| {
+            v.get("ConfirmationURL")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
+    if let Some(url) = confirm {
+        return confirm_subscription(oci, &url).await;
+    }
+    let parsed = match parse(&v) {
+        Ok(p) => p,
+        Err(why) => return (StatusCode::OK, Json(json!({"ignored": why}))).into_response(),
+    };
+    let Some(node) = oci.node_for(&parsed.instance) else {
+        tracing::warn!(instance = %parsed.instance, "OCI event for an instance that is no Node");
+        return (
+            StatusCode::OK,
+            Json(json!({"ignored": format!("no node has providerID {}", parsed.instance)})),
+        )
+            .into_response();
+    };
+    let id = parsed.event.id.clone();
+    let new = app.states.ingest_event(&node, parsed.event).await;
+    tracing::info!(%node, id, new, "OCI event ingested");
+    Json(json!({"node": node, "id": id, "new": new})).into_response()
+}
+
+async fn confirm_subscription(oci: &OciEvents, url: &str) -> Response {
+    tracing::info!(url, "OCI Notifications subscription confirmation");
+    if !oci.cfg.confirm_subscriptions {
+        return Json(json!({"confirmation": "logged"})).into_response();
+    }
+    let Some(http) = &oci.http else {
+        return (
+            StatusCode::BAD_GATEWAY,
+            Json(json!({"error": "no HTTPS client"})),
+        )
+            .into_response();
+    };
+    let res = match http.request("GET", url, None, &[], None).await {
+        Ok((code, _)) if (200..300).contains(&code) => Ok(()),
+        Ok((code, _)) => Err(format!("HTTP {code}")),
+        Err(e) => Err(e.to_string()),
+    };
+    match res {
+        Ok(()) => Json(json!({"confirmation": "confirmed"})).into_response(),
+        Err(e) => {
+            tracing::warn!(url, error = %e, "cannot confirm the subscription");
+            (
+                StatusCode::BAD_GATEWAY,
+                Json(json!({"error": format!("confirmation failed: {e}")})),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// A parsed OCI event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parsed {
+    /// Instance OCID.
+    pub instance: String,
+    /// The node event.
+    pub event: NodeEvent,
+}
+
+/// Maps an OCI Events envelope to a node event (Err: why it is ignored).
+pub fn parse(v: &Value) -> Result<Parsed, String> {
+    let etype = v
+        .get("eventType")
+        .and_then(Value::as_str)
+        .ok_or("no eventType")?;
+    let data = v.get("data").ok_or("no data")?;
+    let details = data.get("additionalDetails").cloned().unwrap_or(json!({}));
+    let s = |x: &Value, k: &str| x.get(k).and_then(Value::as_str).map(str::to_string);
+    let resource = s(data, "resourceId").unwrap_or_default();
+    let instance = s(&details, "instanceId").unwrap_or_else(|| resource.clone());
+    if !instance.starts_with("ocid1.instance") {
+        return Err(format!("no instance OCID in {etype}"));
+    }
+    let mut detail = BTreeMap::new();
+    detail.insert("eventType".to_string(), etype.to_string());
+    for k in [
+        "lifecycleState",
+        "maintenanceCategory",
+        "instanceAction",
+        "preemptionAction",
+        "timeWindowStart",
+    ] {
+        if let Some(x) = s(&details, k) {
+            detail.insert(k.to_string(), crate::agent::sources::truncate(&x, 128));
+        }
+    }
+    let window = s(&details, "timeWindowStart");
+    let not_before = window
+        .as_deref()
+        .and_then(|w| chrono::DateTime::parse_from_rfc3339(w).ok())
+        .map(|t| t.with_timezone(&Utc));
+    let (kind, key) = match etype {
+        PREEMPTION => (EventKind::Preemption, instance.clone()),
+        MAINTENANCE | RESCHEDULED => {
+            let key = format!("{resource}|{}", window.clone().unwrap_or_default());
+            let state = s(&details, "lifecycleState").unwrap_or_default();
+            match state.as_str() {
+                "CANCELED" | "SUCCEEDED" | "FAILED" => {
+                    let of = event_id(Some(Cloud::Oci), CHANNEL, &EventKind::Maintenance, &key);
+                    (EventKind::Cancelled { of }, key)
+                }
+                _ => (EventKind::Maintenance, key),
+            }
+        }
+        other => return Err(format!("event type {other} is not handled")),
+    };
+    let id = event_id(Some(Cloud::Oci), CHANNEL, &kind, &key);
+    Ok(Parsed {
+        instance,
+        event: NodeEvent {
+            version: NODE_EVENT_VERSION,
+            id,
+            kind,
+            cloud: Some(Cloud::Oci),
+            source: CHANNEL.into(),
+            not_before,
+            deadline: None,
+            detected_at: Utc::now(),
+            detail,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_map_to_events_with_stable_ids() {
+        let pre = json!({"eventType": PREEMPTION, "source": "ComputeApi", "eventID": "e1",
+            "data": {"resourceId": "ocid1.instance.oc1.phx.abc", "additionalDetails": {"preemptionAction": "TERMINATE"}}});
+        let a = parse(&pre).unwrap();
+        let b = parse(&pre).unwrap();
+        assert_eq!(a.instance, "ocid1.instance.oc1.phx.abc");
+        assert_eq!(a.event.kind, EventKind::Preemption);
+        assert_eq!(a.event.id, b.event.id);
+        let m = |state: &str| {
+            json!({"eventType": MAINTENANCE, "source": "ComputeApi",
+            "data": {"resourceId": "ocid1.instancemaintenanceevent.oc1.x", "additionalDetails": {
+                "instanceId": "ocid1.instance.oc1.phx.abc", "lifecycleState": state,
+                "maintenanceCategory": "FLEXIBLE", "instanceAction": "None",
+                "timeWindowStart": "2023-09-18T12:00:00.000Z", "startWindowDuration": "P1D"}}})
+        };
+        let sched = parse(&m("SCHEDULED")).unwrap();
+        assert_eq!(sched.event.kind, EventKind::Maintenance);
+        assert!(sched.event.not_before.is_some());
+        let cancel = parse(&m("CANCELED")).unwrap();
+        assert_eq!(
+            cancel.event.kind,
+            EventKind::Cancelled {
+                of: sched.event.id.clone()
+            }
+        );
+        assert!(parse(&json!({"eventType": "com.oraclecloud.other", "data": {"resourceId": "ocid1.instance.x"}})).is_err());
+    }
+}

@@ -1,0 +1,270 @@
+//! The report API: `POST /v1/reports`, `GET /livez`, `/readyz`, `/metrics`, and the OCI Events
+//! endpoint, over HTTPS (rustls, certificate and key from files) or, when configured explicitly,
+//! plain HTTP.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use tokio_util::sync::CancellationToken;
+
+use super::auth::{AuthError, Authenticator};
+use super::nodestate::NodeStates;
+use super::oci_events::OciEvents;
+use crate::report::{NodeReport, REPORT_VERSION};
+
+/// Errors starting the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Listen failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// TLS material unusable.
+    #[error("TLS {path}: {why}")]
+    Tls {
+        /// File.
+        path: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Shared state of the handlers.
+#[derive(Debug)]
+pub struct App {
+    /// Token validation.
+    pub auth: Authenticator,
+    /// Node state.
+    pub states: Arc<NodeStates>,
+    /// The Node cache is synced.
+    pub ready: AtomicBool,
+    /// This replica leads.
+    pub leader: tokio::sync::watch::Receiver<bool>,
+    /// OCI Events ingestion, when enabled.
+    pub oci: Option<OciEvents>,
+    /// Forbidden reports (another node).
+    pub forbidden: std::sync::atomic::AtomicU64,
+    /// Unauthenticated requests.
+    pub unauthenticated: std::sync::atomic::AtomicU64,
+}
+
+/// The router.
+pub fn router(app: Arc<App>, max_body: usize) -> Router {
+    let mut r = Router::new()
+        .route("/v1/reports", post(report))
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics));
+    if let Some(oci) = &app.oci {
+        let base = oci.path().trim_end_matches('/').to_string();
+        r = r.route(&base, post(super::oci_events::handle)).route(
+            &format!("{base}/{{token}}"),
+            post(super::oci_events::handle_with_path_token),
+        );
+    }
+    r.layer(DefaultBodyLimit::max(max_body)).with_state(app)
+}
+
+fn err(code: StatusCode, msg: impl Into<String>) -> Response {
+    (code, Json(serde_json::json!({"error": msg.into()}))).into_response()
+}
+
+async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let authz = headers.get("authorization").and_then(|v| v.to_str().ok());
+    let caller = match app.auth.authenticate(authz).await {
+        Ok(c) => c,
+        Err(e @ AuthError::Unauthenticated(_)) => {
+            app.unauthenticated.fetch_add(1, Ordering::Relaxed);
+            return err(StatusCode::UNAUTHORIZED, e.to_string());
+        }
+        Err(e @ AuthError::Forbidden(_)) => return err(StatusCode::FORBIDDEN, e.to_string()),
+        Err(e @ AuthError::Upstream(_)) => {
+            return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        }
+    };
+    let value: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")),
+    };
+    match value.get("version").and_then(serde_json::Value::as_u64) {
+        Some(v) if v == u64::from(REPORT_VERSION) => {}
+        other => {
+            return err(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "unsupported report version {other:?}; this controller reads {REPORT_VERSION}"
+                ),
+            )
+        }
+    }
+    let report: NodeReport = match serde_json::from_value(value) {
+        Ok(r) => r,
+        Err(e) => return err(StatusCode::BAD_REQUEST, format!("invalid report: {e}")),
+    };
+    if report.node != caller.node {
+        app.forbidden.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(caller_node = %caller.node, report_node = %report.node, pod = ?caller.pod,
+            "rejected a report about another node");
+        return err(
+            StatusCode::FORBIDDEN,
+            format!(
+                "token is bound to node {}; a report about {} is not allowed",
+                caller.node, report.node
+            ),
+        );
+    }
+    match app.states.handle(report).await {
+        Ok(resp) => Json(resp).into_response(),
+        Err(e) => err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    if app.ready.load(Ordering::Relaxed) {
+        "ok".into_response()
+    } else {
+        err(StatusCode::SERVICE_UNAVAILABLE, "node cache not synced yet")
+    }
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let c = &app.states.counters;
+    let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let leader = u8::from(*app.leader.borrow());
+    let text = format!(
+        "# TYPE nodekeeper_reports_total counter\nnodekeeper_reports_total {}\n\
+         # TYPE nodekeeper_report_replays_total counter\nnodekeeper_report_replays_total {}\n\
+         # TYPE nodekeeper_reports_forbidden_total counter\nnodekeeper_reports_forbidden_total {}\n\
+         # TYPE nodekeeper_reports_unauthenticated_total counter\nnodekeeper_reports_unauthenticated_total {}\n\
+         # TYPE nodekeeper_token_reviews_total counter\nnodekeeper_token_reviews_total {}\n\
+         # TYPE nodekeeper_node_writes_total counter\nnodekeeper_node_writes_total {}\n\
+         # TYPE nodekeeper_node_write_failures_total counter\nnodekeeper_node_write_failures_total {}\n\
+         # TYPE nodekeeper_node_events_total counter\nnodekeeper_node_events_total {}\n\
+         # TYPE nodekeeper_labels_removed_total counter\nnodekeeper_labels_removed_total {}\n\
+         # TYPE nodekeeper_nodes_marked_stale_total counter\nnodekeeper_nodes_marked_stale_total {}\n\
+         # TYPE nodekeeper_leader gauge\nnodekeeper_leader {leader}\n",
+        g(&c.reports), g(&c.replays), g(&app.forbidden), g(&app.unauthenticated),
+        g(&app.auth.reviews), g(&c.node_writes), g(&c.write_failures), g(&c.node_events),
+        g(&c.labels_removed), g(&c.stale_marked),
+    );
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// Loads a rustls server config from PEM files.
+pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, ServerError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let tls_err = |p: &Path, why: String| ServerError::Tls {
+        path: p.display().to_string(),
+        why,
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| tls_err(cert, e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| tls_err(cert, e.to_string()))?;
+    if certs.is_empty() {
+        return Err(tls_err(cert, "no certificate in the file".into()));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| tls_err(key, e.to_string()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_err(cert, e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key_der)
+        .map_err(|e| tls_err(cert, e.to_string()))?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// Binds `addr` and serves `router` (over TLS when `tls` is set) until `cancel`.
+pub async fn serve(
+    addr: &str,
+    router: Router,
+    tls: Option<rustls::ServerConfig>,
+    cancel: CancellationToken,
+) -> Result<std::net::SocketAddr, ServerError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: addr.into(),
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| ServerError::Bind {
+        addr: addr.into(),
+        source,
+    })?;
+    match tls {
+        None => {
+            tokio::spawn(async move {
+                let s =
+                    axum::serve(listener, router).with_graceful_shutdown(cancel.cancelled_owned());
+                if let Err(e) = s.await {
+                    tracing::error!(error = %e, "report API stopped");
+                }
+            });
+        }
+        Some(cfg) => {
+            tokio::spawn(serve_tls(listener, router, Arc::new(cfg), cancel));
+        }
+    }
+    Ok(local)
+}
+
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    cfg: Arc<rustls::ServerConfig>,
+    cancel: CancellationToken,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                acceptor.accept(tcp),
+            )
+            .await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
+            tokio::select! {
+                r = conn => if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended with an error") },
+                _ = cancel.cancelled() => {}
+            }
+        });
+    }
+}
