@@ -48,6 +48,8 @@ enum Input {
     Identity(InstanceIdentity),
     Shutdown(ShutdownSignal),
     Labels(Vec<crate::report::LabelRemoval>),
+    Command(crate::report::AgentCommand),
+    CommandResult(crate::report::CommandResult),
 }
 
 /// Runs the agent until a termination signal. Returns the exit code.
@@ -67,6 +69,7 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
     file_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut events: Vec<NodeEvent> = Vec::new();
     let mut held: Vec<Delivered> = Vec::new();
+    let mut sink = Sink::start(&config, &opts, in_tx.clone());
     loop {
         let reload = tokio::select! {
             _ = signals.shutdown.changed() => break,
@@ -90,7 +93,11 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
                 false
             }
             Some(input) = in_rx.recv() => {
-                on_input(input, &mut st, &mut events, &mut held);
+                match input {
+                    Input::Command(cmd) => execute(cmd, config.sources.clone(), in_tx.clone()),
+                    Input::CommandResult(r) => st.add_command_result(r),
+                    other => on_input(other, &mut st, &mut events, &mut held),
+                }
                 false
             }
         };
@@ -106,11 +113,24 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
             apply_crio(&config, &opts, &mut st).await;
         }
         if st.changed() || !events.is_empty() {
-            publish(&st.report(std::mem::take(&mut events), Utc::now()));
-            // The shutdown report is out: let the shutdown proceed.
-            held.drain(..).for_each(Delivered::done);
+            sink.publish(st.report(std::mem::take(&mut events), Utc::now()))
+                .await;
+            // The shutdown report is out (or handed to the reporter, which sends changes within
+            // 200 ms): let the shutdown proceed shortly.
+            let grace = if sink.reporter.is_some() {
+                std::time::Duration::from_secs(1)
+            } else {
+                std::time::Duration::ZERO
+            };
+            for d in held.drain(..) {
+                tokio::spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    d.done();
+                });
+            }
         }
     }
+    sink.stop().await;
     tasks.stop().await;
     tracing::info!("agent stopped");
     crate::cli::EXIT_OK
@@ -153,12 +173,126 @@ fn on_input(
         }
         Input::Shutdown(other) => tracing::debug!(signal = ?other, "shutdown watcher"),
         Input::Labels(removals) => st.set_label_removals(removals),
+        Input::Command(_) | Input::CommandResult(_) => {} // handled by the loop
     }
 }
 
-/// Where reports go until the controller reporter is configured: the log (a summary at info,
-/// the whole report at debug).
-fn publish(report: &NodeReport) {
+/// Where reports go: always the log; with `[report]`, the controller reporter too (events
+/// separately: it queues and persists them until the controller acknowledges them).
+struct Sink {
+    reporter: Option<(watch::Sender<NodeReport>, mpsc::Sender<NodeEvent>)>,
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Sink {
+    fn start(config: &Config, opts: &AgentOptions, tx: mpsc::Sender<Input>) -> Self {
+        let (stop, stop_rx) = watch::channel(false);
+        let mut sink = Sink {
+            reporter: None,
+            stop,
+            task: None,
+        };
+        let Some(cfg) = config.report.clone() else {
+            return sink;
+        };
+        let state_dir =
+            crate::agent::crio::state::under_root(opts.root.as_deref(), &config.crio.state_dir);
+        let reporter = match crate::agent::reporter::Reporter::new(cfg, &state_dir) {
+            Ok(r) => r,
+            Err(error) => {
+                tracing::error!(%error, "reporter disabled: reports go to the log only");
+                return sink;
+            }
+        };
+        let (report_tx, report_rx) = watch::channel(
+            AgentState::new(node_name(config), String::new(), String::new())
+                .report(vec![], Utc::now()),
+        );
+        let (event_tx, event_rx) = mpsc::channel(256);
+        let (cmd_tx, mut cmd_rx) = mpsc::channel(16);
+        sink.task = Some(tokio::spawn(async move {
+            let forward = async {
+                while let Some(c) = cmd_rx.recv().await {
+                    if tx.send(Input::Command(c)).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            tokio::join!(reporter.run(report_rx, event_rx, cmd_tx, stop_rx), forward);
+        }));
+        sink.reporter = Some((report_tx, event_tx));
+        sink
+    }
+
+    async fn publish(&mut self, mut report: NodeReport) {
+        log_report(&report);
+        if let Some((report_tx, event_tx)) = &self.reporter {
+            for e in std::mem::take(&mut report.events) {
+                if event_tx.send(e).await.is_err() {
+                    tracing::error!("reporter stopped: event not queued");
+                }
+            }
+            let _ = report_tx.send(report);
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        self.reporter = None;
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Runs a controller command in the background; its result comes back as an input.
+fn execute(
+    cmd: crate::report::AgentCommand,
+    sources: crate::agent::sources::SourcesConfig,
+    tx: mpsc::Sender<Input>,
+) {
+    use crate::report::{AgentCommand, CommandResult};
+    tokio::spawn(async move {
+        let (id, outcome) = match cmd {
+            AgentCommand::Reboot { id, reason } => {
+                tracing::warn!(%id, %reason, "rebooting on the controller's request");
+                let r = match Systemd::connect_system().await {
+                    Ok(s) => s.reboot().await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                (id, r.map(|()| "reboot.target started".to_string()))
+            }
+            AgentCommand::AckScheduledEvent { id, event_id } => {
+                let r = crate::agent::sources::azure::ack_event(&sources, &event_id).await;
+                (
+                    id,
+                    r.map(|()| format!("scheduled event {event_id} approved"))
+                        .map_err(|e| e.to_string()),
+                )
+            }
+        };
+        let result = match outcome {
+            Ok(message) => CommandResult {
+                id,
+                ok: true,
+                message,
+            },
+            Err(message) => {
+                tracing::error!(id = %id, %message, "command failed");
+                CommandResult {
+                    id,
+                    ok: false,
+                    message,
+                }
+            }
+        };
+        let _ = tx.send(Input::CommandResult(result)).await;
+    });
+}
+
+/// The log form of a report: a summary at info, the whole report at debug.
+fn log_report(report: &NodeReport) {
     tracing::info!(
         sequence = report.sequence,
         conditions = report.conditions.len(),

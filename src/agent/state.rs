@@ -6,7 +6,12 @@ use chrono::{DateTime, Utc};
 use crate::agent::checks::{CheckEvent, CheckResult, Round};
 use crate::agent::crio::apply::{ApplyError, ApplyReport};
 use crate::agent::sources::{InstanceIdentity, NodeEvent};
-use crate::report::{CrioReport, CrioResult, LabelRemoval, NodeReport, REPORT_VERSION};
+use crate::report::{
+    CommandResult, CrioReport, CrioResult, LabelRemoval, NodeReport, REPORT_VERSION,
+};
+
+/// Command results carried in every report (the controller matches them by id).
+pub const MAX_COMMAND_RESULTS: usize = 16;
 
 /// Most check events kept between two delivered reports (older ones are dropped, counted in `problems`).
 pub const MAX_CHECK_EVENTS: usize = 256;
@@ -24,6 +29,7 @@ pub struct AgentState {
     dropped_check_events: usize,
     crio: Option<CrioReport>,
     label_removals: Vec<LabelRemoval>,
+    command_results: Vec<CommandResult>,
     problems: Vec<String>,
     /// Fingerprint of the last published content (conditions, crio, labels, identity).
     last_published: Option<String>,
@@ -43,6 +49,7 @@ impl AgentState {
             dropped_check_events: 0,
             crio: None,
             label_removals: Vec::new(),
+            command_results: Vec::new(),
             problems: Vec::new(),
             last_published: None,
         }
@@ -107,6 +114,14 @@ impl AgentState {
         self.label_removals = removals;
     }
 
+    /// Records the result of a controller command (the last [`MAX_COMMAND_RESULTS`] are reported).
+    pub fn add_command_result(&mut self, result: CommandResult) {
+        if self.command_results.len() >= MAX_COMMAND_RESULTS {
+            self.command_results.remove(0);
+        }
+        self.command_results.push(result);
+    }
+
     /// The kernel boot id the agent started under.
     pub fn boot_id(&self) -> &str {
         &self.boot_id
@@ -128,6 +143,7 @@ impl AgentState {
             &self.label_removals,
             &self.identity,
             &self.problems,
+            &self.command_results,
         ))
         .unwrap_or_default()
     }
@@ -165,7 +181,7 @@ impl AgentState {
             events,
             crio: self.crio.clone(),
             label_removals: self.label_removals.clone(),
-            command_results: Vec::new(),
+            command_results: self.command_results.clone(),
             problems,
         }
     }
