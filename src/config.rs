@@ -31,6 +31,14 @@ pub struct Config {
     pub checks: crate::agent::checks::ChecksConfig,
     /// Cloud metadata sources (preemption, maintenance and rebalance notices).
     pub sources: crate::agent::sources::SourcesConfig,
+    /// Repair policies, escalation, short-circuit, startup timeout (controller).
+    pub repair: crate::controller::policy::config::RepairConfig,
+    /// Disruption budgets per node group (controller).
+    pub budgets: crate::controller::policy::config::BudgetsConfig,
+    /// Response to interruption notices (controller).
+    pub interruption: crate::controller::policy::config::InterruptionConfig,
+    /// The controller (policy part: `dry_run`).
+    pub controller: crate::controller::policy::config::ControllerPolicyConfig,
 }
 
 /// `[log]`
@@ -471,6 +479,7 @@ impl Config {
         diags.extend(crate::agent::crio::lint::lint(&self.crio, crio_version));
         diags.extend(self.checks.validate());
         diags.extend(self.sources.validate());
+        diags.extend(crate::controller::policy::PolicyConfig::from_config(self).validate());
         diags
     }
 

@@ -12,6 +12,7 @@
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod controller;
 pub mod report;
 pub mod shutdown;
 pub mod sim;
