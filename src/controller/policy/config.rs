@@ -207,12 +207,16 @@ impl TryFrom<RawPolicy> for RepairPolicy {
             raw.condition_type, raw.condition_status
         );
         let toleration = match (raw.toleration, raw.toleration_duration) {
-            (Some(_), Some(_)) => return Err(format!(
+            (Some(_), Some(_)) => {
+                return Err(format!(
                 "{what}: set either `toleration` or `tolerationDuration` (nanoseconds), not both"
-            )),
-            (None, None) => return Err(format!(
+            ))
+            }
+            (None, None) => {
+                return Err(format!(
                 "{what}: missing `toleration` (e.g. \"10m\") or `tolerationDuration` (nanoseconds)"
-            )),
+            ))
+            }
             (Some(t), None) => humantime::parse_duration(&t)
                 .map_err(|e| format!("{what}: toleration `{t}` is not a duration: {e}"))?,
             (None, Some(ns)) => Duration::from_nanos(ns),
@@ -248,9 +252,11 @@ pub fn parse_kpo_repair_policies(json: &str) -> Result<Vec<RepairPolicy>, serde_
 pub struct RepairConfig {
     /// Repairs happen at all (policies still count unhealthy nodes when false).
     pub enabled: bool,
-    /// The policies (`[[repair.policy]]`, or KPO's `repairPolicies = [...]`). Empty: no repair.
-    #[serde(alias = "repairPolicies")]
+    /// The policies (`[[repair.policy]]`). Empty (and no `repairPolicies`): no repair.
     pub policy: Vec<RepairPolicy>,
+    /// KPO's `repairPolicies = [...]`, as-is; used together with `policy`.
+    #[serde(rename = "repairPolicies", skip_serializing_if = "Vec::is_empty")]
+    pub repair_policies: Vec<RepairPolicy>,
     /// Escalation steps, in order (a subsequence of `drain`, `reboot`, `replace`).
     pub steps: Vec<RepairStep>,
     /// No new repair starts while more nodes of the group than this are unhealthy
@@ -283,6 +289,7 @@ impl Default for RepairConfig {
         Self {
             enabled: true,
             policy: Vec::new(),
+            repair_policies: Vec::new(),
             steps: vec![RepairStep::Drain, RepairStep::Replace],
             max_unhealthy: Quantity::Percent(20),
             healthy_delay: Duration::from_secs(120),
@@ -304,8 +311,11 @@ pub struct RepairGroup {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     /// Replaces `repair.policy` for this group.
-    #[serde(alias = "repairPolicies", skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<Vec<RepairPolicy>>,
+    /// KPO's form of `policy` (used together with it).
+    #[serde(rename = "repairPolicies", skip_serializing_if = "Option::is_none")]
+    pub repair_policies: Option<Vec<RepairPolicy>>,
     /// Overrides `repair.steps`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<RepairStep>>,
@@ -315,12 +325,12 @@ pub struct RepairGroup {
 }
 
 /// The repair settings in effect for one group.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EffectiveRepair<'a> {
     /// Repairs enabled.
     pub enabled: bool,
-    /// Policies.
-    pub policies: &'a [RepairPolicy],
+    /// Policies (`policy` then `repairPolicies`).
+    pub policies: Vec<RepairPolicy>,
     /// Steps.
     pub steps: &'a [RepairStep],
     /// Short-circuit threshold.
@@ -333,7 +343,18 @@ impl RepairConfig {
         let o = self.groups.get(group);
         EffectiveRepair {
             enabled: o.and_then(|g| g.enabled).unwrap_or(self.enabled),
-            policies: o.and_then(|g| g.policy.as_deref()).unwrap_or(&self.policy),
+            policies: match o {
+                Some(g) if g.policy.is_some() || g.repair_policies.is_some() => {
+                    let mut v = g.policy.clone().unwrap_or_default();
+                    v.extend(g.repair_policies.clone().unwrap_or_default());
+                    v
+                }
+                _ => {
+                    let mut v = self.policy.clone();
+                    v.extend(self.repair_policies.iter().cloned());
+                    v
+                }
+            },
             steps: o.and_then(|g| g.steps.as_deref()).unwrap_or(&self.steps),
             max_unhealthy: o
                 .and_then(|g| g.max_unhealthy)
@@ -387,8 +408,9 @@ pub struct BudgetsConfig {
     /// The node label whose value names a node's group (nodes without it form group `""`).
     /// Budgets and the repair short-circuit are evaluated per group.
     pub group_by: String,
-    /// Budgets of every group not listed in `groups` (Karpenter's default: one `10%`).
-    #[serde(alias = "budgets")]
+    /// `budgets = [...]`: budgets of every group not listed in `groups` (Karpenter's
+    /// default: one `10%`).
+    #[serde(rename = "budgets")]
     pub default: Vec<Budget>,
     /// Budgets per group name, e.g. `shared-spot = [{ nodes = "1" }]`.
     pub groups: BTreeMap<String, Vec<Budget>>,
@@ -537,6 +559,10 @@ impl PolicyConfig {
 
 fn validate_repair(r: &RepairConfig) -> Vec<Diagnostic> {
     let mut d = validate_policies(&r.policy, cfg_path!["repair", "policy"]);
+    d.extend(validate_policies(
+        &r.repair_policies,
+        cfg_path!["repair", "repairPolicies"],
+    ));
     d.extend(validate_steps(&r.steps, cfg_path!["repair", "steps"]));
     if r.enabled && r.steps.is_empty() {
         d.push(Diagnostic::error(
@@ -567,6 +593,12 @@ fn validate_repair(r: &RepairConfig) -> Vec<Diagnostic> {
             d.extend(validate_policies(
                 p,
                 cfg_path!["repair", "groups", name.as_str(), "policy"],
+            ));
+        }
+        if let Some(p) = &g.repair_policies {
+            d.extend(validate_policies(
+                p,
+                cfg_path!["repair", "groups", name.as_str(), "repairPolicies"],
             ));
         }
         if let Some(s) = &g.steps {
@@ -642,7 +674,7 @@ fn validate_budgets(b: &BudgetsConfig) -> Vec<Diagnostic> {
         ));
     }
     for (i, budget) in b.default.iter().enumerate() {
-        d.extend(validate_budget(budget, cfg_path!["budgets", "default", i]));
+        d.extend(validate_budget(budget, cfg_path!["budgets", "budgets", i]));
     }
     for (name, list) in &b.groups {
         for (i, budget) in list.iter().enumerate() {

@@ -86,7 +86,7 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'
     if !eff.enabled {
         return;
     }
-    if let Health::Unhealthy { why, expires, .. } = evaluate(p.node, eff.policies) {
+    if let Health::Unhealthy { why, expires, .. } = evaluate(p.node, &eff.policies) {
         if expires <= p.now {
             p.candidate = Some(Candidate {
                 reason: Reason::Repair,
@@ -201,7 +201,7 @@ fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
         p.request_replacement(STARTUP, p.record.startup_retries + 1);
         return;
     }
-    if let Health::Healthy { since } = evaluate(p.node, eff.policies) {
+    if let Health::Healthy { since } = evaluate(p.node, &eff.policies) {
         let delay = dur(cfg.repair.healthy_delay);
         if since.is_none_or(|s| p.now - s >= delay) {
             p.release(cfg);
@@ -285,7 +285,7 @@ pub(crate) fn short_circuit(
     let unhealthy = plans
         .iter()
         .filter(|p| !p.node.deleting)
-        .filter(|p| matches!(evaluate(p.node, eff.policies), Health::Unhealthy { .. }))
+        .filter(|p| matches!(evaluate(p.node, &eff.policies), Health::Unhealthy { .. }))
         .count();
     let threshold = eff.max_unhealthy.resolve(total, true);
     if unhealthy <= threshold {
