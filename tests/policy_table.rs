@@ -88,13 +88,13 @@ fn rebalance_cordons_only_and_cancellation_undoes_it() {
     apply(&mut v, &ds);
     let n = get(&v, "a");
     assert!(!n.unschedulable);
-    assert!(
-        keys::ALL
-            .iter()
-            .all(|k| *k == keys::BLOCKED || n.annotation(k).is_none()),
-        "{:?}",
-        n.annotations
-    );
+    // only the handled notice's id stays, so that it is never handled twice
+    assert_eq!(n.annotations.len(), 1, "{:?}", n.annotations);
+    assert!(n
+        .annotation(keys::INTERRUPTION)
+        .unwrap()
+        .starts_with("rebalance/rb/"));
+    assert!(run(&v, &cfg(), now + mins(2)).is_empty());
 }
 
 #[test]

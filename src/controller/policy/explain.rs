@@ -74,7 +74,7 @@ pub enum Blocker {
     /// A replacement was requested but the node is still here.
     ReplacementPending {
         /// Requested at.
-        since: DateTime<Utc>,
+        requested_at: DateTime<Utc>,
     },
 }
 
@@ -138,9 +138,9 @@ impl Blocker {
             Blocker::StartupRetries { retries, max } => format!(
                 "node never became Ready; its predecessors were replaced {retries} times (max_startup_retries {max}); held for an operator"
             ),
-            Blocker::ReplacementPending { since } => format!(
+            Blocker::ReplacementPending { requested_at } => format!(
                 "replacement requested at {} but the node is still present",
-                since.to_rfc3339()
+                requested_at.to_rfc3339()
             ),
         }
     }

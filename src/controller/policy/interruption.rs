@@ -55,7 +55,7 @@ fn lead(d: std::time::Duration) -> chrono::Duration {
 
 /// Handles notices for one node; true when the interruption flow owns the node this round.
 pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig) -> bool {
-    if p.node.deleting {
+    if p.cur.deleting {
         return false;
     }
     let cancelled: Vec<&str> = p
@@ -69,8 +69,11 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig) -> bool {
         .collect();
     if let Some(rn) = p.record.notice.clone() {
         if cancelled.contains(&rn.id.as_str()) {
-            cancel(p, cfg, &rn);
-            return true;
+            if matches!(p.record.state, State::Interrupted | State::Cordoned) {
+                cancel(p, cfg, &rn);
+            }
+            // Its id stays recorded; other notices are judged on their own.
+            p.record.notice = None;
         }
     }
     let target = p
@@ -91,10 +94,7 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig) -> bool {
         return begin(p, cfg, n);
     }
     match (p.record.state, p.record.notice.clone()) {
-        (State::Interrupted | State::Cordoned, Some(rn)) => {
-            resume(p, cfg, &rn);
-            true
-        }
+        (State::Interrupted | State::Cordoned, Some(rn)) => resume(p, cfg, &rn),
         _ => false,
     }
 }
@@ -115,10 +115,29 @@ fn is_new(p: &Plan<'_>, n: &Notice, cfg: &PolicyConfig) -> bool {
 }
 
 fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
+    let rn = recorded(&n, cfg, p.now);
+    if p.now >= rn.at + lead(cfg.interruption.release_after) {
+        // Outlived already (a late or replayed notice): record it as handled, do nothing.
+        p.set(keys::INTERRUPTION, rn.encode());
+        p.event(
+            EventType::Normal,
+            reasons::INTERRUPTION,
+            format!(
+                "{} notice {} for {} is past: ignored",
+                n.kind.name(),
+                n.id,
+                rn.at.to_rfc3339()
+            ),
+        );
+        p.record.notice = Some(rn.clone());
+        if matches!(p.record.state, State::Interrupted | State::Cordoned) {
+            return resume(p, cfg, &rn);
+        }
+        return false;
+    }
     match action_for(&n.kind, cfg) {
         InterruptionAction::Ignore => false,
         InterruptionAction::Event => {
-            let rn = recorded(&n, cfg);
             p.set(keys::INTERRUPTION, rn.encode());
             p.event(
                 EventType::Normal,
@@ -132,8 +151,13 @@ fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
             );
             false
         }
+        InterruptionAction::Cordon if p.disrupting => {
+            // A repair or interruption in progress already does more than a cordon.
+            p.set(keys::INTERRUPTION, rn.encode());
+            p.record.notice = Some(rn);
+            false
+        }
         InterruptionAction::Cordon => {
-            let rn = recorded(&n, cfg);
             p.set(keys::INTERRUPTION, rn.encode());
             p.enter(State::Cordoned, &format!("interruption:{}", n.kind.name()));
             p.event(
@@ -144,7 +168,7 @@ fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
             true
         }
         InterruptionAction::Drain | InterruptionAction::DrainReplace => {
-            if n.kind == NoticeKind::Rebalance {
+            if n.kind == NoticeKind::Rebalance && !p.disrupting {
                 p.candidate = Some(Candidate {
                     reason: Reason::Rebalance,
                     since: n.detected_at,
@@ -158,17 +182,25 @@ fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
     }
 }
 
-fn recorded(n: &Notice, cfg: &PolicyConfig) -> RecordedNotice {
+/// The notice as recorded when handling starts at `now`. A rebalance recommendation has no
+/// time; when its (budget-gated) drain starts late, the lead counts from the start.
+fn recorded(n: &Notice, cfg: &PolicyConfig, now: DateTime<Utc>) -> RecordedNotice {
+    let at = match (n.at, &n.kind) {
+        (None, NoticeKind::Rebalance) => {
+            n.detected_at.max(now) + lead(cfg.interruption.default_lead)
+        }
+        _ => announced_at(n, cfg),
+    };
     RecordedNotice {
         kind: n.kind.clone(),
         id: n.id.clone(),
-        at: announced_at(n, cfg),
+        at,
     }
 }
 
 /// Taint, cordon, LB exclusion, drain with deadline, replacement: all in this decision.
 pub(crate) fn start(p: &mut Plan<'_>, cfg: &PolicyConfig, n: &Notice) {
-    let rn = recorded(n, cfg);
+    let rn = recorded(n, cfg, p.now);
     let why = format!("interruption:{}", n.kind.name());
     for k in [
         keys::REPAIR_STEP,
@@ -178,16 +210,19 @@ pub(crate) fn start(p: &mut Plan<'_>, cfg: &PolicyConfig, n: &Notice) {
         p.clear(k);
     }
     p.set(keys::INTERRUPTION, rn.encode());
-    if !p.node.has_taint(&cfg.interruption.taint_key) {
-        p.actions.push(taint(cfg, &n.kind));
+    if !p.cur.has_taint(&cfg.interruption.taint_key) {
+        p.push(taint(cfg, &n.kind));
     }
     p.enter(State::Interrupted, &why);
     p.exclude_from_lb(&cfg.interruption.lb_exclude_label);
     let deadline = drain_deadline(rn.at, cfg);
-    p.actions.push(Action::StartDrain {
+    p.push(Action::StartDrain {
         deadline,
         reason: why.clone(),
     });
+    if p.cur.drain.phase != DrainPhase::Completed {
+        p.hold = drain_hold(p, Some(deadline));
+    }
     p.event(
         EventType::Warning,
         reasons::INTERRUPTION,
@@ -215,9 +250,8 @@ fn taint(cfg: &PolicyConfig, kind: &NoticeKind) -> Action {
 }
 
 fn cancel(p: &mut Plan<'_>, cfg: &PolicyConfig, rn: &RecordedNotice) {
-    let was_acting = p.record.state != State::Idle;
     p.release(cfg);
-    if was_acting {
+    {
         p.event(
             EventType::Normal,
             reasons::INTERRUPTION_CANCELLED,
@@ -231,16 +265,18 @@ fn cancel(p: &mut Plan<'_>, cfg: &PolicyConfig, rn: &RecordedNotice) {
 }
 
 /// Re-asserts an interruption in progress (after a restart too), or releases a node that
-/// outlived its notice.
-fn resume(p: &mut Plan<'_>, cfg: &PolicyConfig, rn: &RecordedNotice) {
-    if p.record.cordoned_by_us && !p.node.unschedulable {
-        p.actions.push(Action::Cordon);
+/// outlived its notice (then false: the node is free for the repair flow).
+fn resume(p: &mut Plan<'_>, cfg: &PolicyConfig, rn: &RecordedNotice) -> bool {
+    if p.record.cordoned_by_us && !p.cur.unschedulable {
+        p.push(Action::Cordon);
     }
     if p.record.state == State::Cordoned {
-        return;
+        return true;
     }
+    // A rebalance recommendation has no end: only its cancellation (or the node's removal)
+    // ends it.
     let release_at = rn.at + lead(cfg.interruption.release_after);
-    if p.now >= release_at && p.node.is_ready() {
+    if p.now >= release_at && p.cur.is_ready() && rn.kind != NoticeKind::Rebalance {
         p.release(cfg);
         p.event(
             EventType::Normal,
@@ -251,25 +287,25 @@ fn resume(p: &mut Plan<'_>, cfg: &PolicyConfig, rn: &RecordedNotice) {
                 rn.kind.name()
             ),
         );
-        return;
+        return false;
     }
-    if !p.node.has_taint(&cfg.interruption.taint_key) {
-        p.actions.push(taint(cfg, &rn.kind));
+    if !p.cur.has_taint(&cfg.interruption.taint_key) {
+        p.push(taint(cfg, &rn.kind));
     }
     let deadline = drain_deadline(rn.at, cfg);
-    match p.node.drain.phase {
-        DrainPhase::Idle => p.actions.push(Action::StartDrain {
+    if p.cur.drain.phase == DrainPhase::Idle {
+        p.push(Action::StartDrain {
             deadline,
             reason: format!("interruption:{}", rn.kind.name()),
-        }),
-        DrainPhase::Completed => {}
-        DrainPhase::Running | DrainPhase::Failed => {
-            p.hold = drain_hold(p, Some(deadline));
-        }
+        });
+    }
+    if p.cur.drain.phase != DrainPhase::Completed {
+        p.hold = drain_hold(p, Some(deadline));
     }
     if action_for(&rn.kind, cfg) == InterruptionAction::DrainReplace {
         p.request_replacement(&format!("interruption:{}", rn.kind.name()), 0);
     }
+    true
 }
 
 /// The blocker of a running drain: past its deadline, or the pod (and PDB) refusing eviction.
@@ -277,7 +313,7 @@ pub(crate) fn drain_hold(p: &Plan<'_>, deadline: Option<DateTime<Utc>>) -> Optio
     if let Some(d) = deadline.filter(|d| p.now > *d) {
         return Some(Blocker::Deadline { deadline: d });
     }
-    let pod = p.node.drain.blocker.as_ref()?;
+    let pod = p.cur.drain.blocker.as_ref()?;
     let name = format!("{}/{}", pod.namespace, pod.name);
     match &pod.blocking_pdb {
         Some(pdb) => Some(Blocker::Pdb {

@@ -180,7 +180,10 @@ pub fn group_of(node: &NodeView, cfg: &PolicyConfig) -> String {
 
 /// Actions accumulated for one node during a decision.
 pub(crate) struct Plan<'a> {
+    /// The node as the input shows it.
     pub(crate) node: &'a NodeView,
+    /// The node with this decision's actions applied so far (what later actions build on).
+    pub(crate) cur: NodeView,
     pub(crate) record: Record,
     pub(crate) actions: Vec<Action>,
     pub(crate) now: DateTime<Utc>,
@@ -216,6 +219,7 @@ impl<'a> Plan<'a> {
             node.deleting || matches!(record.state, State::Interrupted | State::Repairing);
         Plan {
             node,
+            cur: node.clone(),
             record,
             actions: Vec::new(),
             now,
@@ -225,10 +229,16 @@ impl<'a> Plan<'a> {
         }
     }
 
+    /// Appends an action and applies it to `cur`.
+    pub(crate) fn push(&mut self, action: Action) {
+        self.cur.apply(&action);
+        self.actions.push(action);
+    }
+
     pub(crate) fn set(&mut self, key: &str, value: impl Into<String>) {
         let value = value.into();
-        if self.node.annotation(key) != Some(value.as_str()) {
-            self.actions.push(Action::Annotate {
+        if self.cur.annotation(key) != Some(value.as_str()) {
+            self.push(Action::Annotate {
                 key: key.to_string(),
                 value: Some(value),
             });
@@ -236,8 +246,8 @@ impl<'a> Plan<'a> {
     }
 
     pub(crate) fn clear(&mut self, key: &str) {
-        if self.node.annotations.contains_key(key) {
-            self.actions.push(Action::Annotate {
+        if self.cur.annotations.contains_key(key) {
+            self.push(Action::Annotate {
                 key: key.to_string(),
                 value: None,
             });
@@ -249,7 +259,7 @@ impl<'a> Plan<'a> {
     }
 
     pub(crate) fn event(&mut self, type_: EventType, reason: &'static str, message: String) {
-        self.actions.push(Action::Event {
+        self.push(Action::Event {
             type_,
             reason,
             message,
@@ -265,47 +275,49 @@ impl<'a> Plan<'a> {
         self.set(keys::REASON, reason);
         self.cordon();
         self.record.state = state;
+        self.record.reason = Some(reason.to_string());
     }
 
     /// Cordons unless already unschedulable; the ownership record comes first.
     pub(crate) fn cordon(&mut self) {
-        if !self.node.unschedulable {
+        if !self.cur.unschedulable {
             self.set(keys::CORDONED_BY, keys::OWNER);
-            self.actions.push(Action::Cordon);
+            self.push(Action::Cordon);
             self.record.cordoned_by_us = true;
         }
     }
 
     /// Adds the LB exclusion label unless present (recording ownership first).
     pub(crate) fn exclude_from_lb(&mut self, label: &str) {
-        if label.is_empty() || self.node.labels.contains_key(label) {
+        if label.is_empty() || self.cur.labels.contains_key(label) {
             return;
         }
         self.set(keys::LB_EXCLUDED_BY, keys::OWNER);
-        self.actions.push(Action::Label {
+        self.push(Action::Label {
             key: label.to_string(),
             value: Some(keys::OWNER.to_string()),
         });
     }
 
-    /// Undoes what nodekeeper did (never an admin cordon) and clears its state.
+    /// Undoes what nodekeeper did (never an admin cordon) and clears its state (keeping the
+    /// handled notice's id, the replacement mark and the startup retries).
     pub(crate) fn release(&mut self, cfg: &PolicyConfig) {
-        if self.node.drain.phase != DrainPhase::Idle {
-            self.actions.push(Action::StopDrain);
+        if self.cur.drain.phase != DrainPhase::Idle {
+            self.push(Action::StopDrain);
         }
         let taint = &cfg.interruption.taint_key;
-        if self.node.has_taint(taint) {
-            self.actions.push(Action::Untaint { key: taint.clone() });
+        if self.cur.has_taint(taint) {
+            self.push(Action::Untaint { key: taint.clone() });
         }
         let label = &cfg.interruption.lb_exclude_label;
-        if self.record.lb_excluded_by_us && self.node.labels.contains_key(label) {
-            self.actions.push(Action::Label {
+        if self.record.lb_excluded_by_us && self.cur.labels.contains_key(label) {
+            self.push(Action::Label {
                 key: label.clone(),
                 value: None,
             });
         }
-        if self.record.cordoned_by_us && self.node.unschedulable {
-            self.actions.push(Action::Uncordon);
+        if self.record.cordoned_by_us && self.cur.unschedulable {
+            self.push(Action::Uncordon);
         }
         for k in [
             keys::STATE,
@@ -314,19 +326,20 @@ impl<'a> Plan<'a> {
             keys::REPAIR_STEP,
             keys::REPAIR_STEP_SINCE,
             keys::REBOOT_REQUESTED,
-            keys::INTERRUPTION,
             keys::LB_EXCLUDED_BY,
             keys::CORDONED_BY,
         ] {
             self.clear(k);
         }
+        // The handled notice stays recorded (state idle) so that it is never handled twice.
         self.record = Record {
+            notice: self.record.notice.clone(),
             replacement_requested: self.record.replacement_requested,
             startup_retries: self.record.startup_retries,
             held: self.record.held.clone(),
             ..Record::default()
         };
-        self.disrupting = self.node.deleting;
+        self.disrupting = self.cur.deleting;
     }
 
     /// Requests a replacement unless one was requested already (recorded first).
@@ -336,8 +349,8 @@ impl<'a> Plan<'a> {
         }
         let at = self.now_str();
         self.set(keys::REPLACEMENT_REQUESTED, at.clone());
-        self.actions.push(Action::RequestReplacement {
-            id: format!("{}/{}", self.node.name, at),
+        self.push(Action::RequestReplacement {
+            id: format!("{}/{}", self.cur.name, at),
             reason: reason.to_string(),
             startup_retries,
         });
@@ -363,7 +376,7 @@ impl<'a> Plan<'a> {
                     held.blocker.reason(),
                     held.blocker.message(),
                 );
-                self.actions.push(Action::Hold(held));
+                self.push(Action::Hold(held));
             }
             (None, Some(_)) => {
                 self.clear(keys::BLOCKED);
@@ -384,10 +397,10 @@ impl<'a> Plan<'a> {
         }
         let leftover = self.record.cordoned_by_us
             || self.record.lb_excluded_by_us
-            || self.node.has_taint(&cfg.interruption.taint_key)
+            || self.cur.has_taint(&cfg.interruption.taint_key)
             || [keys::STATE_SINCE, keys::REASON, keys::REPAIR_STEP]
                 .iter()
-                .any(|k| self.node.annotations.contains_key(*k));
+                .any(|k| self.cur.annotations.contains_key(*k));
         if leftover {
             self.release(cfg);
             self.event(
@@ -419,22 +432,30 @@ fn decide_group(
     for mut p in plans {
         p.cleanup_orphans(cfg);
         p.publish_hold();
-        let name = p.node.name.clone();
+        let name = p.cur.name.clone();
         out.extend(p.actions.into_iter().map(|a| (name.clone(), a)));
     }
     out
 }
 
-/// Nodes counted against the group's budget: disrupting, deleting, or NotReady and not
-/// themselves waiting for a slot.
+/// Nodes counted against the group's budget: disrupting, deleting, or NotReady (except a
+/// NotReady node waiting for its own repair: it competes for the slot instead, else a budget
+/// of 1 would never let a failed node be repaired).
 fn counted(plans: &[Plan<'_>]) -> usize {
     plans
         .iter()
-        .filter(|p| p.disrupting || (!p.node.is_ready() && p.candidate.is_none()))
+        .filter(|p| {
+            let repair_candidate = p
+                .candidate
+                .as_ref()
+                .is_some_and(|c| c.reason == Reason::Repair);
+            p.disrupting || (!p.cur.is_ready() && !repair_candidate)
+        })
         .count()
 }
 
-/// Grants budget slots to candidates, earliest first; holds the rest.
+/// Grants budget slots to candidates, earliest first; holds the rest, explained with the
+/// count after every grant (so the explanation does not change once the grants are applied).
 fn grant(
     group: &str,
     plans: &mut [Plan<'_>],
@@ -451,20 +472,27 @@ fn grant(
         (c, plans[i].node.name.clone())
     });
     let mut taken = counted(plans);
+    let mut held = Vec::new();
     for i in order {
         let Some(c) = plans[i].candidate.take() else {
             continue;
         };
-        if budgets.allowed(c.reason, total, taken, now) > 0 {
-            taken += 1;
-            let p = &mut plans[i];
-            match c.start {
-                Start::Repair { why } => repair::start(p, cfg, &why),
-                Start::Interruption { notice } => interruption::start(p, cfg, &notice),
-            }
+        if budgets.allowed(c.reason, total, taken, now) == 0 {
+            held.push((i, c.reason));
             continue;
         }
-        let limit = budgets.limit(c.reason, total, now);
+        let p = &mut plans[i];
+        // A NotReady node not waiting for repair was counted already.
+        if p.cur.is_ready() || c.reason == Reason::Repair {
+            taken += 1;
+        }
+        match c.start {
+            Start::Repair { why } => repair::start(p, cfg, &why),
+            Start::Interruption { notice } => interruption::start(p, cfg, &notice),
+        }
+    }
+    for (i, reason) in held {
+        let limit = budgets.limit(reason, total, now);
         let b = limit
             .budget_index
             .and_then(|ix| budgets.budget(ix).map(|b| (ix, b)));
@@ -475,7 +503,7 @@ fn grant(
                 nodes: b.nodes.to_string(),
                 disrupting: taken,
                 total,
-                opens_at: budgets.opens_at(c.reason, total, taken, now),
+                opens_at: budgets.opens_at(reason, total, taken, now),
                 timezone: b.timezone.clone(),
             });
         }

@@ -69,7 +69,7 @@ fn dur(d: std::time::Duration) -> chrono::Duration {
 
 /// Repair handling of one node (after the interruption flow declined it).
 pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
-    if p.node.deleting {
+    if p.cur.deleting {
         return;
     }
     if p.record.state == State::Repairing {
@@ -79,14 +79,14 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'
     if p.record.state != State::Idle {
         return;
     }
-    if !p.node.became_ready {
+    if !p.cur.became_ready {
         startup(p, cfg);
         return;
     }
     if !eff.enabled {
         return;
     }
-    if let Health::Unhealthy { why, expires, .. } = evaluate(p.node, &eff.policies) {
+    if let Health::Unhealthy { why, expires, .. } = evaluate(&p.cur, &eff.policies) {
         if expires <= p.now {
             p.candidate = Some(Candidate {
                 reason: Reason::Repair,
@@ -104,7 +104,7 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'
 fn startup(p: &mut Plan<'_>, cfg: &PolicyConfig) {
     let r = &cfg.repair;
     if r.startup_timeout.is_zero()
-        || p.now < p.node.created_at + dur(r.startup_timeout)
+        || p.now < p.cur.created_at + dur(r.startup_timeout)
         || p.record.replacement_requested.is_some()
     {
         return;
@@ -139,7 +139,7 @@ pub const STARTUP: &str = "repair:startup-timeout";
 
 /// Starts a granted repair: state, cordon, LB exclusion, first step.
 pub(crate) fn start(p: &mut Plan<'_>, cfg: &PolicyConfig, why: &str) {
-    let group = group_of(p.node, cfg);
+    let group = group_of(&p.cur, cfg);
     let eff = cfg.repair.for_group(&group);
     let Some(&first) = eff.steps.first() else {
         return;
@@ -162,21 +162,24 @@ fn enter_step(p: &mut Plan<'_>, cfg: &PolicyConfig, step: RepairStep) {
     p.record.step_since = Some(p.now);
     let why = p.record.reason.clone().unwrap_or_else(|| "repair".into());
     match step {
-        RepairStep::Drain => p.actions.push(Action::StartDrain {
+        RepairStep::Drain => p.push(Action::StartDrain {
             deadline: p.now + dur(cfg.repair.drain_timeout),
             reason: why,
         }),
         RepairStep::Reboot => request_reboot(p, &why),
-        RepairStep::Replace => p.request_replacement(&why, 0),
+        RepairStep::Replace => {
+            p.request_replacement(&why, 0);
+            replacement_pending(p, cfg);
+        }
     }
 }
 
 fn request_reboot(p: &mut Plan<'_>, why: &str) {
-    let boot = p.node.boot_id.clone().unwrap_or_else(|| "unknown".into());
+    let boot = p.cur.boot_id.clone().unwrap_or_else(|| "unknown".into());
     p.set(keys::REBOOT_REQUESTED, boot.clone());
     p.record.reboot_boot_id = Some(boot);
-    p.actions.push(Action::RequestReboot {
-        id: format!("{}/reboot/{}", p.node.name, p.now_str()),
+    p.push(Action::RequestReboot {
+        id: format!("{}/reboot/{}", p.cur.name, p.now_str()),
         reason: why.to_string(),
     });
     p.event(
@@ -188,20 +191,21 @@ fn request_reboot(p: &mut Plan<'_>, why: &str) {
 
 /// Advances a repair in progress (also after a controller restart).
 fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
-    if p.record.cordoned_by_us && !p.node.unschedulable {
-        p.actions.push(Action::Cordon);
-    }
-    if let Some(since) = p.record.replacement_requested {
-        if p.now >= since + dur(cfg.repair.replace_timeout) {
-            p.hold = Some(Blocker::ReplacementPending { since });
-        }
-        return;
+    if p.record.cordoned_by_us && !p.cur.unschedulable {
+        p.push(Action::Cordon);
     }
     if p.record.reason.as_deref() == Some(STARTUP) {
         p.request_replacement(STARTUP, p.record.startup_retries + 1);
+        replacement_pending(p, cfg);
         return;
     }
-    if let Health::Healthy { since } = evaluate(p.node, &eff.policies) {
+    let step = p.record.step.or(eff.steps.first().copied());
+    if step == Some(RepairStep::Replace) && p.record.replacement_requested.is_some() {
+        // Past the point of no return: the node is going away.
+        replacement_pending(p, cfg);
+        return;
+    }
+    if let Health::Healthy { since } = evaluate(&p.cur, &eff.policies) {
         let delay = dur(cfg.repair.healthy_delay);
         if since.is_none_or(|s| p.now - s >= delay) {
             p.release(cfg);
@@ -216,7 +220,6 @@ fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
         }
         return;
     }
-    let step = p.record.step.or(eff.steps.first().copied());
     let since = p.record.step_since.or(p.record.since).unwrap_or(p.now);
     match step {
         Some(RepairStep::Drain) => drain_step(p, cfg, eff, since),
@@ -231,8 +234,20 @@ fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
         Some(RepairStep::Replace) => {
             let why = p.record.reason.clone().unwrap_or_default();
             p.request_replacement(&why, 0);
+            replacement_pending(p, cfg);
         }
         None => {}
+    }
+}
+
+/// Explains a requested replacement whose node is still here after `replace_timeout`.
+fn replacement_pending(p: &mut Plan<'_>, cfg: &PolicyConfig) {
+    if let Some(since) = p.record.replacement_requested {
+        if p.now >= since + dur(cfg.repair.replace_timeout) {
+            p.hold = Some(Blocker::ReplacementPending {
+                requested_at: since,
+            });
+        }
     }
 }
 
@@ -243,18 +258,18 @@ fn drain_step(
     since: DateTime<Utc>,
 ) {
     let deadline = since + dur(cfg.repair.drain_timeout);
-    let phase = p.node.drain.phase;
+    let phase = p.cur.drain.phase;
     if phase == DrainPhase::Completed || p.now >= deadline {
         advance(p, cfg, eff, RepairStep::Drain);
         return;
     }
-    match phase {
-        DrainPhase::Idle => p.actions.push(Action::StartDrain {
+    if phase == DrainPhase::Idle {
+        p.push(Action::StartDrain {
             deadline,
             reason: p.record.reason.clone().unwrap_or_default(),
-        }),
-        _ => p.hold = drain_hold(p, Some(deadline)),
+        });
     }
+    p.hold = drain_hold(p, Some(deadline));
 }
 
 fn advance(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>, from: RepairStep) {
@@ -284,8 +299,8 @@ pub(crate) fn short_circuit(
     let total = plans.len();
     let unhealthy = plans
         .iter()
-        .filter(|p| !p.node.deleting)
-        .filter(|p| matches!(evaluate(p.node, &eff.policies), Health::Unhealthy { .. }))
+        .filter(|p| !p.cur.deleting)
+        .filter(|p| matches!(evaluate(&p.cur, &eff.policies), Health::Unhealthy { .. }))
         .count();
     let threshold = eff.max_unhealthy.resolve(total, true);
     if unhealthy <= threshold {
