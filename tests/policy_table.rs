@@ -706,3 +706,44 @@ fn dry_run_produces_the_same_decisions_marked() {
     };
     assert_eq!(strip(real), strip(sim));
 }
+
+#[test]
+fn group_status_reports_budget_use_and_short_circuit_per_group() {
+    use nodekeeper::controller::policy::{decide_with_status, GroupStatus};
+    let now = monday();
+    let mut c = cfg();
+    c.budgets.default = budgets(r#"[{ nodes = "1" }]"#);
+    let mut nodes: Vec<_> = (0..5)
+        .map(|i| node(&format!("s{i}"), "spot", now))
+        .collect();
+    ready(&mut nodes[0], "False", now - mins(20));
+    ready(&mut nodes[1], "False", now - mins(20));
+    let mut od = node("o0", "od", now);
+    ready(&mut od, "False", now - mins(20));
+    nodes.push(od);
+    nodes.push(node("o1", "od", now));
+    let (ds, st) = decide_with_status(&view(nodes), &c, now);
+    assert_eq!(
+        st,
+        vec![
+            GroupStatus {
+                group: "od".into(),
+                total: 2,
+                counted: 1,
+                repair_limit: Some(1),
+                unhealthy: 1,
+                short_circuited: false,
+            },
+            GroupStatus {
+                group: "spot".into(),
+                total: 5,
+                // short-circuited NotReady nodes wait for no slot: counted
+                counted: 2,
+                repair_limit: Some(1),
+                unhealthy: 2,
+                short_circuited: true,
+            },
+        ]
+    );
+    assert!(has(&of(&ds, "o0"), |x| matches!(x, Action::Cordon)));
+}

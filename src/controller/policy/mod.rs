@@ -150,6 +150,16 @@ pub mod reasons {
 
 /// Decides what to do now. Pure: same inputs, same output.
 pub fn decide(view: &ClusterView, cfg: &PolicyConfig, now: DateTime<Utc>) -> Vec<Decision> {
+    decide_with_status(view, cfg, now).0
+}
+
+/// As [`decide`], with each group's figures (for metrics: budget allowed/used per group,
+/// short-circuit state).
+pub fn decide_with_status(
+    view: &ClusterView,
+    cfg: &PolicyConfig,
+    now: DateTime<Utc>,
+) -> (Vec<Decision>, Vec<GroupStatus>) {
     let mut nodes: Vec<&NodeView> = view.nodes.iter().collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let mut groups: BTreeMap<String, Vec<&NodeView>> = BTreeMap::new();
@@ -157,17 +167,22 @@ pub fn decide(view: &ClusterView, cfg: &PolicyConfig, now: DateTime<Utc>) -> Vec
         groups.entry(group_of(n, cfg)).or_default().push(n);
     }
     let mut out = Vec::new();
+    let mut statuses = Vec::new();
     for (group, members) in &groups {
-        out.extend(decide_group(group, members, cfg, now));
+        let (actions, status) = decide_group(group, members, cfg, now);
+        out.extend(actions);
+        statuses.push(status);
     }
     let dry_run = cfg.controller.dry_run;
-    out.into_iter()
+    let decisions = out
+        .into_iter()
         .map(|(node, action)| Decision {
             node,
             action,
             dry_run,
         })
-        .collect()
+        .collect();
+    (decisions, statuses)
 }
 
 /// A node's group: the value of `budgets.group_by`, or `""`.
@@ -412,12 +427,30 @@ impl<'a> Plan<'a> {
     }
 }
 
+/// Per-group figures for metrics and `nodekeeper status` (labels: group and reason only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupStatus {
+    /// Group name (`""`: nodes without the `group_by` label).
+    pub group: String,
+    /// Nodes in the group.
+    pub total: usize,
+    /// Nodes counted against the budget (disrupting, deleting, NotReady) after this decision.
+    pub counted: usize,
+    /// The repair budget's limit now (`None`: no budget active).
+    pub repair_limit: Option<usize>,
+    /// Nodes matching a repair policy.
+    pub unhealthy: usize,
+    /// Repairs are short-circuited.
+    pub short_circuited: bool,
+}
+
+/// Decides for one group; also returns its figures.
 fn decide_group(
     group: &str,
     members: &[&NodeView],
     cfg: &PolicyConfig,
     now: DateTime<Utc>,
-) -> Vec<(String, Action)> {
+) -> (Vec<(String, Action)>, GroupStatus) {
     let repair_cfg = cfg.repair.for_group(group);
     let mut plans: Vec<Plan<'_>> = members.iter().map(|n| Plan::new(n, now)).collect();
     for p in &mut plans {
@@ -426,8 +459,16 @@ fn decide_group(
         }
     }
     let budgets = GroupBudgets::new(cfg.budgets.for_group(group));
-    repair::short_circuit(group, &mut plans, cfg, &repair_cfg);
-    grant(group, &mut plans, cfg, &budgets, now);
+    let (unhealthy, short_circuited) = repair::short_circuit(group, &mut plans, &repair_cfg);
+    let counted = grant(group, &mut plans, cfg, &budgets, now);
+    let status = GroupStatus {
+        group: group.to_string(),
+        total: plans.len(),
+        counted,
+        repair_limit: budgets.limit(Reason::Repair, plans.len(), now).max,
+        unhealthy,
+        short_circuited,
+    };
     let mut out = Vec::new();
     for mut p in plans {
         p.cleanup_orphans(cfg);
@@ -435,7 +476,7 @@ fn decide_group(
         let name = p.cur.name.clone();
         out.extend(p.actions.into_iter().map(|a| (name.clone(), a)));
     }
-    out
+    (out, status)
 }
 
 /// Nodes counted against the group's budget: disrupting, deleting, or NotReady (except a
@@ -462,7 +503,7 @@ fn grant(
     cfg: &PolicyConfig,
     budgets: &GroupBudgets,
     now: DateTime<Utc>,
-) {
+) -> usize {
     let total = plans.len();
     let mut order: Vec<usize> = (0..plans.len())
         .filter(|&i| plans[i].candidate.is_some())
@@ -508,4 +549,5 @@ fn grant(
             });
         }
     }
+    taken
 }

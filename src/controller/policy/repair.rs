@@ -289,13 +289,12 @@ fn advance(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>, from
 }
 
 /// Short-circuit: when more nodes of the group are unhealthy than `max_unhealthy`, pending
-/// repairs are held instead of started.
+/// repairs are held instead of started. Returns the unhealthy count and whether it tripped.
 pub(crate) fn short_circuit(
     group: &str,
     plans: &mut [Plan<'_>],
-    _cfg: &PolicyConfig,
     eff: &EffectiveRepair<'_>,
-) {
+) -> (usize, bool) {
     let total = plans.len();
     let unhealthy = plans
         .iter()
@@ -304,7 +303,7 @@ pub(crate) fn short_circuit(
         .count();
     let threshold = eff.max_unhealthy.resolve(total, true);
     if unhealthy <= threshold {
-        return;
+        return (unhealthy, false);
     }
     for p in plans.iter_mut() {
         if p.candidate
@@ -320,4 +319,5 @@ pub(crate) fn short_circuit(
             });
         }
     }
+    (unhealthy, true)
 }
