@@ -221,3 +221,27 @@ fn printed_config_round_trips_with_policy() {
     let again = load(&l.config.to_redacted_toml()).unwrap();
     assert_eq!(again.config, l.config);
 }
+
+mod never_panics {
+    use nodekeeper::controller::policy::budget::Window;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// User-written schedules and zones are errors, never panics.
+        #[test]
+        fn window_parse_never_panics(
+            fields in proptest::collection::vec("([0-9*/,A-Za-z-]{1,6}|é{1,3}|@[a-z]{1,8})", 0..8),
+            tz in "[A-Za-z/_é]{0,20}",
+            secs in 0u64..10_000_000,
+        ) {
+            let expr = fields.join(" ");
+            let at = chrono::DateTime::from_timestamp(1_790_000_000, 0).unwrap();
+            if let Ok(w) = Window::parse(&expr, std::time::Duration::from_secs(secs), &tz) {
+                let _ = w.is_active(at);
+                let _ = w.boundaries(at, chrono::Duration::days(1));
+            }
+        }
+    }
+}

@@ -747,3 +747,32 @@ fn group_status_reports_budget_use_and_short_circuit_per_group() {
     );
     assert!(has(&of(&ds, "o0"), |x| matches!(x, Action::Cordon)));
 }
+
+#[test]
+fn absurd_durations_do_not_panic() {
+    let now = monday();
+    let mut c = cfg();
+    c.repair.policy[0].toleration = std::time::Duration::from_secs(u64::MAX / 2);
+    c.repair.drain_timeout = std::time::Duration::from_secs(u64::MAX / 2);
+    c.interruption.safety_margin = std::time::Duration::from_secs(u64::MAX / 2);
+    c.interruption.release_after = std::time::Duration::from_secs(u64::MAX / 2);
+    let mut a = node("a", "", now);
+    ready(&mut a, "False", now - mins(20));
+    let mut b = node("b", "", now);
+    b.notices
+        .push(notice("e", NoticeKind::Preemption, Some(now), now));
+    let ds = run(&view(vec![a, b]), &c, now);
+    assert!(of(&ds, "a").is_empty(), "toleration never expires");
+    assert!(has(&of(&ds, "b"), |x| matches!(
+        x,
+        Action::StartDrain { .. }
+    )));
+    let huge = budgets(r#"[{ nodes = "0", schedule = "@daily", duration = "100000y" }]"#);
+    let mut c = cfg();
+    c.budgets.default = huge.clone();
+    let diags = c.validate();
+    assert!(
+        diags.iter().any(|d| d.message.contains("10 years")),
+        "{diags:?}"
+    );
+}

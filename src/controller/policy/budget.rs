@@ -66,6 +66,9 @@ impl Window {
         let tz: Tz = Tz::from_str(tz).map_err(|_| {
             format!("time zone `{tz}` is not an IANA name (e.g. UTC, Asia/Shanghai)")
         })?;
+        if duration > MAX_WINDOW {
+            return Err("duration is longer than 10 years".to_string());
+        }
         let duration =
             chrono::Duration::from_std(duration).map_err(|_| "duration is too long".to_string())?;
         let fields = expand_macro(schedule.trim())?;
@@ -139,6 +142,9 @@ impl Window {
     }
 }
 
+/// Longest accepted window (keeps all time arithmetic far from chrono's limits).
+const MAX_WINDOW: Duration = Duration::from_secs(3653 * 24 * 3600);
+
 /// Bound on schedule hits looked at per window when searching the opening time.
 const MAX_HITS: usize = 2000;
 
@@ -208,10 +214,18 @@ fn dow_value(s: &str) -> Result<usize, String> {
             Err(format!("day-of-week `{s}` is out of range 0-7"))
         };
     }
+    const FULL: [&str; 7] = [
+        "sunday",
+        "monday",
+        "tuesday",
+        "wednesday",
+        "thursday",
+        "friday",
+        "saturday",
+    ];
     let lower = s.to_ascii_lowercase();
-    DOW_NAMES
-        .iter()
-        .position(|n| n.eq_ignore_ascii_case(&lower[..lower.len().min(3)]) && lower.len() >= 3)
+    FULL.iter()
+        .position(|full| lower.len() >= 3 && full.starts_with(lower.as_str()))
         .ok_or_else(|| format!("`{s}` is not a day of the week"))
 }
 
@@ -384,6 +398,9 @@ mod tests {
         assert_eq!(parse_dow("*/2").unwrap(), Some(vec![0, 2, 4, 6]));
         assert!(parse_dow("8").is_err());
         assert!(parse_dow("xyz").is_err());
+        assert!(parse_dow("ééé").is_err());
+        assert_eq!(parse_dow("Monday-wed").unwrap(), Some(vec![1, 2, 3]));
+        assert!(parse_dow("mo").is_err());
     }
 
     #[test]

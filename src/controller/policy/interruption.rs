@@ -11,7 +11,7 @@ use super::budget::Reason;
 use super::config::{InterruptionAction, PolicyConfig};
 use super::explain::Blocker;
 use super::view::{keys, DrainPhase, Notice, NoticeKind, RecordedNotice, State};
-use super::{reasons, Action, Candidate, EventType, Plan, Start};
+use super::{earlier, later, reasons, Action, Candidate, EventType, Plan, Start};
 
 /// The configured action for a notice kind.
 pub fn action_for(kind: &NoticeKind, cfg: &PolicyConfig) -> InterruptionAction {
@@ -41,16 +41,12 @@ fn strength(a: InterruptionAction) -> u8 {
 
 /// The announced time of a notice (detection + `default_lead` when it has none).
 pub fn announced_at(n: &Notice, cfg: &PolicyConfig) -> DateTime<Utc> {
-    n.at.unwrap_or_else(|| n.detected_at + lead(cfg.interruption.default_lead))
+    n.at.unwrap_or_else(|| later(n.detected_at, cfg.interruption.default_lead))
 }
 
 /// The drain deadline for a notice announced for `at`.
 pub fn drain_deadline(at: DateTime<Utc>, cfg: &PolicyConfig) -> DateTime<Utc> {
-    at - lead(cfg.interruption.safety_margin)
-}
-
-fn lead(d: std::time::Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+    earlier(at, cfg.interruption.safety_margin)
 }
 
 /// Handles notices for one node; true when the interruption flow owns the node this round.
@@ -116,7 +112,7 @@ fn is_new(p: &Plan<'_>, n: &Notice, cfg: &PolicyConfig) -> bool {
 
 fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
     let rn = recorded(&n, cfg, p.now);
-    if p.now >= rn.at + lead(cfg.interruption.release_after) {
+    if p.now >= later(rn.at, cfg.interruption.release_after) {
         // Outlived already (a late or replayed notice): record it as handled, do nothing.
         p.set(keys::INTERRUPTION, rn.encode());
         p.event(
@@ -187,7 +183,7 @@ fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
 fn recorded(n: &Notice, cfg: &PolicyConfig, now: DateTime<Utc>) -> RecordedNotice {
     let at = match (n.at, &n.kind) {
         (None, NoticeKind::Rebalance) => {
-            n.detected_at.max(now) + lead(cfg.interruption.default_lead)
+            later(n.detected_at.max(now), cfg.interruption.default_lead)
         }
         _ => announced_at(n, cfg),
     };
@@ -275,7 +271,7 @@ fn resume(p: &mut Plan<'_>, cfg: &PolicyConfig, rn: &RecordedNotice) -> bool {
     }
     // A rebalance recommendation has no end: only its cancellation (or the node's removal)
     // ends it.
-    let release_at = rn.at + lead(cfg.interruption.release_after);
+    let release_at = later(rn.at, cfg.interruption.release_after);
     if p.now >= release_at && p.cur.is_ready() && rn.kind != NoticeKind::Rebalance {
         p.release(cfg);
         p.event(

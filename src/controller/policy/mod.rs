@@ -185,6 +185,22 @@ pub fn decide_with_status(
     (decisions, statuses)
 }
 
+/// `t + d`, saturating at the end of time (a huge configured duration never panics).
+pub(crate) fn later(t: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// `t - d`, saturating at the start of time.
+pub(crate) fn earlier(t: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_sub_signed(d))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
 /// A node's group: the value of `budgets.group_by`, or `""`.
 pub fn group_of(node: &NodeView, cfg: &PolicyConfig) -> String {
     node.labels

@@ -12,7 +12,7 @@ use super::config::{EffectiveRepair, PolicyConfig, RepairPolicy, RepairStep};
 use super::explain::Blocker;
 use super::interruption::drain_hold;
 use super::view::{keys, DrainPhase, NodeView, State};
-use super::{group_of, reasons, Action, Candidate, EventType, Plan, Start};
+use super::{group_of, later, reasons, Action, Candidate, EventType, Plan, Start};
 
 /// Health of a node against the repair policies.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub fn evaluate(node: &NodeView, policies: &[RepairPolicy]) -> Health {
             healthy_since = healthy_since.max(Some(c.last_transition_time));
             continue;
         }
-        let expires = c.last_transition_time + dur(p.toleration);
+        let expires = later(c.last_transition_time, p.toleration);
         let earlier = match &worst {
             Some(Health::Unhealthy { expires: e, .. }) => expires < *e,
             _ => true,
@@ -104,7 +104,7 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'
 fn startup(p: &mut Plan<'_>, cfg: &PolicyConfig) {
     let r = &cfg.repair;
     if r.startup_timeout.is_zero()
-        || p.now < p.cur.created_at + dur(r.startup_timeout)
+        || p.now < later(p.cur.created_at, r.startup_timeout)
         || p.record.replacement_requested.is_some()
     {
         return;
@@ -163,7 +163,7 @@ fn enter_step(p: &mut Plan<'_>, cfg: &PolicyConfig, step: RepairStep) {
     let why = p.record.reason.clone().unwrap_or_else(|| "repair".into());
     match step {
         RepairStep::Drain => p.push(Action::StartDrain {
-            deadline: p.now + dur(cfg.repair.drain_timeout),
+            deadline: later(p.now, cfg.repair.drain_timeout),
             reason: why,
         }),
         RepairStep::Reboot => request_reboot(p, &why),
@@ -227,7 +227,7 @@ fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
             if p.record.reboot_boot_id.is_none() {
                 let why = p.record.reason.clone().unwrap_or_default();
                 request_reboot(p, &why);
-            } else if p.now >= since + dur(cfg.repair.reboot_timeout) {
+            } else if p.now >= later(since, cfg.repair.reboot_timeout) {
                 advance(p, cfg, eff, RepairStep::Reboot);
             }
         }
@@ -243,7 +243,7 @@ fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
 /// Explains a requested replacement whose node is still here after `replace_timeout`.
 fn replacement_pending(p: &mut Plan<'_>, cfg: &PolicyConfig) {
     if let Some(since) = p.record.replacement_requested {
-        if p.now >= since + dur(cfg.repair.replace_timeout) {
+        if p.now >= later(since, cfg.repair.replace_timeout) {
             p.hold = Some(Blocker::ReplacementPending {
                 requested_at: since,
             });
@@ -257,7 +257,7 @@ fn drain_step(
     eff: &EffectiveRepair<'_>,
     since: DateTime<Utc>,
 ) {
-    let deadline = since + dur(cfg.repair.drain_timeout);
+    let deadline = later(since, cfg.repair.drain_timeout);
     let phase = p.cur.drain.phase;
     if phase == DrainPhase::Completed || p.now >= deadline {
         advance(p, cfg, eff, RepairStep::Drain);
