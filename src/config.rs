@@ -39,6 +39,12 @@ pub struct Config {
     /// Reporting to the controller (agent); absent: the agent does not report.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub report: Option<crate::agent::reporter::ReporterConfig>,
+    /// Repair policies, escalation, short-circuit, startup timeout (controller).
+    pub repair: crate::controller::policy::config::RepairConfig,
+    /// Disruption budgets per node group (controller).
+    pub budgets: crate::controller::policy::config::BudgetsConfig,
+    /// Response to interruption notices (controller).
+    pub interruption: crate::controller::policy::config::InterruptionConfig,
 }
 
 /// `[log]`
@@ -482,6 +488,7 @@ impl Config {
         diags.extend(self.labels.validate());
         diags.extend(self.controller.iter().flat_map(|c| c.validate()));
         diags.extend(self.report.iter().flat_map(|r| r.validate()));
+        diags.extend(crate::controller::policy::PolicyConfig::from_config(self).validate());
         diags
     }
 

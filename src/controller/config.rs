@@ -32,8 +32,13 @@ impl std::fmt::Debug for Secret {
 }
 
 impl Serialize for Secret {
+    /// An unset (empty) secret prints as `""`: there is nothing to hide, and the user sees it is unset.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(crate::config::REDACTED)
+        s.serialize_str(if self.0.is_empty() {
+            ""
+        } else {
+            crate::config::REDACTED
+        })
     }
 }
 
@@ -51,6 +56,9 @@ pub struct ControllerConfig {
     pub tls_key_file: Option<PathBuf>,
     /// Serve plain HTTP (only when set explicitly; tests and local demos).
     pub insecure_plain_http: bool,
+    /// Decide as usual, but only log decisions and write Events/status: never cordon, evict,
+    /// reboot or replace.
+    pub dry_run: bool,
     /// The only identity allowed to report: `system:serviceaccount:<ns>:<name>`.
     pub service_account: String,
     /// The audience the agents' projected tokens must carry.
@@ -87,6 +95,7 @@ impl Default for ControllerConfig {
             tls_cert_file: None,
             tls_key_file: None,
             insecure_plain_http: false,
+            dry_run: false,
             service_account: "system:serviceaccount:nodekeeper:nodekeeper-agent".into(),
             audience: "nodekeeper".into(),
             token_cache_size: 20_000,

@@ -14,6 +14,7 @@ pub mod labels;
 pub mod leader;
 pub mod nodestate;
 pub mod oci_events;
+pub mod policy;
 pub mod server;
 
 use std::net::SocketAddr;

@@ -1,0 +1,323 @@
+//! Repair: a node whose condition matches a policy for its toleration is repaired gracefully,
+//! within the group's budget, escalating `drain` → `reboot` → `replace` on step timeouts. No
+//! new repair starts while the group has more unhealthy nodes than `max_unhealthy`
+//! (short-circuit). A node healthy again for `healthy_delay` ends its repair (flap guard). A
+//! node never Ready within `startup_timeout` is replaced, at most `max_startup_retries` times
+//! in a row, then held.
+
+use chrono::{DateTime, Utc};
+
+use super::budget::Reason;
+use super::config::{EffectiveRepair, PolicyConfig, RepairPolicy, RepairStep};
+use super::explain::Blocker;
+use super::interruption::drain_hold;
+use super::view::{keys, DrainPhase, NodeView, State};
+use super::{group_of, later, reasons, Action, Candidate, EventType, Plan, Start};
+
+/// Health of a node against the repair policies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// No policy matches; `since` is the latest transition of a policy's condition.
+    Healthy {
+        /// Since when (unknown when no policy condition exists).
+        since: Option<DateTime<Utc>>,
+    },
+    /// A policy matches.
+    Unhealthy {
+        /// `Type=Status`.
+        why: String,
+        /// The condition's last transition.
+        since: DateTime<Utc>,
+        /// `since + toleration` (the earliest over matching policies).
+        expires: DateTime<Utc>,
+    },
+}
+
+/// Evaluates `node` against `policies`.
+pub fn evaluate(node: &NodeView, policies: &[RepairPolicy]) -> Health {
+    let mut worst: Option<Health> = None;
+    let mut healthy_since: Option<DateTime<Utc>> = None;
+    for p in policies {
+        let Some(c) = node.condition(&p.condition_type) else {
+            continue;
+        };
+        if c.status != p.condition_status {
+            healthy_since = healthy_since.max(Some(c.last_transition_time));
+            continue;
+        }
+        let expires = later(c.last_transition_time, p.toleration);
+        let earlier = match &worst {
+            Some(Health::Unhealthy { expires: e, .. }) => expires < *e,
+            _ => true,
+        };
+        if earlier {
+            worst = Some(Health::Unhealthy {
+                why: format!("{}={}", p.condition_type, p.condition_status),
+                since: c.last_transition_time,
+                expires,
+            });
+        }
+    }
+    worst.unwrap_or(Health::Healthy {
+        since: healthy_since,
+    })
+}
+
+fn dur(d: std::time::Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+/// Repair handling of one node (after the interruption flow declined it).
+pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
+    if p.cur.deleting {
+        return;
+    }
+    if p.record.state == State::Repairing {
+        progress(p, cfg, eff);
+        return;
+    }
+    if p.record.state != State::Idle {
+        return;
+    }
+    if !p.cur.became_ready {
+        startup(p, cfg);
+        return;
+    }
+    if !eff.enabled {
+        return;
+    }
+    if let Health::Unhealthy { why, expires, .. } = evaluate(&p.cur, &eff.policies) {
+        if expires <= p.now {
+            p.candidate = Some(Candidate {
+                reason: Reason::Repair,
+                since: expires,
+                start: Start::Repair {
+                    why: format!("repair:{why}"),
+                },
+            });
+        }
+    }
+}
+
+/// Startup timeout: replace a node never Ready after `startup_timeout` (not budget-gated: it
+/// runs nothing), at most `max_startup_retries` times in a row.
+fn startup(p: &mut Plan<'_>, cfg: &PolicyConfig) {
+    let r = &cfg.repair;
+    if r.startup_timeout.is_zero()
+        || p.now < later(p.cur.created_at, r.startup_timeout)
+        || p.record.replacement_requested.is_some()
+    {
+        return;
+    }
+    let retries = p.record.startup_retries;
+    if retries >= r.max_startup_retries {
+        p.hold = Some(Blocker::StartupRetries {
+            retries,
+            max: r.max_startup_retries,
+        });
+        return;
+    }
+    p.enter(State::Repairing, STARTUP);
+    p.set(keys::REPAIR_STEP, RepairStep::Replace.name());
+    p.set(keys::REPAIR_STEP_SINCE, p.now_str());
+    p.event(
+        EventType::Warning,
+        reasons::STARTUP_TIMEOUT,
+        format!(
+            "not Ready {} after creation; replacing it (retry {} of {})",
+            humantime::format_duration(r.startup_timeout),
+            retries + 1,
+            r.max_startup_retries
+        ),
+    );
+    p.request_replacement(STARTUP, retries + 1);
+    p.disrupting = true;
+}
+
+/// Reason recorded for a startup-timeout replacement.
+pub const STARTUP: &str = "repair:startup-timeout";
+
+/// Starts a granted repair: state, cordon, LB exclusion, first step.
+pub(crate) fn start(p: &mut Plan<'_>, cfg: &PolicyConfig, why: &str) {
+    let group = group_of(&p.cur, cfg);
+    let eff = cfg.repair.for_group(&group);
+    let Some(&first) = eff.steps.first() else {
+        return;
+    };
+    p.enter(State::Repairing, why);
+    p.exclude_from_lb(&cfg.interruption.lb_exclude_label);
+    p.event(
+        EventType::Warning,
+        reasons::REPAIR_STARTED,
+        format!("{why}: repair started with step {}", first.name()),
+    );
+    enter_step(p, cfg, first);
+    p.disrupting = true;
+}
+
+fn enter_step(p: &mut Plan<'_>, cfg: &PolicyConfig, step: RepairStep) {
+    p.set(keys::REPAIR_STEP, step.name());
+    p.set(keys::REPAIR_STEP_SINCE, p.now_str());
+    p.record.step = Some(step);
+    p.record.step_since = Some(p.now);
+    let why = p.record.reason.clone().unwrap_or_else(|| "repair".into());
+    match step {
+        RepairStep::Drain => p.push(Action::StartDrain {
+            deadline: later(p.now, cfg.repair.drain_timeout),
+            reason: why,
+        }),
+        RepairStep::Reboot => request_reboot(p, &why),
+        RepairStep::Replace => {
+            p.request_replacement(&why, 0);
+            replacement_pending(p, cfg);
+        }
+    }
+}
+
+fn request_reboot(p: &mut Plan<'_>, why: &str) {
+    let boot = p.cur.boot_id.clone().unwrap_or_else(|| "unknown".into());
+    p.set(keys::REBOOT_REQUESTED, boot.clone());
+    p.record.reboot_boot_id = Some(boot);
+    p.push(Action::RequestReboot {
+        id: format!("{}/reboot/{}", p.cur.name, p.now_str()),
+        reason: why.to_string(),
+    });
+    p.event(
+        EventType::Normal,
+        reasons::REBOOT_REQUESTED,
+        format!("{why}: reboot requested"),
+    );
+}
+
+/// Advances a repair in progress (also after a controller restart).
+fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
+    if p.record.cordoned_by_us && !p.cur.unschedulable {
+        p.push(Action::Cordon);
+    }
+    if p.record.reason.as_deref() == Some(STARTUP) {
+        p.request_replacement(STARTUP, p.record.startup_retries + 1);
+        replacement_pending(p, cfg);
+        return;
+    }
+    let step = p.record.step.or(eff.steps.first().copied());
+    if step == Some(RepairStep::Replace) && p.record.replacement_requested.is_some() {
+        // Past the point of no return: the node is going away.
+        replacement_pending(p, cfg);
+        return;
+    }
+    if let Health::Healthy { since } = evaluate(&p.cur, &eff.policies) {
+        let delay = dur(cfg.repair.healthy_delay);
+        if since.is_none_or(|s| p.now - s >= delay) {
+            p.release(cfg);
+            p.event(
+                EventType::Normal,
+                reasons::REPAIR_CANCELLED,
+                format!(
+                    "healthy for {}: repair ended, node released",
+                    humantime::format_duration(cfg.repair.healthy_delay)
+                ),
+            );
+        }
+        return;
+    }
+    let since = p.record.step_since.or(p.record.since).unwrap_or(p.now);
+    match step {
+        Some(RepairStep::Drain) => drain_step(p, cfg, eff, since),
+        Some(RepairStep::Reboot) => {
+            if p.record.reboot_boot_id.is_none() {
+                let why = p.record.reason.clone().unwrap_or_default();
+                request_reboot(p, &why);
+            } else if p.now >= later(since, cfg.repair.reboot_timeout) {
+                advance(p, cfg, eff, RepairStep::Reboot);
+            }
+        }
+        Some(RepairStep::Replace) => {
+            let why = p.record.reason.clone().unwrap_or_default();
+            p.request_replacement(&why, 0);
+            replacement_pending(p, cfg);
+        }
+        None => {}
+    }
+}
+
+/// Explains a requested replacement whose node is still here after `replace_timeout`.
+fn replacement_pending(p: &mut Plan<'_>, cfg: &PolicyConfig) {
+    if let Some(since) = p.record.replacement_requested {
+        if p.now >= later(since, cfg.repair.replace_timeout) {
+            p.hold = Some(Blocker::ReplacementPending {
+                requested_at: since,
+            });
+        }
+    }
+}
+
+fn drain_step(
+    p: &mut Plan<'_>,
+    cfg: &PolicyConfig,
+    eff: &EffectiveRepair<'_>,
+    since: DateTime<Utc>,
+) {
+    let deadline = later(since, cfg.repair.drain_timeout);
+    let phase = p.cur.drain.phase;
+    if phase == DrainPhase::Completed || p.now >= deadline {
+        advance(p, cfg, eff, RepairStep::Drain);
+        return;
+    }
+    if phase == DrainPhase::Idle {
+        p.push(Action::StartDrain {
+            deadline,
+            reason: p.record.reason.clone().unwrap_or_default(),
+        });
+    }
+    p.hold = drain_hold(p, Some(deadline));
+}
+
+fn advance(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>, from: RepairStep) {
+    let Some(&next) = eff.steps.iter().find(|s| **s > from) else {
+        return;
+    };
+    p.event(
+        EventType::Warning,
+        reasons::REPAIR_ESCALATED,
+        format!(
+            "repair step {} done or timed out; next: {}",
+            from.name(),
+            next.name()
+        ),
+    );
+    enter_step(p, cfg, next);
+}
+
+/// Short-circuit: when more nodes of the group are unhealthy than `max_unhealthy`, pending
+/// repairs are held instead of started. Returns the unhealthy count and whether it tripped.
+pub(crate) fn short_circuit(
+    group: &str,
+    plans: &mut [Plan<'_>],
+    eff: &EffectiveRepair<'_>,
+) -> (usize, bool) {
+    let total = plans.len();
+    let unhealthy = plans
+        .iter()
+        .filter(|p| !p.cur.deleting)
+        .filter(|p| matches!(evaluate(&p.cur, &eff.policies), Health::Unhealthy { .. }))
+        .count();
+    let threshold = eff.max_unhealthy.resolve(total, true);
+    if unhealthy <= threshold {
+        return (unhealthy, false);
+    }
+    for p in plans.iter_mut() {
+        if p.candidate
+            .as_ref()
+            .is_some_and(|c| c.reason == Reason::Repair)
+        {
+            p.candidate = None;
+            p.hold = Some(Blocker::ShortCircuit {
+                group: group.to_string(),
+                unhealthy,
+                total,
+                max_unhealthy: eff.max_unhealthy.to_string(),
+            });
+        }
+    }
+    (unhealthy, true)
+}

@@ -1,0 +1,488 @@
+//! The decision core's inputs: plain Rust snapshots of the cluster (no kube types), built by
+//! the controller from Nodes, Pods, the drain engine and agent reports; and the stable catalog
+//! of Node annotations in which nodekeeper records its progress, read back on every decision so
+//! that a restarted controller resumes exactly where it stopped.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+
+use super::config::RepairStep;
+use super::Action;
+
+/// Stable catalog of the Node annotations (and the label) nodekeeper writes. Changing a key
+/// or a value format is a breaking change (see docs/policy.md).
+pub mod keys {
+    /// What nodekeeper is doing with the node: `interrupted`, `cordoned` (rebalance) or
+    /// `repairing`. Absent: nothing.
+    pub const STATE: &str = "nodekeeper.io/state";
+    /// RFC 3339 time the current state began.
+    pub const STATE_SINCE: &str = "nodekeeper.io/state-since";
+    /// Why, human and machine readable: `repair:Ready=False`, `interruption:preemption`.
+    pub const REASON: &str = "nodekeeper.io/reason";
+    /// Current repair step: `drain`, `reboot` or `replace`.
+    pub const REPAIR_STEP: &str = "nodekeeper.io/repair-step";
+    /// RFC 3339 time the current repair step began.
+    pub const REPAIR_STEP_SINCE: &str = "nodekeeper.io/repair-step-since";
+    /// `nodekeeper` when nodekeeper cordoned the node (and will uncordon it); absent when the
+    /// node was already unschedulable (an admin cordon, never undone).
+    pub const CORDONED_BY: &str = "nodekeeper.io/cordoned-by";
+    /// `nodekeeper` when nodekeeper added the load-balancer exclusion label.
+    pub const LB_EXCLUDED_BY: &str = "nodekeeper.io/lb-excluded-by";
+    /// RFC 3339 time a replacement was requested; never requested twice.
+    pub const REPLACEMENT_REQUESTED: &str = "nodekeeper.io/replacement-requested";
+    /// The boot id when a reboot was requested; a different boot id proves the reboot.
+    pub const REBOOT_REQUESTED: &str = "nodekeeper.io/reboot-requested";
+    /// The notice being handled: `<kind>/<event id>/<RFC 3339 announced time>`.
+    pub const INTERRUPTION: &str = "nodekeeper.io/interruption";
+    /// How many times this node's predecessors failed to start and were replaced.
+    pub const STARTUP_RETRIES: &str = "nodekeeper.io/startup-retries";
+    /// Why nodekeeper is holding the node back: the JSON of [`super::super::explain::Held`].
+    pub const BLOCKED: &str = "nodekeeper.io/blocked";
+    /// The value of `CORDONED_BY` / `LB_EXCLUDED_BY` and of the LB exclusion label.
+    pub const OWNER: &str = "nodekeeper";
+    /// Every annotation above (for cleanup and docs).
+    pub const ALL: &[&str] = &[
+        STATE,
+        STATE_SINCE,
+        REASON,
+        REPAIR_STEP,
+        REPAIR_STEP_SINCE,
+        CORDONED_BY,
+        LB_EXCLUDED_BY,
+        REPLACEMENT_REQUESTED,
+        REBOOT_REQUESTED,
+        INTERRUPTION,
+        STARTUP_RETRIES,
+        BLOCKED,
+    ];
+}
+
+/// The cluster as the controller sees it at one instant.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClusterView {
+    /// Every Node.
+    pub nodes: Vec<NodeView>,
+}
+
+/// A node condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConditionView {
+    /// Type, e.g. `Ready`.
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// When the status last changed.
+    pub last_transition_time: DateTime<Utc>,
+}
+
+/// A node taint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaintView {
+    /// Key.
+    pub key: String,
+    /// Value.
+    pub value: String,
+    /// Effect (`NoSchedule`, ...).
+    pub effect: String,
+}
+
+/// A pod on the node, as far as explanations need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The PodDisruptionBudget (`namespace/name`) that currently refuses its eviction.
+    pub blocking_pdb: Option<String>,
+    /// Carries `karpenter.sh/do-not-disrupt` or `nodekeeper.io/do-not-disrupt`.
+    pub do_not_disrupt: bool,
+}
+
+/// Where the node's drain is (from the drain engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DrainPhase {
+    /// No drain running for this node (never started, or lost with a controller restart).
+    #[default]
+    Idle,
+    /// Evicting.
+    Running,
+    /// Every pod that must leave is gone.
+    Completed,
+    /// Stopped at its deadline (`on_timeout = "fail"`) or failed.
+    Failed,
+}
+
+/// The drain engine's report for a node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DrainView {
+    /// Phase.
+    pub phase: DrainPhase,
+    /// The pod currently blocking it (with its PDB), if any.
+    pub blocker: Option<PodView>,
+}
+
+/// A cloud notice for the node (from the agent's report or OCI Events).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// Deterministic event id.
+    pub id: String,
+    /// Kind.
+    pub kind: NoticeKind,
+    /// When the announced action happens (earliest known), if the notice says.
+    pub at: Option<DateTime<Utc>>,
+    /// When it was first seen.
+    pub detected_at: DateTime<Utc>,
+}
+
+/// Notice kinds (mirrors the agent's `EventKind`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NoticeKind {
+    /// Spot/preemptible reclaim.
+    Preemption,
+    /// Termination or stop.
+    Termination,
+    /// OS shutdown in progress.
+    ShuttingDown,
+    /// Host maintenance.
+    Maintenance,
+    /// Scheduled reboot.
+    Reboot,
+    /// Move to another host.
+    Redeploy,
+    /// Short pause.
+    Freeze,
+    /// Rebalance recommendation.
+    Rebalance,
+    /// The notice with this id was withdrawn.
+    Cancelled {
+        /// Id of the withdrawn notice.
+        of: String,
+    },
+}
+
+impl NoticeKind {
+    /// Stable name (as in the agent's events).
+    pub fn name(&self) -> &'static str {
+        match self {
+            NoticeKind::Preemption => "preemption",
+            NoticeKind::Termination => "termination",
+            NoticeKind::ShuttingDown => "shutting_down",
+            NoticeKind::Maintenance => "maintenance",
+            NoticeKind::Reboot => "reboot",
+            NoticeKind::Redeploy => "redeploy",
+            NoticeKind::Freeze => "freeze",
+            NoticeKind::Rebalance => "rebalance",
+            NoticeKind::Cancelled { .. } => "cancelled",
+        }
+    }
+    /// Parses [`NoticeKind::name`] (not `cancelled`).
+    pub fn from_name(s: &str) -> Option<Self> {
+        Some(match s {
+            "preemption" => NoticeKind::Preemption,
+            "termination" => NoticeKind::Termination,
+            "shutting_down" => NoticeKind::ShuttingDown,
+            "maintenance" => NoticeKind::Maintenance,
+            "reboot" => NoticeKind::Reboot,
+            "redeploy" => NoticeKind::Redeploy,
+            "freeze" => NoticeKind::Freeze,
+            "rebalance" => NoticeKind::Rebalance,
+            _ => return None,
+        })
+    }
+}
+
+impl From<&crate::agent::sources::NodeEvent> for Notice {
+    fn from(e: &crate::agent::sources::NodeEvent) -> Self {
+        use crate::agent::sources::EventKind as K;
+        let kind = match &e.kind {
+            K::Preemption => NoticeKind::Preemption,
+            K::Termination => NoticeKind::Termination,
+            K::Maintenance => NoticeKind::Maintenance,
+            K::Rebalance => NoticeKind::Rebalance,
+            K::Reboot => NoticeKind::Reboot,
+            K::Redeploy => NoticeKind::Redeploy,
+            K::Freeze => NoticeKind::Freeze,
+            K::ShuttingDown => NoticeKind::ShuttingDown,
+            K::Cancelled { of } => NoticeKind::Cancelled { of: of.clone() },
+        };
+        let at = match (e.not_before, e.deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Notice {
+            id: e.id.clone(),
+            kind,
+            at,
+            detected_at: e.detected_at,
+        }
+    }
+}
+
+/// One Node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeView {
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations (nodekeeper's progress among them, see [`keys`]).
+    pub annotations: BTreeMap<String, String>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Has a deletion timestamp.
+    pub deleting: bool,
+    /// `spec.unschedulable`.
+    pub unschedulable: bool,
+    /// Taints.
+    pub taints: Vec<TaintView>,
+    /// Conditions.
+    pub conditions: Vec<ConditionView>,
+    /// Has been Ready at least once (see [`became_ready_heuristic`]).
+    pub became_ready: bool,
+    /// The agent's current boot id, when it reports.
+    pub boot_id: Option<String>,
+    /// Notices not yet handled or still current.
+    pub notices: Vec<Notice>,
+    /// The drain engine's state.
+    pub drain: DrainView,
+    /// Pods (optional; used to explain).
+    pub pods: Vec<PodView>,
+}
+
+/// `became_ready` from the Ready condition when nothing better is known: Ready now, or it
+/// changed well after the node was created (kubelet registers with Ready=False, so a node
+/// that never became Ready keeps a transition time close to its creation).
+pub fn became_ready_heuristic(created_at: DateTime<Utc>, ready: Option<&ConditionView>) -> bool {
+    match ready {
+        None => false,
+        Some(c) if c.status == "True" => true,
+        Some(c) => c.last_transition_time - created_at > chrono::Duration::seconds(60),
+    }
+}
+
+impl NodeView {
+    /// A healthy, Ready node created at `created_at` (builder for tests and the sim).
+    pub fn new(name: &str, created_at: DateTime<Utc>) -> Self {
+        NodeView {
+            name: name.to_string(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            created_at,
+            deleting: false,
+            unschedulable: false,
+            taints: Vec::new(),
+            conditions: vec![ConditionView {
+                type_: "Ready".into(),
+                status: "True".into(),
+                last_transition_time: created_at,
+            }],
+            became_ready: true,
+            boot_id: Some("boot-0".into()),
+            notices: Vec::new(),
+            drain: DrainView::default(),
+            pods: Vec::new(),
+        }
+    }
+
+    /// The condition of `type_`.
+    pub fn condition(&self, type_: &str) -> Option<&ConditionView> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// Ready=True.
+    pub fn is_ready(&self) -> bool {
+        self.condition("Ready").is_some_and(|c| c.status == "True")
+    }
+
+    /// Annotation value.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations.get(key).map(String::as_str)
+    }
+
+    /// Has a taint with `key`.
+    pub fn has_taint(&self, key: &str) -> bool {
+        self.taints.iter().any(|t| t.key == key)
+    }
+
+    /// nodekeeper's recorded progress, parsed from the annotations.
+    pub fn record(&self) -> Record {
+        Record::from_annotations(&self.annotations)
+    }
+
+    /// Applies one action as the actor would on success (tests, simulations and dry-run
+    /// previews use this to play decisions forward).
+    pub fn apply(&mut self, action: &Action) {
+        match action {
+            Action::Annotate { key, value } => match value {
+                Some(v) => {
+                    self.annotations.insert(key.clone(), v.clone());
+                }
+                None => {
+                    self.annotations.remove(key);
+                }
+            },
+            Action::Cordon => self.unschedulable = true,
+            Action::Uncordon => self.unschedulable = false,
+            Action::Taint { key, value, effect } => {
+                if !self.has_taint(key) {
+                    self.taints.push(TaintView {
+                        key: key.clone(),
+                        value: value.clone(),
+                        effect: effect.clone(),
+                    });
+                }
+            }
+            Action::Untaint { key } => self.taints.retain(|t| &t.key != key),
+            Action::Label { key, value } => match value {
+                Some(v) => {
+                    self.labels.insert(key.clone(), v.clone());
+                }
+                None => {
+                    self.labels.remove(key);
+                }
+            },
+            Action::StartDrain { .. } => {
+                if self.drain.phase == DrainPhase::Idle {
+                    self.drain.phase = DrainPhase::Running;
+                }
+            }
+            Action::StopDrain => self.drain = DrainView::default(),
+            Action::Hold(h) => {
+                self.annotations
+                    .insert(keys::BLOCKED.to_string(), h.encode());
+            }
+            Action::RequestReboot { .. }
+            | Action::RequestReplacement { .. }
+            | Action::Event { .. } => {}
+        }
+    }
+}
+
+/// nodekeeper's state of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum State {
+    /// Not acting on it.
+    #[default]
+    Idle,
+    /// Handling an interruption notice.
+    Interrupted,
+    /// Cordoned for a notice whose action is cordon only (e.g. rebalance).
+    Cordoned,
+    /// Repairing.
+    Repairing,
+}
+
+impl State {
+    /// Annotation value (`None` for idle).
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            State::Idle => None,
+            State::Interrupted => Some("interrupted"),
+            State::Cordoned => Some("cordoned"),
+            State::Repairing => Some("repairing"),
+        }
+    }
+    fn parse(s: Option<&str>) -> Self {
+        match s {
+            Some("interrupted") => State::Interrupted,
+            Some("cordoned") => State::Cordoned,
+            Some("repairing") => State::Repairing,
+            _ => State::Idle,
+        }
+    }
+}
+
+/// The interruption being handled, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedNotice {
+    /// Kind.
+    pub kind: NoticeKind,
+    /// Event id.
+    pub id: String,
+    /// Announced time.
+    pub at: DateTime<Utc>,
+}
+
+impl RecordedNotice {
+    /// `kind/id/time` as stored in [`keys::INTERRUPTION`].
+    pub fn encode(&self) -> String {
+        format!("{}/{}/{}", self.kind.name(), self.id, self.at.to_rfc3339())
+    }
+    fn decode(s: &str) -> Option<Self> {
+        let mut it = s.splitn(3, '/');
+        let kind = NoticeKind::from_name(it.next()?)?;
+        let id = it.next()?.to_string();
+        let at = parse_time(it.next()?)?;
+        Some(RecordedNotice { kind, id, at })
+    }
+}
+
+/// nodekeeper's progress on a node, from its annotations (see [`keys`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Record {
+    /// State.
+    pub state: State,
+    /// When the state began.
+    pub since: Option<DateTime<Utc>>,
+    /// Recorded reason.
+    pub reason: Option<String>,
+    /// Repair step.
+    pub step: Option<RepairStep>,
+    /// When the step began.
+    pub step_since: Option<DateTime<Utc>>,
+    /// nodekeeper cordoned it.
+    pub cordoned_by_us: bool,
+    /// nodekeeper added the LB exclusion label.
+    pub lb_excluded_by_us: bool,
+    /// Replacement requested at.
+    pub replacement_requested: Option<DateTime<Utc>>,
+    /// Boot id at the reboot request.
+    pub reboot_boot_id: Option<String>,
+    /// The notice being handled.
+    pub notice: Option<RecordedNotice>,
+    /// Startup retries of this node's lineage.
+    pub startup_retries: u32,
+    /// The hold currently published, if any.
+    pub held: Option<super::explain::Held>,
+}
+
+/// Parses an RFC 3339 time.
+pub fn parse_time(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|d| d.with_timezone(&Utc))
+}
+
+impl Record {
+    /// Parses the catalog keys; malformed values read as absent.
+    pub fn from_annotations(a: &BTreeMap<String, String>) -> Self {
+        let get = |k: &str| a.get(k).map(String::as_str);
+        Record {
+            state: State::parse(get(keys::STATE)),
+            since: get(keys::STATE_SINCE).and_then(parse_time),
+            reason: get(keys::REASON).map(str::to_string),
+            step: get(keys::REPAIR_STEP).and_then(RepairStep::from_name),
+            step_since: get(keys::REPAIR_STEP_SINCE).and_then(parse_time),
+            cordoned_by_us: get(keys::CORDONED_BY) == Some(keys::OWNER),
+            lb_excluded_by_us: get(keys::LB_EXCLUDED_BY) == Some(keys::OWNER),
+            replacement_requested: get(keys::REPLACEMENT_REQUESTED).and_then(parse_time),
+            reboot_boot_id: get(keys::REBOOT_REQUESTED).map(str::to_string),
+            notice: get(keys::INTERRUPTION).and_then(RecordedNotice::decode),
+            startup_retries: get(keys::STARTUP_RETRIES)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            held: get(keys::BLOCKED).and_then(super::explain::Held::decode),
+        }
+    }
+}
+
+/// Convenience for a condition: `(type, status, since)`.
+pub fn condition(type_: &str, status: &str, since: DateTime<Utc>) -> ConditionView {
+    ConditionView {
+        type_: type_.into(),
+        status: status.into(),
+        last_transition_time: since,
+    }
+}

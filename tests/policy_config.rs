@@ -1,0 +1,247 @@
+//! Policy configuration: both repair-policy forms (nodekeeper's and KPO's, incl. the exact
+//! seed-000 values), Karpenter budgets as users write them (seed 000/001), validation with
+//! located diagnostics.
+
+use std::path::Path;
+use std::time::Duration;
+
+use nodekeeper::config::{Config, ConfigError, Env, Loaded};
+use nodekeeper::controller::policy::budget::{GroupBudgets, Reason};
+use nodekeeper::controller::policy::config::{
+    parse_kpo_repair_policies, Budget, Quantity, RepairPolicy, RepairStep,
+};
+use nodekeeper::controller::policy::PolicyConfig;
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(format!(
+        "{}/tests/fixtures/policy/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+fn load(text: &str) -> Result<Loaded, ConfigError> {
+    Config::load_str(Path::new("c.toml"), text, &Env::default(), &|| None)
+}
+
+fn errors(text: &str) -> Vec<String> {
+    match load(text) {
+        Err(ConfigError::Invalid { diagnostics, .. }) => diagnostics
+            .iter()
+            .map(|d| d.render(Path::new("c.toml")))
+            .collect(),
+        other => panic!("expected invalid, got {other:?}"),
+    }
+}
+
+fn ready_false_10m() -> RepairPolicy {
+    RepairPolicy {
+        condition_type: "Ready".into(),
+        condition_status: "False".into(),
+        toleration: Duration::from_secs(600),
+    }
+}
+
+#[test]
+fn kpo_json_repair_policies_parse_as_is() {
+    let p = parse_kpo_repair_policies(&fixture("kpo_repair_policies.json")).unwrap();
+    assert_eq!(p, vec![ready_false_10m()]);
+}
+
+#[test]
+fn seed000_helm_values_parse_as_is() {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Settings {
+        repair_policies: Vec<RepairPolicy>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Disruption {
+        budgets: Vec<Budget>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Pool {
+        disruption: Disruption,
+    }
+    #[derive(serde::Deserialize)]
+    struct Values {
+        settings: Settings,
+        nodepools: std::collections::BTreeMap<String, Pool>,
+    }
+    let v: Values = serde_yaml::from_str(&fixture("seed000_shared_values.yaml")).unwrap();
+    assert_eq!(v.settings.repair_policies, vec![ready_false_10m()]);
+    for name in ["shared-spot", "shared-on-demand"] {
+        assert_eq!(
+            v.nodepools[name].disruption.budgets,
+            vec![Budget::always(Quantity::Count(1))]
+        );
+    }
+}
+
+#[test]
+fn seed001_karpenter_budgets_parse_and_evaluate_in_utc() {
+    #[derive(serde::Deserialize)]
+    struct B {
+        budgets: Vec<Budget>,
+    }
+    let b: B = serde_yaml::from_str(&fixture("seed001_budgets.yaml")).unwrap();
+    assert_eq!(b.budgets.len(), 3);
+    assert_eq!(b.budgets[1].nodes, Quantity::Percent(5));
+    assert_eq!(b.budgets[1].duration, Some(Duration::from_secs(14 * 3600)));
+    let g = GroupBudgets::new(&b.budgets);
+    let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap().to_utc();
+    // 40 nodes: 10% = 4, 5% = 2, 20% = 8; min over active budgets.
+    assert_eq!(
+        g.limit(Reason::Repair, 40, at("2026-11-30T02:00:00Z")).max,
+        Some(2)
+    );
+    assert_eq!(
+        g.limit(Reason::Repair, 40, at("2026-11-30T19:00:00Z")).max,
+        Some(4)
+    );
+    assert_eq!(
+        g.limit(Reason::Repair, 40, at("2026-11-30T16:00:00Z")).max,
+        Some(4)
+    );
+    // 5% of 3 nodes rounds up to 1, as Karpenter does.
+    assert_eq!(
+        g.limit(Reason::Repair, 3, at("2026-11-30T02:00:00Z")).max,
+        Some(1)
+    );
+}
+
+#[test]
+fn nodekeeper_form_loads_with_every_section() {
+    let l = load(&fixture("nodekeeper_policy.toml")).unwrap();
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    let p = PolicyConfig::from_config(&l.config);
+    assert!(p.controller.dry_run);
+    assert_eq!(p.repair.policy.len(), 2);
+    assert_eq!(p.repair.policy[0], ready_false_10m());
+    assert_eq!(
+        p.repair.steps,
+        vec![RepairStep::Drain, RepairStep::Reboot, RepairStep::Replace]
+    );
+    let spot = p.repair.for_group("shared-spot");
+    assert_eq!(spot.policies, vec![ready_false_10m()]);
+    assert_eq!(spot.max_unhealthy, Quantity::Count(1));
+    assert_eq!(
+        p.repair.for_group("other").max_unhealthy,
+        Quantity::Percent(20)
+    );
+    let d = p.budgets.for_group("other");
+    assert_eq!(d.len(), 2);
+    assert_eq!(d[1].timezone.as_deref(), Some("Asia/Shanghai"));
+    assert_eq!(d[1].reasons, vec!["repair".to_string()]);
+    assert_eq!(
+        p.budgets.for_group("shared-spot"),
+        &[Budget::always(Quantity::Count(1))]
+    );
+}
+
+#[test]
+fn kpo_form_in_toml_loads() {
+    let l = load(&fixture("kpo_policy.toml")).unwrap();
+    assert_eq!(l.config.repair.repair_policies, vec![ready_false_10m()]);
+    assert_eq!(
+        l.config.repair.for_group("x").policies,
+        vec![ready_false_10m()]
+    );
+    let l = load(
+        "[[repair.policy]]\nconditionType = \"Ready\"\nconditionStatus = \"Unknown\"\ntolerationDuration = 300000000000\n",
+    )
+    .unwrap();
+    assert_eq!(
+        l.config.repair.policy[0].toleration,
+        Duration::from_secs(300)
+    );
+    assert_eq!(l.config.repair.policy[0].condition_status, "Unknown");
+}
+
+#[test]
+fn defaults_match_karpenter_and_capi() {
+    let p = PolicyConfig::default();
+    assert_eq!(
+        p.budgets.default,
+        vec![Budget::always(Quantity::Percent(10))]
+    );
+    assert_eq!(p.repair.max_unhealthy, Quantity::Percent(20));
+    assert_eq!(p.repair.startup_timeout, Duration::from_secs(600));
+    assert!(!p.controller.dry_run);
+    assert!(p.validate().is_empty(), "{:?}", p.validate());
+}
+
+#[test]
+fn semantic_errors_are_located() {
+    let text = "[budgets]\nbudgets = [\n  { nodes = \"1\", schedule = \"0 9 * * 1-5\", duration = \"14h\", timezone = \"Asia/Shang\" },\n  { nodes = \"1\", schedule = \"0 9 * *\", duration = \"1h\" },\n  { nodes = \"2\", schedule = \"@daily\" },\n  { nodes = \"1\", reasons = [\"repiar\"] },\n]\n\n[[repair.policy]]\ncondition_type = \"Ready\"\ncondition_status = \"false\"\ntoleration = \"10m\"\n";
+    let e = errors(text);
+    assert_eq!(e.len(), 5, "{e:#?}");
+    let has =
+        |prefix: &str, word: &str| e.iter().any(|l| l.starts_with(prefix) && l.contains(word));
+    assert!(has("c.toml:3:", "Asia/Shang"), "{e:#?}");
+    assert!(has("c.toml:3:", "budgets.budgets[0].timezone"), "{e:#?}");
+    assert!(has("c.toml:4:", "5"), "{e:#?}");
+    assert!(has("c.toml:5:", "duration"), "{e:#?}");
+    assert!(has("c.toml:6:", "repiar"), "{e:#?}");
+    assert!(
+        has("c.toml:11:20", "`false` is not a condition status"),
+        "{e:#?}"
+    );
+}
+
+#[test]
+fn toleration_forms_are_exclusive_and_required() {
+    let both = "[[repair.policy]]\ncondition_type = \"Ready\"\ncondition_status = \"False\"\ntoleration = \"10m\"\ntolerationDuration = 1\n";
+    let e = errors(both);
+    assert!(e[0].contains("not both"), "{e:?}");
+    let none = "[[repair.policy]]\ncondition_type = \"Ready\"\ncondition_status = \"False\"\n";
+    let e = errors(none);
+    assert!(e[0].contains("missing `toleration`"), "{e:?}");
+    let bad = "[repair]\nmax_unhealthy = \"150%\"\n";
+    let e = errors(bad);
+    assert!(e[0].contains("0–100%"), "{e:?}");
+}
+
+#[test]
+fn karpenter_reasons_warn_and_steps_must_escalate() {
+    let l = load("[budgets]\nbudgets = [{ nodes = \"0\", reasons = [\"Drifted\"] }]\n").unwrap();
+    assert_eq!(l.warnings.len(), 1, "{:?}", l.warnings);
+    assert!(l.warnings[0].message.contains("never applies"));
+    assert_eq!(l.warnings[0].location.map(|l| l.0), Some(2));
+    let e = errors("[repair]\nsteps = [\"replace\", \"drain\"]\n");
+    assert!(
+        e[0].starts_with("c.toml:2:") && e[0].contains("escalate"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn printed_config_round_trips_with_policy() {
+    let l = load(&fixture("nodekeeper_policy.toml")).unwrap();
+    let again = load(&l.config.to_redacted_toml()).unwrap();
+    assert_eq!(again.config, l.config);
+}
+
+mod never_panics {
+    use nodekeeper::controller::policy::budget::Window;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// User-written schedules and zones are errors, never panics.
+        #[test]
+        fn window_parse_never_panics(
+            fields in proptest::collection::vec("([0-9*/,A-Za-z-]{1,6}|é{1,3}|@[a-z]{1,8})", 0..8),
+            tz in "[A-Za-z/_é]{0,20}",
+            secs in 0u64..10_000_000,
+        ) {
+            let expr = fields.join(" ");
+            let at = chrono::DateTime::from_timestamp(1_790_000_000, 0).unwrap();
+            if let Ok(w) = Window::parse(&expr, std::time::Duration::from_secs(secs), &tz) {
+                let _ = w.is_active(at);
+                let _ = w.boundaries(at, chrono::Duration::days(1));
+            }
+        }
+    }
+}
