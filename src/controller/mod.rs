@@ -1,1 +1,2 @@
 pub mod drain;
+pub mod provider;
