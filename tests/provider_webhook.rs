@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use nodekeeper::controller::provider::webhook::{sign, Webhook, SIGNATURE_HEADER};
+use nodekeeper::controller::provider::webhook::{backoff, sign, Webhook, SIGNATURE_HEADER};
 use nodekeeper::controller::provider::{
     NodeProvider, ProviderConfig, ProviderError, ReplacementRequest, WebhookConfig,
 };
@@ -43,10 +43,12 @@ async fn handle(State(r): State<Arc<Receiver>>, headers: HeaderMap, body: Bytes)
         r.bad_signatures.fetch_add(1, Ordering::SeqCst);
         return StatusCode::UNAUTHORIZED;
     }
-    r.bodies
-        .lock()
-        .unwrap()
-        .push(serde_json::from_slice(&body).unwrap());
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    if key != json["request_id"].as_str() {
+        return StatusCode::UNPROCESSABLE_ENTITY;
+    }
+    r.bodies.lock().unwrap().push(json);
     if let Some(s) = r.always {
         return StatusCode::from_u16(s).unwrap();
     }
@@ -210,4 +212,25 @@ fn config_parses_from_toml() {
     let n: ProviderConfig = toml::from_str("kind = \"none\"").unwrap();
     assert_eq!(n, ProviderConfig::None);
     assert!(toml::from_str::<ProviderConfig>("kind = \"oci\"").is_err());
+}
+
+#[test]
+fn backoff_is_exponential_jittered_and_capped() {
+    for _ in 0..100 {
+        let b1 = backoff(Duration::from_millis(100), 1);
+        assert!(
+            b1 >= Duration::from_millis(50) && b1 < Duration::from_millis(150),
+            "{b1:?}"
+        );
+        let b3 = backoff(Duration::from_millis(100), 3);
+        assert!(
+            b3 >= Duration::from_millis(200) && b3 < Duration::from_millis(600),
+            "{b3:?}"
+        );
+        let big = backoff(Duration::from_secs(1), 40);
+        assert!(
+            big >= Duration::from_secs(15) && big < Duration::from_secs(45),
+            "{big:?}"
+        );
+    }
 }
