@@ -4,43 +4,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::cfg_path;
 use crate::config::Diagnostic;
 
-/// A secret string: deserialized normally, always printed as [`crate::config::REDACTED`].
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// A secret holding `s`.
-    pub fn new(s: impl Into<String>) -> Self {
-        Secret(s.into())
-    }
-    /// The secret value (compare it in constant time).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(crate::config::REDACTED)
-    }
-}
-
-impl Serialize for Secret {
-    /// An unset (empty) secret prints as `""`: there is nothing to hide, and the user sees it is unset.
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(if self.0.is_empty() {
-            ""
-        } else {
-            crate::config::REDACTED
-        })
-    }
-}
+pub use crate::config::Secret;
 
 /// `[controller]`
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -59,6 +28,8 @@ pub struct ControllerConfig {
     /// Decide as usual, but only log decisions and write Events/status: never cordon, evict,
     /// reboot or replace.
     pub dry_run: bool,
+    /// How replacement nodes are requested (`[controller.provider]`, default `none`).
+    pub provider: crate::controller::provider::ProviderConfig,
     /// The only identity allowed to report: `system:serviceaccount:<ns>:<name>`.
     pub service_account: String,
     /// The audience the agents' projected tokens must carry.
@@ -96,6 +67,7 @@ impl Default for ControllerConfig {
             tls_key_file: None,
             insecure_plain_http: false,
             dry_run: false,
+            provider: Default::default(),
             service_account: "system:serviceaccount:nodekeeper:nodekeeper-agent".into(),
             audience: "nodekeeper".into(),
             token_cache_size: 20_000,
@@ -171,7 +143,7 @@ impl Default for OciEventsConfig {
 impl ControllerConfig {
     /// Semantic checks.
     pub fn validate(&self) -> Vec<Diagnostic> {
-        let mut d = Vec::new();
+        let mut d = self.provider.validate();
         let err = |d: &mut Vec<Diagnostic>, p, m: &str| d.push(Diagnostic::error(p, m));
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
             err(

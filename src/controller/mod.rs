@@ -15,6 +15,7 @@ pub mod leader;
 pub mod nodestate;
 pub mod oci_events;
 pub mod policy;
+pub mod provider;
 pub mod server;
 
 use std::net::SocketAddr;

@@ -1,0 +1,261 @@
+//! Replacement providers: how nodekeeper asks for a new node when one must go.
+//!
+//! One trait, [`NodeProvider`], and one file per implementation:
+//! - [`karpenter`]: deletes the node's NodeClaim and waits for a new Ready node of the same pool;
+//! - [`webhook`]: POSTs an HMAC-signed JSON description to a URL, with retries;
+//! - [`none`]: never replaces (cordon/drain only);
+//! - [`fake`]: a recording fake for tests of the decision/actions code.
+//!
+//! Every request carries a `request_id` derived from node, reason and episode
+//! ([`ReplacementRequest::new`]); asking twice with the same id never launches two replacements.
+
+pub mod fake;
+pub mod karpenter;
+pub mod none;
+pub mod webhook;
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::cfg_path;
+use crate::config::Diagnostic;
+
+/// Node label naming the Karpenter NodePool a node belongs to.
+pub const POOL_LABEL: &str = "karpenter.sh/nodepool";
+
+/// What nodekeeper asks a provider to replace, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplacementRequest {
+    /// Name of the node to replace.
+    pub node: String,
+    /// Node group (e.g. the `karpenter.sh/nodepool` label), if known.
+    pub pool: Option<String>,
+    /// `spec.providerID` of the node, if set.
+    pub provider_id: Option<String>,
+    /// Why: `interruption`, `repair`, `startup-timeout`, ...
+    pub reason: String,
+    /// Idempotency key: the same node, reason and episode give the same id.
+    pub request_id: String,
+}
+
+impl ReplacementRequest {
+    /// A request whose `request_id` is derived from `node`, `reason` and `episode` (e.g. the
+    /// time the condition or notice was first seen), so a restarted controller asks with the same id.
+    pub fn new(node: &str, reason: &str, episode: &str) -> Self {
+        Self {
+            node: node.to_string(),
+            pool: None,
+            provider_id: None,
+            reason: reason.to_string(),
+            request_id: request_id(node, reason, episode),
+        }
+    }
+}
+
+/// Deterministic idempotency key: `nk-` + the first 24 hex digits of SHA-256(node, reason, episode).
+pub fn request_id(node: &str, reason: &str, episode: &str) -> String {
+    let mut h = Sha256::new();
+    for part in [node, reason, episode] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    let digest = hex::encode(h.finalize());
+    format!("nk-{}", &digest[..24])
+}
+
+/// Handle on an accepted replacement, to poll with [`NodeProvider::replacement_ready`].
+/// Serializable so the controller can record it on the Node and resume after a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplacementTicket {
+    /// Name of the provider that accepted it (`karpenter`, `webhook`, `none`, `fake`).
+    pub provider: String,
+    /// The request's idempotency key.
+    pub request_id: String,
+    /// The node being replaced.
+    pub node: String,
+    /// The node's pool, if known.
+    pub pool: Option<String>,
+    /// Provider-specific reference (the NodeClaim name for karpenter).
+    pub reference: Option<String>,
+    /// Server time the replacement was requested (RFC 3339), when the provider knows it.
+    pub requested_at: Option<String>,
+    /// Nodes of the pool that existed at request time (never reported as the replacement).
+    #[serde(default)]
+    pub existing_nodes: Vec<String>,
+}
+
+/// Failure of a provider call.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// A Kubernetes API call failed.
+    #[error("{provider}: {action} for node {node}: {source}")]
+    Kube {
+        /// Provider name.
+        provider: &'static str,
+        /// What was being done.
+        action: &'static str,
+        /// The node concerned.
+        node: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The request cannot succeed as it stands (4xx, missing NodeClaim, ...); do not retry.
+    #[error("{provider}: replacement of node {node} refused: {message}")]
+    Permanent {
+        /// Provider name.
+        provider: &'static str,
+        /// The node concerned.
+        node: String,
+        /// Why.
+        message: String,
+    },
+    /// The request may succeed later (5xx, timeouts) but retries were exhausted.
+    #[error("{provider}: replacement of node {node} failed after {attempts} attempts: {message}")]
+    Transient {
+        /// Provider name.
+        provider: &'static str,
+        /// The node concerned.
+        node: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Last failure.
+        message: String,
+    },
+    /// The provider could not be set up.
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+}
+
+/// The provider could not be set up (e.g. the HTTP client could not be built).
+#[derive(Debug, thiserror::Error)]
+#[error("{provider}: setting up: {message}")]
+pub struct SetupError {
+    /// Provider name.
+    pub provider: &'static str,
+    /// What failed.
+    pub message: String,
+}
+
+impl ProviderError {
+    /// Whether retrying the same request later is pointless.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, ProviderError::Permanent { .. })
+    }
+}
+
+/// A way to get a replacement for a node.
+pub trait NodeProvider: Send + Sync {
+    /// Short name, used in tickets, logs and metrics labels.
+    fn name(&self) -> &'static str;
+
+    /// Asks for a replacement of `req.node`. Idempotent on `req.request_id`.
+    fn request_replacement<'a>(
+        &'a self,
+        req: &'a ReplacementRequest,
+    ) -> BoxFuture<'a, Result<ReplacementTicket, ProviderError>>;
+
+    /// `Some(new node name)` once the replacement is Ready, `None` while it is not (yet).
+    fn replacement_ready<'a>(
+        &'a self,
+        ticket: &'a ReplacementTicket,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>>;
+}
+
+/// Which provider to use: `[controller.provider]` with `kind = "karpenter" | "webhook" | "none"`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ProviderConfig {
+    /// Delete the node's Karpenter NodeClaim.
+    Karpenter,
+    /// POST a signed JSON description to a URL.
+    Webhook(WebhookConfig),
+    /// Never replace.
+    #[default]
+    None,
+}
+
+/// Settings of the webhook provider.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// `http://` URL to POST to (no TLS support in this build).
+    pub url: String,
+    /// HMAC-SHA256 key for `X-Nodekeeper-Signature`; never logged.
+    pub secret: crate::config::Secret,
+    /// Timeout of one attempt.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Attempts on 5xx / timeouts / connection errors before giving up.
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    /// First retry delay (doubled each attempt, with jitter).
+    #[serde(default = "default_backoff", with = "humantime_serde")]
+    pub backoff: Duration,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_attempts() -> u32 {
+    5
+}
+fn default_backoff() -> Duration {
+    Duration::from_millis(500)
+}
+
+impl ProviderConfig {
+    /// Semantic checks; paths are relative to `[controller.provider]`.
+    pub fn validate(&self) -> Vec<Diagnostic> {
+        let ProviderConfig::Webhook(w) = self else {
+            return Vec::new();
+        };
+        let at = |k: &str| cfg_path!["controller", "provider", k];
+        let mut d = Vec::new();
+        match reqwest::Url::parse(&w.url) {
+            Ok(u) if u.scheme() == "http" => {}
+            Ok(u) => d.push(Diagnostic::error(
+                at("url"),
+                format!(
+                    "scheme `{}` is not supported: only plain `http://` (no TLS in this build)",
+                    u.scheme()
+                ),
+            )),
+            Err(e) => d.push(Diagnostic::error(
+                at("url"),
+                format!("`{}` is not a URL: {e}", w.url),
+            )),
+        }
+        if w.secret.expose().is_empty() {
+            d.push(Diagnostic::error(
+                at("secret"),
+                "must not be empty: requests are signed with it",
+            ));
+        }
+        if w.timeout.is_zero() {
+            d.push(Diagnostic::error(
+                at("timeout"),
+                "must be greater than zero",
+            ));
+        }
+        if w.max_attempts == 0 {
+            d.push(Diagnostic::error(at("max_attempts"), "must be at least 1"));
+        }
+        d
+    }
+}
+
+/// Builds the configured provider. `client` is used by the karpenter provider only.
+pub fn build(
+    cfg: &ProviderConfig,
+    client: kube::Client,
+) -> Result<Box<dyn NodeProvider>, ProviderError> {
+    Ok(match cfg {
+        ProviderConfig::Karpenter => Box::new(karpenter::Karpenter::new(client)),
+        ProviderConfig::Webhook(w) => Box::new(webhook::Webhook::new(w.clone())?),
+        ProviderConfig::None => Box::new(none::NoReplacement),
+    })
+}

@@ -1,0 +1,210 @@
+//! The `webhook` provider: POSTs a JSON description of the replacement to a URL, signed with
+//! HMAC-SHA256 (`X-Nodekeeper-Signature: sha256=<hex>` over the exact body bytes).
+//!
+//! 2xx = accepted; 4xx = permanent error; 5xx, timeouts and connection errors are retried with
+//! jittered exponential backoff, up to `max_attempts`. The `request_id` travels in the body and in
+//! the `Idempotency-Key` header so the receiver can de-duplicate; this process also never POSTs an
+//! id it already got accepted. Plain HTTP only (no TLS in this build). The secret is never logged.
+//! The receiver launches the node; readiness is not reported back by this provider
+//! (`replacement_ready` answers `None`), the controller's startup timeout covers it.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use hmac::{Hmac, KeyInit, Mac};
+use rand::Rng;
+use serde::Serialize;
+use sha2::Sha256;
+
+use super::{
+    NodeProvider, ProviderError, ReplacementRequest, ReplacementTicket, SetupError, WebhookConfig,
+};
+
+/// Header carrying `sha256=<hex HMAC of the body>`.
+pub const SIGNATURE_HEADER: &str = "X-Nodekeeper-Signature";
+
+const NAME: &str = "webhook";
+
+/// The JSON body POSTed to the webhook.
+#[derive(Debug, Serialize)]
+pub struct WebhookBody<'a> {
+    /// Always `replace-node`.
+    pub action: &'static str,
+    /// The request as nodekeeper sees it.
+    #[serde(flatten)]
+    pub request: &'a ReplacementRequest,
+}
+
+/// `sha256=<hex>` HMAC-SHA256 of `body` under `secret`.
+pub fn sign(secret: &[u8], body: &[u8]) -> String {
+    // HMAC accepts keys of any length, so this cannot fail.
+    let mut mac = match <Hmac<Sha256> as KeyInit>::new_from_slice(secret) {
+        Ok(m) => m,
+        Err(_) => return String::new(),
+    };
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Replaces nodes by asking an external system over HTTP.
+pub struct Webhook {
+    cfg: WebhookConfig,
+    http: reqwest::Client,
+    accepted: Mutex<BTreeMap<String, ReplacementTicket>>,
+}
+
+impl std::fmt::Debug for Webhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webhook")
+            .field("url", &self.cfg.url)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+enum Attempt {
+    Accepted,
+    Permanent(String),
+    Retry(String),
+}
+
+impl Webhook {
+    /// A provider for `cfg`.
+    pub fn new(cfg: WebhookConfig) -> Result<Self, SetupError> {
+        let http = reqwest::Client::builder()
+            .timeout(cfg.timeout)
+            .build()
+            .map_err(|e| SetupError {
+                provider: NAME,
+                message: format!("building the HTTP client for {}: {e}", cfg.url),
+            })?;
+        Ok(Self {
+            cfg,
+            http,
+            accepted: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    fn accepted(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ReplacementTicket>> {
+        self.accepted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn attempt(&self, req: &ReplacementRequest, body: &[u8]) -> Attempt {
+        let res = self
+            .http
+            .post(&self.cfg.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(
+                SIGNATURE_HEADER,
+                sign(self.cfg.secret.expose().as_bytes(), body),
+            )
+            .header("Idempotency-Key", &req.request_id)
+            .body(body.to_vec())
+            .send()
+            .await;
+        match res {
+            Ok(r) if r.status().is_success() => Attempt::Accepted,
+            Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
+                let status = r.status();
+                let text = r.text().await.unwrap_or_default();
+                Attempt::Permanent(format!(
+                    "{} answered {status}: {}",
+                    self.cfg.url,
+                    trim(&text)
+                ))
+            }
+            Ok(r) => Attempt::Retry(format!("{} answered {}", self.cfg.url, r.status())),
+            Err(e) => Attempt::Retry(format!("POST {}: {e}", self.cfg.url)),
+        }
+    }
+
+    async fn request(&self, req: &ReplacementRequest) -> Result<ReplacementTicket, ProviderError> {
+        if let Some(t) = self.accepted().get(&req.request_id) {
+            return Ok(t.clone());
+        }
+        let body = serde_json::to_vec(&WebhookBody {
+            action: "replace-node",
+            request: req,
+        })
+        .map_err(|e| ProviderError::Permanent {
+            provider: NAME,
+            node: req.node.clone(),
+            message: format!("encoding the request: {e}"),
+        })?;
+        let mut last = String::new();
+        for n in 1..=self.cfg.max_attempts {
+            match self.attempt(req, &body).await {
+                Attempt::Accepted => return Ok(self.accept(req)),
+                Attempt::Permanent(message) => {
+                    return Err(ProviderError::Permanent {
+                        provider: NAME,
+                        node: req.node.clone(),
+                        message,
+                    })
+                }
+                Attempt::Retry(why) => {
+                    tracing::warn!(node = %req.node, attempt = n, error = %why, "webhook attempt failed");
+                    last = why;
+                }
+            }
+            if n < self.cfg.max_attempts {
+                tokio::time::sleep(backoff(self.cfg.backoff, n)).await;
+            }
+        }
+        Err(ProviderError::Transient {
+            provider: NAME,
+            node: req.node.clone(),
+            attempts: self.cfg.max_attempts,
+            message: last,
+        })
+    }
+
+    fn accept(&self, req: &ReplacementRequest) -> ReplacementTicket {
+        tracing::info!(node = %req.node, request = %req.request_id, url = %self.cfg.url, "webhook accepted the replacement");
+        let t = ReplacementTicket {
+            provider: NAME.into(),
+            request_id: req.request_id.clone(),
+            node: req.node.clone(),
+            pool: req.pool.clone(),
+            reference: Some(self.cfg.url.clone()),
+            requested_at: Some(chrono::Utc::now().to_rfc3339()),
+            existing_nodes: Vec::new(),
+        };
+        self.accepted().insert(req.request_id.clone(), t.clone());
+        t
+    }
+}
+
+/// Delay before retry `n` (1-based): `base * 2^(n-1)`, capped at 30 s, times a jitter in [0.5, 1.5).
+pub fn backoff(base: Duration, n: u32) -> Duration {
+    let exp = base.saturating_mul(1u32 << (n - 1).min(16));
+    let capped = exp.min(Duration::from_secs(30));
+    capped.mul_f64(rand::rng().random_range(0.5..1.5))
+}
+
+fn trim(s: &str) -> &str {
+    let end = s.char_indices().nth(200).map_or(s.len(), |(i, _)| i);
+    &s[..end]
+}
+
+impl NodeProvider for Webhook {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn request_replacement<'a>(
+        &'a self,
+        req: &'a ReplacementRequest,
+    ) -> BoxFuture<'a, Result<ReplacementTicket, ProviderError>> {
+        Box::pin(self.request(req))
+    }
+
+    fn replacement_ready<'a>(
+        &'a self,
+        _ticket: &'a ReplacementTicket,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        Box::pin(async { Ok(None) })
+    }
+}

@@ -1,0 +1,236 @@
+//! The webhook provider against a tiny axum receiver on 127.0.0.1 that verifies the HMAC signature.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use nodekeeper::controller::provider::webhook::{backoff, sign, Webhook, SIGNATURE_HEADER};
+use nodekeeper::controller::provider::{
+    NodeProvider, ProviderConfig, ProviderError, ReplacementRequest, WebhookConfig,
+};
+
+const SECRET: &str = "s3cret-key";
+
+#[derive(Default)]
+struct Receiver {
+    /// Answer 503 to this many requests first.
+    fail_first: u32,
+    /// Answer this status to every valid request instead of 202, when set.
+    always: Option<u16>,
+    calls: AtomicU32,
+    bodies: Mutex<Vec<serde_json::Value>>,
+    bad_signatures: AtomicU32,
+}
+
+async fn handle(State(r): State<Arc<Receiver>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let n = r.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    let got = headers
+        .get(SIGNATURE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    // Independent check of the signature (hmac crate directly, not the provider's `sign`).
+    use hmac::{Hmac, KeyInit, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(SECRET.as_bytes()).unwrap();
+    mac.update(&body);
+    let want = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+    if got != want {
+        r.bad_signatures.fetch_add(1, Ordering::SeqCst);
+        return StatusCode::UNAUTHORIZED;
+    }
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    if key != json["request_id"].as_str() {
+        return StatusCode::UNPROCESSABLE_ENTITY;
+    }
+    r.bodies.lock().unwrap().push(json);
+    if let Some(s) = r.always {
+        return StatusCode::from_u16(s).unwrap();
+    }
+    if n <= r.fail_first {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::ACCEPTED
+    }
+}
+
+async fn serve(r: Arc<Receiver>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().route("/replace", post(handle)).with_state(r);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/replace")
+}
+
+fn config(url: String, secret: &str) -> WebhookConfig {
+    WebhookConfig {
+        url,
+        secret: secret.into(),
+        timeout: Duration::from_secs(2),
+        max_attempts: 4,
+        backoff: Duration::from_millis(20),
+    }
+}
+
+fn request() -> ReplacementRequest {
+    let mut req = ReplacementRequest::new("general-1", "interruption", "notice-17");
+    req.pool = Some("general".into());
+    req.provider_id = Some("sim:///general-1".into());
+    req
+}
+
+#[tokio::test]
+async fn retries_503_then_accepts_once_per_request_id() {
+    let r = Arc::new(Receiver {
+        fail_first: 2,
+        ..Default::default()
+    });
+    let url = serve(r.clone()).await;
+    let p = Webhook::new(config(url.clone(), SECRET)).unwrap();
+    let req = request();
+    let t = p.request_replacement(&req).await.unwrap();
+    assert_eq!(r.calls.load(Ordering::SeqCst), 3, "two 503s, then 202");
+    assert_eq!(r.bad_signatures.load(Ordering::SeqCst), 0);
+    assert_eq!(t.provider, "webhook");
+    assert_eq!(t.request_id, req.request_id);
+    assert_eq!(t.reference.as_deref(), Some(url.as_str()));
+    let bodies = r.bodies.lock().unwrap().clone();
+    assert_eq!(bodies[2]["action"], "replace-node");
+    assert_eq!(bodies[2]["node"], "general-1");
+    assert_eq!(bodies[2]["pool"], "general");
+    assert_eq!(bodies[2]["provider_id"], "sim:///general-1");
+    assert_eq!(bodies[2]["reason"], "interruption");
+    assert_eq!(bodies[2]["request_id"], req.request_id.as_str());
+
+    // Same id again: no second POST.
+    let t2 = p.request_replacement(&req).await.unwrap();
+    assert_eq!(t, t2);
+    assert_eq!(r.calls.load(Ordering::SeqCst), 3);
+    assert_eq!(p.replacement_ready(&t).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_400_is_permanent_and_not_retried() {
+    let r = Arc::new(Receiver {
+        always: Some(400),
+        ..Default::default()
+    });
+    let p = Webhook::new(config(serve(r.clone()).await, SECRET)).unwrap();
+    let err = p.request_replacement(&request()).await.unwrap_err();
+    assert!(err.is_permanent(), "{err}");
+    assert!(err.to_string().contains("400"), "{err}");
+    assert!(err.to_string().contains("general-1"), "{err}");
+    assert_eq!(r.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_wrong_secret_is_refused_by_the_receiver() {
+    let r = Arc::new(Receiver::default());
+    let p = Webhook::new(config(serve(r.clone()).await, "not-the-secret")).unwrap();
+    let err = p.request_replacement(&request()).await.unwrap_err();
+    assert!(err.is_permanent(), "{err}");
+    assert_eq!(r.bad_signatures.load(Ordering::SeqCst), 1);
+    assert!(
+        !err.to_string().contains("not-the-secret"),
+        "secret leaked: {err}"
+    );
+    assert!(!format!("{p:?}").contains("not-the-secret"));
+}
+
+#[tokio::test]
+async fn persistent_503_gives_up_after_max_attempts() {
+    let r = Arc::new(Receiver {
+        always: Some(503),
+        ..Default::default()
+    });
+    let p = Webhook::new(config(serve(r.clone()).await, SECRET)).unwrap();
+    let err = p.request_replacement(&request()).await.unwrap_err();
+    assert!(
+        matches!(err, ProviderError::Transient { attempts: 4, .. }),
+        "{err}"
+    );
+    assert_eq!(r.calls.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn connection_refused_is_retried_then_transient() {
+    // Bind then drop: nothing listens on that loopback port.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let p = Webhook::new(config(format!("http://127.0.0.1:{port}/x"), SECRET)).unwrap();
+    let err = p.request_replacement(&request()).await.unwrap_err();
+    assert!(!err.is_permanent(), "{err}");
+}
+
+#[test]
+fn signature_matches_a_known_vector() {
+    // RFC 4231 test case 2.
+    assert_eq!(
+        sign(b"Jefe", b"what do ya want for nothing?"),
+        "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    );
+}
+
+#[test]
+fn config_validation() {
+    let ok = ProviderConfig::Webhook(config("http://127.0.0.1:8080/x".into(), "k"));
+    assert!(ok.validate().is_empty());
+    let bad = ProviderConfig::Webhook(WebhookConfig {
+        url: "https://example.invalid/x".into(),
+        secret: String::new().into(),
+        timeout: Duration::ZERO,
+        max_attempts: 0,
+        backoff: Duration::from_millis(1),
+    });
+    let d = bad.validate();
+    assert_eq!(d.len(), 4, "{d:?}");
+    assert!(d[0].message.contains("https"));
+    assert!(ProviderConfig::None.validate().is_empty());
+    assert!(ProviderConfig::Karpenter.validate().is_empty());
+}
+
+#[test]
+fn config_parses_from_toml() {
+    let c: ProviderConfig = toml::from_str(
+        "kind = \"webhook\"\nurl = \"http://127.0.0.1:9/r\"\nsecret = \"x\"\ntimeout = \"3s\"\n",
+    )
+    .unwrap();
+    let ProviderConfig::Webhook(w) = c else {
+        panic!("not a webhook: {c:?}")
+    };
+    assert_eq!(w.timeout, Duration::from_secs(3));
+    assert_eq!(w.max_attempts, 5);
+    let k: ProviderConfig = toml::from_str("kind = \"karpenter\"").unwrap();
+    assert_eq!(k, ProviderConfig::Karpenter);
+    let n: ProviderConfig = toml::from_str("kind = \"none\"").unwrap();
+    assert_eq!(n, ProviderConfig::None);
+    assert!(toml::from_str::<ProviderConfig>("kind = \"oci\"").is_err());
+}
+
+#[test]
+fn backoff_is_exponential_jittered_and_capped() {
+    for _ in 0..100 {
+        let b1 = backoff(Duration::from_millis(100), 1);
+        assert!(
+            b1 >= Duration::from_millis(50) && b1 < Duration::from_millis(150),
+            "{b1:?}"
+        );
+        let b3 = backoff(Duration::from_millis(100), 3);
+        assert!(
+            b3 >= Duration::from_millis(200) && b3 < Duration::from_millis(600),
+            "{b3:?}"
+        );
+        let big = backoff(Duration::from_secs(1), 40);
+        assert!(
+            big >= Duration::from_secs(15) && big < Duration::from_secs(45),
+            "{big:?}"
+        );
+    }
+}
