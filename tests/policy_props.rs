@@ -450,8 +450,28 @@ fn cases() -> u32 {
         .unwrap_or(10_000)
 }
 
+/// The generator's seed: fixed by default so CI is repeatable; `POLICY_PROP_SEED=<u64>` explores
+/// other clusters (a failure prints the case to add below as a regression test).
+fn rng_seed() -> proptest::test_runner::RngSeed {
+    let seed = std::env::var("POLICY_PROP_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x6e6b_7072_6f70);
+    proptest::test_runner::RngSeed::Fixed(seed)
+}
+
+/// Found by a random run: a repair was granted before an ungated (no budget for its reason)
+/// rebalance drain started in the same decision, which then pushed the count over the repair budget.
+#[test]
+fn regression_ungated_start_counted_before_gated_repair() {
+    let mut sim = Sim::new(11107335690609509247);
+    for _ in 0..9 {
+        sim.step().unwrap();
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, rng_seed: rng_seed(), ..ProptestConfig::default() })]
 
     #[test]
     fn random_clusters_keep_every_invariant(seed in any::<u64>(), steps in 4usize..16) {

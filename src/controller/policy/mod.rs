@@ -524,9 +524,12 @@ fn grant(
     let mut order: Vec<usize> = (0..plans.len())
         .filter(|&i| plans[i].candidate.is_some())
         .collect();
+    // Starts that no active budget gates (e.g. a reason no budget lists) happen whatever the
+    // count: grant them first, so the gated ones see them counted. Then earliest first.
     order.sort_by_key(|&i| {
-        let c = plans[i].candidate.as_ref().map(|c| c.since);
-        (c, plans[i].node.name.clone())
+        let c = plans[i].candidate.as_ref();
+        let gated = c.is_some_and(|c| budgets.limit(c.reason, total, now).max.is_some());
+        (gated, c.map(|c| c.since), plans[i].node.name.clone())
     });
     let mut taken = counted(plans);
     let mut held = Vec::new();
