@@ -17,6 +17,7 @@ pub mod oci_events;
 pub mod policy;
 pub mod provider;
 pub mod server;
+pub mod status;
 
 use std::net::SocketAddr;
 use std::path::Path;
