@@ -57,6 +57,9 @@ pub struct ControllerConfig {
     pub leader: LeaderConfig,
     /// OCI Events (Notifications HTTPS subscription) ingestion.
     pub oci_events: OciEventsConfig,
+    /// Webhook notifications on the start, finish and failure of actions (`[[controller.notify]]`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<crate::controller::notify::NotifyConfig>,
 }
 
 impl Default for ControllerConfig {
@@ -80,6 +83,7 @@ impl Default for ControllerConfig {
             label_removal_allow: Vec::new(),
             leader: LeaderConfig::default(),
             oci_events: OciEventsConfig::default(),
+            notify: Vec::new(),
         }
     }
 }
@@ -144,6 +148,7 @@ impl ControllerConfig {
     /// Semantic checks.
     pub fn validate(&self) -> Vec<Diagnostic> {
         let mut d = self.provider.validate();
+        d.extend(crate::controller::notify::validate(&self.notify));
         let err = |d: &mut Vec<Diagnostic>, p, m: &str| d.push(Diagnostic::error(p, m));
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
             err(

@@ -13,6 +13,7 @@ pub mod events;
 pub mod labels;
 pub mod leader;
 pub mod nodestate;
+pub mod notify;
 pub mod oci_events;
 pub mod policy;
 pub mod provider;
