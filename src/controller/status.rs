@@ -1,5 +1,5 @@
 //! `nodekeeper status`: what nodekeeper is doing with each Node and what holds it back, read
-//! back from the annotations the controller writes (see [`super::policy::view::keys`] and docs/status.md).
+//! back from the annotations the controller writes (see [`keys`] and docs/status.md).
 //!
 //! The pure part ([`NodeStatus::from_parts`], [`render`]) turns annotations into rows and rows
 //! into text or JSON; the kube part ([`main`]) only lists Nodes (paginated).
@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::policy::budget::in_zone;
 use super::policy::explain::{group_name, Blocker, Held};
-use super::policy::view::{Record, State};
+use super::policy::view::{keys, Record, State};
 use crate::controller::policy::config::RepairStep;
 
 /// Version of the JSON document printed by `-o json`; bumped on any incompatible change.
@@ -168,6 +168,10 @@ pub struct NodeStatus {
     pub interruption: Option<NoticeStatus>,
     /// Why nodekeeper holds it back.
     pub held: Option<HoldStatus>,
+    /// The raw `nodekeeper.io/blocked` value when it could not be read (e.g. written by a newer
+    /// controller); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_unreadable: Option<String>,
     /// What happens next.
     pub next: Option<Next>,
 }
@@ -205,6 +209,10 @@ impl NodeStatus {
                 at: n.at,
             }),
             next: next(&rec),
+            held_unreadable: match (&held, annotations.get(keys::BLOCKED)) {
+                (None, Some(raw)) => Some(raw.clone()),
+                _ => None,
+            },
             held,
         }
     }
@@ -223,6 +231,11 @@ impl NodeStatus {
                 .unwrap_or(false),
             group_label,
         )
+    }
+
+    /// nodekeeper holds the node back (readable or not).
+    pub fn is_held(&self) -> bool {
+        self.held.is_some() || self.held_unreadable.is_some()
     }
 
     /// nodekeeper is acting on the node (its state is not idle).
@@ -338,7 +351,7 @@ impl Summary {
         Summary {
             nodes: rows.len(),
             acting: rows.iter().filter(|r| r.acting()).count(),
-            held: rows.iter().filter(|r| r.held.is_some()).count(),
+            held: rows.iter().filter(|r| r.is_held()).count(),
         }
     }
 }
@@ -398,9 +411,11 @@ fn row_cells(r: &NodeStatus, wide: bool, now: DateTime<Utc>) -> Vec<String> {
         r.name.clone(),
         r.group.clone().unwrap_or_else(dash),
         state_cell(r),
-        r.held
-            .as_ref()
-            .map_or_else(dash, |h| blocker_cell(&h.blocker)),
+        match (&r.held, &r.held_unreadable) {
+            (Some(h), _) => blocker_cell(&h.blocker),
+            (None, Some(_)) => format!("unreadable {} (see -o json)", keys::BLOCKED),
+            (None, None) => dash(),
+        },
         r.since.map_or_else(dash, |t| age(now - t)),
         r.next.as_ref().map_or_else(dash, |n| next_cell(n, now)),
     ];
@@ -700,12 +715,7 @@ mod tests {
         };
         vec![
             row("a-idle", "spot", &[], false),
-            row(
-                "b-admin",
-                "on-demand",
-                &[(keys::BLOCKED, "not json".into())],
-                true,
-            ),
+            row("b-admin", "on-demand", &[], true),
             row(
                 "c-budget",
                 "spot",
@@ -904,6 +914,28 @@ e-spot     spot        interrupted,cordoned   -                                 
             "uncordon when the notice is cancelled"
         );
         assert_eq!(c.cordoned_by, Some(CordonedBy::Admin));
+    }
+
+    #[test]
+    fn an_unreadable_hold_is_shown_not_hidden() {
+        let raw = r#"{"kind":"quota","since":"2026-11-30T11:00:00Z"}"#;
+        let r = row("n", "g", &[(keys::BLOCKED, raw.into())], false);
+        assert!(r.held.is_none());
+        assert_eq!(r.held_unreadable.as_deref(), Some(raw));
+        let out = render(std::slice::from_ref(&r), StatusOutput::Text, t(NOW));
+        assert!(
+            out.contains("unreadable nodekeeper.io/blocked (see -o json)"),
+            "{out}"
+        );
+        assert!(out.ends_with("1 nodes, 0 acting, 1 held\n"), "{out}");
+        let v: serde_json::Value =
+            serde_json::from_str(&render(&[r], StatusOutput::Json, t(NOW))).unwrap();
+        assert_eq!(v["nodes"][0]["held_unreadable"], raw);
+        assert!(v["nodes"][0].get("held_unreadable").is_some());
+        let fine = row("m", "g", &[], false);
+        let v: serde_json::Value =
+            serde_json::from_str(&render(&[fine], StatusOutput::Json, t(NOW))).unwrap();
+        assert!(v["nodes"][0].get("held_unreadable").is_none());
     }
 
     #[test]
