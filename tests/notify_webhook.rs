@@ -161,6 +161,20 @@ async fn default_body_signature_template_and_event_filter() {
     let s = n.stats();
     assert_eq!((s[0].sent, s[0].failed, s[0].dropped), (3, 0, 0));
     assert_eq!((s[1].sent, s[1].failed, s[1].dropped), (1, 0, 0));
+    // Targets are named without their path (webhook URLs often carry a token).
+    assert!(
+        s[0].target.starts_with("notify[0] http://127.0.0.1:") && !s[0].target.contains("/hook")
+    );
+    let m = n.metrics_text();
+    for line in [
+        "nodekeeper_notifications_total{target=\"0\",outcome=\"sent\"} 3",
+        "nodekeeper_notifications_total{target=\"1\",outcome=\"sent\"} 1",
+        "nodekeeper_notifications_total{target=\"1\",outcome=\"dropped\"} 0",
+        "nodekeeper_notification_queue_length{target=\"0\"} 0",
+    ] {
+        assert!(m.lines().any(|l| l == line), "missing {line} in\n{m}");
+    }
+    assert!(!m.contains("n1") && !m.contains("127.0.0.1"), "{m}");
 }
 
 #[tokio::test]
@@ -211,6 +225,9 @@ async fn retries_500_with_the_same_body_and_id_then_gives_up_on_4xx_and_exhausti
     assert_eq!(r.got().len(), 7);
     let s = &n.stats()[0];
     assert_eq!((s.sent, s.retries, s.failed), (1, 4, 2));
+    assert!(n
+        .metrics_text()
+        .contains("nodekeeper_notification_retries_total{target=\"0\"} 4\n"));
 }
 
 #[tokio::test]

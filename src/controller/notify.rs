@@ -8,7 +8,9 @@
 //! sha256=<hex>` when a secret is set). 2xx = delivered; 4xx other than 429 = given up at
 //! once; 5xx, 429, timeouts and connection errors are retried with jittered exponential
 //! backoff up to `max_attempts`, with the same body and `Idempotency-Key`. Plain HTTP only (no
-//! TLS in this build). The secret is never logged or printed.
+//! TLS in this build). The secret is never logged or printed, and neither is a target's URL path
+//! or query (webhook URLs often embed a token): logs, errors and counters name a target
+//! `notify[i] http://host:port`.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -383,18 +385,18 @@ fn json_escape(s: &str) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum NotifyError {
     /// The HTTP client for a target could not be built.
-    #[error("notify target {url}: building the HTTP client: {source}")]
+    #[error("{target}: building the HTTP client: {source}")]
     Client {
-        /// Target URL.
-        url: String,
+        /// Target name (`notify[i] http://host:port`).
+        target: String,
         /// Cause.
         source: reqwest::Error,
     },
     /// The template of a target is invalid (validation should have caught it).
-    #[error("notify target {url}: template: {message}")]
+    #[error("{target}: template: {message}")]
     Template {
-        /// Target URL.
-        url: String,
+        /// Target name.
+        target: String,
         /// What is wrong.
         message: String,
     },
@@ -406,8 +408,8 @@ pub enum NotifyError {
 /// Counters of one target (no node names: bounded).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct NotifyStats {
-    /// Target URL.
-    pub url: String,
+    /// Target name: `notify[i] http://host:port` (no path or query).
+    pub target: String,
     /// Waiting now.
     pub queued: usize,
     /// Being delivered now (0 or 1).
@@ -432,6 +434,7 @@ struct Counters {
 }
 
 struct Target {
+    name: String,
     cfg: NotifyConfig,
     pieces: Option<Vec<Piece>>,
     http: reqwest::Client,
@@ -441,12 +444,13 @@ struct Target {
 }
 
 impl Target {
-    fn new(cfg: &NotifyConfig) -> Result<Self, NotifyError> {
+    fn new(index: usize, cfg: &NotifyConfig) -> Result<Self, NotifyError> {
+        let name = target_name(index, &cfg.url);
         let http = reqwest::Client::builder()
             .timeout(cfg.timeout)
             .build()
             .map_err(|source| NotifyError::Client {
-                url: cfg.url.clone(),
+                target: name.clone(),
                 source,
             })?;
         let pieces = match cfg.template.as_deref().map(parse_template) {
@@ -454,12 +458,13 @@ impl Target {
             Some(Ok(p)) => Some(p),
             Some(Err(message)) => {
                 return Err(NotifyError::Template {
-                    url: cfg.url.clone(),
+                    target: name,
                     message,
                 })
             }
         };
         Ok(Target {
+            name,
             cfg: cfg.clone(),
             pieces,
             http,
@@ -485,7 +490,7 @@ impl Target {
             self.counters
                 .dropped
                 .fetch_add(dropped as u64, Ordering::Relaxed);
-            tracing::warn!(url = %self.cfg.url, dropped, "notification queue full; dropped the oldest");
+            tracing::warn!(target_name = %self.name, dropped, "notification queue full; dropped the oldest");
         }
         self.wake.notify_one();
     }
@@ -493,7 +498,7 @@ impl Target {
     fn stats(&self) -> NotifyStats {
         let c = &self.counters;
         NotifyStats {
-            url: self.cfg.url.clone(),
+            target: self.name.clone(),
             queued: self.queue().len(),
             in_flight: c.in_flight.load(Ordering::SeqCst),
             sent: c.sent.load(Ordering::Relaxed),
@@ -504,6 +509,14 @@ impl Target {
     }
 }
 
+/// A metric family derived from the stats: name, type, help, value.
+type Family = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&NotifyStats) -> u64,
+);
+
 /// Sends action notifications to the configured webhooks, in the background.
 pub struct Notifier {
     targets: Vec<Arc<Target>>,
@@ -512,8 +525,8 @@ pub struct Notifier {
 
 impl std::fmt::Debug for Notifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let urls: Vec<&str> = self.targets.iter().map(|t| t.cfg.url.as_str()).collect();
-        f.debug_struct("Notifier").field("targets", &urls).finish()
+        let names: Vec<&str> = self.targets.iter().map(|t| t.name.as_str()).collect();
+        f.debug_struct("Notifier").field("targets", &names).finish()
     }
 }
 
@@ -525,7 +538,8 @@ impl Notifier {
         let stop = CancellationToken::new();
         let targets = targets
             .iter()
-            .map(|c| Target::new(c).map(Arc::new))
+            .enumerate()
+            .map(|(i, c)| Target::new(i, c).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         for t in &targets {
             handle.spawn(deliver_loop(t.clone(), stop.clone()));
@@ -557,6 +571,48 @@ impl Notifier {
         self.targets.iter().map(|t| t.stats()).collect()
     }
 
+    /// The counters in the Prometheus text format, labelled by the target's index only
+    /// (bounded; no URLs, no node names), for the controller's `/metrics`.
+    pub fn metrics_text(&self) -> String {
+        let stats = self.stats();
+        let mut out = String::from(
+            "# HELP nodekeeper_notifications_total Notifications by target and outcome.\n\
+             # TYPE nodekeeper_notifications_total counter\n",
+        );
+        for (i, s) in stats.iter().enumerate() {
+            for (outcome, v) in [
+                ("sent", s.sent),
+                ("failed", s.failed),
+                ("dropped", s.dropped),
+            ] {
+                out.push_str(&format!(
+                    "nodekeeper_notifications_total{{target=\"{i}\",outcome=\"{outcome}\"}} {v}\n"
+                ));
+            }
+        }
+        let gauges: [Family; 2] = [
+            (
+                "nodekeeper_notification_retries_total",
+                "counter",
+                "Retried attempts by target.",
+                |s| s.retries,
+            ),
+            (
+                "nodekeeper_notification_queue_length",
+                "gauge",
+                "Notifications waiting by target.",
+                |s| s.queued as u64,
+            ),
+        ];
+        for (name, kind, help, value) in gauges {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for (i, s) in stats.iter().enumerate() {
+                out.push_str(&format!("{name}{{target=\"{i}\"}} {}\n", value(s)));
+            }
+        }
+        out
+    }
+
     /// Waits until every queue is empty and nothing is in flight, up to `timeout`; returns
     /// whether that happened (for shutdown and tests).
     pub async fn flush(&self, timeout: Duration) -> bool {
@@ -573,6 +629,14 @@ impl Notifier {
         .await
         .is_ok()
     }
+}
+
+/// `notify[i] scheme://host[:port]`: names a target without its path or query.
+pub fn target_name(index: usize, url: &str) -> String {
+    let origin = reqwest::Url::parse(url)
+        .map(|u| u.origin().ascii_serialization())
+        .unwrap_or_else(|_| "(invalid url)".to_string());
+    format!("notify[{index}] {origin}")
 }
 
 /// 16 random bytes, hex.
@@ -630,10 +694,10 @@ async fn attempt(t: &Target, q: &Queued, body: &[u8]) -> Attempt {
     match req.body(body.to_vec()).send().await {
         Ok(r) if r.status().is_success() => Attempt::Delivered,
         Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
-            Attempt::Permanent(format!("{} answered {}", t.cfg.url, r.status()))
+            Attempt::Permanent(format!("{} answered {}", t.name, r.status()))
         }
-        Ok(r) => Attempt::Retry(format!("{} answered {}", t.cfg.url, r.status())),
-        Err(e) => Attempt::Retry(format!("POST {}: {e}", t.cfg.url)),
+        Ok(r) => Attempt::Retry(format!("{} answered {}", t.name, r.status())),
+        Err(e) => Attempt::Retry(format!("POST {}: {}", t.name, e.without_url())),
     }
 }
 
@@ -730,6 +794,18 @@ mod tests {
     }
 
     #[test]
+    fn targets_are_named_without_path_or_query() {
+        assert_eq!(
+            target_name(
+                2,
+                "http://hooks.internal:8080/services/T0/B0/s3cr3t?token=x"
+            ),
+            "notify[2] http://hooks.internal:8080"
+        );
+        assert_eq!(target_name(0, "nope"), "notify[0] (invalid url)");
+    }
+
+    #[test]
     fn unknown_placeholders_are_rejected() {
         let e = parse_template("hello {nodes}").unwrap_err();
         assert!(
@@ -755,7 +831,7 @@ mod tests {
     async fn queue_drops_the_oldest_when_full() {
         let mut cfg = NotifyConfig::new("http://127.0.0.1:1/");
         cfg.queue_size = 2;
-        let t = Target::new(&cfg).unwrap();
+        let t = Target::new(0, &cfg).unwrap();
         for m in ["a", "b", "c", "d"] {
             t.push(q(m));
         }
