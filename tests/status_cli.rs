@@ -70,7 +70,7 @@ async fn node(c: &TestCluster, name: &str, pool: &str, ann: Value, unschedulable
     api.create(&PostParams::default(), &n).await.unwrap();
 }
 
-/// The five kinds of node of the brief, annotated as the policy would.
+/// The kinds of node of the brief (plus a short-circuited one), annotated as the policy would.
 async fn seed(c: &TestCluster, now: DateTime<Utc>) {
     node(c, "idle-1", "general", json!({}), false).await;
     node(c, "admin-1", "general", json!({}), true).await;
@@ -112,6 +112,20 @@ async fn seed(c: &TestCluster, now: DateTime<Utc>) {
             keys::BLOCKED: held(pdb, now - Duration::minutes(1)),
         }),
         true,
+    )
+    .await;
+    let short = Blocker::ShortCircuit {
+        group: "gpu".into(),
+        unhealthy: 2,
+        total: 5,
+        max_unhealthy: "20%".into(),
+    };
+    node(
+        c,
+        "gpu-1",
+        "gpu",
+        json!({ keys::BLOCKED: held(short, now - Duration::minutes(12)) }),
+        false,
     )
     .await;
     let notice = RecordedNotice {
@@ -186,7 +200,14 @@ async fn status_cli_against_the_sim() {
         s.contains("finish the drain before the preemption (in 1m)"),
         "{s}"
     );
-    assert!(t.ends_with("5 nodes, 2 acting, 2 held\n"), "{t}");
+    let g = line(t, "gpu-1");
+    assert!(
+        g.contains("short-circuit: 2/5 of gpu unhealthy (max 20%)")
+            && g.contains(" 12m ")
+            && g.contains("repair when at most 20% of group gpu are unhealthy"),
+        "{g}"
+    );
+    assert!(t.ends_with("6 nodes, 2 acting, 3 held\n"), "{t}");
 
     // Wide: reason, step, notice, replacement.
     let o = status_async(vec![
@@ -245,7 +266,7 @@ async fn status_cli_against_the_sim() {
     assert_eq!(o.code, 0);
     let v: Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(v["version"], 1);
-    assert_eq!(v["summary"], json!({"nodes": 5, "acting": 2, "held": 2}));
+    assert_eq!(v["summary"], json!({"nodes": 6, "acting": 2, "held": 3}));
     let by_name = |n: &str| {
         v["nodes"]
             .as_array()
@@ -276,6 +297,10 @@ async fn status_cli_against_the_sim() {
     assert_eq!(s["interruption"]["id"], "aws-spot-i-0abc");
     assert!(s["replacement_requested"].is_string());
     assert_eq!(s["next"]["at"], s["interruption"]["at"]);
+    let g = by_name("gpu-1");
+    assert_eq!(g["held"]["reason"], "RepairShortCircuited");
+    assert_eq!(g["held"]["blocker"]["unhealthy"], 2);
+    assert_eq!(g["held"]["blocker"]["max_unhealthy"], "20%");
     assert_eq!(by_name("admin-1")["cordoned_by"], "admin");
     assert!(by_name("idle-1")["held"].is_null());
 
@@ -292,7 +317,7 @@ async fn status_cli_against_the_sim() {
     .await;
     assert_eq!(o.code, 0);
     assert!(
-        o.stdout.ends_with("12 nodes, 2 acting, 2 held\n"),
+        o.stdout.ends_with("13 nodes, 2 acting, 3 held\n"),
         "{}",
         o.stdout
     );
