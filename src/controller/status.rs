@@ -64,7 +64,7 @@ pub enum StatusOutput {
     Text,
     /// The table plus REASON, STEP, NOTICE and REPLACEMENT.
     Wide,
-    /// One JSON document (schema in docs/status.md, `version` = [`SCHEMA_VERSION`]).
+    /// One JSON document (schema version 1, described in docs/status.md).
     Json,
 }
 
