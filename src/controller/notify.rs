@@ -487,10 +487,15 @@ impl Target {
             queue.drain(..over).count()
         };
         if dropped > 0 {
-            self.counters
+            let before = self
+                .counters
                 .dropped
                 .fetch_add(dropped as u64, Ordering::Relaxed);
-            tracing::warn!(target_name = %self.name, dropped, "notification queue full; dropped the oldest");
+            // Logged at the 1st, 2nd, 4th, 8th... drop: a dead receiver must not flood the log.
+            let total = before + dropped as u64;
+            if (before + 1..=total).any(u64::is_power_of_two) {
+                tracing::warn!(target_name = %self.name, dropped_total = total, "notification queue full; dropped the oldest");
+            }
         }
         self.wake.notify_one();
     }
