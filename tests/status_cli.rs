@@ -3,6 +3,8 @@
 //! `explain::Held::encode`).
 #![allow(clippy::unwrap_used)]
 
+mod policy_support;
+
 use std::process::Stdio;
 
 use chrono::{DateTime, Duration, Utc};
@@ -395,4 +397,92 @@ fn errors_exit_1_naming_the_file_or_server_and_usage_exits_2() {
     let o = status(&["-o", "yaml"]);
     assert_eq!(o.code, 2);
     assert!(o.stderr.contains("yaml"), "{}", o.stderr);
+}
+
+/// Closes the loop with the real decision core: `policy::decide` on a cluster with two failing
+/// nodes, a `nodes = "1"` budget and a preemption notice; the actions are applied as the actor
+/// would; the resulting Nodes go to the sim; `nodekeeper status` must explain them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_explains_what_the_policy_decided() {
+    use nodekeeper::controller::policy::config::Quantity;
+    use policy_support as ps;
+
+    let now = Utc::now();
+    let mut c = ps::cfg();
+    c.repair.max_unhealthy = Quantity::Percent(100);
+    c.budgets.default = ps::budgets(r#"[{ nodes = "1" }]"#);
+    let mut a = ps::node("general-a", "general", now);
+    ps::ready(&mut a, "False", now - Duration::minutes(12));
+    let mut b = ps::node("general-b", "general", now);
+    ps::ready(&mut b, "False", now - Duration::minutes(11));
+    let mut s = ps::node("spot-a", "spot", now);
+    s.notices.push(ps::notice(
+        "aws-spot-1",
+        NoticeKind::Preemption,
+        Some(now + Duration::minutes(2)),
+        now,
+    ));
+    let mut v = ps::view(vec![a, b, ps::node("general-c", "general", now), s]);
+    let ds = ps::run(&v, &c, now);
+    ps::apply(&mut v, &ds);
+
+    let cl = TestCluster::start(SimOptions::bare()).await.unwrap();
+    let api: Api<Node> = Api::all(cl.client.clone());
+    for n in &v.nodes {
+        let obj: Node = serde_json::from_value(json!({
+            "metadata": {"name": n.name, "labels": n.labels, "annotations": n.annotations},
+            "spec": {"unschedulable": n.unschedulable},
+        }))
+        .unwrap();
+        api.create(&PostParams::default(), &obj).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    cl.write_kubeconfig(&kc).unwrap();
+    let kcs = kc.to_str().unwrap().to_string();
+
+    let o = status_async(vec![
+        "--kubeconfig".into(),
+        kcs.clone(),
+        "-o".into(),
+        "json".into(),
+    ])
+    .await;
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let doc: Value = serde_json::from_str(&o.stdout).unwrap();
+    let by_name = |name: &str| {
+        doc["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let a = by_name("general-a");
+    assert_eq!(a["state"], "repairing", "{a:#}");
+    assert_eq!(a["cordoned_by"], "nodekeeper", "{a:#}");
+    let b = by_name("general-b");
+    assert_eq!(b["held"]["blocker"]["kind"], "budget", "{b:#}");
+    assert_eq!(b["held"]["blocker"]["nodes"], "1");
+    assert_eq!(b["held"]["blocker"]["group"], "general");
+    assert_eq!(
+        b["next"]["action"],
+        "start when a disruption in group general finishes"
+    );
+    let s = by_name("spot-a");
+    assert_eq!(s["state"], "interrupted", "{s:#}");
+    assert_eq!(s["interruption"]["kind"], "preemption");
+    assert_eq!(s["interruption"]["id"], "aws-spot-1");
+    assert_eq!(by_name("general-c")["state"], "idle");
+    assert_eq!(doc["summary"]["acting"], 2);
+    assert_eq!(doc["summary"]["held"], 1);
+
+    let o = status_async(vec!["--kubeconfig".into(), kcs]).await;
+    let b = line(&o.stdout, "general-b");
+    assert!(
+        b.contains("budget #0 nodes=1 of general (1/3 disrupting)"),
+        "{}",
+        o.stdout
+    );
 }
