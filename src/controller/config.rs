@@ -30,6 +30,9 @@ pub struct ControllerConfig {
     pub dry_run: bool,
     /// How replacement nodes are requested (`[controller.provider]`, default `none`).
     pub provider: crate::controller::provider::ProviderConfig,
+    /// Webhook notifications on the start, finish and failure of actions (`[[controller.notify]]`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<crate::controller::notify::NotifyConfig>,
     /// The only identity allowed to report: `system:serviceaccount:<ns>:<name>`.
     pub service_account: String,
     /// The audience the agents' projected tokens must carry.
@@ -57,9 +60,6 @@ pub struct ControllerConfig {
     pub leader: LeaderConfig,
     /// OCI Events (Notifications HTTPS subscription) ingestion.
     pub oci_events: OciEventsConfig,
-    /// Webhook notifications on the start, finish and failure of actions (`[[controller.notify]]`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub notify: Vec<crate::controller::notify::NotifyConfig>,
 }
 
 impl Default for ControllerConfig {
@@ -71,6 +71,7 @@ impl Default for ControllerConfig {
             insecure_plain_http: false,
             dry_run: false,
             provider: Default::default(),
+            notify: Vec::new(),
             service_account: "system:serviceaccount:nodekeeper:nodekeeper-agent".into(),
             audience: "nodekeeper".into(),
             token_cache_size: 20_000,
@@ -83,7 +84,6 @@ impl Default for ControllerConfig {
             label_removal_allow: Vec::new(),
             leader: LeaderConfig::default(),
             oci_events: OciEventsConfig::default(),
-            notify: Vec::new(),
         }
     }
 }
