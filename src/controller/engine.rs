@@ -135,6 +135,9 @@ pub struct Engine {
     /// Metrics (also rendered on `/metrics`).
     pub metrics: Arc<EngineMetrics>,
     notices: Mutex<HashMap<String, Vec<Notice>>>,
+    /// Nodes seen Ready at least once by this process (a node that fails soon after its
+    /// creation is still one that became Ready, whatever the transition-time heuristic says).
+    seen_ready: Mutex<std::collections::HashSet<String>>,
     wake: Arc<Notify>,
 }
 
@@ -182,6 +185,7 @@ impl Engine {
             drains: p.drains,
             metrics: p.metrics,
             notices: Mutex::new(HashMap::new()),
+            seen_ready: Mutex::new(Default::default()),
             wake: p.wake,
         })
     }
@@ -237,6 +241,11 @@ impl Engine {
                 let mut v = node_view(fresh.as_ref().unwrap_or(n))?;
                 v.notices = self.notices(&v.name);
                 v.drain = self.drains.view(&v.name);
+                let mut seen = lock(&self.seen_ready);
+                if v.is_ready() {
+                    seen.insert(v.name.clone());
+                }
+                v.became_ready |= seen.contains(&v.name);
                 Some(v)
             })
             .collect();
@@ -244,6 +253,7 @@ impl Engine {
         self.prune_notices(&alive, now);
         self.drains.retain(|n| alive.contains_key(n));
         self.actor.retain(|n| alive.contains_key(n));
+        lock(&self.seen_ready).retain(|n| alive.contains_key(n));
         ClusterView { nodes }
     }
 
