@@ -15,6 +15,31 @@ use nodekeeper::controller::provider::ProviderConfig;
 use nodekeeper::sim::apiserver::scenario::Scenario;
 
 use engine_support::*;
+use nodekeeper::agent::checks::{CheckResult, ConditionStatus};
+use nodekeeper::report::{NodeReport, REPORT_VERSION};
+
+fn agent_report(node: &str, conds: &[(&str, ConditionStatus)]) -> NodeReport {
+    NodeReport {
+        version: REPORT_VERSION,
+        node: node.into(),
+        agent_version: "test".into(),
+        agent_instance: "inst-1".into(),
+        sequence: 1,
+        boot_id: "boot".into(),
+        generated_at: chrono::Utc::now(),
+        identity: None,
+        conditions: conds
+            .iter()
+            .map(|(t, s)| CheckResult::new(*t, *s, "Because", format!("{t} is {s}")))
+            .collect(),
+        check_events: vec![],
+        events: vec![],
+        crio: None,
+        label_removals: vec![],
+        command_results: vec![],
+        problems: vec![],
+    }
+}
 
 fn policy(text: &str) -> PolicyConfig {
     let p: PolicyConfig = toml::from_str(text).unwrap();
@@ -275,6 +300,23 @@ budgets = [{ nodes = "100%" }]
     assert!(
         text.contains("nodekeeper_engine_unhealthy_nodes{group=\"general\"} 2"),
         "{text}"
+    );
+    // An agent report (its own Nodekeeper* conditions, and a spoofed hold) neither removes
+    // nor overrides the engine's NodekeeperHeld condition.
+    let report = agent_report(
+        "general-0",
+        &[
+            ("NodekeeperDisk", ConditionStatus::False),
+            ("NodekeeperHeld", ConditionStatus::False),
+        ],
+    );
+    assert!(ctl.app.states.handle(report).await.unwrap().accepted);
+    let n = node(&c, "general-0").await;
+    assert_eq!(condition(&n, "NodekeeperDisk").unwrap().status, "False");
+    let held = condition(&n, "NodekeeperHeld").unwrap();
+    assert_eq!(
+        (held.status.as_str(), held.reason.as_deref()),
+        ("True", Some("RepairShortCircuited"))
     );
     // One node recovers: 1 of 5 is within the threshold, the other is repaired.
     pin_condition(&c, "general-1", "Ready", "True").await;
