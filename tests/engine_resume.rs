@@ -45,7 +45,7 @@ async fn stuck_pod(c: &TestCluster) {
         .unwrap();
     // Only a Running (healthy) pod is protected by its PDB.
     wait_until(Duration::from_secs(20), "stuck pod running", || async {
-        pods_on(&c, NODE).await.iter().any(|p| {
+        pods_on(c, NODE).await.iter().any(|p| {
             p.metadata.name.as_deref() == Some("stuck-0")
                 && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
         })
