@@ -60,6 +60,8 @@ pub struct ControllerConfig {
     pub leader: LeaderConfig,
     /// OCI Events (Notifications HTTPS subscription) ingestion.
     pub oci_events: OciEventsConfig,
+    /// The disruption engine (reconcile loop and actor).
+    pub engine: EngineConfig,
 }
 
 impl Default for ControllerConfig {
@@ -84,6 +86,69 @@ impl Default for ControllerConfig {
             label_removal_allow: Vec::new(),
             leader: LeaderConfig::default(),
             oci_events: OciEventsConfig::default(),
+            engine: EngineConfig::default(),
+        }
+    }
+}
+
+/// What a drain does when its deadline passes with pods left (`[controller.engine] on_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DrainOnTimeout {
+    /// Stop and report the blocker (the policy then escalates or holds).
+    #[default]
+    Fail,
+    /// Delete the remaining pods, bypassing PDBs (grace clamped to the time left).
+    ForceDelete,
+}
+
+impl DrainOnTimeout {
+    /// The drain engine's setting.
+    pub fn to_drain(self) -> crate::controller::drain::OnTimeout {
+        match self {
+            DrainOnTimeout::Fail => crate::controller::drain::OnTimeout::Fail,
+            DrainOnTimeout::ForceDelete => crate::controller::drain::OnTimeout::ForceDelete,
+        }
+    }
+}
+
+/// `[controller.engine]`: the reconcile loop that runs the policy and executes its decisions
+/// (only on the leader).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Run the engine (off: the controller only records reports and notices).
+    pub enabled: bool,
+    /// Periodic reconcile even without changes (toleration expiries, windows opening).
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
+    /// A node or notice change triggers a reconcile after this quiet time (changes in between
+    /// are coalesced).
+    #[serde(with = "humantime_serde")]
+    pub debounce: Duration,
+    /// Nodes whose actions are executed at once.
+    pub node_concurrency: usize,
+    /// Evictions in flight per drained node.
+    pub drain_concurrency: usize,
+    /// Drains running at once (more wait for a slot, shown as running).
+    pub max_parallel_drains: usize,
+    /// At the drain deadline: `fail` or `force-delete`.
+    pub on_timeout: DrainOnTimeout,
+    /// After the pods, wait until no VolumeAttachment names the node.
+    pub wait_volume_detach: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            enabled: true,
+            tick: Duration::from_secs(1),
+            debounce: Duration::from_millis(20),
+            node_concurrency: 16,
+            drain_concurrency: 16,
+            max_parallel_drains: 64,
+            on_timeout: DrainOnTimeout::Fail,
+            wait_volume_detach: true,
         }
     }
 }
@@ -211,6 +276,21 @@ impl ControllerConfig {
                 "must be greater than zero and shorter than lease_duration",
             );
         }
+        let e = &self.engine;
+        for (k, zero) in [
+            ("tick", e.tick.is_zero()),
+            ("node_concurrency", e.node_concurrency == 0),
+            ("drain_concurrency", e.drain_concurrency == 0),
+            ("max_parallel_drains", e.max_parallel_drains == 0),
+        ] {
+            if zero {
+                err(
+                    &mut d,
+                    cfg_path!["controller", "engine", k],
+                    "must be greater than zero",
+                );
+            }
+        }
         if self.oci_events.enabled && self.oci_events.token.expose().len() < 16 {
             err(
                 &mut d,
@@ -283,5 +363,56 @@ token_file = "/token"
             })
             .is_ok()
         );
+    }
+
+    #[test]
+    fn engine_section_parses_and_validates_at_its_keys() {
+        let text = r#"
+[controller]
+listen = "127.0.0.1:8443"
+insecure_plain_http = true
+[controller.engine]
+tick = "500ms"
+debounce = "0s"
+on_timeout = "force-delete"
+drain_concurrency = 4
+"#;
+        let l = Config::load_str(
+            std::path::Path::new("t.toml"),
+            text,
+            &Env::default(),
+            &|| None,
+        )
+        .unwrap();
+        let e = &l.config.controller.as_ref().unwrap().engine;
+        assert!(e.enabled);
+        assert_eq!(e.tick, std::time::Duration::from_millis(500));
+        assert_eq!(e.on_timeout, super::DrainOnTimeout::ForceDelete);
+        assert_eq!(
+            e.on_timeout.to_drain(),
+            crate::controller::drain::OnTimeout::ForceDelete
+        );
+        assert_eq!(e.drain_concurrency, 4);
+        let bad = "[controller]\nlisten = \"127.0.0.1:1\"\ninsecure_plain_http = true\n[controller.engine]\ntick = \"0s\"\nnode_concurrency = 0\n";
+        let msg = Config::load_str(
+            std::path::Path::new("t.toml"),
+            bad,
+            &Env::default(),
+            &|| None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.contains("tick") && msg.contains("node_concurrency"),
+            "{msg}"
+        );
+        let unknown = "[controller]\nlisten = \"127.0.0.1:1\"\ninsecure_plain_http = true\n[controller.engine]\nticks = \"1s\"\n";
+        assert!(Config::load_str(
+            std::path::Path::new("t.toml"),
+            unknown,
+            &Env::default(),
+            &|| { None }
+        )
+        .is_err());
     }
 }
