@@ -5,74 +5,14 @@
 //!
 //! The agent never probes a metadata service (`[sources] cloud = "none"`) and gets no system bus.
 
+mod agent_proc;
 mod ctl;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
+use agent_proc::{free_port, Agent};
 use ctl::*;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::mpsc;
-
-/// The agent process; its stderr (JSON logs) is drained continuously by a task, so a chatty agent
-/// can never block on a full pipe.
-struct Agent {
-    child: tokio::process::Child,
-    lines: mpsc::UnboundedReceiver<serde_json::Value>,
-}
-
-impl Agent {
-    fn start(config: &Path, root: &Path) -> Agent {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-            .args(["agent", "--config"])
-            .arg(config)
-            .arg("--root")
-            .arg(root)
-            .env("NODEKEEPER_LOG_FORMAT", "json")
-            .env("NODEKEEPER_LOG_LEVEL", "debug")
-            .env(
-                "DBUS_SYSTEM_BUS_ADDRESS",
-                "unix:path=/nonexistent/nodekeeper-test-bus",
-            )
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let v = serde_json::from_str(&line)
-                    .unwrap_or_else(|_| serde_json::json!({"message": line}));
-                // Keep draining even when nobody listens any more.
-                let _ = tx.send(v);
-            }
-        });
-        Agent { child, lines: rx }
-    }
-
-    /// Waits for a log line whose message contains `needle`.
-    async fn expect(&mut self, needle: &str, within: Duration) -> serde_json::Value {
-        let end = tokio::time::Instant::now() + within;
-        loop {
-            match tokio::time::timeout_at(end, self.lines.recv()).await {
-                Ok(Some(v)) if v["message"].as_str().is_some_and(|m| m.contains(needle)) => {
-                    return v
-                }
-                Ok(Some(_)) => {}
-                Ok(None) => panic!("agent exited before logging {needle:?}"),
-                Err(_) => panic!("no log line containing {needle:?} within {within:?}"),
-            }
-        }
-    }
-}
 
 /// An agent config reporting to `port`: only the disk check, on `disk` with a free-space
 /// threshold of `min_free_percent`, one round every 200 ms, no flap delay.
@@ -141,11 +81,7 @@ async fn agent_binary_reports_conditions_over_tls_and_stops_on_sigterm() {
     )
     .unwrap();
     let mut cfg = env.config();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     cfg.listen = format!("127.0.0.1:{port}");
     let ctl = env.controller(&cfg, true).await;
 
@@ -158,7 +94,7 @@ async fn agent_binary_reports_conditions_over_tls_and_stops_on_sigterm() {
     // No file system is 100 % free: the check fails.
     std::fs::write(&config, agent_toml(&env, port, &disk, 100.0)).unwrap();
 
-    let mut agent = Agent::start(&config, &root);
+    let mut agent = Agent::start(&config, &root, "unix:path=/nonexistent/nodekeeper-test-bus");
     agent
         .expect("agent starting", Duration::from_secs(10))
         .await;
@@ -181,14 +117,7 @@ async fn agent_binary_reports_conditions_over_tls_and_stops_on_sigterm() {
     wait_disk_condition(&env, "False").await;
 
     // SIGTERM: the agent stops within seconds, exit code 0, the event queue persisted.
-    let pid = Pid::from_raw(agent.child.id().unwrap() as i32);
-    kill(pid, Signal::SIGTERM).unwrap();
-    agent.expect("agent stopped", Duration::from_secs(10)).await;
-    let status = tokio::time::timeout(Duration::from_secs(5), agent.child.wait())
-        .await
-        .expect("agent did not exit within 5 s of SIGTERM")
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
+    agent.terminate(Duration::from_secs(10)).await;
     let queue = root.join("var/lib/nodekeeper/reporter-events.json");
     assert_eq!(std::fs::read_to_string(&queue).unwrap(), "[]");
     ctl.stop().await;

@@ -307,6 +307,7 @@ impl Reporter {
                 }
             };
             if self.executed.contains(&id) {
+                tracing::debug!(%id, "command already executed: not running it again");
                 continue;
             }
             self.executed.push_back(id);
