@@ -10,8 +10,10 @@
 //! 3. the node comes back the way `systemd-nspawn@.service` brings it back after 133 (a new
 //!    systemd-nspawn on the same rootfs; nspawn gives every boot a new random boot id), the agent
 //!    restarts with the same state directory and reports the NEW boot id;
-//! 4. the controller sends the same command id again: the restarted agent does not run it (the
-//!    container stays up), because the id was persisted before the first run.
+//! 4. the controller sends the same command id again (as a controller that never got the result
+//!    would): the restarted agent does not run it (the container stays up), because the id was
+//!    persisted before the first run, and answers it as already run, so the controller stops
+//!    resending it.
 //!
 //! Not proven here: a reboot of a real kernel (the container's "reboot" ends its PID namespace;
 //! the host keeps running), and the restart is done by this test, not by a service manager.
@@ -189,7 +191,15 @@ async fn reboot_command_runs_once_through_systemd_and_the_new_boot_is_reported()
         .expect("command already executed", Duration::from_secs(10))
         .await;
     assert_eq!(skipped["id"], "reboot-1");
+    // It answers it ("already run"), so the controller stops resending it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = agent2.drain_matching("controller's request");
+    assert!(before.is_empty(), "the reboot ran twice: {before:?}");
     tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        agent2.drain_matching("command already executed").is_empty(),
+        "the controller still sends the command: it never got a result"
+    );
     assert!(
         agent2
             .drain_matching("rebooting on the controller's request")
