@@ -3,10 +3,16 @@
 # metadata poll (goal: RSS <= 12 MiB, CPU <= 2 millicores). The agent polls a local OCI metadata
 # emulator on loopback (never 169.254.169.254 from this namespace).
 # Usage: scripts/bench-agent.sh [SECONDS]   (default 60; the issue's figure is for 600)
+#   NODEKEEPER_BIN=/path/to/nodekeeper scripts/bench-agent.sh   measures that binary (no build),
+#   e.g. to compare release profiles side by side.
 . "$(dirname "$0")/lib.sh"
 DURATION="${1:-60}"
-(cd "$REPO" && cargo build --release --locked --quiet)
-NK="$REPO/target/release/nodekeeper"
+if [ -n "${NODEKEEPER_BIN:-}" ]; then
+  NK="$NODEKEEPER_BIN"
+else
+  (cd "$REPO" && cargo build --release --locked --quiet)
+  NK="$REPO/target/release/nodekeeper"
+fi
 T="$(mktemp -d)"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$T"; }
@@ -45,4 +51,11 @@ awk -v c0="$c0" -v c1="$c1" -v t0="$t0" -v t1="$t1" -v tick="$tick" -v rss="$max
   mc = (c1 - c0) / tick / (t1 - t0) * 1000;
   printf "agent over %d s (checks every 1 s, OCI metadata poll every 1 s): peak RSS %.1f MiB, CPU %.2f millicores\n", d, rss / 1024, mc
 }'
+# Where the resident memory is: file-backed (the binary's touched code and data pages) vs anonymous
+# (heap, stacks), at the end of the run.
+awk '/^Rss:/ {rss=$2} /^Anonymous:/ {anon=$2} END {
+  printf "  at the end: RSS %.1f MiB = file-backed %.1f MiB (touched pages of the binary and libc) + anonymous %.1f MiB (heap, stacks)\n", rss/1024, (rss-anon)/1024, anon/1024
+}' "/proc/$AGENT/smaps_rollup"
+printf '  binary: %s (%.1f MiB on disk, .text %s bytes)\n' "$NK" "$(stat -c %s "$NK" | awk '{print $1/1048576}')" \
+  "$(size -A "$NK" 2>/dev/null | awk '$1==".text" {print $2}')"
 grep -c . "$T/imds.log" >/dev/null || true

@@ -246,6 +246,9 @@ impl Sink {
     }
 }
 
+/// The longest a controller command may take before it is reported as failed.
+const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Runs a controller command in the background; its result comes back as an input.
 fn execute(
     cmd: crate::report::AgentCommand,
@@ -257,10 +260,21 @@ fn execute(
         let (id, outcome) = match cmd {
             AgentCommand::Reboot { id, reason } => {
                 tracing::warn!(%id, %reason, "rebooting on the controller's request");
-                let r = match Systemd::connect_system().await {
-                    Ok(s) => s.reboot().await.map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
+                let call = async {
+                    match Systemd::connect_system().await {
+                        Ok(s) => s.reboot().await.map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    }
                 };
+                // A hung bus must not leave the command without a result forever.
+                let r = tokio::time::timeout(COMMAND_TIMEOUT, call)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(format!(
+                            "systemd did not accept reboot.target within {}",
+                            humantime::format_duration(COMMAND_TIMEOUT)
+                        ))
+                    });
                 (id, r.map(|()| "reboot.target started".to_string()))
             }
             AgentCommand::AckScheduledEvent { id, event_id } => {

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use crate::agent::sources::NodeEvent;
 use crate::cfg_path;
 use crate::config::Diagnostic;
-use crate::report::{AgentCommand, NodeReport, ReportResponse};
+use crate::report::{AgentCommand, CommandResult, NodeReport, ReportResponse};
 
 const MIN_INTERVAL: Duration = Duration::from_millis(200);
 const EVENTS_FILE: &str = "reporter-events.json";
@@ -191,6 +191,11 @@ pub struct Reporter {
     sequence: u64,
     queue: VecDeque<NodeEvent>,
     executed: VecDeque<String>,
+    /// Ids already executed when this reporter started (by an earlier agent process).
+    earlier: std::collections::HashSet<String>,
+    /// Commands the controller still sends that an earlier agent process ran: their results were
+    /// lost with that process, so each report answers them (else the controller resends forever).
+    replayed: Vec<String>,
 }
 
 impl Reporter {
@@ -223,7 +228,9 @@ impl Reporter {
             instance: hex::encode(raw),
             sequence: 0,
             queue,
+            earlier: executed.iter().cloned().collect(),
             executed,
+            replayed: Vec::new(),
         })
     }
 
@@ -268,6 +275,7 @@ impl Reporter {
         report.agent_instance = self.instance.clone();
         report.sequence = self.sequence;
         report.events.extend(self.queue.iter().cloned());
+        self.answer_replayed(&mut report);
         let body = serde_json::to_vec(&report).map_err(|e| ReporterError::Transport {
             url: self.endpoint.clone(),
             why: e.to_string(),
@@ -297,9 +305,26 @@ impl Reporter {
         Ok(out)
     }
 
+    /// Adds a result for every command an earlier agent process ran and the controller still
+    /// sends (unless the report already carries one).
+    fn answer_replayed(&self, report: &mut NodeReport) {
+        for id in &self.replayed {
+            if !report.command_results.iter().any(|r| &r.id == id) {
+                report.command_results.push(CommandResult {
+                    id: id.clone(),
+                    ok: true,
+                    message: "already run by an earlier agent process (before a restart or \
+                              reboot); not run again"
+                        .into(),
+                });
+            }
+        }
+    }
+
     /// Records new command ids (persisted first) and returns the commands not seen before.
     fn fresh_commands(&mut self, cmds: Vec<AgentCommand>) -> Vec<AgentCommand> {
         let mut out = Vec::new();
+        self.replayed.clear();
         for c in cmds {
             let id = match &c {
                 AgentCommand::Reboot { id, .. } | AgentCommand::AckScheduledEvent { id, .. } => {
@@ -307,6 +332,11 @@ impl Reporter {
                 }
             };
             if self.executed.contains(&id) {
+                tracing::debug!(%id, "command already executed: not running it again");
+                // Run by this process: the agent loop reports its real result.
+                if self.earlier.contains(&id) {
+                    self.replayed.push(id);
+                }
                 continue;
             }
             self.executed.push_back(id);
@@ -640,6 +670,11 @@ mod tests {
         }
     }
 
+    fn empty_report() -> NodeReport {
+        crate::agent::state::AgentState::new("n".into(), "i".into(), "b".into())
+            .report(vec![], chrono::Utc::now())
+    }
+
     #[test]
     fn queue_is_bounded_deduplicated_and_persisted_and_commands_run_once() {
         let dir = tempfile::tempdir().unwrap();
@@ -661,6 +696,12 @@ mod tests {
         };
         assert_eq!(r.fresh_commands(vec![reboot("r1"), reboot("r1")]).len(), 1);
         assert!(r.fresh_commands(vec![reboot("r1")]).is_empty());
+        let mut report = empty_report();
+        r.answer_replayed(&mut report);
+        assert!(
+            report.command_results.is_empty(),
+            "run by this process: the agent loop reports the real result"
+        );
         let mut again = Reporter::new(cfg, dir.path()).unwrap();
         let ids: Vec<&str> = again.queued().map(|e| e.id.as_str()).collect();
         assert_eq!(ids, vec!["b", "c"], "queue reloaded from state_dir");
@@ -668,7 +709,23 @@ mod tests {
             again.fresh_commands(vec![reboot("r1")]).is_empty(),
             "command ids survive restarts"
         );
+        let mut report = empty_report();
+        again.answer_replayed(&mut report);
+        assert_eq!(report.command_results.len(), 1);
+        assert_eq!(
+            (
+                report.command_results[0].id.as_str(),
+                report.command_results[0].ok
+            ),
+            ("r1", true)
+        );
         assert_eq!(again.fresh_commands(vec![reboot("r2")]).len(), 1);
+        let mut report = empty_report();
+        again.answer_replayed(&mut report);
+        assert!(
+            report.command_results.is_empty(),
+            "no longer sent by the controller: no longer answered"
+        );
     }
 
     #[test]

@@ -194,7 +194,14 @@ impl Authenticator {
             )));
         }
         let extra = user.extra.unwrap_or_default();
-        let first = |k: &str| extra.get(k).and_then(|v| v.first()).cloned();
+        // An empty value counts as absent (an issuer may send `[""]` for a token not bound to a node).
+        let first = |k: &str| {
+            extra
+                .get(k)
+                .and_then(|v| v.first())
+                .filter(|v| !v.is_empty())
+                .cloned()
+        };
         let pod = first(POD_NAME);
         let node = match (first(NODE_NAME), &pod) {
             (Some(n), _) => n,
