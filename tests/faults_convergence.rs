@@ -209,7 +209,18 @@ fn median(v: &[Duration]) -> Duration {
     v[v.len() / 2]
 }
 
-async fn scenario(faulty: bool) -> Figures {
+/// Which faults a scenario injects.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Faults {
+    /// None.
+    Off,
+    /// Only the latency (the floor any request-bound step pays).
+    LatencyOnly,
+    /// Errors, latency and watch drops.
+    All,
+}
+
+async fn scenario(faults: Faults) -> Figures {
     let env = Env::new(NODES).await;
     let pods: Api<Pod> = Api::namespaced(env.cluster.client.clone(), "kube-system");
     for i in 0..NODES {
@@ -232,7 +243,11 @@ async fn scenario(faulty: bool) -> Figures {
     .await;
 
     let drops = Arc::new(AtomicUsize::new(0));
-    let dropper = if faulty {
+    if faults == Faults::LatencyOnly {
+        let latency = json!({"latencyMs": 1000 / scale()});
+        admin_call(&env, "PUT", "faults", Some(latency)).await;
+    }
+    let dropper = if faults == Faults::All {
         admin_call(&env, "PUT", "faults", Some(fault_spec())).await;
         let (url, every, d) = (
             env.cluster.admin_url("watches/drop"),
@@ -299,20 +314,30 @@ async fn scenario(faulty: bool) -> Figures {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn agent_and_controller_converge_under_api_faults() {
     count_panics();
-    let clean = scenario(false).await;
-    let faulty = scenario(true).await;
+    let clean = scenario(Faults::Off).await;
+    let slow = scenario(Faults::LatencyOnly).await;
+    let faulty = scenario(Faults::All).await;
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-3);
-    let (cc, cf) = (median(&clean.conditions), median(&faulty.conditions));
+    let (cc, cs, cf) = (
+        median(&clean.conditions),
+        median(&slow.conditions),
+        median(&faulty.conditions),
+    );
     eprintln!(
-        "fault scale 1/{}: conditions median {cc:?} fault-free vs {cf:?} with faults (×{:.1}); \
-         label cleaning {:?} vs {:?} (×{:.1}); {} watch drops; rounds {:?} / {:?}",
+        "fault scale 1/{}: conditions median {cc:?} fault-free, {cs:?} latency only, {cf:?} all faults \
+         (×{:.1} fault-free, ×{:.1} latency only); label cleaning {:?} / {:?} / {:?} (×{:.1}, ×{:.1}); \
+         {} watch drops; rounds {:?} / {:?} / {:?}",
         scale(),
         ratio(cf, cc),
+        ratio(cf, cs),
         clean.labels,
+        slow.labels,
         faulty.labels,
         ratio(faulty.labels, clean.labels),
+        ratio(faulty.labels, slow.labels),
         faulty.drops,
         clean.conditions,
+        slow.conditions,
         faulty.conditions,
     );
     assert!(faulty.drops >= 1, "the faulty run dropped no watches");

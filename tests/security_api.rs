@@ -500,3 +500,51 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
     assert_eq!(ctl.app.states.counters.node_events.load(Relaxed), 0);
     ctl.stop().await;
 }
+
+/// The connection limit: connections beyond `max_connections` are closed at once (so a flood
+/// cannot exhaust file descriptors), and a slot frees up as soon as a held connection goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_are_closed_at_once() {
+    use nodekeeper::controller::server::{serve_with_limits, ServeLimits};
+    let limits = ServeLimits {
+        max_connections: 8,
+        ..ServeLimits::default()
+    };
+    let router = axum::Router::new().route("/livez", axum::routing::get(|| async { "ok" }));
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let addr = serve_with_limits("127.0.0.1:0", router, None, limits, cancel.clone())
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..limits.max_connections {
+        held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // Let the server accept (and count) them.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut refused = 0;
+    for _ in 0..20 {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = s.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n").await;
+        let mut buf = Vec::new();
+        let r = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf)).await;
+        assert!(r.is_ok(), "an over-limit connection was kept open");
+        assert!(buf.is_empty(), "an over-limit connection was served");
+        refused += 1;
+    }
+    assert_eq!(refused, 20);
+    // One held connection goes: a new request is served.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    cancel.cancel();
+}

@@ -260,7 +260,7 @@ struct Retry {
 }
 
 impl Retry {
-    const BASE: std::time::Duration = std::time::Duration::from_millis(250);
+    const BASE: std::time::Duration = std::time::Duration::from_millis(100);
     const MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
     fn after(&mut self, failed: bool) {
