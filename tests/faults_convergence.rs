@@ -24,7 +24,6 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 const NODES: usize = 4;
-const ROUNDS: usize = 3;
 const LABEL: &str = "last-migration-failure";
 /// Nothing may take longer than this to converge, faults or not.
 const BOUND: Duration = Duration::from_secs(90);
@@ -231,7 +230,12 @@ async fn scenario(faults: Faults) -> Figures {
         pods.create(&PostParams::default(), &p).await.unwrap();
         set_ready(&pods, &format!("cilium-{i}"), false).await;
     }
-    let ctl = env.controller(&env.config(), true).await;
+    // Leader election at the production defaults (15 s lease, 2 s retry), scaled like the faults:
+    // the tests' usual 2 s lease cannot be renewed through 1 s of latency per request.
+    let mut cfg = env.config();
+    cfg.leader.lease_duration = Duration::from_secs(15) / scale() as u32;
+    cfg.leader.retry_period = Duration::from_secs(2) / scale() as u32;
+    let ctl = env.controller(&cfg, true).await;
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let mut agents = Vec::new();
     for i in 0..NODES {
@@ -270,7 +274,9 @@ async fn scenario(faults: Faults) -> Figures {
 
     // Reports → conditions: every agent flips its condition; time until all Nodes show it.
     let mut conditions = Vec::new();
-    for round in 0..ROUNDS {
+    // Enough rounds that the unscaled variant sees several watch drops too.
+    let rounds = (30 / scale() as usize).max(3);
+    for round in 0..rounds {
         let want: ConditionStatus = if round % 2 == 0 { True } else { False };
         for (i, a) in agents.iter().enumerate() {
             a.report_tx
