@@ -456,7 +456,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
     );
     assert!(latencies.len() >= 10);
     assert!(
-        worst < Duration::from_secs(2),
+        worst < Duration::from_secs(3),
         "worst legitimate latency {worst:?}"
     );
 
@@ -473,13 +473,13 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
     let worst_cut = header_cut.iter().max().copied().unwrap_or_default();
     eprintln!("slow heads cut after at most {worst_cut:?}");
     assert!(
-        worst_cut <= limits.header_read_timeout + Duration::from_secs(3),
+        worst_cut <= limits.header_read_timeout + Duration::from_secs(5),
         "a slow head was held for {worst_cut:?}"
     );
     for s in silent {
         let held = s.await.unwrap();
         assert!(
-            held <= limits.tls_handshake_timeout + Duration::from_secs(3),
+            held <= limits.tls_handshake_timeout + Duration::from_secs(5),
             "a silent TCP connection was held for {held:?}"
         );
     }
@@ -487,7 +487,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
         let h = a.await.unwrap();
         assert_eq!(status_of(&h.response), 408, "slow body: {}", h.response);
         assert!(
-            h.after <= limits.request_timeout + Duration::from_secs(3),
+            h.after <= limits.request_timeout + Duration::from_secs(5),
             "a slow body was held for {:?}",
             h.after
         );
