@@ -14,6 +14,8 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod controller;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod k8s;
 pub mod report;
 pub mod shutdown;

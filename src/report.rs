@@ -58,6 +58,41 @@ pub struct NodeReport {
     pub problems: Vec<String>,
 }
 
+/// Why a report body was refused (400); messages carry at most a bounded slice of the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// Not JSON.
+    #[error("invalid JSON: {0}")]
+    Json(String),
+    /// A `version` this controller does not read (or none).
+    #[error("unsupported report version {0}; this controller reads {REPORT_VERSION}")]
+    Version(String),
+    /// JSON, but not a report of this version.
+    #[error("invalid report: {0}")]
+    Schema(String),
+}
+
+/// Longest error text taken from serde (which may quote the input).
+const MAX_ERROR_CHARS: usize = 200;
+
+/// Parses and version-checks a `POST /v1/reports` body (the handler calls this after
+/// authentication and before the node check).
+pub fn parse_body(body: &[u8]) -> Result<NodeReport, BodyError> {
+    let short =
+        |e: serde_json::Error| crate::agent::sources::truncate(&e.to_string(), MAX_ERROR_CHARS);
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| BodyError::Json(short(e)))?;
+    match value.get("version") {
+        Some(v) if v.as_u64() == Some(u64::from(REPORT_VERSION)) => {}
+        Some(v) => {
+            let shown = crate::agent::sources::truncate(&v.to_string(), 40);
+            return Err(BodyError::Version(shown));
+        }
+        None => return Err(BodyError::Version("none".into())),
+    }
+    serde_json::from_value(value).map_err(|e| BodyError::Schema(short(e)))
+}
+
 /// The outcome of the last CRI-O apply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CrioReport {

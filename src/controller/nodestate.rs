@@ -32,6 +32,21 @@ use crate::report::{AgentCommand, NodeReport, ReportResponse};
 
 /// Reason written on conditions of a silent agent.
 pub const STALE_REASON: &str = "AgentNotReporting";
+/// Attempts of one status write when the API server answers 429/5xx (then the agent's retry or
+/// the maintenance tick takes over).
+const WRITE_ATTEMPTS: u32 = 3;
+/// Pause before the second attempt (grows linearly, jittered).
+const WRITE_RETRY_BASE: Duration = Duration::from_millis(50);
+
+/// A 429 or 5xx from the API server, or a transport error: worth an immediate retry.
+fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
 /// Event ids remembered per node for deduplication.
 const SEEN_EVENTS: usize = 256;
 
@@ -209,7 +224,11 @@ impl NodeStates {
                 commands: vec![],
             });
         }
-        self.write_conditions(&node, &mut a, false).await?;
+        if let Err(e) = self.write_conditions(&node, &mut a, false).await {
+            // The maintenance tick retries it even if the agent does not report again.
+            a.dirty = true;
+            return Err(e);
+        }
         let acked = self.record_events(&node, &mut a, &report.events).await;
         for ce in &report.check_events {
             self.recorder
@@ -362,18 +381,30 @@ impl NodeStates {
             return Ok(());
         }
         let patch = json!({"status": {"conditions": items}});
-        self.counters.node_writes.fetch_add(1, Ordering::Relaxed);
-        self.nodes_api
-            .patch_status(node, &PatchParams::default(), &Patch::Strategic(&patch))
-            .await
-            .map_err(|source| {
-                self.counters.write_failures.fetch_add(1, Ordering::Relaxed);
-                NodeStateError::Patch {
+        let mut attempt = 0;
+        loop {
+            self.counters.node_writes.fetch_add(1, Ordering::Relaxed);
+            let res = self
+                .nodes_api
+                .patch_status(node, &PatchParams::default(), &Patch::Strategic(&patch))
+                .await;
+            let source = match res {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            self.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+            attempt += 1;
+            if attempt >= WRITE_ATTEMPTS || !transient(&source) {
+                return Err(NodeStateError::Patch {
                     node: node.into(),
                     source,
-                }
-            })?;
-        Ok(())
+                });
+            }
+            tracing::debug!(node, attempt, error = %source, "node status write failed; retrying");
+            let pause =
+                WRITE_RETRY_BASE.mul_f64(f64::from(attempt) * rand::random_range(0.5..=1.5));
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// Removes `labels` from `node` (the caller checked the allow-list).

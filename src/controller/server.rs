@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -17,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 use super::auth::{AuthError, Authenticator};
 use super::nodestate::NodeStates;
 use super::oci_events::OciEvents;
-use crate::report::{NodeReport, REPORT_VERSION};
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -95,24 +95,9 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) ->
             return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
         }
     };
-    let value: serde_json::Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return err(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")),
-    };
-    match value.get("version").and_then(serde_json::Value::as_u64) {
-        Some(v) if v == u64::from(REPORT_VERSION) => {}
-        other => {
-            return err(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "unsupported report version {other:?}; this controller reads {REPORT_VERSION}"
-                ),
-            )
-        }
-    }
-    let report: NodeReport = match serde_json::from_value(value) {
+    let report = match crate::report::parse_body(&body) {
         Ok(r) => r,
-        Err(e) => return err(StatusCode::BAD_REQUEST, format!("invalid report: {e}")),
+        Err(e) => return err(StatusCode::BAD_REQUEST, e.to_string()),
     };
     if report.node != caller.node {
         app.forbidden.fetch_add(1, Ordering::Relaxed);
@@ -194,11 +179,51 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Serve
     Ok(cfg)
 }
 
-/// Binds `addr` and serves `router` (over TLS when `tls` is set) until `cancel`.
+/// Limits that keep slow or greedy clients (slow-loris, connection floods) from tying up the
+/// server; every one ends the offending connection or request, never the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// The TLS handshake must finish within this (else the connection is closed).
+    pub tls_handshake_timeout: Duration,
+    /// An HTTP/1 request head must arrive within this (else the connection is closed).
+    pub header_read_timeout: Duration,
+    /// A request (body read and handling) must finish within this (else 408).
+    pub request_timeout: Duration,
+    /// Open connections at most; further ones are closed right after `accept`.
+    pub max_connections: usize,
+    /// HTTP/2 streams per connection at most.
+    pub max_h2_streams: u32,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits {
+            tls_handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(15),
+            max_connections: 1024,
+            max_h2_streams: 64,
+        }
+    }
+}
+
+/// Binds `addr` and serves `router` (over TLS when `tls` is set) until `cancel`, with the
+/// default [`ServeLimits`].
 pub async fn serve(
     addr: &str,
     router: Router,
     tls: Option<rustls::ServerConfig>,
+    cancel: CancellationToken,
+) -> Result<std::net::SocketAddr, ServerError> {
+    serve_with_limits(addr, router, tls, ServeLimits::default(), cancel).await
+}
+
+/// As [`serve`], with explicit `limits`.
+pub async fn serve_with_limits(
+    addr: &str,
+    router: Router,
+    tls: Option<rustls::ServerConfig>,
+    limits: ServeLimits,
     cancel: CancellationToken,
 ) -> Result<std::net::SocketAddr, ServerError> {
     let listener = tokio::net::TcpListener::bind(addr)
@@ -211,30 +236,45 @@ pub async fn serve(
         addr: addr.into(),
         source,
     })?;
-    match tls {
-        None => {
-            tokio::spawn(async move {
-                let s =
-                    axum::serve(listener, router).with_graceful_shutdown(cancel.cancelled_owned());
-                if let Err(e) = s.await {
-                    tracing::error!(error = %e, "report API stopped");
-                }
-            });
-        }
-        Some(cfg) => {
-            tokio::spawn(serve_tls(listener, router, Arc::new(cfg), cancel));
-        }
-    }
+    let deadline = limits.request_timeout;
+    let router = router.layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            request_deadline(deadline, req, next)
+        },
+    ));
+    let acceptor = tls.map(|cfg| tokio_rustls::TlsAcceptor::from(Arc::new(cfg)));
+    tokio::spawn(accept_loop(listener, router, acceptor, limits, cancel));
     Ok(local)
 }
 
-async fn serve_tls(
+/// Answers 408 when a request (including reading its body) takes longer than `limit`.
+async fn request_deadline(
+    limit: Duration,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = req.uri().path().to_string();
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!(path, ?limit, "request not completed in time");
+            err(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("request not completed within {limit:?}"),
+            )
+        }
+    }
+}
+
+async fn accept_loop(
     listener: tokio::net::TcpListener,
     router: Router,
-    cfg: Arc<rustls::ServerConfig>,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    limits: ServeLimits,
     cancel: CancellationToken,
 ) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let mut refused: u64 = 0;
     loop {
         let (tcp, peer) = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -242,35 +282,78 @@ async fn serve_tls(
                 Ok(x) => x,
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
         };
-        let acceptor = acceptor.clone();
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(%peer, refused, max = limits.max_connections, "connection limit reached: closing new connections");
+            }
+            drop(tcp);
+            continue;
+        };
         let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        let acceptor = acceptor.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                acceptor.accept(tcp),
-            )
-            .await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
+            let _slot = slot;
+            match acceptor {
+                None => {
+                    serve_conn(hyper_util::rt::TokioIo::new(tcp), svc, limits, cancel, peer).await
                 }
-                Err(_) => return,
-            };
-            let builder =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
-            tokio::select! {
-                r = conn => if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended with an error") },
-                _ = cancel.cancelled() => {}
+                Some(acceptor) => {
+                    let tls = match tokio::time::timeout(
+                        limits.tls_handshake_timeout,
+                        acceptor.accept(tcp),
+                    )
+                    .await
+                    {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    serve_conn(hyper_util::rt::TokioIo::new(tls), svc, limits, cancel, peer).await
+                }
             }
         });
+    }
+}
+
+type Svc = hyper_util::service::TowerToHyperService<Router>;
+
+async fn serve_conn<I>(
+    io: I,
+    svc: Svc,
+    limits: ServeLimits,
+    cancel: CancellationToken,
+    peer: std::net::SocketAddr,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let mut builder =
+        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .max_concurrent_streams(limits.max_h2_streams)
+        .keep_alive_interval(limits.header_read_timeout)
+        .keep_alive_timeout(limits.header_read_timeout);
+    let conn = builder.serve_connection(io, svc);
+    tokio::select! {
+        r = conn => if let Err(e) = r { tracing::debug!(%peer, error = %e, "connection ended with an error") },
+        _ = cancel.cancelled() => {}
     }
 }

@@ -171,7 +171,8 @@ impl LabelRemover for PatchRemover {
 
 /// Watches the own node and the pods on it and sends the wanted removals whenever they change
 /// (an empty list when none). Runs until `stop` turns true. With `remover`, removals are also
-/// carried out directly (each label once per appearance).
+/// carried out directly (each label once per appearance; a failed patch is retried with jittered
+/// backoff until it succeeds or the rule no longer fires).
 pub async fn watch<R: LabelRemover>(
     client: kube::Client,
     node: String,
@@ -196,32 +197,32 @@ pub async fn watch<R: LabelRemover>(
         pods.map(|r| r.map(|_| ()))
     ));
     let mut last: Option<Vec<LabelRemoval>> = None;
+    let mut retry = Retry::default();
     loop {
-        tokio::select! {
+        let retrying = tokio::select! {
             _ = stop.changed() => return,
+            _ = retry.wait() => true,
             item = changes.next() => match item {
                 None => return,
                 Some(Err(error)) => { tracing::warn!(%node, %error, "label rules: watch error (retrying)"); continue; }
-                Some(Ok(())) => {}
+                Some(Ok(())) => false,
             }
-        }
+        };
         let Some(n) = node_store.get(&reflector::ObjectRef::new(&node)) else {
             continue;
         };
         let pods: Vec<Pod> = pod_store.state().iter().map(|p| (**p).clone()).collect();
         let wanted = evaluate(&rules, &n, &pods);
-        if last.as_ref() == Some(&wanted) {
+        let changed = last.as_ref() != Some(&wanted);
+        if !changed && !retrying {
             continue;
         }
         if let Some(r) = &remover {
-            for w in &wanted {
-                match r.remove(&node, &w.label).await {
-                    Ok(()) => {
-                        tracing::info!(%node, label = %w.label, reason = %w.reason, "label removed")
-                    }
-                    Err(error) => tracing::warn!(%error, "label removal failed"),
-                }
-            }
+            let failed = remove_all(r, &node, &wanted).await;
+            retry.after(failed);
+        }
+        if !changed {
+            continue;
         }
         for w in &wanted {
             tracing::info!(%node, label = %w.label, reason = %w.reason, "label rule fired");
@@ -230,6 +231,60 @@ pub async fn watch<R: LabelRemover>(
             return;
         }
         last = Some(wanted);
+    }
+}
+
+/// Carries out `wanted` on `node`; true when any removal failed (it is then retried).
+async fn remove_all<R: LabelRemover>(r: &R, node: &str, wanted: &[LabelRemoval]) -> bool {
+    let mut failed = false;
+    for w in wanted {
+        match r.remove(node, &w.label).await {
+            Ok(()) => {
+                tracing::info!(%node, label = %w.label, reason = %w.reason, "label removed")
+            }
+            Err(error) => {
+                tracing::warn!(%error, "label removal failed; retrying");
+                failed = true;
+            }
+        }
+    }
+    failed
+}
+
+/// Jittered exponential backoff for failed direct removals (a failed patch is retried even
+/// when nothing else changes on the node).
+#[derive(Debug, Default)]
+struct Retry {
+    failures: u32,
+    at: Option<tokio::time::Instant>,
+}
+
+impl Retry {
+    const BASE: std::time::Duration = std::time::Duration::from_millis(100);
+    const MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+    fn after(&mut self, failed: bool) {
+        if !failed {
+            *self = Retry::default();
+            return;
+        }
+        self.failures = self.failures.saturating_add(1);
+        let base = Self::BASE
+            .saturating_mul(1 << self.failures.min(8))
+            .min(Self::MAX);
+        let jitter = rand::Rng::random_range(&mut rand::rng(), 0.5..=1.0);
+        self.at = Some(tokio::time::Instant::now() + base.mul_f64(jitter));
+    }
+
+    /// Resolves when a retry is due; never while none is scheduled.
+    async fn wait(&mut self) {
+        match self.at {
+            Some(at) => {
+                tokio::time::sleep_until(at).await;
+                self.at = None;
+            }
+            None => std::future::pending().await,
+        }
     }
 }
 
