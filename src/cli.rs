@@ -60,6 +60,10 @@ enum Command {
     /// Cordon and drain a node in tiers, naming what blocks it. Exit 0 drained, 1 error, 2 usage,
     /// 3 blocked by a PDB/do-not-disrupt at the deadline, 4 timed out, 5 interrupted (docs/drain.md).
     Drain(crate::controller::drain::cli::DrainArgs),
+    /// The whole loop on an embedded cluster, no cloud needed: sim API server, one agent per
+    /// node, the controller, a scripted scenario with a live timeline. Exit 0 only if every
+    /// expected outcome happened (docs/demo.md).
+    Demo(crate::demo::DemoArgs),
     /// Stand-ins for the peers nodekeeper talks to (tests, demo, benchmarks).
     Sim {
         #[command(subcommand)]
@@ -124,6 +128,7 @@ pub fn main() -> ExitCode {
             &env,
         ),
         Command::Drain(args) => crate::controller::drain::cli::main(args),
+        Command::Demo(args) => crate::demo::run(args, std::env::temp_dir()),
         Command::Sim { command } => block_on(async move {
             crate::telemetry::init(crate::config::LogFormat::Text, "info");
             crate::sim::run(command).await

@@ -14,6 +14,7 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod demo;
 pub mod k8s;
 pub mod report;
 pub mod shutdown;
