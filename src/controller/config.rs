@@ -57,6 +57,8 @@ pub struct ControllerConfig {
     pub leader: LeaderConfig,
     /// OCI Events (Notifications HTTPS subscription) ingestion.
     pub oci_events: OciEventsConfig,
+    /// The disruption engine (reconcile loop and actor).
+    pub engine: EngineConfig,
 }
 
 impl Default for ControllerConfig {
@@ -80,6 +82,69 @@ impl Default for ControllerConfig {
             label_removal_allow: Vec::new(),
             leader: LeaderConfig::default(),
             oci_events: OciEventsConfig::default(),
+            engine: EngineConfig::default(),
+        }
+    }
+}
+
+/// What a drain does when its deadline passes with pods left (`[controller.engine] on_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DrainOnTimeout {
+    /// Stop and report the blocker (the policy then escalates or holds).
+    #[default]
+    Fail,
+    /// Delete the remaining pods, bypassing PDBs (grace clamped to the time left).
+    ForceDelete,
+}
+
+impl DrainOnTimeout {
+    /// The drain engine's setting.
+    pub fn to_drain(self) -> crate::controller::drain::OnTimeout {
+        match self {
+            DrainOnTimeout::Fail => crate::controller::drain::OnTimeout::Fail,
+            DrainOnTimeout::ForceDelete => crate::controller::drain::OnTimeout::ForceDelete,
+        }
+    }
+}
+
+/// `[controller.engine]`: the reconcile loop that runs the policy and executes its decisions
+/// (only on the leader).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Run the engine (off: the controller only records reports and notices).
+    pub enabled: bool,
+    /// Periodic reconcile even without changes (toleration expiries, windows opening).
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
+    /// A node or notice change triggers a reconcile after this quiet time (changes in between
+    /// are coalesced).
+    #[serde(with = "humantime_serde")]
+    pub debounce: Duration,
+    /// Nodes whose actions are executed at once.
+    pub node_concurrency: usize,
+    /// Evictions in flight per drained node.
+    pub drain_concurrency: usize,
+    /// Drains running at once (more wait for a slot, shown as running).
+    pub max_parallel_drains: usize,
+    /// At the drain deadline: `fail` or `force-delete`.
+    pub on_timeout: DrainOnTimeout,
+    /// After the pods, wait until no VolumeAttachment names the node.
+    pub wait_volume_detach: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            enabled: true,
+            tick: Duration::from_secs(1),
+            debounce: Duration::from_millis(20),
+            node_concurrency: 16,
+            drain_concurrency: 16,
+            max_parallel_drains: 64,
+            on_timeout: DrainOnTimeout::Fail,
+            wait_volume_detach: true,
         }
     }
 }
@@ -205,6 +270,21 @@ impl ControllerConfig {
                 cfg_path!["controller", "leader", "retry_period"],
                 "must be greater than zero and shorter than lease_duration",
             );
+        }
+        let e = &self.engine;
+        for (k, zero) in [
+            ("tick", e.tick.is_zero()),
+            ("node_concurrency", e.node_concurrency == 0),
+            ("drain_concurrency", e.drain_concurrency == 0),
+            ("max_parallel_drains", e.max_parallel_drains == 0),
+        ] {
+            if zero {
+                err(
+                    &mut d,
+                    cfg_path!["controller", "engine", k],
+                    "must be greater than zero",
+                );
+            }
         }
         if self.oci_events.enabled && self.oci_events.token.expose().len() < 16 {
             err(

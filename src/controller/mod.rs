@@ -4,14 +4,20 @@
 //! Layout: [`config`] (`[controller]`), [`server`] (HTTP API), [`auth`] (TokenReview + node
 //! binding), [`nodestate`] (conditions, staleness, events), [`labels`] (allow-listed label
 //! removal), [`oci_events`] (OCI Notifications), [`leader`] (Lease election), [`events`]
-//! (Kubernetes Event reasons).
+//! (Kubernetes Event reasons), [`engine`] (the disruption engine's reconcile loop, leader only),
+//! [`actions`] (the actor executing its decisions), [`drain_tasks`] (one drain per node),
+//! [`metrics`] (engine metrics).
 
+pub mod actions;
 pub mod auth;
 pub mod config;
 pub mod drain;
+pub mod drain_tasks;
+pub mod engine;
 pub mod events;
 pub mod labels;
 pub mod leader;
+pub mod metrics;
 pub mod nodestate;
 pub mod oci_events;
 pub mod policy;
@@ -50,6 +56,9 @@ pub enum ControllerError {
     /// Server start.
     #[error(transparent)]
     Server(#[from] server::ServerError),
+    /// The replacement provider could not be built.
+    #[error(transparent)]
+    Provider(#[from] provider::ProviderError),
 }
 
 /// A started controller.
@@ -63,6 +72,8 @@ pub struct Running {
     pub cancel: CancellationToken,
     /// Finishes after the Lease was released.
     pub election: tokio::task::JoinHandle<()>,
+    /// The disruption engine, when started with one.
+    pub engine: Option<Arc<engine::Engine>>,
 }
 
 impl Running {
@@ -83,12 +94,23 @@ fn identity(cfg: &ControllerConfig) -> String {
     })
 }
 
-/// Starts every part of the controller with `client`.
+/// Starts every part of the controller with `client`, without the disruption engine.
 pub async fn start(
     client: kube::Client,
     cfg: &ControllerConfig,
 ) -> Result<Running, ControllerError> {
+    start_with(client, cfg, None).await
+}
+
+/// Starts every part of the controller with `client`, and the disruption engine when `engine`
+/// is given and `[controller.engine] enabled` (it acts only while this replica leads).
+pub async fn start_with(
+    client: kube::Client,
+    cfg: &ControllerConfig,
+    engine: Option<engine::EngineOptions>,
+) -> Result<Running, ControllerError> {
     let cancel = CancellationToken::new();
+    let wake = Arc::new(tokio::sync::Notify::new());
     let id = identity(cfg);
     let (store, writer) = reflector::store::<Node>();
     let nodes: Api<Node> = Api::all(client.clone());
@@ -98,6 +120,7 @@ pub async fn start(
     )
     .applied_objects();
     let c1 = cancel.clone();
+    let w1 = wake.clone();
     tokio::spawn(async move {
         let mut s = std::pin::pin!(stream);
         loop {
@@ -105,7 +128,7 @@ pub async fn start(
                 _ = c1.cancelled() => return,
                 item = s.next() => match item {
                     Some(Err(e)) => tracing::warn!(error = %e, "node watch error"),
-                    Some(Ok(_)) => {}
+                    Some(Ok(_)) => w1.notify_one(),
                     None => return,
                 },
             }
@@ -132,7 +155,7 @@ pub async fn start(
         client.clone(),
         store.clone(),
         leader_rx.clone(),
-        recorder,
+        recorder.clone(),
     );
     let period = (cfg.staleness / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
     tokio::spawn(states.clone().run_maintenance(period, cancel.clone()));
@@ -140,6 +163,23 @@ pub async fn start(
         .oci_events
         .enabled
         .then(|| oci_events::OciEvents::new(cfg.oci_events.clone(), store.clone()));
+    let engine = match engine.filter(|_| cfg.engine.enabled) {
+        Some(opts) => {
+            let parts = EngineStart {
+                client: client.clone(),
+                cfg,
+                store: store.clone(),
+                recorder: recorder.clone(),
+                states: states.clone(),
+                wake: wake.clone(),
+            };
+            let e = parts.build(opts)?;
+            let events = states.subscribe_events();
+            tokio::spawn(e.clone().run(leader_rx.clone(), events, cancel.clone()));
+            Some(e)
+        }
+        None => None,
+    };
     let app = Arc::new(App {
         auth: auth::Authenticator::new(
             client,
@@ -148,10 +188,11 @@ pub async fn start(
             cfg.token_cache_size,
             cfg.token_cache_ttl,
         ),
-        states,
+        states: states.clone(),
         ready: AtomicBool::new(false),
         leader: leader_rx,
         oci,
+        engine: engine.as_ref().map(|e| e.metrics.clone()),
         forbidden: Default::default(),
         unauthenticated: Default::default(),
     });
@@ -178,7 +219,54 @@ pub async fn start(
         app,
         cancel,
         election,
+        engine,
     })
+}
+
+/// What the engine shares with the rest of the controller.
+struct EngineStart<'a> {
+    client: kube::Client,
+    cfg: &'a ControllerConfig,
+    store: reflector::Store<Node>,
+    recorder: events::Recorder,
+    states: Arc<NodeStates>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl EngineStart<'_> {
+    fn build(self, opts: engine::EngineOptions) -> Result<Arc<engine::Engine>, ControllerError> {
+        let provider: Arc<dyn provider::NodeProvider> = match opts.provider {
+            Some(p) => p,
+            None => Arc::from(provider::build(&self.cfg.provider, self.client.clone())?),
+        };
+        let metrics = Arc::new(metrics::EngineMetrics::default());
+        let drains = Arc::new(drain_tasks::DrainTasks::new(
+            opts.drain_client.unwrap_or_else(|| self.client.clone()),
+            self.cfg.engine.clone(),
+            opts.clock.clone(),
+            metrics.clone(),
+            self.wake.clone(),
+        ));
+        let actor = Arc::new(actions::Actor::new(actions::ActorParts {
+            client: self.client,
+            recorder: self.recorder,
+            provider,
+            states: self.states,
+            drains: drains.clone(),
+            metrics: metrics.clone(),
+            notifier: opts.notifier,
+        }));
+        Ok(engine::Engine::new(engine::EngineParts {
+            cfg: self.cfg.engine.clone(),
+            policy: opts.policy,
+            clock: opts.clock,
+            store: self.store,
+            actor,
+            drains,
+            metrics,
+            wake: self.wake,
+        }))
+    }
 }
 
 /// `nodekeeper controller --config FILE`: runs until SIGTERM/SIGINT, then releases the Lease.
@@ -197,6 +285,7 @@ pub fn run(path: &Path, env: &crate::config::Env) -> u8 {
         );
         return crate::cli::EXIT_INVALID;
     };
+    let policy = policy::PolicyConfig::from_config(&loaded.config);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -210,10 +299,14 @@ pub fn run(path: &Path, env: &crate::config::Env) -> u8 {
     rt.block_on(async move {
         let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = async {
             let mut signals = crate::shutdown::install()?;
-            let client = kube::Client::try_default()
+            let kcfg = kube::Config::infer()
                 .await
-                .map_err(ControllerError::Client)?;
-            let running = start(client, &cfg).await?;
+                .map_err(|e| ControllerError::Client(kube::Error::InferConfig(e)))?;
+            let client = kube::Client::try_from(kcfg.clone()).map_err(ControllerError::Client)?;
+            let mut opts = engine::EngineOptions::new(policy);
+            // Drains handle 429 themselves (a PDB refusal must be seen, not retried for minutes).
+            opts.drain_client = Some(drain::client(kcfg).map_err(ControllerError::Client)?);
+            let running = start_with(client, &cfg, Some(opts)).await?;
             while !*signals.shutdown.borrow() {
                 if signals.shutdown.changed().await.is_err() {
                     break;

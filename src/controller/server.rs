@@ -53,6 +53,8 @@ pub struct App {
     pub leader: tokio::sync::watch::Receiver<bool>,
     /// OCI Events ingestion, when enabled.
     pub oci: Option<OciEvents>,
+    /// The disruption engine's metrics (when it runs).
+    pub engine: Option<Arc<super::metrics::EngineMetrics>>,
     /// Forbidden reports (another node).
     pub forbidden: std::sync::atomic::AtomicU64,
     /// Unauthenticated requests.
@@ -158,6 +160,10 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         g(&app.auth.reviews), g(&c.node_writes), g(&c.write_failures), g(&c.node_events),
         g(&c.labels_removed), g(&c.stale_marked),
     );
+    let mut text = text;
+    if let Some(m) = &app.engine {
+        text.push_str(&m.render());
+    }
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -430,8 +430,16 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
         }
         let api = &self.pods;
         let limit = self.call_limit(now);
-        let results: Vec<(&Pod, Outcome)> = futures::stream::iter(due)
-            .map(|p| async move { (p, bounded(limit, evict(api, p)).await) })
+        // The calls are collected as boxed `Send` futures first (no closure inside the stream),
+        // so that a drain can be `tokio::spawn`ed: a closure-mapped stream held across an await
+        // trips rustc's higher-ranked lifetime check for `Send`.
+        let calls: Vec<futures::future::BoxFuture<'_, (&Pod, Outcome)>> = due
+            .into_iter()
+            .map(|p| -> futures::future::BoxFuture<'_, (&Pod, Outcome)> {
+                Box::pin(async move { (p, bounded(limit, evict(api, p)).await) })
+            })
+            .collect();
+        let results: Vec<(&Pod, Outcome)> = futures::stream::iter(calls)
             .buffer_unordered(self.opts.concurrency.max(1))
             .collect()
             .await;

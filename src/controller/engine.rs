@@ -1,0 +1,384 @@
+//! The disruption engine: the reconcile loop of `nodekeeper controller` (only while leader).
+//!
+//! Each reconcile builds a [`ClusterView`] from the Node cache (plus the objects our own patches
+//! returned, which may be newer), the current notices per node (from
+//! [`NodeStates::subscribe_events`](super::nodestate::NodeStates::subscribe_events): agents and
+//! OCI Events; a cancellation replaces the notice it withdraws) and the drain tasks; calls
+//! [`decide_with_status`]; and hands each node's actions to the [`Actor`].
+//!
+//! Triggers: a node change or a notice (debounced by `[controller.engine] debounce`), a drain's
+//! progress, and a periodic tick (`tick`, default 1 s). All progress is on the Nodes (see
+//! [`keys`](super::policy::view::keys)), so a restarted controller resumes from the annotations:
+//! the policy re-asserts cordons and taints, restarts interrupted drains, and never requests a
+//! replacement twice (`replacement-requested` is stored before the provider is called;
+//! [`REPLACEMENT_ACCEPTED`] after it accepted; in between, the same idempotency key is reused).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::Store;
+use tokio::sync::{broadcast, watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+use super::actions::{Actor, REPLACEMENT_ACCEPTED};
+use super::config::EngineConfig;
+use super::drain_tasks::DrainTasks;
+use super::metrics::EngineMetrics;
+use super::policy::view::{
+    became_ready_heuristic, keys, ConditionView, Notice, NoticeKind, TaintView,
+};
+use super::policy::{decide_with_status, Action, ClusterView, NodeView, PolicyConfig};
+use crate::agent::sources::NodeEvent;
+
+/// The engine's notion of "now": wall time in production, simulated time against the sim.
+pub trait Clock: Send + Sync {
+    /// Now.
+    fn now(&self) -> DateTime<Utc>;
+    /// The real duration of `d` of this clock's time (identity for wall time).
+    fn real(&self, d: Duration) -> Duration {
+        d
+    }
+}
+
+/// Wall time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// How long a withdrawn notice's cancellation is kept (so the policy sees it).
+const KEEP_CANCELLED: Duration = Duration::from_secs(3600);
+
+/// Converts a Kubernetes time.
+fn time(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> DateTime<Utc> {
+    DateTime::from_timestamp(t.0.as_second(), t.0.subsec_nanosecond().max(0) as u32)
+        .unwrap_or_default()
+}
+
+/// A Node as the policy sees it (without notices, drain and pods).
+pub fn node_view(n: &Node) -> Option<NodeView> {
+    let name = n.metadata.name.clone()?;
+    let created_at = n
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(time)
+        .unwrap_or_default();
+    let spec = n.spec.as_ref();
+    let status = n.status.as_ref();
+    let conditions: Vec<ConditionView> = status
+        .and_then(|s| s.conditions.as_ref())
+        .map(|cs| {
+            cs.iter()
+                .map(|c| ConditionView {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    last_transition_time: c
+                        .last_transition_time
+                        .as_ref()
+                        .map(time)
+                        .unwrap_or(created_at),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let ready = conditions.iter().find(|c| c.type_ == "Ready");
+    let became_ready = became_ready_heuristic(created_at, ready);
+    Some(NodeView {
+        name,
+        labels: n.metadata.labels.clone().unwrap_or_default(),
+        annotations: n.metadata.annotations.clone().unwrap_or_default(),
+        created_at,
+        deleting: n.metadata.deletion_timestamp.is_some(),
+        unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+        taints: spec
+            .and_then(|s| s.taints.as_ref())
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| TaintView {
+                        key: t.key.clone(),
+                        value: t.value.clone().unwrap_or_default(),
+                        effect: t.effect.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        conditions,
+        became_ready,
+        boot_id: status
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.clone())
+            .filter(|b| !b.is_empty()),
+        notices: Vec::new(),
+        drain: Default::default(),
+        pods: Vec::new(),
+    })
+}
+
+/// The engine.
+pub struct Engine {
+    cfg: EngineConfig,
+    policy: PolicyConfig,
+    clock: Arc<dyn Clock>,
+    store: Store<Node>,
+    actor: Arc<Actor>,
+    drains: Arc<DrainTasks>,
+    /// Metrics (also rendered on `/metrics`).
+    pub metrics: Arc<EngineMetrics>,
+    notices: Mutex<HashMap<String, Vec<Notice>>>,
+    wake: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What the engine is built from.
+pub struct EngineParts {
+    /// `[controller.engine]`.
+    pub cfg: EngineConfig,
+    /// `[repair]`, `[budgets]`, `[interruption]`, `dry_run`.
+    pub policy: PolicyConfig,
+    /// Clock.
+    pub clock: Arc<dyn Clock>,
+    /// Node cache.
+    pub store: Store<Node>,
+    /// Actor.
+    pub actor: Arc<Actor>,
+    /// Drain tasks.
+    pub drains: Arc<DrainTasks>,
+    /// Metrics.
+    pub metrics: Arc<EngineMetrics>,
+    /// Notified on node changes and drain progress.
+    pub wake: Arc<Notify>,
+}
+
+impl Engine {
+    /// An engine.
+    pub fn new(p: EngineParts) -> Arc<Self> {
+        Arc::new(Engine {
+            cfg: p.cfg,
+            policy: p.policy,
+            clock: p.clock,
+            store: p.store,
+            actor: p.actor,
+            drains: p.drains,
+            metrics: p.metrics,
+            notices: Mutex::new(HashMap::new()),
+            wake: p.wake,
+        })
+    }
+
+    /// The drain tasks (reports of finished drains, for tests and status).
+    pub fn drains(&self) -> &Arc<DrainTasks> {
+        &self.drains
+    }
+
+    /// Records a notice for `node` (a cancellation replaces the notice it withdraws).
+    pub fn add_notice(&self, node: &str, ev: &NodeEvent) {
+        let n = Notice::from(ev);
+        let mut all = lock(&self.notices);
+        let list = all.entry(node.to_string()).or_default();
+        if let NoticeKind::Cancelled { of } = &n.kind {
+            list.retain(|x| &x.id != of);
+        }
+        if !list.iter().any(|x| x.id == n.id && x.kind == n.kind) {
+            list.push(n);
+        }
+        drop(all);
+        self.wake.notify_one();
+    }
+
+    /// The current notices of `node`.
+    pub fn notices(&self, node: &str) -> Vec<Notice> {
+        lock(&self.notices).get(node).cloned().unwrap_or_default()
+    }
+
+    /// Forgets notices of gone nodes and notices long past.
+    fn prune_notices(&self, alive: &BTreeMap<String, ()>, now: DateTime<Utc>) {
+        let keep_for =
+            chrono::Duration::from_std(self.policy.interruption.release_after + KEEP_CANCELLED)
+                .unwrap_or(chrono::Duration::MAX);
+        let mut all = lock(&self.notices);
+        all.retain(|node, _| alive.contains_key(node));
+        for list in all.values_mut() {
+            list.retain(|n| {
+                let at = n.at.unwrap_or(n.detected_at).max(n.detected_at);
+                at.checked_add_signed(keep_for).is_none_or(|end| end > now)
+            });
+        }
+    }
+
+    /// The cluster as of now.
+    pub fn view(&self, now: DateTime<Utc>) -> ClusterView {
+        let nodes: Vec<NodeView> = self
+            .store
+            .state()
+            .iter()
+            .filter_map(|n| {
+                let fresh = self.actor.fresher(n);
+                let mut v = node_view(fresh.as_ref().unwrap_or(n))?;
+                v.notices = self.notices(&v.name);
+                v.drain = self.drains.view(&v.name);
+                Some(v)
+            })
+            .collect();
+        let alive: BTreeMap<String, ()> = nodes.iter().map(|n| (n.name.clone(), ())).collect();
+        self.prune_notices(&alive, now);
+        self.drains.retain(|n| alive.contains_key(n));
+        self.actor.retain(|n| alive.contains_key(n));
+        ClusterView { nodes }
+    }
+
+    /// One reconcile: decide and act. Returns the number of actions decided.
+    pub async fn reconcile(&self) -> usize {
+        let started = std::time::Instant::now();
+        let now = self.clock.now();
+        let view = self.view(now);
+        let (decisions, groups) = decide_with_status(&view, &self.policy, now);
+        self.metrics.set_groups(groups);
+        let dry_run = self.policy.controller.dry_run;
+        if !dry_run {
+            self.retry_replacements(&view);
+        }
+        let count = decisions.len();
+        let mut by_node: BTreeMap<String, Vec<Action>> = BTreeMap::new();
+        for d in decisions {
+            by_node.entry(d.node).or_default().push(d.action);
+        }
+        let actor = &self.actor;
+        futures::stream::iter(by_node)
+            .for_each_concurrent(
+                self.cfg.node_concurrency.max(1),
+                |(node, actions)| async move {
+                    if let Err(e) = actor.execute(&node, &actions, dry_run).await {
+                        tracing::warn!(error = %e, "action failed; retried by the next reconcile");
+                    }
+                },
+            )
+            .await;
+        self.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
+        if count > 0 {
+            self.metrics
+                .reconciles_with_actions
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.metrics.last_reconcile_us.store(us, Ordering::Relaxed);
+        count
+    }
+
+    /// Asks again for replacements recorded as requested but not accepted (a crash between the
+    /// annotation and the call, or a failed call), with the same idempotency key.
+    fn retry_replacements(&self, view: &ClusterView) {
+        for n in &view.nodes {
+            let Some(at) = n.annotation(keys::REPLACEMENT_REQUESTED) else {
+                continue;
+            };
+            if n.annotations.contains_key(REPLACEMENT_ACCEPTED) {
+                continue;
+            }
+            let id = format!("{}/{}", n.name, at);
+            let reason = n
+                .annotation(keys::REASON)
+                .unwrap_or("replacement")
+                .to_string();
+            let (actor, node) = (self.actor.clone(), n.name.clone());
+            tokio::spawn(async move {
+                if let Err(e) = actor.replace(&node, &id, &reason).await {
+                    tracing::warn!(error = %e, "replacement request failed");
+                }
+            });
+        }
+    }
+
+    /// Runs until `cancel`: reconciles while `leader` is true; collects notices from `events`.
+    pub async fn run(
+        self: Arc<Self>,
+        mut leader: watch::Receiver<bool>,
+        mut events: broadcast::Receiver<(String, NodeEvent)>,
+        cancel: CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(self.cfg.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut was_leader = false;
+        loop {
+            let changed = tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tick.tick() => false,
+                _ = self.wake.notified() => true,
+                _ = leader.changed() => false,
+                ev = events.recv() => match ev {
+                    Ok((node, e)) => { self.add_notice(&node, &e); true }
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "engine missed node events");
+                        true
+                    }
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+            };
+            if changed && !self.cfg.debounce.is_zero() {
+                tokio::time::sleep(self.cfg.debounce).await;
+            }
+            while let Ok((node, e)) = events.try_recv() {
+                self.add_notice(&node, &e);
+            }
+            let is_leader = *leader.borrow();
+            if !is_leader {
+                if was_leader {
+                    tracing::info!("leadership lost: stopping drains");
+                    self.drains.stop_all();
+                }
+                was_leader = false;
+                continue;
+            }
+            was_leader = true;
+            self.reconcile().await;
+        }
+        self.drains.stop_all();
+    }
+}
+
+/// How to run the engine inside [`super::start_with`].
+pub struct EngineOptions {
+    /// `[repair]`, `[budgets]`, `[interruption]`, `dry_run`.
+    pub policy: PolicyConfig,
+    /// Clock (default: wall time).
+    pub clock: Arc<dyn Clock>,
+    /// Replacement provider (default: built from `[controller.provider]`).
+    pub provider: Option<Arc<dyn super::provider::NodeProvider>>,
+    /// Client for drains, without kube's transparent 429 retry (default: the controller's).
+    pub drain_client: Option<kube::Client>,
+    /// Notification hook (see [`super::actions::Notifier`]).
+    pub notifier: Option<Arc<dyn super::actions::Notifier>>,
+}
+
+impl EngineOptions {
+    /// Wall time, the configured provider, the controller's client, no notifications.
+    pub fn new(policy: PolicyConfig) -> Self {
+        EngineOptions {
+            policy,
+            clock: Arc::new(SystemClock),
+            provider: None,
+            drain_client: None,
+            notifier: None,
+        }
+    }
+}

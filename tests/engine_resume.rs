@@ -1,0 +1,235 @@
+//! A controller stopped mid-drain and a new one started: the new leader resumes from the
+//! Node's annotations (drain restarted, blocker shown again) and never asks for a second
+//! replacement; a replacement recorded as requested but never accepted (a crash between the
+//! annotation and the provider call) is asked again with the same idempotency key.
+#![allow(clippy::unwrap_used)]
+
+mod engine_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use nodekeeper::agent::sources::EventKind;
+use nodekeeper::controller::actions::REPLACEMENT_ACCEPTED;
+use nodekeeper::controller::policy::view::{keys, DrainPhase};
+use nodekeeper::controller::policy::PolicyConfig;
+use nodekeeper::controller::provider::fake::FakeProvider;
+use nodekeeper::sim::apiserver::scenario::Scenario;
+use nodekeeper::sim::apiserver::TestCluster;
+
+use engine_support::*;
+
+const NODE: &str = "spot-0";
+
+/// A pod on spot-0 that PDB `stuck-pdb` (maxUnavailable 0) refuses to let go.
+async fn stuck_pod(c: &TestCluster) {
+    let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "stuck-pdb", "namespace": "default"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "stuck"}}}}))
+    .unwrap();
+    Api::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &pdb)
+        .await
+        .unwrap();
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "stuck-0", "labels": {"app": "stuck"}},
+        "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": "registry.example/stuck:1"}]}}))
+    .unwrap();
+    Api::<Pod>::namespaced(c.client.clone(), "default")
+        .create(&PostParams::default(), &p)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_controller_resumes_the_drain_without_a_second_replacement() {
+    let c = cluster(20.0, Scenario::default_mixed(), loops()).await;
+    stuck_pod(&c).await;
+    wait_until(Duration::from_secs(20), "stuck pod running", || async {
+        pods_on(&c, NODE).await.iter().any(|p| {
+            p.metadata.name.as_deref() == Some("stuck-0")
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+    })
+    .await;
+    let fake = Arc::new(FakeProvider::new());
+    let a = controller(
+        &c,
+        &controller_config("engine-e1"),
+        PolicyConfig::default(),
+        Some(fake.clone()),
+    )
+    .await;
+    let now = c.sim.store.clock.now();
+    let ev = notice(
+        "spot-itn-e",
+        EventKind::Preemption,
+        Some(now + chrono::Duration::seconds(900)),
+        now,
+    );
+    assert!(a.app.states.ingest_event(NODE, ev).await);
+
+    // Mid-drain: blocked by the PDB, shown on the node; the replacement was asked and accepted.
+    wait_until(
+        Duration::from_secs(15),
+        "hold naming the pod and its PDB",
+        || async {
+            let n = node(&c, NODE).await;
+            annotation(&n, keys::BLOCKED)
+                .is_some_and(|b| b.contains("stuck-pdb") && b.contains("default/stuck-0"))
+                && annotation(&n, REPLACEMENT_ACCEPTED).is_some()
+        },
+    )
+    .await;
+    let n = node(&c, NODE).await;
+    let held = condition(&n, "NodekeeperHeld").unwrap();
+    assert_eq!(held.status, "True");
+    assert_eq!(held.reason.as_deref(), Some("BlockedByPDB"));
+    assert!(held.message.as_deref().unwrap_or("").contains("stuck-pdb"));
+    let requested = annotation(&n, keys::REPLACEMENT_REQUESTED)
+        .unwrap()
+        .to_string();
+    assert_eq!(fake.requests().len(), 1);
+    assert_eq!(
+        a.engine.as_ref().unwrap().drains().view(NODE).phase,
+        DrainPhase::Running
+    );
+
+    // The controller goes away mid-drain; a new one takes the lease.
+    a.stop().await;
+    let b = controller(
+        &c,
+        &controller_config("engine-e2"),
+        PolicyConfig::default(),
+        Some(fake.clone()),
+    )
+    .await;
+    let eb = b.engine.clone().unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "drain resumed by the new leader",
+        || async {
+            let v = eb.drains().view(NODE);
+            v.phase == DrainPhase::Running
+                && v.blocker
+                    .as_ref()
+                    .is_some_and(|p| p.blocking_pdb.as_deref() == Some("default/stuck-pdb"))
+        },
+    )
+    .await;
+    // The PDB is relaxed: the resumed drain finishes; the hold is lifted.
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(c.client.clone(), "default");
+    pdbs.patch(
+        "stuck-pdb",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"maxUnavailable": 1}})),
+    )
+    .await
+    .unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "resumed drain completed",
+        || async { eb.drains().view(NODE).phase == DrainPhase::Completed },
+    )
+    .await;
+    wait_until(Duration::from_secs(5), "hold lifted", || async {
+        let n = node(&c, NODE).await;
+        annotation(&n, keys::BLOCKED).is_none()
+            && condition(&n, "NodekeeperHeld").is_some_and(|c| c.status == "False")
+    })
+    .await;
+    let n = node(&c, NODE).await;
+    assert!(unschedulable(&n), "still cordoned");
+    assert_eq!(annotation(&n, keys::STATE), Some("interrupted"));
+    assert_eq!(
+        annotation(&n, keys::REPLACEMENT_REQUESTED),
+        Some(requested.as_str())
+    );
+    assert!(pods_on(&c, NODE).await.iter().all(|p| !p
+        .metadata
+        .name
+        .as_deref()
+        .unwrap_or("")
+        .starts_with("stuck")));
+    // Exactly one replacement request across both controllers.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fake.requests().len(), 1, "{:?}", fake.requests());
+    assert_eq!(fake.launched(), 1);
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_recorded_but_not_accepted_is_asked_again_with_the_same_key() {
+    let c = cluster(20.0, Scenario::default_mixed(), loops()).await;
+    let fake = Arc::new(FakeProvider::new());
+    // The first call fails: the request stays recorded as asked, not accepted.
+    fake.fail_next("provider unavailable");
+    // A permanent refusal is not retried by this controller; a new one asks again (same key).
+    let a = controller(
+        &c,
+        &controller_config("engine-f1"),
+        PolicyConfig::default(),
+        Some(fake.clone()),
+    )
+    .await;
+    let now = c.sim.store.clock.now();
+    let ev = notice(
+        "spot-itn-f",
+        EventKind::Preemption,
+        Some(now + chrono::Duration::seconds(900)),
+        now,
+    );
+    assert!(a.app.states.ingest_event(NODE, ev).await);
+    wait_until(
+        Duration::from_secs(10),
+        "first (failed) request",
+        || async { fake.requests().len() == 1 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let n = node(&c, NODE).await;
+    assert!(annotation(&n, keys::REPLACEMENT_REQUESTED).is_some());
+    assert_eq!(annotation(&n, REPLACEMENT_ACCEPTED), None);
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "a permanent refusal is not hammered"
+    );
+    let evs = events_about(&c, NODE).await;
+    assert!(
+        evs.iter()
+            .any(|(r, n)| r == "ReplacementFailed" && n.contains("provider unavailable")),
+        "{evs:?}"
+    );
+    a.stop().await;
+
+    let b = controller(
+        &c,
+        &controller_config("engine-f2"),
+        PolicyConfig::default(),
+        Some(fake.clone()),
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(10),
+        "accepted by the second controller",
+        || async { annotation(&node(&c, NODE).await, REPLACEMENT_ACCEPTED).is_some() },
+    )
+    .await;
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(
+        reqs[0].request_id, reqs[1].request_id,
+        "same idempotency key"
+    );
+    assert_eq!(fake.launched(), 1);
+    assert_eq!(
+        annotation(&node(&c, NODE).await, REPLACEMENT_ACCEPTED),
+        Some(reqs[0].request_id.as_str())
+    );
+    b.stop().await;
+}

@@ -1,0 +1,236 @@
+//! Shared helpers of the engine tests: a simulated cluster with its loops, a controller with
+//! the disruption engine on the sim's (scaled) clock, notices, waits and readers.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use nodekeeper::agent::sources::{EventKind, NodeEvent, NODE_EVENT_VERSION};
+use nodekeeper::controller::config::ControllerConfig;
+use nodekeeper::controller::engine::{Clock, EngineOptions};
+use nodekeeper::controller::policy::PolicyConfig;
+use nodekeeper::controller::provider::NodeProvider;
+use nodekeeper::controller::Running;
+use nodekeeper::sim::apiserver::clock::SimClock;
+use nodekeeper::sim::apiserver::loops::LoopOptions;
+use nodekeeper::sim::apiserver::scenario::Scenario;
+use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+
+/// The sim's clock as the engine's clock.
+pub struct SimTime(pub Arc<SimClock>);
+
+impl Clock for SimTime {
+    fn now(&self) -> DateTime<Utc> {
+        self.0.now()
+    }
+    fn real(&self, d: Duration) -> Duration {
+        self.0.real(d)
+    }
+}
+
+pub fn init() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+}
+
+/// A simulated cluster at `scale` with `scenario` and `loops`, plus the `nodekeeper` namespace.
+pub async fn cluster(scale: f64, scenario: Scenario, loops: LoopOptions) -> TestCluster {
+    init();
+    let c = TestCluster::start(SimOptions {
+        time_scale: scale,
+        scenario,
+        loops,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "nodekeeper"}})).unwrap();
+    Api::all(c.client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    c
+}
+
+/// A controller configuration for tests: plain HTTP on loopback, a fast lease, a 200 ms tick.
+pub fn controller_config(id: &str) -> ControllerConfig {
+    let mut c = ControllerConfig {
+        listen: "127.0.0.1:0".into(),
+        insecure_plain_http: true,
+        ..Default::default()
+    };
+    c.leader.identity = Some(id.into());
+    c.leader.lease_duration = Duration::from_secs(2);
+    c.leader.retry_period = Duration::from_millis(200);
+    c.engine.tick = Duration::from_millis(200);
+    c.engine.wait_volume_detach = false;
+    assert!(c.validate().is_empty(), "{:?}", c.validate());
+    c
+}
+
+/// Starts a controller with the engine on the sim's clock; waits until it leads.
+pub async fn controller(
+    c: &TestCluster,
+    cfg: &ControllerConfig,
+    policy: PolicyConfig,
+    provider: Option<Arc<dyn NodeProvider>>,
+) -> Running {
+    let mut opts = EngineOptions::new(policy);
+    opts.clock = Arc::new(SimTime(c.sim.store.clock.clone()));
+    opts.provider = provider;
+    let r = nodekeeper::controller::start_with(c.client.clone(), cfg, Some(opts))
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(15), "leadership", || async {
+        *r.app.leader.borrow() && r.app.ready.load(std::sync::atomic::Ordering::Relaxed)
+    })
+    .await;
+    r
+}
+
+/// Polls `f` every 50 ms until it is true; panics naming `what` after `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, f: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + timeout;
+    loop {
+        if f().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A notice as an agent would report it.
+pub fn notice(
+    id: &str,
+    kind: EventKind,
+    at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> NodeEvent {
+    NodeEvent {
+        version: NODE_EVENT_VERSION,
+        id: id.into(),
+        kind,
+        cloud: None,
+        source: "test/notice".into(),
+        not_before: at,
+        deadline: None,
+        detected_at: now,
+        detail: Default::default(),
+    }
+}
+
+pub async fn node(c: &TestCluster, name: &str) -> Node {
+    Api::<Node>::all(c.client.clone()).get(name).await.unwrap()
+}
+
+pub async fn node_opt(c: &TestCluster, name: &str) -> Option<Node> {
+    Api::<Node>::all(c.client.clone())
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+pub fn annotation<'a>(n: &'a Node, key: &str) -> Option<&'a str> {
+    n.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+pub fn label<'a>(n: &'a Node, key: &str) -> Option<&'a str> {
+    n.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+pub fn unschedulable(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+pub fn taint<'a>(n: &'a Node, key: &str) -> Option<&'a k8s_openapi::api::core::v1::Taint> {
+    n.spec
+        .as_ref()?
+        .taints
+        .as_ref()?
+        .iter()
+        .find(|t| t.key == key)
+}
+
+pub fn condition(n: &Node, type_: &str) -> Option<k8s_openapi::api::core::v1::NodeCondition> {
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .cloned()
+}
+
+/// Pods bound to `node`, not terminating.
+pub async fn pods_on(c: &TestCluster, node: &str) -> Vec<Pod> {
+    Api::<Pod>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+/// Running pods bound to `node`.
+pub async fn running_on(c: &TestCluster, node: &str) -> usize {
+    pods_on(c, node)
+        .await
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .count()
+}
+
+/// `(reason, note)` of the Events nodekeeper recorded about `node`.
+pub async fn events_about(c: &TestCluster, node: &str) -> Vec<(String, String)> {
+    let api: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(c.client.clone(), "nodekeeper");
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect()
+}
+
+/// Pins a node condition through the sim's admin API.
+pub async fn pin_condition(c: &TestCluster, node: &str, type_: &str, status: &str) {
+    let r = reqwest::Client::new()
+        .post(c.admin_url(&format!("nodes/{node}/conditions")))
+        .json(&serde_json::json!({"type": type_, "status": status, "reason": "Test", "message": "pinned by the test"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+}
+
+/// Loops of a cluster for engine tests (everything on).
+pub fn loops() -> LoopOptions {
+    LoopOptions::default()
+}
