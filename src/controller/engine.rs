@@ -135,6 +135,8 @@ pub struct Engine {
     /// Metrics (also rendered on `/metrics`).
     pub metrics: Arc<EngineMetrics>,
     notices: Mutex<HashMap<String, Vec<Notice>>>,
+    /// Nodes this controller has seen Ready (in memory; the annotation-free heuristic covers restarts).
+    seen_ready: Mutex<std::collections::HashSet<String>>,
     wake: Arc<Notify>,
 }
 
@@ -182,6 +184,7 @@ impl Engine {
             drains: p.drains,
             metrics: p.metrics,
             notices: Mutex::new(HashMap::new()),
+            seen_ready: Mutex::new(std::collections::HashSet::new()),
             wake: p.wake,
         })
     }
@@ -204,6 +207,16 @@ impl Engine {
         }
         drop(all);
         self.wake.notify_one();
+    }
+
+    /// Whether this controller has seen `n` Ready (so a node that turns NotReady soon after it
+    /// joined is repaired, not treated as one that never started).
+    fn seen_ready(&self, n: &NodeView) -> bool {
+        let mut seen = lock(&self.seen_ready);
+        if n.is_ready() {
+            seen.insert(n.name.clone());
+        }
+        seen.contains(&n.name)
     }
 
     /// The current notices of `node`.
@@ -237,11 +250,13 @@ impl Engine {
                 let mut v = node_view(fresh.as_ref().unwrap_or(n))?;
                 v.notices = self.notices(&v.name);
                 v.drain = self.drains.view(&v.name);
+                v.became_ready |= self.seen_ready(&v);
                 Some(v)
             })
             .collect();
         let alive: BTreeMap<String, ()> = nodes.iter().map(|n| (n.name.clone(), ())).collect();
         self.prune_notices(&alive, now);
+        lock(&self.seen_ready).retain(|n| alive.contains_key(n));
         self.drains.retain(|n| alive.contains_key(n));
         self.actor.retain(|n| alive.contains_key(n));
         ClusterView { nodes }

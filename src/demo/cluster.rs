@@ -28,7 +28,7 @@ pub fn default_scenario() -> Scenario {
     ];
     let tolerate_spot = |w: &mut Workload| w.tolerate_all = true;
     let mut web = s.workloads[0].clone();
-    web.replicas = 8;
+    web.replicas = 16;
     web.termination_grace_seconds = 2;
     web.pdb = Some(PdbSpec {
         min_available: None,

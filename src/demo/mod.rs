@@ -136,7 +136,7 @@ async fn demo(args: DemoArgs, tmp: PathBuf) -> Result<bool, DemoError> {
         tl.clone(),
     )
     .await?;
-    let ok = env.play().await;
+    env.play().await;
     if args.serve {
         tl.raw("");
         tl.raw(&format!(
@@ -150,5 +150,6 @@ async fn demo(args: DemoArgs, tmp: PathBuf) -> Result<bool, DemoError> {
     if owned_dir && !args.serve {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    Ok(ok)
+    tl.phase(script::PHASES, script::PHASES, "summary");
+    Ok(tl.summary())
 }

@@ -22,7 +22,8 @@ use crate::controller::policy::PolicyConfig;
 use crate::controller::provider::ProviderConfig;
 use crate::sim::apiserver::TestCluster;
 
-const PHASES: usize = 4;
+/// Phases of the scenario, the summary included.
+pub const PHASES: usize = 4;
 
 /// The running demo: cluster client, controller, agents.
 pub struct Env {
@@ -65,7 +66,8 @@ impl Env {
         let mut tasks = vec![tokio::spawn(async move {
             super::timeline::follow_events(events_client, &ns_name, &events_tl).await;
         })];
-        let controller = crate::controller::start(client.clone(), &ccfg)
+        let engine = crate::controller::engine::EngineOptions::new(policy.clone());
+        let controller = crate::controller::start_with(client.clone(), &ccfg, Some(engine))
             .await
             .map_err(|e| DemoError::Start(format!("controller: {e}")))?;
         let url = format!("http://{}", controller.addr);
@@ -100,8 +102,8 @@ impl Env {
         })
     }
 
-    /// Plays the scenario; returns whether every expected outcome happened.
-    pub async fn play(&self) -> bool {
+    /// Plays the scenario (the summary is printed by the caller, after [`Env::stop`]).
+    pub async fn play(&self) {
         let nodes = self.node_names().await;
         let spot = self.pool_nodes("spot").await;
         let ondemand = self.pool_nodes("on-demand").await;
@@ -112,8 +114,9 @@ impl Env {
         );
         let labelled: Vec<String> = nodes.iter().step_by(2).cloned().collect();
         self.label(&labelled).await;
-        self.agents_reporting(&nodes).await;
-        self.labels_cleaned(&labelled).await;
+        let t0 = Instant::now();
+        self.agents_reporting(&nodes, t0).await;
+        self.labels_cleaned(&labelled, t0).await;
         self.crio().await;
         if let Some(victim) = spot.first() {
             self.tl.phase(
@@ -127,8 +130,6 @@ impl Env {
             self.tl.phase(3, PHASES, "two on-demand nodes NotReady: graceful repair, one at a time (budget nodes: \"1\")");
             self.repair(&ondemand[0], &ondemand[1]).await;
         }
-        self.tl.phase(4, PHASES, "summary");
-        self.tl.summary()
     }
 
     /// Stops agents, controller and background tasks.
@@ -195,7 +196,8 @@ impl Env {
     }
 
     /// Polls `f` every 100 ms until it returns `Some`, or gives up after the step timeout.
-    async fn until<T, F, Fut>(&self, mut f: F) -> Result<(T, Duration), Duration>
+    /// The time returned is measured from `since` (what the outcome is timed against).
+    async fn until<T, F, Fut>(&self, since: Instant, mut f: F) -> Result<(T, Duration), Duration>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
@@ -203,7 +205,7 @@ impl Env {
         let start = Instant::now();
         loop {
             if let Some(v) = f().await {
-                return Ok((v, start.elapsed()));
+                return Ok((v, since.elapsed()));
             }
             if start.elapsed() > self.args.step_timeout {
                 return Err(start.elapsed());
@@ -232,9 +234,9 @@ impl Env {
         });
     }
 
-    async fn agents_reporting(&self, nodes: &[String]) {
+    async fn agents_reporting(&self, nodes: &[String], t0: Instant) {
         let r = self
-            .until(|| async {
+            .until(t0, || async {
                 for n in nodes {
                     let node = self.node(n).await?;
                     let reported = node
@@ -256,10 +258,10 @@ impl Env {
         self.outcome("agents report to the controller", "all", &r, detail);
     }
 
-    async fn labels_cleaned(&self, labelled: &[String]) {
+    async fn labels_cleaned(&self, labelled: &[String], t0: Instant) {
         for n in labelled {
             let r = self
-                .until(|| async {
+                .until(t0, || async {
                     let node = self.node(n).await?;
                     let has = node
                         .metadata
@@ -367,6 +369,7 @@ impl Env {
                 movable
             ),
         );
+        let t0 = Instant::now();
         if !self.agents.preempt(victim, lead).await {
             self.tl.outcome(Outcome {
                 what: "preemption notice delivered".into(),
@@ -379,7 +382,7 @@ impl Env {
         }
         let taint_key = self.policy.interruption.taint_key.clone();
         let r = self
-            .until(|| async {
+            .until(t0, || async {
                 let n = self.node(victim).await?;
                 let spec = n.spec?;
                 let tainted = spec
@@ -397,7 +400,9 @@ impl Env {
             format!("{taint_key} taint, unschedulable; notice → cordon"),
         );
         let r = self
-            .until(|| async { (self.movable_pods(victim).await == 0).then_some(()) })
+            .until(t0, || async {
+                (self.movable_pods(victim).await == 0).then_some(())
+            })
             .await;
         let in_time = matches!(&r, Ok((_, d)) if *d < lead);
         let detail = format!(
@@ -414,7 +419,7 @@ impl Env {
             Err(d) => self.outcome::<()>("drained before the deadline", victim, &Err(d), detail),
         }
         let r = self
-            .until(|| async { self.new_ready_node("spot", &before).await })
+            .until(t0, || async { self.new_ready_node("spot", &before).await })
             .await;
         let name = r.as_ref().map(|(n, _)| n.clone()).unwrap_or_default();
         self.outcome(
@@ -427,6 +432,7 @@ impl Env {
 
     async fn repair(&self, a: &str, b: &str) {
         let before: BTreeSet<String> = self.pool_nodes("on-demand").await.into_iter().collect();
+        let t0 = Instant::now();
         for n in [a, b] {
             self.set_ready(n, "False").await;
             self.tl.line(
@@ -448,7 +454,7 @@ impl Env {
         let max_concurrent = std::cell::Cell::new(0usize);
         // Which node is repaired first is the controller's choice; the other must be held.
         let r = self
-            .until(|| async {
+            .until(t0, || async {
                 let (sa, sb) = (self.node(a).await, self.node(b).await);
                 let acting = |n: &Option<Node>| {
                     n.as_ref()
@@ -486,7 +492,7 @@ impl Env {
         let Some(first) = first else { return };
         let second = if first == a { b } else { a };
         let r = self
-            .until(|| async {
+            .until(t0, || async {
                 let acting = self.acting_in_pool("on-demand").await;
                 max_concurrent.set(max_concurrent.get().max(acting));
                 let gone = self.node(&first).await.is_none();
@@ -501,7 +507,7 @@ impl Env {
             "NodeClaim deleted, new node Ready".into(),
         );
         let r = self
-            .until(|| async {
+            .until(t0, || async {
                 let acting = self.acting_in_pool("on-demand").await;
                 max_concurrent.set(max_concurrent.get().max(acting));
                 self.node(second).await.is_none().then_some(())
