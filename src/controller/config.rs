@@ -359,4 +359,55 @@ token_file = "/token"
             .is_ok()
         );
     }
+
+    #[test]
+    fn engine_section_parses_and_validates_at_its_keys() {
+        let text = r#"
+[controller]
+listen = "127.0.0.1:8443"
+insecure_plain_http = true
+[controller.engine]
+tick = "500ms"
+debounce = "0s"
+on_timeout = "force-delete"
+drain_concurrency = 4
+"#;
+        let l = Config::load_str(
+            std::path::Path::new("t.toml"),
+            text,
+            &Env::default(),
+            &|| None,
+        )
+        .unwrap();
+        let e = &l.config.controller.as_ref().unwrap().engine;
+        assert!(e.enabled);
+        assert_eq!(e.tick, std::time::Duration::from_millis(500));
+        assert_eq!(e.on_timeout, super::DrainOnTimeout::ForceDelete);
+        assert_eq!(
+            e.on_timeout.to_drain(),
+            crate::controller::drain::OnTimeout::ForceDelete
+        );
+        assert_eq!(e.drain_concurrency, 4);
+        let bad = "[controller]\nlisten = \"127.0.0.1:1\"\ninsecure_plain_http = true\n[controller.engine]\ntick = \"0s\"\nnode_concurrency = 0\n";
+        let msg = Config::load_str(
+            std::path::Path::new("t.toml"),
+            bad,
+            &Env::default(),
+            &|| None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.contains("tick") && msg.contains("node_concurrency"),
+            "{msg}"
+        );
+        let unknown = "[controller]\nlisten = \"127.0.0.1:1\"\ninsecure_plain_http = true\n[controller.engine]\nticks = \"1s\"\n";
+        assert!(Config::load_str(
+            std::path::Path::new("t.toml"),
+            unknown,
+            &Env::default(),
+            &|| { None }
+        )
+        .is_err());
+    }
 }

@@ -135,7 +135,8 @@ pub struct Engine {
     /// Metrics (also rendered on `/metrics`).
     pub metrics: Arc<EngineMetrics>,
     notices: Mutex<HashMap<String, Vec<Notice>>>,
-    /// Nodes this controller has seen Ready (in memory; the annotation-free heuristic covers restarts).
+    /// Nodes seen Ready at least once by this process (a node that fails soon after its
+    /// creation is still one that became Ready, whatever the transition-time heuristic says).
     seen_ready: Mutex<std::collections::HashSet<String>>,
     wake: Arc<Notify>,
 }
@@ -184,7 +185,7 @@ impl Engine {
             drains: p.drains,
             metrics: p.metrics,
             notices: Mutex::new(HashMap::new()),
-            seen_ready: Mutex::new(std::collections::HashSet::new()),
+            seen_ready: Mutex::new(Default::default()),
             wake: p.wake,
         })
     }
@@ -207,16 +208,6 @@ impl Engine {
         }
         drop(all);
         self.wake.notify_one();
-    }
-
-    /// Whether this controller has seen `n` Ready (so a node that turns NotReady soon after it
-    /// joined is repaired, not treated as one that never started).
-    fn seen_ready(&self, n: &NodeView) -> bool {
-        let mut seen = lock(&self.seen_ready);
-        if n.is_ready() {
-            seen.insert(n.name.clone());
-        }
-        seen.contains(&n.name)
     }
 
     /// The current notices of `node`.
@@ -250,15 +241,19 @@ impl Engine {
                 let mut v = node_view(fresh.as_ref().unwrap_or(n))?;
                 v.notices = self.notices(&v.name);
                 v.drain = self.drains.view(&v.name);
-                v.became_ready |= self.seen_ready(&v);
+                let mut seen = lock(&self.seen_ready);
+                if v.is_ready() {
+                    seen.insert(v.name.clone());
+                }
+                v.became_ready |= seen.contains(&v.name);
                 Some(v)
             })
             .collect();
         let alive: BTreeMap<String, ()> = nodes.iter().map(|n| (n.name.clone(), ())).collect();
         self.prune_notices(&alive, now);
-        lock(&self.seen_ready).retain(|n| alive.contains_key(n));
         self.drains.retain(|n| alive.contains_key(n));
         self.actor.retain(|n| alive.contains_key(n));
+        lock(&self.seen_ready).retain(|n| alive.contains_key(n));
         ClusterView { nodes }
     }
 

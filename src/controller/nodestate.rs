@@ -191,6 +191,8 @@ impl NodeStates {
             .conditions
             .iter()
             .filter(|c| c.condition_type.starts_with(&self.cfg.prefix))
+            // An agent cannot set the engine's hold condition.
+            .filter(|c| c.condition_type != super::policy::explain::CONDITION_TYPE)
             .cloned()
             .collect();
         let done: HashSet<&str> = report
@@ -280,6 +282,8 @@ impl NodeStates {
             .map(|cs| {
                 cs.iter()
                     .filter(|c| c.type_.starts_with(&self.cfg.prefix))
+                    // The disruption engine's hold condition is not the agents' to remove.
+                    .filter(|c| c.type_ != super::policy::explain::CONDITION_TYPE)
                     .filter_map(|c| serde_json::to_value(c).ok())
                     .collect()
             })

@@ -234,3 +234,24 @@ pub async fn pin_condition(c: &TestCluster, node: &str, type_: &str, status: &st
 pub fn loops() -> LoopOptions {
     LoopOptions::default()
 }
+
+/// Waits until the seeded nodes are `secs` simulated seconds old (the policy tells a node that
+/// never became Ready from one that failed later by its Ready transition relative to creation).
+pub async fn age_nodes(c: &TestCluster, secs: i64) {
+    let start = Api::<Node>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|n| n.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0.as_second())
+        .max()
+        .unwrap();
+    let clock = c.sim.store.clock.clone();
+    wait_until(Duration::from_secs(30), "nodes aged", || {
+        let clock = clock.clone();
+        async move { clock.now().timestamp() - start >= secs }
+    })
+    .await;
+}
