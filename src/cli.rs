@@ -64,6 +64,9 @@ enum Command {
     /// node, the controller, a scripted scenario with a live timeline. Exit 0 only if every
     /// expected outcome happened (docs/demo.md).
     Demo(crate::demo::DemoArgs),
+    /// Show what nodekeeper is doing with each node and what holds it back (from the Node
+    /// annotations). Exit 0 listed, 1 error (API unreachable, bad kubeconfig), 2 usage (docs/status.md).
+    Status(crate::controller::status::StatusArgs),
     /// Stand-ins for the peers nodekeeper talks to (tests, demo, benchmarks).
     Sim {
         #[command(subcommand)]
@@ -129,6 +132,7 @@ pub fn main() -> ExitCode {
         ),
         Command::Drain(args) => crate::controller::drain::cli::main(args),
         Command::Demo(args) => crate::demo::run(args, std::env::temp_dir()),
+        Command::Status(args) => crate::controller::status::main(args),
         Command::Sim { command } => block_on(async move {
             crate::telemetry::init(crate::config::LogFormat::Text, "info");
             crate::sim::run(command).await

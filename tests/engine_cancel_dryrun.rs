@@ -47,6 +47,16 @@ async fn cancelled_notice_never_uncordons_an_admin_cordon() {
         )
         .await
         .unwrap();
+    // Someone else's taint on general-1: kept through taint and untaint.
+    nodes
+        .patch(
+            "general-1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"taints": [
+                {"key": "example.com/dedicated", "value": "batch", "effect": "NoSchedule"}]}})),
+        )
+        .await
+        .unwrap();
     let fake = Arc::new(FakeProvider::new());
     let ctl = controller(
         &c,
@@ -81,6 +91,10 @@ async fn cancelled_notice_never_uncordons_an_admin_cordon() {
     assert_eq!(annotation(&b, keys::CORDONED_BY), Some("nodekeeper"));
     assert!(unschedulable(&a) && unschedulable(&b));
     assert_eq!(label(&a, LB), Some("nodekeeper"));
+    assert!(
+        taint(&b, "example.com/dedicated").is_some(),
+        "foreign taint clobbered"
+    );
 
     let now = c.sim.store.clock.now();
     for (node, id) in [("general-0", "m-0"), ("general-1", "m-1")] {
@@ -109,6 +123,8 @@ async fn cancelled_notice_never_uncordons_an_admin_cordon() {
     assert!(!unschedulable(&b), "nodekeeper's own cordon stayed");
     assert_eq!(label(&a, LB), None);
     assert_eq!(label(&b, LB), None);
+    let kept = taint(&b, "example.com/dedicated").expect("foreign taint removed");
+    assert_eq!(kept.value.as_deref(), Some("batch"));
     assert!(
         fake.requests().is_empty(),
         "maintenance drains, never replaces"

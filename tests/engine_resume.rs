@@ -43,19 +43,20 @@ async fn stuck_pod(c: &TestCluster) {
         .create(&PostParams::default(), &p)
         .await
         .unwrap();
+    // Only a Running (healthy) pod is protected by its PDB.
+    wait_until(Duration::from_secs(20), "stuck pod running", || async {
+        pods_on(c, NODE).await.iter().any(|p| {
+            p.metadata.name.as_deref() == Some("stuck-0")
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_controller_resumes_the_drain_without_a_second_replacement() {
     let c = cluster(20.0, Scenario::default_mixed(), loops()).await;
     stuck_pod(&c).await;
-    wait_until(Duration::from_secs(20), "stuck pod running", || async {
-        pods_on(&c, NODE).await.iter().any(|p| {
-            p.metadata.name.as_deref() == Some("stuck-0")
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        })
-    })
-    .await;
     let fake = Arc::new(FakeProvider::new());
     let a = controller(
         &c,
@@ -230,6 +231,80 @@ async fn a_replacement_recorded_but_not_accepted_is_asked_again_with_the_same_ke
     assert_eq!(
         annotation(&node(&c, NODE).await, REPLACEMENT_ACCEPTED),
         Some(reqs[0].request_id.as_str())
+    );
+    b.stop().await;
+}
+
+/// Counts webhook deliveries (and answers 202).
+async fn webhook_receiver() -> (String, Arc<std::sync::atomic::AtomicU32>) {
+    use axum::routing::post;
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let c2 = calls.clone();
+    let app = axum::Router::new().route(
+        "/replace",
+        post(move || {
+            let c = c2.clone();
+            async move {
+                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                axum::http::StatusCode::ACCEPTED
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}/replace"), calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_is_called_once_across_a_restart_mid_drain() {
+    use nodekeeper::controller::provider::{ProviderConfig, WebhookConfig};
+    let c = cluster(20.0, Scenario::default_mixed(), loops()).await;
+    stuck_pod(&c).await;
+    let (url, calls) = webhook_receiver().await;
+    let config = |id: &str| {
+        let mut cfg = controller_config(id);
+        cfg.provider = ProviderConfig::Webhook(WebhookConfig {
+            url: url.clone(),
+            secret: "webhook-secret".into(),
+            timeout: Duration::from_secs(2),
+            max_attempts: 3,
+            backoff: Duration::from_millis(50),
+        });
+        cfg
+    };
+    let a = controller(&c, &config("engine-g1"), PolicyConfig::default(), None).await;
+    let now = c.sim.store.clock.now();
+    let ev = notice(
+        "spot-itn-g",
+        EventKind::Preemption,
+        Some(now + chrono::Duration::seconds(900)),
+        now,
+    );
+    assert!(a.app.states.ingest_event(NODE, ev).await);
+    wait_until(
+        Duration::from_secs(15),
+        "accepted and blocked by the PDB",
+        || async {
+            let n = node(&c, NODE).await;
+            annotation(&n, REPLACEMENT_ACCEPTED).is_some()
+                && annotation(&n, keys::BLOCKED).is_some_and(|b| b.contains("stuck-pdb"))
+        },
+    )
+    .await;
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    a.stop().await;
+    let b = controller(&c, &config("engine-g2"), PolicyConfig::default(), None).await;
+    let eb = b.engine.clone().unwrap();
+    wait_until(Duration::from_secs(10), "drain resumed", || async {
+        eb.drains().view(NODE).phase == DrainPhase::Running
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the webhook was called again after the restart"
     );
     b.stop().await;
 }

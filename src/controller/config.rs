@@ -30,6 +30,9 @@ pub struct ControllerConfig {
     pub dry_run: bool,
     /// How replacement nodes are requested (`[controller.provider]`, default `none`).
     pub provider: crate::controller::provider::ProviderConfig,
+    /// Webhook notifications on the start, finish and failure of actions (`[[controller.notify]]`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<crate::controller::notify::NotifyConfig>,
     /// The only identity allowed to report: `system:serviceaccount:<ns>:<name>`.
     pub service_account: String,
     /// The audience the agents' projected tokens must carry.
@@ -70,6 +73,7 @@ impl Default for ControllerConfig {
             insecure_plain_http: false,
             dry_run: false,
             provider: Default::default(),
+            notify: Vec::new(),
             service_account: "system:serviceaccount:nodekeeper:nodekeeper-agent".into(),
             audience: "nodekeeper".into(),
             token_cache_size: 20_000,
@@ -209,6 +213,7 @@ impl ControllerConfig {
     /// Semantic checks.
     pub fn validate(&self) -> Vec<Diagnostic> {
         let mut d = self.provider.validate();
+        d.extend(crate::controller::notify::validate(&self.notify));
         let err = |d: &mut Vec<Diagnostic>, p, m: &str| d.push(Diagnostic::error(p, m));
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
             err(

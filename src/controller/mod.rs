@@ -19,10 +19,12 @@ pub mod labels;
 pub mod leader;
 pub mod metrics;
 pub mod nodestate;
+pub mod notify;
 pub mod oci_events;
 pub mod policy;
 pub mod provider;
 pub mod server;
+pub mod status;
 
 use std::net::SocketAddr;
 use std::path::Path;
