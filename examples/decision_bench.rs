@@ -131,7 +131,10 @@ budgets = [{{ nodes = "100%" }}]
         if ok {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "controller not ready");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "controller not ready"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Leadership: the Lease names a holder.
@@ -142,9 +145,12 @@ budgets = [{{ nodes = "100%" }}]
             .list(&Default::default())
             .await
             .map(|l| {
-                l.items
-                    .iter()
-                    .any(|l| l.spec.as_ref().and_then(|s| s.holder_identity.as_ref()).is_some())
+                l.items.iter().any(|l| {
+                    l.spec
+                        .as_ref()
+                        .and_then(|s| s.holder_identity.as_ref())
+                        .is_some()
+                })
             })
             .unwrap_or(false);
         if held {
@@ -180,7 +186,8 @@ budgets = [{{ nodes = "100%" }}]
     let mut due: HashMap<String, Instant> = HashMap::new();
     for i in 0..trials {
         let node = format!("scale-{}", i * (nodes / trials.max(1)));
-        let body = serde_json::json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady"});
+        let body =
+            serde_json::json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady"});
         let r = http
             .post(cluster.admin_url(&format!("nodes/{node}/conditions")))
             .json(&body)
@@ -199,7 +206,10 @@ budgets = [{{ nodes = "100%" }}]
     let seen = seen.lock().unwrap().clone();
     let mut lat: Vec<f64> = due
         .iter()
-        .filter_map(|(n, d)| seen.get(n).map(|s| s.saturating_duration_since(*d).as_secs_f64()))
+        .filter_map(|(n, d)| {
+            seen.get(n)
+                .map(|s| s.saturating_duration_since(*d).as_secs_f64())
+        })
         .collect();
     lat.sort_by(|a, b| a.total_cmp(b));
     println!(
