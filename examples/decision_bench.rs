@@ -44,6 +44,9 @@ fn rss_kib(pid: u32) -> (u64, u64) {
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     let i = ((v.len() as f64 - 1.0) * p).round() as usize;
     v[i.min(v.len() - 1)]
 }
@@ -90,6 +93,9 @@ lease_duration = "5s"
 retry_period = "500ms"
 [controller.engine]
 tick = "{tick_ms}ms"
+[controller.oci_events]
+enabled = true
+token = "bench-token-0123456789"
 [sources]
 cloud = "none"
 [repair]
@@ -164,7 +170,9 @@ budgets = [{{ nodes = "100%" }}]
         rss_kib(pid).0
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    // Times are wall-clock (UTC): the repair is due at the condition's lastTransitionTime (as
+    // the sim stored it, the controller's input) + toleration.
+    let seen: Arc<Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>> = Arc::default();
     let s2 = seen.clone();
     let api: Api<Node> = Api::all(cluster.client.clone());
     tokio::spawn(async move {
@@ -178,12 +186,15 @@ budgets = [{{ nodes = "100%" }}]
                 .is_some_and(|a| a.contains_key("nodekeeper.io/state"));
             if acting {
                 if let Some(name) = n.metadata.name {
-                    s2.lock().unwrap().entry(name).or_insert_with(Instant::now);
+                    s2.lock()
+                        .unwrap()
+                        .entry(name)
+                        .or_insert_with(chrono::Utc::now);
                 }
             }
         }
     });
-    let mut due: HashMap<String, Instant> = HashMap::new();
+    let mut due: HashMap<String, chrono::DateTime<chrono::Utc>> = HashMap::new();
     for i in 0..trials {
         let node = format!("scale-{}", i * (nodes / trials.max(1)));
         let body =
@@ -195,7 +206,17 @@ budgets = [{{ nodes = "100%" }}]
             .await
             .expect("admin");
         assert!(r.status().is_success(), "{node}: {}", r.status());
-        due.insert(node, Instant::now() + Duration::from_secs(toleration));
+        let n: Node = r.json().await.expect("node");
+        let since = n
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .and_then(|c| c.last_transition_time)
+            .map(|t| chrono::DateTime::from_timestamp(t.0.as_second(), 0).unwrap_or_default())
+            .expect("Ready transition time");
+        due.insert(node, since + chrono::Duration::seconds(toleration as i64));
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let wait_until = Instant::now() + Duration::from_secs(toleration + 30);
@@ -203,12 +224,14 @@ budgets = [{{ nodes = "100%" }}]
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (rss, hwm) = rss_kib(pid);
-    let seen = seen.lock().unwrap().clone();
+    let acted = seen.lock().unwrap().clone();
+    let cordon = notice_to_cordon(&cluster, port, nodes, trials).await;
     let mut lat: Vec<f64> = due
         .iter()
         .filter_map(|(n, d)| {
-            seen.get(n)
-                .map(|s| s.saturating_duration_since(*d).as_secs_f64())
+            acted
+                .get(n)
+                .map(|s| (*s - *d).num_microseconds().unwrap_or(0) as f64 / 1e6)
         })
         .collect();
     lat.sort_by(|a, b| a.total_cmp(b));
@@ -225,6 +248,13 @@ budgets = [{{ nodes = "100%" }}]
         hwm as f64 / 1024.0,
         nodes * ppn
     );
+    println!(
+        "OCI Events preemption notice → taint + cordon visible ({} of {trials} nodes): p50 {:.3}s  p99 {:.3}s  max {:.3}s",
+        cordon.len(),
+        pct(&cordon, 0.5),
+        pct(&cordon, 0.99),
+        cordon.last().copied().unwrap_or(f64::NAN)
+    );
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -232,4 +262,91 @@ budgets = [{{ nodes = "100%" }}]
     let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(lat.len(), trials, "some nodes were never acted on");
+    assert_eq!(cordon.len(), trials, "some notices were never acted on");
+}
+
+/// Posts an OCI Events preemption for `trials` other nodes, 100 ms apart; returns, sorted, the
+/// seconds from each POST to the Node watch showing the interruption taint and the cordon.
+async fn notice_to_cordon(
+    cluster: &TestCluster,
+    port: u16,
+    nodes: usize,
+    trials: usize,
+) -> Vec<f64> {
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let s2 = seen.clone();
+    let api: Api<Node> = Api::all(cluster.client.clone());
+    // OCI Events name instances by OCID: give the chosen nodes OCI provider IDs.
+    let ocid = |node: &str| format!("ocid1.instance.oc1.phx.bench{node}");
+    let chosen: Vec<String> = (0..trials)
+        .map(|i| format!("scale-{}", i * (nodes / trials.max(1)) + 1))
+        .collect();
+    for node in &chosen {
+        let patch = serde_json::json!({"spec": {"providerID": format!("oci://{}", ocid(node))}});
+        api.patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("providerID");
+    }
+    let watch = tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default()).applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(Ok(n)) = stream.next().await {
+            let spec = n.spec.unwrap_or_default();
+            let tainted = spec
+                .taints
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.key == "nodekeeper.io/interruption");
+            if tainted && spec.unschedulable == Some(true) {
+                if let Some(name) = n.metadata.name {
+                    s2.lock().unwrap().entry(name).or_insert_with(Instant::now);
+                }
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let http = reqwest::Client::new();
+    let mut sent: HashMap<String, Instant> = HashMap::new();
+    for (i, node) in chosen.into_iter().enumerate() {
+        let body = nodekeeper::sim::oci_events::envelope(
+            nodekeeper::sim::oci_events::OciEventKind::Preemption,
+            &ocid(&node),
+            "",
+        );
+        let t = Instant::now();
+        let r = http
+            .post(format!("http://127.0.0.1:{port}/v1/oci-events"))
+            .header("x-nodekeeper-token", "bench-token-0123456789")
+            .json(&body)
+            .send()
+            .await
+            .expect("oci event");
+        let status = r.status();
+        let text = r.text().await.unwrap_or_default();
+        assert!(status.is_success(), "{node}: {status} {text}");
+        if i == 0 {
+            println!("OCI event for {node}: {status} {text}");
+        }
+        sent.insert(node, t);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let end = Instant::now() + Duration::from_secs(30);
+    while seen.lock().unwrap().len() < trials && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    watch.abort();
+    let seen = seen.lock().unwrap().clone();
+    let mut v: Vec<f64> = sent
+        .iter()
+        .filter_map(|(n, t)| {
+            seen.get(n)
+                .map(|s| s.saturating_duration_since(*t).as_secs_f64())
+        })
+        .collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v
 }
