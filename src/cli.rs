@@ -60,6 +60,10 @@ enum Command {
     /// Cordon and drain a node in tiers, naming what blocks it. Exit 0 drained, 1 error, 2 usage,
     /// 3 blocked by a PDB/do-not-disrupt at the deadline, 4 timed out, 5 interrupted (docs/drain.md).
     Drain(crate::controller::drain::cli::DrainArgs),
+    /// The whole loop on an embedded cluster, no cloud needed: sim API server, one agent per
+    /// node, the controller, a scripted scenario with a live timeline. Exit 0 only if every
+    /// expected outcome happened (docs/demo.md).
+    Demo(crate::demo::DemoArgs),
     /// Show what nodekeeper is doing with each node and what holds it back (from the Node
     /// annotations). Exit 0 listed, 1 error (API unreachable, bad kubeconfig), 2 usage (docs/status.md).
     Status(crate::controller::status::StatusArgs),
@@ -127,6 +131,7 @@ pub fn main() -> ExitCode {
             &env,
         ),
         Command::Drain(args) => crate::controller::drain::cli::main(args),
+        Command::Demo(args) => crate::demo::run(args, std::env::temp_dir()),
         Command::Status(args) => crate::controller::status::main(args),
         Command::Sim { command } => block_on(async move {
             crate::telemetry::init(crate::config::LogFormat::Text, "info");

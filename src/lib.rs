@@ -14,6 +14,7 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod controller;
+pub mod demo;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod k8s;

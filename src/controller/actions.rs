@@ -84,7 +84,7 @@ pub struct ActionNotice {
     pub dry_run: bool,
 }
 
-/// HOOK POINT for notifications: the lead wires `notify.rs` here (a webhook notifier).
+/// Where notifications go: `notify::Notifier` (the `[[controller.notify]]` webhooks) implements it.
 /// Called for every side-effect action (drain, reboot, replacement, hold) on start, finish and
 /// failure. Must not block.
 pub trait Notifier: Send + Sync {

@@ -61,6 +61,9 @@ pub enum ControllerError {
     /// The replacement provider could not be built.
     #[error(transparent)]
     Provider(#[from] provider::ProviderError),
+    /// The notification targets could not be set up.
+    #[error(transparent)]
+    Notify(#[from] notify::NotifyError),
 }
 
 /// A started controller.
@@ -165,8 +168,15 @@ pub async fn start_with(
         .oci_events
         .enabled
         .then(|| oci_events::OciEvents::new(cfg.oci_events.clone(), store.clone()));
+    let notifier = match cfg.notify.is_empty() {
+        true => None,
+        false => Some(Arc::new(notify::Notifier::start(&cfg.notify)?)),
+    };
     let engine = match engine.filter(|_| cfg.engine.enabled) {
-        Some(opts) => {
+        Some(mut opts) => {
+            if opts.notifier.is_none() {
+                opts.notifier = notifier.clone().map(|n| n as Arc<dyn actions::Notifier>);
+            }
             let parts = EngineStart {
                 client: client.clone(),
                 cfg,
@@ -195,6 +205,7 @@ pub async fn start_with(
         leader: leader_rx,
         oci,
         engine: engine.as_ref().map(|e| e.metrics.clone()),
+        notifier,
         forbidden: Default::default(),
         unauthenticated: Default::default(),
     });

@@ -272,8 +272,9 @@ impl NodeStates {
         if let Some(d) = ev.not_before {
             note.push_str(&format!(", not before {}", ts(d)));
         }
-        self.recorder.node(node, reason, "Notice", &note).await;
+        // The engine first: the cordon must not wait for the Event write.
         let _ = self.events_tx.send((node.to_string(), ev.clone()));
+        self.recorder.node(node, reason, "Notice", &note).await;
     }
 
     /// Records a node event from a central source (OCI Events); true when it was new.

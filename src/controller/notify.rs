@@ -732,6 +732,39 @@ async fn deliver(t: &Target, q: &Queued) {
     c.failed.fetch_add(1, Ordering::Relaxed);
 }
 
+/// The engine's hook: every side-effect action's start, finish and failure becomes a
+/// notification (`start_drain` → `drain`, `request_reboot` → `reboot`, `request_replacement`
+/// → `replace`; dry-run decisions are marked in the message).
+impl super::actions::Notifier for Notifier {
+    fn notify(&self, a: &super::actions::ActionNotice) {
+        let phase = match a.phase {
+            "started" => Phase::Started,
+            "finished" => Phase::Finished,
+            _ => Phase::Failed,
+        };
+        let action = match a.kind {
+            "start_drain" => "drain",
+            "request_reboot" => "reboot",
+            "request_replacement" | "replacement" => "replace",
+            k => k,
+        };
+        let message = match a.dry_run {
+            true => format!("dry run: {}", a.message),
+            false => a.message.clone(),
+        };
+        Notifier::notify(
+            self,
+            Notification {
+                node: a.node.clone(),
+                action: action.to_string(),
+                phase,
+                reason: String::new(),
+                message,
+            },
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

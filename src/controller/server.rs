@@ -55,6 +55,8 @@ pub struct App {
     pub oci: Option<OciEvents>,
     /// The disruption engine's metrics (when it runs).
     pub engine: Option<Arc<super::metrics::EngineMetrics>>,
+    /// Webhook notifications (`[[controller.notify]]`), when configured.
+    pub notifier: Option<Arc<super::notify::Notifier>>,
     /// Forbidden reports (another node).
     pub forbidden: std::sync::atomic::AtomicU64,
     /// Unauthenticated requests.
@@ -146,6 +148,9 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         g(&c.labels_removed), g(&c.stale_marked),
     );
     let mut text = text;
+    if let Some(n) = &app.notifier {
+        text.push_str(&n.metrics_text());
+    }
     if let Some(m) = &app.engine {
         text.push_str(&m.render());
     }

@@ -1,0 +1,263 @@
+//! The demo's agents: one real `nodekeeper agent` process per node (like the DaemonSet), each
+//! with its own OCI metadata emulator on loopback, a token minted by the sim for its node, and
+//! a throw-away state directory. New nodes get an agent as they appear; removed nodes lose theirs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
+
+use crate::agent::sources::Cloud;
+use crate::sim::apiserver::auth::TokenRequest;
+use crate::sim::apiserver::Sim;
+use crate::sim::imds::ImdsEmulator;
+
+/// The agents' service account (the controller requires it).
+pub const SERVICE_ACCOUNT: &str = "system:serviceaccount:nodekeeper:nodekeeper-agent";
+
+/// Errors starting an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// A file of the node's directory.
+    #[error("node {node}: {path}: {source}")]
+    Io {
+        /// Node.
+        node: String,
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// One node's agent.
+pub struct NodeAgent {
+    /// Its metadata emulator (the demo injects notices into it).
+    pub imds: ImdsEmulator,
+    child: Child,
+}
+
+/// Every agent of the demo.
+pub struct Agents {
+    exe: PathBuf,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    controller_url: String,
+    sim: Arc<Sim>,
+    running: Mutex<BTreeMap<String, NodeAgent>>,
+}
+
+impl Agents {
+    /// A supervisor starting `exe agent` processes with files under `dir`.
+    pub fn new(
+        exe: PathBuf,
+        dir: PathBuf,
+        kubeconfig: PathBuf,
+        controller_url: String,
+        sim: Arc<Sim>,
+    ) -> Self {
+        Agents {
+            exe,
+            dir,
+            kubeconfig,
+            controller_url,
+            sim,
+            running: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Makes the set of agents match `nodes`: starts missing ones, stops those of gone nodes.
+    /// Returns the nodes whose agent was started.
+    pub async fn sync(&self, nodes: &[String]) -> Result<Vec<String>, AgentError> {
+        let mut running = self.running.lock().await;
+        let gone: Vec<String> = running
+            .keys()
+            .filter(|n| !nodes.contains(n))
+            .cloned()
+            .collect();
+        for n in gone {
+            if let Some(mut a) = running.remove(&n) {
+                stop(&mut a.child).await;
+            }
+        }
+        let mut started = Vec::new();
+        for n in nodes {
+            if !running.contains_key(n) {
+                running.insert(n.clone(), self.start(n).await?);
+                started.push(n.clone());
+            }
+        }
+        Ok(started)
+    }
+
+    /// Announces a preemption to `node`'s agent, happening `after` from now.
+    pub async fn preempt(&self, node: &str, after: std::time::Duration) -> bool {
+        match self.running.lock().await.get(node) {
+            Some(a) => {
+                a.imds.preempt(after);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops every agent (SIGTERM, then SIGKILL after 5 s).
+    pub async fn stop_all(&self) {
+        let mut running = self.running.lock().await;
+        for (_, mut a) in std::mem::take(&mut *running) {
+            stop(&mut a.child).await;
+        }
+    }
+
+    async fn start(&self, node: &str) -> Result<NodeAgent, AgentError> {
+        let io = |path: &Path| {
+            let node = node.to_string();
+            let path = path.to_path_buf();
+            move |source| AgentError::Io { node, path, source }
+        };
+        let imds = ImdsEmulator::start(Cloud::Oci, ([127, 0, 0, 1], 0).into())
+            .await
+            .map_err(io(Path::new("<metadata emulator>")))?;
+        let ndir = self.dir.join("nodes").join(node);
+        std::fs::create_dir_all(&ndir).map_err(io(&ndir))?;
+        let (token, _) = self.sim.tokens.mint(
+            &self.sim.store.clock,
+            TokenRequest {
+                pod: format!("nodekeeper-agent-{node}"),
+                node: node.into(),
+                audiences: vec!["nodekeeper".into()],
+                namespace: "nodekeeper".into(),
+                service_account: "nodekeeper-agent".into(),
+                expiration_seconds: 24 * 3600,
+            },
+        );
+        let token_file = ndir.join("token");
+        std::fs::write(&token_file, token).map_err(io(&token_file))?;
+        let cfg = ndir.join("agent.toml");
+        let text = agent_toml(node, &imds.url(), &self.controller_url, &token_file, &ndir);
+        std::fs::write(&cfg, text).map_err(io(&cfg))?;
+        let log = ndir.join("agent.log");
+        let out = std::fs::File::create(&log).map_err(io(&log))?;
+        let err = out.try_clone().map_err(io(&log))?;
+        let child = Command::new(&self.exe)
+            .arg("agent")
+            .arg("--config")
+            .arg(&cfg)
+            .env_clear()
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(io(&self.exe))?;
+        Ok(NodeAgent { imds, child })
+    }
+}
+
+async fn stop(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        if tokio::time::timeout(std::time::Duration::from_secs(5), child.wait())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+    }
+    let _ = child.kill().await;
+}
+
+/// The agent configuration of one demo node: OCI metadata from its emulator (with the
+/// emulator's preemption path polled), reports to the controller over loopback, the migration
+/// label rule of seed 000 §7, host checks that touch nothing (no systemd, no kernel log, no
+/// logind: the demo runs on your machine, not on a node).
+pub fn agent_toml(
+    node: &str,
+    imds_url: &str,
+    controller_url: &str,
+    token_file: &Path,
+    dir: &Path,
+) -> String {
+    format!(
+        r#"[log]
+format = "json"
+level = "info"
+
+[node]
+name = "{node}"
+
+[crio]
+state_dir = "{dir}/state"
+dropin_dir = "{dir}/crio.conf.d"
+
+[agent]
+shutdown_watcher = false
+config_poll_interval = "60s"
+
+[sources]
+cloud = "oci"
+endpoint = "{imds_url}"
+poll_interval = "500ms"
+
+[[sources.oci.poll_paths]]
+path = "{preempt}"
+kind = "preemption"
+
+[checks]
+interval = "5s"
+[checks.kmsg]
+enabled = false
+[checks.systemd]
+enabled = false
+[checks.disk]
+paths = ["{dir}"]
+
+[labels]
+mode = "report"
+[[labels.cleanup]]
+label = "{label}"
+when_pod_ready = {{ namespace = "kube-system", selector = "app=cilium" }}
+
+[report]
+url = "{controller_url}"
+token_file = "{token}"
+heartbeat = "5s"
+"#,
+        dir = dir.display(),
+        preempt = crate::sim::imds::oci::PREEMPT_PATH,
+        label = super::cluster::MIGRATION_LABEL,
+        token = token_file.display(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_config_validates_without_warnings() {
+        let text = agent_toml(
+            "spot-0",
+            "http://127.0.0.1:1",
+            "http://127.0.0.1:2",
+            Path::new("/tmp/t"),
+            Path::new("/tmp/d"),
+        );
+        let loaded = crate::config::Config::load_str(
+            Path::new("agent.toml"),
+            &text,
+            &crate::config::Env::default(),
+            &|| None,
+        )
+        .unwrap();
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        assert_eq!(loaded.config.node.name, "spot-0");
+        assert!(loaded.config.report.is_some());
+    }
+}

@@ -1,0 +1,155 @@
+//! `nodekeeper demo`: the whole loop on an embedded cluster, with no cloud.
+//!
+//! One process starts the sim API server with a mixed OKE-like cluster ([`cluster`]), the
+//! controller (in-process, with seed 000's policy on a scaled clock), and one real
+//! `nodekeeper agent` process per node against its own OCI metadata emulator ([`agents`]). It
+//! then plays a scripted scenario ([`script`]) and prints a live timeline ([`timeline`]): the
+//! migration label cleaned once Cilium is Ready, CRI-O drop-ins applied, a preemption notice
+//! answered by taint + cordon + tiered drain + replacement, two nodes going NotReady repaired
+//! one at a time under the budget `nodes: "1"` with the held node explained. It exits 0 only
+//! if every expected outcome happened. `--serve` keeps the cluster up for `kubectl` and
+//! `nodekeeper status`.
+
+pub mod agents;
+pub mod cluster;
+pub mod script;
+pub mod timeline;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cli::{EXIT_FAILURE, EXIT_INVALID, EXIT_OK};
+use crate::sim::apiserver::{SimOptions, TestCluster};
+
+/// Arguments of `nodekeeper demo`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Policy time runs this many times faster than real time (600 s toleration → 10 s at 60).
+    #[arg(long, default_value_t = 60.0)]
+    pub speed: f64,
+    /// A sim scenario TOML for the cluster's shape (pools, workloads, PDBs, DaemonSets; see
+    /// docs/sim.md). The script acts on the first node of the first spot pool and the first
+    /// two nodes of the first on-demand pool.
+    #[arg(long)]
+    pub scenario: Option<PathBuf>,
+    /// Your controller configuration (its [repair], [budgets], [interruption] sections) instead
+    /// of the embedded one (src/demo/controller.toml, seed 000's values).
+    #[arg(long)]
+    pub controller_config: Option<PathBuf>,
+    /// Keep the cluster running after the scenario and print its kubeconfig.
+    #[arg(long)]
+    pub serve: bool,
+    /// Give up on an outcome after this long (real time).
+    #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
+    pub step_timeout: Duration,
+    /// Working directory (kubeconfig, agent configs and logs); default: a new directory under
+    /// the system's temporary directory, removed at the end unless `--serve`.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+/// Errors setting the demo up.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// Bad scenario or configuration (exit 2).
+    #[error("{0}")]
+    Invalid(String),
+    /// Something failed to start.
+    #[error("{0}")]
+    Start(String),
+}
+
+/// Runs the demo; returns the exit code.
+pub fn run(args: DemoArgs, tmp: PathBuf) -> u8 {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    crate::telemetry::init(crate::config::LogFormat::Text, "warn");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match rt.block_on(demo(args, tmp)) {
+        Ok(true) => EXIT_OK,
+        Ok(false) => EXIT_FAILURE,
+        Err(e @ DemoError::Invalid(_)) => {
+            eprintln!("error: {e}");
+            EXIT_INVALID
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            EXIT_FAILURE
+        }
+    }
+}
+
+async fn demo(args: DemoArgs, tmp: PathBuf) -> Result<bool, DemoError> {
+    if !(args.speed.is_finite() && args.speed >= 1.0) {
+        return Err(DemoError::Invalid(format!(
+            "--speed {}: must be a number >= 1",
+            args.speed
+        )));
+    }
+    let scenario = match &args.scenario {
+        Some(p) => crate::sim::apiserver::scenario::Scenario::load(p)
+            .map_err(|e| DemoError::Invalid(crate::cli::error_chain(&e)))?,
+        None => cluster::default_scenario(),
+    };
+    let (config, policy) = cluster::policy(args.controller_config.as_deref(), args.speed)
+        .map_err(|e| DemoError::Invalid(e.to_string()))?;
+    let (owned_dir, dir) = match &args.dir {
+        Some(d) => (false, d.clone()),
+        None => (
+            true,
+            tmp.join(format!("nodekeeper-demo-{}", std::process::id())),
+        ),
+    };
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| DemoError::Start(format!("{}: {e}", dir.display())))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| DemoError::Start(format!("cannot find my own executable: {e}")))?;
+    let tl = Arc::new(timeline::Timeline::new(
+        args.speed,
+        Box::new(std::io::stdout()),
+    ));
+    let opts: SimOptions = cluster::sim_options(scenario);
+    let cluster = TestCluster::start(opts)
+        .await
+        .map_err(|e| DemoError::Start(format!("sim: {e}")))?;
+    let kubeconfig = dir.join("kubeconfig");
+    cluster
+        .write_kubeconfig(&kubeconfig)
+        .map_err(|e| DemoError::Start(format!("{}: {e}", kubeconfig.display())))?;
+    let env = script::Env::start(
+        &cluster,
+        &config,
+        policy,
+        exe,
+        dir.clone(),
+        kubeconfig.clone(),
+        args.clone(),
+        tl.clone(),
+    )
+    .await?;
+    env.play().await;
+    if args.serve {
+        tl.raw("");
+        tl.raw(&format!(
+            "Cluster kept running (Ctrl-C to stop):\n  export KUBECONFIG={}\n  kubectl get nodes\n  {} status",
+            kubeconfig.display(),
+            "nodekeeper"
+        ));
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    env.stop().await;
+    if owned_dir && !args.serve {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    tl.phase(script::PHASES, script::PHASES, "summary");
+    Ok(tl.summary())
+}
