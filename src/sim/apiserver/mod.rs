@@ -14,6 +14,7 @@ mod events;
 pub mod eviction;
 pub mod handlers;
 pub mod loops;
+pub mod object;
 pub mod patch;
 pub mod resources;
 pub mod scenario;
