@@ -263,3 +263,57 @@ async fn kubectl_conformance() {
     let left = k.json(&["get", "pdb,rs,ds", "-A"]).await;
     assert_eq!(left["items"].as_array().unwrap().len(), 0, "{left}");
 }
+
+/// `--tls`: real kubectl trusts the generated CA through the kubeconfig's certificate-authority-data,
+/// sees the same API over HTTPS (get, label, watch-free round trip), and refuses the server without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_over_tls() {
+    let bin = kubectl_bin();
+    let cluster = TestCluster::start_tls(SimOptions::bare()).await.unwrap();
+    assert!(
+        cluster.url.starts_with("https://127.0.0.1:"),
+        "{}",
+        cluster.url
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig).unwrap();
+    let text = std::fs::read_to_string(&kubeconfig).unwrap();
+    assert!(text.contains("certificate-authority-data: "), "{text}");
+    let k = Kubectl {
+        bin: bin.clone(),
+        kubeconfig,
+    };
+    k.ok(&["create", "-f", &fixture("cluster.yaml"), "--validate=false"])
+        .await;
+    let nodes = k.json(&["get", "nodes"]).await;
+    assert_eq!(nodes["items"].as_array().unwrap().len(), 2, "{nodes}");
+    k.ok(&["label", "node", "n1", "tls=yes"]).await;
+    let n1 = k.json(&["get", "node", "n1"]).await;
+    assert_eq!(n1["metadata"]["labels"]["tls"], "yes");
+    let wide = k.ok(&["get", "nodes", "-o", "wide"]).await;
+    assert!(wide.contains("n1") && wide.contains("n2"), "{wide}");
+
+    // Without the CA, kubectl must refuse the self-signed server.
+    let plain = dir.path().join("no-ca");
+    nodekeeper::sim::apiserver::write_kubeconfig(&plain, &cluster.url).unwrap();
+    let k = Kubectl {
+        bin,
+        kubeconfig: plain,
+    };
+    let o = k.run(&["get", "nodes"]).await;
+    assert!(!o.ok, "kubectl accepted an untrusted certificate");
+    assert!(
+        o.stderr.contains("certificate") || o.stderr.contains("x509"),
+        "{}",
+        o.stderr
+    );
+
+    // kube-rs over the same TLS listener (the cluster's client trusts the CA).
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(cluster.client.clone());
+    let n1 = api.get("n1").await.unwrap();
+    assert_eq!(
+        n1.metadata.labels.unwrap().get("tls").map(String::as_str),
+        Some("yes")
+    );
+}

@@ -50,6 +50,11 @@ pub fn json_response(code: StatusCode, v: &Value) -> Response {
     (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+/// A JSON response from already serialized bytes.
+fn raw_json_response(code: StatusCode, body: Bytes) -> Response {
+    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
 /// Fallback handler for everything that is not the admin API.
 pub async fn api(State(sim): State<Arc<Sim>>, req: Request) -> Response {
     match handle(&sim, req).await {
@@ -177,19 +182,19 @@ async fn dispatch(
         ("GET", Some(name), None | Some("status")) => {
             let obj = sim
                 .store
-                .get(res, &t.ns, name)
+                .get_stored(res, &t.ns, name)
                 .ok_or_else(|| ApiError::not_found(res, name))?;
             if as_table(headers) && super::table::supported(res.kind) {
                 let meta = json!({"resourceVersion": sim.store.resource_version().to_string()});
                 let t = super::table::render(
                     res.kind,
-                    std::iter::once(&*obj),
+                    std::iter::once(&obj.value()),
                     meta,
                     sim.store.clock.now(),
                 );
                 return Ok(json_response(StatusCode::OK, &t));
             }
-            Ok(json_response(StatusCode::OK, &obj))
+            Ok(raw_json_response(StatusCode::OK, obj.raw().clone()))
         }
         ("POST", None, None) if res.virtual_create => {
             let review = sim
@@ -322,21 +327,18 @@ fn list(
         .filter(|c| !c.is_empty())
         .map(|c| decode_continue(c))
         .transpose()?;
-    let page = sim.store.list(res, filter, after.as_ref(), limit);
+    let page = sim.store.list_stored(res, filter, after.as_ref(), limit);
     let mut meta = json!({"resourceVersion": page.rv.to_string()});
     if let Some(next) = &page.next {
         meta["continue"] = json!(encode_continue(next));
     }
     if as_table && super::table::supported(res.kind) {
-        let t = super::table::render(
-            res.kind,
-            page.items.iter().map(|i| &**i),
-            meta,
-            sim.store.clock.now(),
-        );
+        let items: Vec<Value> = page.items.iter().map(|i| i.value()).collect();
+        let t = super::table::render(res.kind, items.iter(), meta, sim.store.clock.now());
         return Ok(json_response(StatusCode::OK, &t));
     }
-    let mut out = Vec::with_capacity(256 + page.items.len() * 1024);
+    let size: usize = page.items.iter().map(|i| i.raw().len() + 1).sum();
+    let mut out = Vec::with_capacity(256 + size);
     let head = json!({"kind": format!("{}List", res.kind), "apiVersion": res.api_version(), "metadata": meta});
     let head = serde_json::to_string(&head).map_err(|e| ApiError::internal(e.to_string()))?;
     out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
@@ -345,7 +347,7 @@ fn list(
         if i > 0 {
             out.push(b',');
         }
-        serde_json::to_writer(&mut out, &**item).map_err(|e| ApiError::internal(e.to_string()))?;
+        out.extend_from_slice(item.raw());
     }
     out.extend_from_slice(b"]}");
     Ok((
@@ -467,20 +469,14 @@ fn delete_collection(
 
 /// Maps a raw event onto what a filtered watcher sees (selectors can turn MODIFIED into ADDED/DELETED).
 fn visible(ev: &WatchEvent, filter: &Filter) -> Option<EventType> {
-    let in_ns = |o: &Value| {
-        filter
-            .namespace
-            .as_ref()
-            .is_none_or(|ns| o.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns))
-    };
-    if !in_ns(&ev.object) {
+    if !filter.in_namespace(&ev.object) {
         return None;
     }
-    let now = filter.matches(&ev.object);
+    let now = filter.matches_stored(&ev.object);
     match ev.kind {
         EventType::Added | EventType::Deleted => now.then_some(ev.kind),
         EventType::Modified => {
-            let before = ev.prev.as_ref().is_some_and(|p| filter.matches(p));
+            let before = ev.prev.as_ref().is_some_and(|p| filter.matches_stored(p));
             match (before, now) {
                 (true, true) => Some(EventType::Modified),
                 (false, true) => Some(EventType::Added),
@@ -492,13 +488,18 @@ fn visible(ev: &WatchEvent, filter: &Filter) -> Option<EventType> {
 }
 
 fn event_line(kind: &str, obj: &Value) -> Bytes {
-    let mut out = Vec::with_capacity(1024);
+    // Serializing a `Value` cannot fail.
+    let raw = serde_json::to_vec(obj).unwrap_or_else(|_| b"null".to_vec());
+    event_line_raw(kind, &raw)
+}
+
+/// A watch event line around an already serialized object.
+fn event_line_raw(kind: &str, raw: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(raw.len() + 32);
     out.extend_from_slice(b"{\"type\":\"");
     out.extend_from_slice(kind.as_bytes());
     out.extend_from_slice(b"\",\"object\":");
-    if serde_json::to_writer(&mut out, obj).is_err() {
-        out.extend_from_slice(b"null");
-    }
+    out.extend_from_slice(raw);
     out.extend_from_slice(b"}\n");
     Bytes::from(out)
 }
@@ -546,10 +547,11 @@ fn watch(
     let render = move |k: EventType, ev: &WatchEvent| {
         if table {
             let meta = json!({"resourceVersion": ev.rv.to_string()});
-            let t = super::table::render(res.kind, std::iter::once(&*ev.object), meta, clock.now());
+            let obj = ev.object.value();
+            let t = super::table::render(res.kind, std::iter::once(&obj), meta, clock.now());
             event_line(k.as_str(), &t)
         } else {
-            event_line(k.as_str(), &ev.object)
+            event_line_raw(k.as_str(), ev.object.raw())
         }
     };
     let start = sim.store.watch(res, &filter, from);
@@ -625,6 +627,7 @@ fn watch(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::sim::apiserver::object::StoredObject;
 
     #[test]
     fn routes() {
@@ -667,7 +670,9 @@ mod tests {
             ..Default::default()
         };
         let obj = |app: &str| {
-            Arc::new(json!({"metadata": {"name": "p", "namespace": "a", "labels": {"app": app}}}))
+            Arc::new(StoredObject::new(
+                &json!({"metadata": {"name": "p", "namespace": "a", "labels": {"app": app}}}),
+            ))
         };
         let ev = |kind, now: &str, prev: Option<&str>| WatchEvent {
             res: 1,
@@ -690,7 +695,7 @@ mod tests {
             assert_eq!(
                 visible(&e, &f),
                 want,
-                "{:?} {} prev {:?}",
+                "{:?} {:?} prev {:?}",
                 e.kind,
                 e.object,
                 e.prev

@@ -14,18 +14,21 @@ mod events;
 pub mod eviction;
 pub mod handlers;
 pub mod loops;
+pub mod object;
 pub mod patch;
 pub mod resources;
 pub mod scenario;
 pub use crate::k8s::selectors;
 pub mod store;
 mod table;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use axum::http::Uri;
+use base64::Engine;
 use tokio_util::sync::CancellationToken;
 
 use self::admin::{Faults, NodeControls};
@@ -72,6 +75,9 @@ pub enum SimError {
     /// The scenario is invalid.
     #[error(transparent)]
     Scenario(#[from] scenario::ScenarioError),
+    /// TLS material could not be generated.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
 }
 
 /// Everything configurable about a simulated cluster.
@@ -166,10 +172,20 @@ pub fn router(sim: Arc<Sim>) -> axum::Router {
     admin::router().fallback(handlers::api).with_state(sim)
 }
 
-/// Binds `listen`, starts the control loops and serves until `cancel`; returns the bound address.
+/// Binds `listen`, starts the control loops and serves plain HTTP until `cancel`; returns the bound address.
 pub async fn serve(
     sim: Arc<Sim>,
     listen: &str,
+    cancel: CancellationToken,
+) -> Result<SocketAddr, SimError> {
+    serve_with(sim, listen, None, cancel).await
+}
+
+/// Like [`serve`], over TLS when `tls` is set.
+pub async fn serve_with(
+    sim: Arc<Sim>,
+    listen: &str,
+    tls: Option<Arc<rustls::ServerConfig>>,
     cancel: CancellationToken,
 ) -> Result<SocketAddr, SimError> {
     let listener = tokio::net::TcpListener::bind(listen)
@@ -185,6 +201,10 @@ pub async fn serve(
     let _ = sim.addr.set(addr.to_string());
     loops::spawn(sim.clone(), cancel.clone());
     let app = router(sim);
+    if let Some(cfg) = tls {
+        tokio::spawn(tls::serve(listener, app, cfg, cancel));
+        return Ok(addr);
+    }
     tokio::spawn(async move {
         let server = axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned());
         if let Err(e) = server.await {
@@ -196,8 +216,23 @@ pub async fn serve(
 
 /// Writes a kubeconfig pointing at `url` (accepted by kubectl and `kube::Client::try_default()`).
 pub fn write_kubeconfig(path: &Path, url: &str) -> Result<(), SimError> {
+    write_kubeconfig_with_ca(path, url, None)
+}
+
+/// Writes a kubeconfig pointing at `url`, trusting the CA `ca_pem` (PEM) when given.
+pub fn write_kubeconfig_with_ca(
+    path: &Path,
+    url: &str,
+    ca_pem: Option<&str>,
+) -> Result<(), SimError> {
+    let ca = ca_pem
+        .map(|pem| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(pem);
+            format!("    certificate-authority-data: {b64}\n")
+        })
+        .unwrap_or_default();
     let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: nodekeeper-sim\n  cluster:\n    server: {url}\n\
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: nodekeeper-sim\n  cluster:\n    server: {url}\n{ca}\
          contexts:\n- name: nodekeeper-sim\n  context:\n    cluster: nodekeeper-sim\n    user: nodekeeper-sim\n    namespace: default\n\
          current-context: nodekeeper-sim\nusers:\n- name: nodekeeper-sim\n  user:\n    token: nodekeeper-sim-admin\npreferences: {{}}\n"
     );
@@ -219,6 +254,13 @@ pub fn write_kubeconfig(path: &Path, url: &str) -> Result<(), SimError> {
 /// PDB-refused eviction into minutes of waiting; this client has that retry layer off so tests see
 /// the server's answer at once.
 pub fn client_for(url: &str) -> Result<kube::Client, SimError> {
+    client_trusting(url, None)
+}
+
+/// Like [`client_for`], trusting the CA certificate `ca_der` (DER) for an `https://` URL.
+pub fn client_trusting(url: &str, ca_der: Option<&[u8]>) -> Result<kube::Client, SimError> {
+    // kube-rs' rustls needs a process-wide provider; a second install is a harmless no-op error.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let uri: Uri = url
         .parse()
         .map_err(|e: axum::http::uri::InvalidUri| SimError::Url {
@@ -228,6 +270,7 @@ pub fn client_for(url: &str) -> Result<kube::Client, SimError> {
     let mut cfg = kube::Config::new(uri);
     cfg.default_namespace = "default".into();
     cfg.default_retry = false;
+    cfg.root_cert = ca_der.map(|c| vec![c.to_vec()]);
     kube::Client::try_from(cfg).map_err(|source| SimError::Client {
         url: url.into(),
         source,
@@ -242,21 +285,35 @@ pub struct TestCluster {
     pub client: kube::Client,
     /// The sim itself (store, tokens, faults, node switches).
     pub sim: Arc<Sim>,
+    /// The generated CA and server certificate when serving over TLS.
+    pub tls: Option<tls::SimTls>,
     cancel: CancellationToken,
 }
 
 impl TestCluster {
-    /// Starts a cluster with `opts`.
+    /// Starts a cluster with `opts` (plain HTTP).
     pub async fn start(opts: SimOptions) -> Result<Self, SimError> {
+        Self::start_with(opts, None).await
+    }
+
+    /// Starts a cluster with `opts` over TLS with a freshly generated CA.
+    pub async fn start_tls(opts: SimOptions) -> Result<Self, SimError> {
+        Self::start_with(opts, Some(tls::SimTls::generate()?)).await
+    }
+
+    async fn start_with(opts: SimOptions, tls: Option<tls::SimTls>) -> Result<Self, SimError> {
         let sim = Sim::new(opts)?;
         let cancel = CancellationToken::new();
-        let addr = serve(sim.clone(), "127.0.0.1:0", cancel.clone()).await?;
-        let url = format!("http://{addr}");
-        let client = client_for(&url)?;
+        let server = tls.as_ref().map(|t| t.server.clone());
+        let addr = serve_with(sim.clone(), "127.0.0.1:0", server, cancel.clone()).await?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{addr}");
+        let client = client_trusting(&url, tls.as_ref().map(|t| t.ca_der.as_slice()))?;
         Ok(TestCluster {
             url,
             client,
             sim,
+            tls,
             cancel,
         })
     }
@@ -266,9 +323,10 @@ impl TestCluster {
         format!("{}/sim/v1/{}", self.url, path.trim_start_matches('/'))
     }
 
-    /// Writes a kubeconfig for this cluster.
+    /// Writes a kubeconfig for this cluster (with the CA when it serves TLS).
     pub fn write_kubeconfig(&self, path: &Path) -> Result<(), SimError> {
-        write_kubeconfig(path, &self.url)
+        let ca = self.tls.as_ref().map(|t| t.ca_pem.as_str());
+        write_kubeconfig_with_ca(path, &self.url, ca)
     }
 }
 
@@ -289,9 +347,13 @@ impl Drop for TestCluster {
 /// Arguments of `nodekeeper sim apiserver`.
 #[derive(Debug, clap::Args)]
 pub struct ApiserverArgs {
-    /// Address to listen on (plain HTTP; use port 0 for a free port).
+    /// Address to listen on (plain HTTP unless --tls; use port 0 for a free port).
     #[arg(long, default_value = "127.0.0.1:6443")]
     pub listen: String,
+    /// Serve HTTPS with a freshly generated self-signed CA and a server certificate for
+    /// 127.0.0.1/localhost/::1; the kubeconfig written by --kubeconfig-out trusts that CA.
+    #[arg(long)]
+    pub tls: bool,
     /// Write a kubeconfig for the server to this path.
     #[arg(long)]
     pub kubeconfig_out: Option<PathBuf>,
@@ -338,10 +400,13 @@ pub async fn run_apiserver(
     };
     let sim = Sim::new(opts)?;
     let cancel = CancellationToken::new();
-    let addr = serve(sim.clone(), &args.listen, cancel.clone()).await?;
-    let url = format!("http://{addr}");
+    let tls = args.tls.then(tls::SimTls::generate).transpose()?;
+    let server = tls.as_ref().map(|t| t.server.clone());
+    let addr = serve_with(sim.clone(), &args.listen, server, cancel.clone()).await?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{addr}");
     if let Some(path) = &args.kubeconfig_out {
-        write_kubeconfig(path, &url)?;
+        write_kubeconfig_with_ca(path, &url, tls.as_ref().map(|t| t.ca_pem.as_str()))?;
     }
     println!("nodekeeper sim apiserver listening on {url}");
     tracing::info!(%url, nodes = sim.store.count(resources::well_known::nodes()),

@@ -1,4 +1,5 @@
-//! The in-memory object store: objects as JSON per resource, a global resourceVersion, indexes and watch fan-out.
+//! The in-memory object store: objects as serialized JSON per resource ([`StoredObject`]), a global
+//! resourceVersion, indexes and watch fan-out.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -9,6 +10,7 @@ use tokio::sync::broadcast;
 
 use super::clock::{fmt_time, parse_time, SimClock};
 use super::error::{ApiError, ApiResult};
+pub use super::object::{StoredObject, Summary};
 use super::resources::{well_known, ResourceDef, RESOURCES};
 use super::selectors::{FieldSelector, LabelSelector};
 
@@ -47,14 +49,16 @@ pub struct WatchEvent {
     /// resourceVersion of the change.
     pub rv: u64,
     /// The object after the change (the last state for deletions).
-    pub object: Arc<Value>,
+    pub object: Arc<StoredObject>,
     /// The object before the change, if any.
-    pub prev: Option<Arc<Value>>,
+    pub prev: Option<Arc<StoredObject>>,
 }
 
 #[derive(Debug, Default)]
 struct Table {
-    objects: BTreeMap<Key, Arc<Value>>,
+    objects: BTreeMap<Key, Arc<StoredObject>>,
+    /// resourceVersion of the last write to this resource.
+    last_write: u64,
     /// Pods only: node name → pods bound to it.
     by_node: HashMap<String, BTreeSet<Key>>,
 }
@@ -122,13 +126,26 @@ impl Filter {
     pub fn matches(&self, obj: &Value) -> bool {
         self.fields.matches(obj) && self.labels.matches_object(obj)
     }
+
+    /// Whether a stored object passes the selectors (namespace checked separately); parses it only
+    /// when the field selector names a field that is not indexed.
+    pub fn matches_stored(&self, obj: &StoredObject) -> bool {
+        obj.matches(&self.labels, &self.fields)
+    }
+
+    /// Whether a stored object is in the filter's namespace (or the filter has none).
+    pub fn in_namespace(&self, obj: &StoredObject) -> bool {
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| *obj.summary().namespace == *ns)
+    }
 }
 
-/// One page of a list.
+/// One page of a list (parsed objects by default, [`StoredObject`]s from [`Store::list_stored`]).
 #[derive(Debug)]
-pub struct ListPage {
+pub struct ListPage<T = Arc<Value>> {
     /// Matching objects.
-    pub items: Vec<Arc<Value>>,
+    pub items: Vec<T>,
     /// Store resourceVersion at list time.
     pub rv: u64,
     /// Key to continue after, when the page was cut by `limit`.
@@ -164,6 +181,10 @@ pub enum WatchFrom {
     Current,
     /// Events after this resourceVersion.
     After(u64),
+}
+
+fn parsed(obj: &Arc<StoredObject>) -> Arc<Value> {
+    Arc::new(obj.value())
 }
 
 fn rv_of(obj: &Value) -> u64 {
@@ -280,10 +301,45 @@ impl Store {
 
     /// One object.
     pub fn get(&self, res: &ResourceDef, ns: &str, name: &str) -> Option<Arc<Value>> {
+        self.get_stored(res, ns, name).as_ref().map(parsed)
+    }
+
+    /// One object as stored (serialized, with its summary).
+    pub fn get_stored(&self, res: &ResourceDef, ns: &str, name: &str) -> Option<Arc<StoredObject>> {
         self.read().tables[res.index()]
             .objects
             .get(&(ns.to_string(), name.to_string()))
             .cloned()
+    }
+
+    /// resourceVersion of the last write to a resource (0 if none yet): a loop whose inputs did
+    /// not change since its last pass can skip the pass.
+    pub fn last_write(&self, res: &ResourceDef) -> u64 {
+        self.read().tables[res.index()].last_write
+    }
+
+    /// The stored objects of a resource that pass `pred` (which sees only the summary), parsed.
+    pub fn list_where(
+        &self,
+        res: &ResourceDef,
+        pred: impl Fn(&Summary) -> bool,
+    ) -> Vec<Arc<Value>> {
+        let hits: Vec<Arc<StoredObject>> = self.read().tables[res.index()]
+            .objects
+            .values()
+            .filter(|o| pred(o.summary()))
+            .cloned()
+            .collect();
+        hits.iter().map(parsed).collect()
+    }
+
+    /// The summaries of all objects of a resource.
+    pub fn summaries(&self, res: &ResourceDef) -> Vec<Arc<StoredObject>> {
+        self.read().tables[res.index()]
+            .objects
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Number of objects of a resource.
@@ -291,7 +347,7 @@ impl Store {
         self.read().tables[res.index()].objects.len()
     }
 
-    /// Lists objects, using the pod-by-node index when the field selector pins `spec.nodeName`.
+    /// Lists objects, parsed (see [`Store::list_stored`]).
     pub fn list(
         &self,
         res: &ResourceDef,
@@ -299,16 +355,32 @@ impl Store {
         after: Option<&Key>,
         limit: Option<usize>,
     ) -> ListPage {
+        let page = self.list_stored(res, filter, after, limit);
+        ListPage {
+            items: page.items.iter().map(parsed).collect(),
+            rv: page.rv,
+            next: page.next,
+        }
+    }
+
+    /// Lists stored objects, using the pod-by-node index when the field selector pins `spec.nodeName`.
+    pub fn list_stored(
+        &self,
+        res: &ResourceDef,
+        filter: &Filter,
+        after: Option<&Key>,
+        limit: Option<usize>,
+    ) -> ListPage<Arc<StoredObject>> {
         let inner = self.read();
         let table = &inner.tables[res.index()];
         let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
         let mut items = Vec::new();
         let mut next = None;
-        let mut push = |k: &Key, obj: &Arc<Value>| -> bool {
+        let mut push = |k: &Key, obj: &Arc<StoredObject>| -> bool {
             if items.len() >= limit {
                 return false;
             }
-            if filter.matches(obj) {
+            if filter.matches_stored(obj) {
                 items.push(obj.clone());
                 if items.len() == limit {
                     next = Some(k.clone());
@@ -363,15 +435,18 @@ impl Store {
 
     /// Pods bound to a node.
     pub fn pods_on_node(&self, node: &str) -> Vec<Arc<Value>> {
-        let inner = self.read();
-        let table = &inner.tables[well_known::pods().index()];
-        table
-            .by_node
-            .get(node)
-            .into_iter()
-            .flatten()
-            .filter_map(|k| table.objects.get(k).cloned())
-            .collect()
+        let hits: Vec<Arc<StoredObject>> = {
+            let inner = self.read();
+            let table = &inner.tables[well_known::pods().index()];
+            table
+                .by_node
+                .get(node)
+                .into_iter()
+                .flatten()
+                .filter_map(|k| table.objects.get(k).cloned())
+                .collect()
+        };
+        hits.iter().map(parsed).collect()
     }
 
     /// Starts a watch: returns the backlog to send first and the live receiver (no gap, no duplicate).
@@ -407,7 +482,7 @@ impl Store {
                     Arc::new(WatchEvent {
                         res: idx,
                         kind: EventType::Added,
-                        rv: rv_of(o),
+                        rv: o.summary().rv,
                         object: o.clone(),
                         prev: None,
                     })
@@ -437,7 +512,7 @@ impl Store {
             if t.objects.is_empty() {
                 continue;
             }
-            let items: Vec<Value> = t.objects.values().map(|o| (**o).clone()).collect();
+            let items: Vec<Value> = t.objects.values().map(|o| o.value()).collect();
             out.insert(
                 format!("{}/{}", r.api_version(), r.plural),
                 Value::Array(items),
@@ -461,10 +536,18 @@ impl Txn<'_> {
 
     /// One object.
     pub fn get(&self, res: &ResourceDef, ns: &str, name: &str) -> Option<Arc<Value>> {
+        self.get_stored(res, ns, name).map(parsed)
+    }
+
+    fn get_stored(&self, res: &ResourceDef, ns: &str, name: &str) -> Option<&Arc<StoredObject>> {
         self.inner.tables[res.index()]
             .objects
             .get(&(ns.to_string(), name.to_string()))
-            .cloned()
+    }
+
+    /// Whether an object exists.
+    pub fn exists(&self, res: &ResourceDef, ns: &str, name: &str) -> bool {
+        self.get_stored(res, ns, name).is_some()
     }
 
     /// All objects of a resource in a namespace (or all namespaces).
@@ -473,7 +556,7 @@ impl Txn<'_> {
             .objects
             .iter()
             .filter(|(k, _)| ns.is_none_or(|n| n == k.0))
-            .map(|(_, v)| v.clone())
+            .map(|(_, v)| parsed(v))
             .collect()
     }
 
@@ -485,7 +568,7 @@ impl Txn<'_> {
             .get(node)
             .into_iter()
             .flatten()
-            .filter_map(|k| table.objects.get(k).cloned())
+            .filter_map(|k| table.objects.get(k).map(parsed))
             .collect()
     }
 
@@ -501,15 +584,16 @@ impl Txn<'_> {
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
         let idx = res.index();
         let is_pod = std::ptr::eq(res, well_known::pods());
-        let obj = Arc::new(obj);
+        let stored = Arc::new(StoredObject::new(&obj));
         let table = &mut self.inner.tables[idx];
+        table.last_write = rv;
         let prev = if kind == EventType::Deleted {
             table.objects.remove(&key)
         } else {
-            table.objects.insert(key.clone(), obj.clone())
+            table.objects.insert(key.clone(), stored.clone())
         };
         if is_pod {
-            if let Some(old) = prev.as_ref().and_then(|p| node_of(p)) {
+            if let Some(old) = prev.as_ref().and_then(|p| p.summary().node()) {
                 if let Some(set) = table.by_node.get_mut(old) {
                     set.remove(&key);
                     if set.is_empty() {
@@ -517,15 +601,16 @@ impl Txn<'_> {
                     }
                 }
             }
-            if let (Some(n), false) = (node_of(&obj), kind == EventType::Deleted) {
+            if let (Some(n), false) = (stored.summary().node(), kind == EventType::Deleted) {
                 table.by_node.entry(n.to_string()).or_default().insert(key);
             }
         }
+        let obj = Arc::new(obj);
         let ev = Arc::new(WatchEvent {
             res: idx,
             kind,
             rv,
-            object: obj.clone(),
+            object: stored,
             prev,
         });
         self.inner.history.push_back(ev.clone());
@@ -613,7 +698,7 @@ impl Txn<'_> {
                     ));
                 }
                 let mut name = format!("{prefix}{}", random_suffix());
-                while self.get(res, &ns, &name).is_some() {
+                while self.exists(res, &ns, &name) {
                     name = format!("{prefix}{}", random_suffix());
                 }
                 name
@@ -623,7 +708,7 @@ impl Txn<'_> {
             return Err(ApiError::invalid(res, &name, "metadata.name",
                 "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"));
         }
-        if self.get(res, &ns, &name).is_some() {
+        if self.exists(res, &ns, &name) {
             return Err(ApiError::already_exists(res, &name));
         }
         let now = self.now();
@@ -659,7 +744,7 @@ impl Txn<'_> {
             }
             (u, _) => u.to_string(),
         };
-        if self.get(well_known::namespaces(), "", &ns).is_none() {
+        if !self.exists(well_known::namespaces(), "", &ns) {
             return Err(ApiError::not_found(well_known::namespaces(), &ns));
         }
         Ok(ns)
@@ -802,8 +887,8 @@ impl Txn<'_> {
     /// Removes an object at once (used by loops when a graceful deletion is over).
     pub fn remove(&mut self, res: &ResourceDef, ns: &str, name: &str) -> Option<Arc<Value>> {
         let key = (ns.to_string(), name.to_string());
-        let obj = self.inner.tables[res.index()].objects.get(&key).cloned()?;
-        Some(self.commit(res, key, (*obj).clone(), EventType::Deleted))
+        let obj = self.get_stored(res, ns, name)?.value();
+        Some(self.commit(res, key, obj, EventType::Deleted))
     }
 
     /// Deletes an object: finalizers and graceful pod termination set `deletionTimestamp` first.
@@ -892,19 +977,20 @@ impl Txn<'_> {
     pub fn reap_terminated_pods(&mut self, node_alive: impl Fn(&str) -> bool) -> usize {
         let now = self.store.clock.now();
         let table = &self.inner.tables[well_known::pods().index()];
+        // Only terminating pods without finalizers are parsed (to read their deletionTimestamp).
         let due: Vec<Key> = table
             .objects
             .iter()
             .filter(|(_, p)| {
-                let finalizers = p
-                    .pointer("/metadata/finalizers")
-                    .and_then(Value::as_array)
-                    .is_some_and(|a| !a.is_empty());
-                let at = p
+                let s = p.summary();
+                s.terminating && !s.finalizers && s.node().is_none_or(&node_alive)
+            })
+            .filter(|(_, p)| {
+                p.value()
                     .pointer("/metadata/deletionTimestamp")
                     .and_then(Value::as_str)
-                    .and_then(parse_time);
-                !finalizers && at.is_some_and(|t| t <= now) && node_of(p).is_none_or(&node_alive)
+                    .and_then(parse_time)
+                    .is_some_and(|t| t <= now)
             })
             .map(|(k, _)| k.clone())
             .collect();

@@ -106,19 +106,15 @@ fn report_ready(sim: &Sim, name: &str, node: &Value, now: DateTime<Utc>) {
 /// Pods bound to a live node go Running+Ready `pod_start_delay` after being scheduled.
 fn start_pods(sim: &Sim, o: &LoopOptions, alive: &HashMap<String, bool>, now: DateTime<Utc>) {
     let delay = chrono::Duration::from_std(o.pod_start_delay).unwrap_or_default();
-    let pods = sim
-        .store
-        .list(well_known::pods(), &Filter::default(), None, None)
-        .items;
+    // Only pending, bound, live pods are parsed (the summary answers the rest).
+    let pods = sim.store.list_where(well_known::pods(), |s| {
+        &*s.phase == "Pending"
+            && !s.terminating
+            && s.node()
+                .is_some_and(|n| alive.get(n).copied().unwrap_or(false))
+    });
     let ready: Vec<(String, String)> = pods
         .iter()
-        .filter(|p| p.pointer("/status/phase").and_then(Value::as_str) == Some("Pending"))
-        .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
-        .filter(|p| {
-            p.pointer("/spec/nodeName")
-                .and_then(Value::as_str)
-                .is_some_and(|n| alive.get(n).copied().unwrap_or(false))
-        })
         .filter(|p| scheduled_at(p).is_some_and(|t| t + delay <= now))
         .map(|p| {
             (

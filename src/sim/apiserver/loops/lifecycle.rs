@@ -45,23 +45,11 @@ pub fn tick(sim: &Sim, o: &LoopOptions) {
     }
     let orphans: Vec<(String, String)> = sim
         .store
-        .list(well_known::pods(), &Filter::default(), None, None)
-        .items
+        .summaries(well_known::pods())
         .iter()
-        .filter(|p| {
-            p.pointer("/spec/nodeName")
-                .and_then(Value::as_str)
-                .is_some_and(|n| !n.is_empty() && !names.contains(n))
-        })
-        .map(|p| {
-            (
-                p["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-                name_of(p).to_string(),
-            )
-        })
+        .map(|p| p.summary())
+        .filter(|s| s.node().is_some_and(|n| !names.contains(n)))
+        .map(|s| (s.namespace.to_string(), s.name.to_string()))
         .collect();
     if !orphans.is_empty() {
         sim.store.txn(|t| {

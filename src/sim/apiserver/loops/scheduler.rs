@@ -66,6 +66,13 @@ pub fn fits(pod: &Value, node: &Value, used_pods: i64, used_cpu: i64) -> bool {
 
 /// One pass: binds every pending pod that fits somewhere.
 pub fn tick(sim: &Sim) {
+    // The common case, nothing pending, is answered from the summaries without parsing pods.
+    let candidates = sim
+        .store
+        .list_where(well_known::pods(), |s| !s.bound && !s.terminating);
+    if candidates.is_empty() {
+        return;
+    }
     let pods = sim
         .store
         .list(well_known::pods(), &Filter::default(), None, None)

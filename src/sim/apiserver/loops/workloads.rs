@@ -12,6 +12,15 @@ use crate::sim::apiserver::resources::{well_known, ResourceDef};
 use crate::sim::apiserver::store::{DeleteOptions, Filter, Txn, WriteTarget};
 use crate::sim::apiserver::Sim;
 
+/// The resources the controllers read (a pass whose inputs did not change can be skipped).
+pub const INPUTS: [fn() -> &'static ResourceDef; 5] = [
+    well_known::pods,
+    well_known::replicasets,
+    well_known::deployments,
+    well_known::daemonsets,
+    well_known::nodes,
+];
+
 fn all(sim: &Sim, res: &ResourceDef) -> Vec<Arc<Value>> {
     sim.store.list(res, &Filter::default(), None, None).items
 }
