@@ -27,6 +27,8 @@ if [ -n "${NODEKEEPER_BIN:-}" ]; then
     { source = \"$bin\", dest = \"/usr/bin/nodekeeper\", mode = \"755\" },
     { source = \"systemd/nodekeeper-agent.service\", dest = \"/usr/lib/systemd/system/nodekeeper-agent.service\", mode = \"644\" },
     { source = \"systemd/nodekeeper-crio-apply.service\", dest = \"/usr/lib/systemd/system/nodekeeper-crio-apply.service\", mode = \"644\" },
+    { source = \"packaging/systemd/10-state-dir.conf\", dest = \"/usr/lib/systemd/system/nodekeeper-agent.service.d/10-state-dir.conf\", mode = \"644\" },
+    { source = \"packaging/systemd/10-state-dir.conf\", dest = \"/usr/lib/systemd/system/nodekeeper-crio-apply.service.d/10-state-dir.conf\", mode = \"644\" },
     { source = \"packaging/agent.toml\", dest = \"/usr/share/doc/nodekeeper/examples/agent.toml\", mode = \"644\", doc = true },
     { source = \"README.md\", dest = \"/usr/share/doc/nodekeeper/README.md\", mode = \"644\", doc = true },
   ]")

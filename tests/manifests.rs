@@ -161,6 +161,38 @@ fn embedded_configs_are_valid() {
         ["nodekeeper-agent", "nodekeeper-controller"]
     );
     let agent = packaging_support::validate_config("agent config.toml", &cfgs["nodekeeper-agent"]);
+    // Atomic renames need state_dir and the drop-in dir on one mount: the DaemonSet's /etc/crio
+    // hostPath volume (each volume is a mount of its own).
+    let ds = a.daemonsets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let mounts: Vec<String> = ds.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.clone())
+        .collect();
+    let covering: Vec<&String> = mounts
+        .iter()
+        .filter(|m| {
+            agent.crio.state_dir.starts_with(m.as_str())
+                && agent.crio.dropin_dir.starts_with(m.as_str())
+        })
+        .collect();
+    assert_eq!(
+        covering,
+        [&"/etc/crio".to_string()],
+        "state_dir and dropin_dir on one volume"
+    );
+    assert!(
+        !mounts.iter().any(|m| m.starts_with("/etc/crio/")),
+        "no volume below /etc/crio may split it: {mounts:?}"
+    );
     assert_eq!(
         agent.report.unwrap().server_name.as_deref(),
         Some("nodekeeper-controller.nodekeeper.svc")
