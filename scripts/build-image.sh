@@ -41,7 +41,7 @@ cleanup() {
 trap cleanup EXIT
 cp "$bin" "$ctx/nodekeeper"
 strip "$ctx/nodekeeper"
-cp /etc/ssl/certs/ca-certificates.crt "$ctx/"
+cp /etc/ssl/certs/ca-certificates.crt "$ctx/ca-certificates.crt"
 printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$ctx/passwd"
 printf 'root:x:0:\nnonroot:x:65532:\n' >"$ctx/group"
 
