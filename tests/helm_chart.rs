@@ -360,3 +360,71 @@ fn the_schema_lists_exactly_the_config_keys_of_the_binary() {
         assert_eq!(sections[section]["additionalProperties"], json!(false));
     }
 }
+
+#[test]
+fn the_chart_toml_renderer_keeps_tricky_values_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("tricky.yaml");
+    std::fs::write(
+        &f,
+        r##"
+agent:
+  config:
+    crio:
+      dropin:
+        - name: 30-tricky.conf
+          content: "# quotes \" backslash \\ tab \t unicode ü ☃ <&>\n[crio.runtime]\npids_limit = 1024\n"
+        - name: 31-nested.conf
+          settings:
+            crio:
+              runtime:
+                default_ulimits: ["nofile=1048576:1048576"]
+                pids_limit: -1
+              image:
+                short_name_mode: enforcing
+    checks:
+      systemd:
+        unit:
+          - name: kubelet.service
+            condition_type: KubeletUnhealthy
+          - name: crio.service
+            condition_type: ContainerRuntimeUnhealthy
+controller:
+  config:
+    budgets:
+      groups:
+        pool.a-1:
+          - nodes: "10%"
+    repair:
+      groups:
+        pool.a-1:
+          enabled: false
+"##,
+    )
+    .unwrap();
+    let r = helm("nodekeeper", Some(&f));
+    assert_lint_clean(&r, "tricky values");
+    let chart = load(&r.docs);
+    let agent_toml = config_of(&chart, "nodekeeper-agent");
+    let agent = validate_config("tricky agent", &agent_toml);
+    let mut got = toml_json(&agent_toml);
+    let want = numbers_as_f64(r.values["agent"]["config"].clone());
+    drop_chart_defaults(
+        &mut got,
+        &want,
+        "report",
+        &["url", "ca_file", "server_name", "token_file"],
+    );
+    assert_eq!(got, want);
+    assert!(agent.crio.dropins[0]
+        .content
+        .as_deref()
+        .unwrap()
+        .contains("quotes \" backslash \\ tab \t unicode ü ☃ <&>"));
+    let ctl = validate_config(
+        "tricky controller",
+        &config_of(&chart, "nodekeeper-controller"),
+    );
+    assert_eq!(ctl.budgets.groups["pool.a-1"].len(), 1);
+    assert_eq!(ctl.repair.groups["pool.a-1"].enabled, Some(false));
+}
