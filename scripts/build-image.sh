@@ -27,10 +27,11 @@ image=${NODEKEEPER_IMAGE:-localhost/nodekeeper:$version}
 store=(--root "$CACHE/containers/storage" --runroot "$CACHE/containers/run" --storage-driver vfs)
 
 bin=$(static_binary)
-if ldd "$bin" >/dev/null 2>&1; then
-  echo "build-image.sh: $bin is dynamically linked (ldd: $(ldd "$bin" | head -n1))" >&2
-  exit 1
-fi
+# ldd prints "statically linked" (static-pie) or "not a dynamic executable" for static binaries.
+case "$(ldd "$bin" 2>&1 | head -n1)" in
+  *"statically linked"* | *"not a dynamic executable"*) ;;
+  *) echo "build-image.sh: $bin is dynamically linked: $(ldd "$bin" 2>&1 | head -n1)" >&2; exit 1 ;;
+esac
 
 ctx=$(mktemp -d)
 ctr=""
