@@ -5,5 +5,6 @@
 
 apt_install ca-certificates systemd systemd-container debootstrap dbus iproute2 util-linux hyperfine python3-venv
 [ -x "$REPO/scripts/setup-kubectl.sh" ] && "$REPO/scripts/setup-kubectl.sh"
+[ -x "$REPO/scripts/setup-helm.sh" ] && "$REPO/scripts/setup-helm.sh"
 [ -x "$REPO/scripts/nspawn-rootfs.sh" ] && "$REPO/scripts/nspawn-rootfs.sh"
 log "setup done"

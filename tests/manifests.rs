@@ -1,95 +1,21 @@
 //! Every manifest parses into its k8s-openapi type without unknown or dropped fields, the
 //! embedded configurations are valid, and the RBAC is least-privilege.
 
-use std::collections::BTreeSet;
-use std::path::Path;
+mod packaging_support;
 
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use packaging_support::{grants, load, manifest_docs, metric_names, rules_of, typed, All};
 use serde_json::Value;
 
 fn docs() -> Vec<(String, Value)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    let mut out = Vec::new();
-    for f in files {
-        let text = std::fs::read_to_string(&f).unwrap();
-        for d in serde_yaml::Deserializer::from_str(&text) {
-            let v: Value = Value::deserialize(d).unwrap();
-            if !v.is_null() {
-                out.push((f.file_name().unwrap().to_string_lossy().into_owned(), v));
-            }
-        }
-    }
-    out
-}
-use serde::Deserialize;
-
-/// Parses `v` as `T` and requires the round trip to reproduce it exactly: a misspelt or unknown
-/// field is dropped by the typed model and shows up as a difference.
-fn typed<T: DeserializeOwned + Serialize>(file: &str, v: &Value) -> T {
-    let t: T = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{file}: {e}"));
-    let back = serde_json::to_value(&t).unwrap();
-    assert_eq!(
-        &back, v,
-        "{file}: fields lost in the typed round trip (unknown field?)"
-    );
-    t
+    manifest_docs()
 }
 
-fn name(v: &Value) -> &str {
-    v["metadata"]["name"].as_str().unwrap_or("")
-}
-
-#[derive(Default)]
-struct All {
-    cluster_roles: Vec<ClusterRole>,
-    roles: Vec<Role>,
-    crbs: Vec<ClusterRoleBinding>,
-    rbs: Vec<RoleBinding>,
-    daemonsets: Vec<DaemonSet>,
-    deployments: Vec<Deployment>,
-    configmaps: Vec<ConfigMap>,
-    vaps: Vec<ValidatingAdmissionPolicy>,
-    vapbs: Vec<ValidatingAdmissionPolicyBinding>,
-    pdbs: Vec<PodDisruptionBudget>,
-    services: Vec<Service>,
-}
-
-fn load() -> All {
-    let mut a = All::default();
-    for (file, v) in docs() {
-        let kind = v["kind"].as_str().unwrap_or_default().to_string();
-        let f = format!("{file} {kind}/{}", name(&v));
-        match kind.as_str() {
-            "Namespace" => drop(typed::<Namespace>(&f, &v)),
-            "ServiceAccount" => drop(typed::<ServiceAccount>(&f, &v)),
-            "ClusterRole" => a.cluster_roles.push(typed(&f, &v)),
-            "Role" => a.roles.push(typed(&f, &v)),
-            "ClusterRoleBinding" => a.crbs.push(typed(&f, &v)),
-            "RoleBinding" => a.rbs.push(typed(&f, &v)),
-            "DaemonSet" => a.daemonsets.push(typed(&f, &v)),
-            "Deployment" => a.deployments.push(typed(&f, &v)),
-            "ConfigMap" => a.configmaps.push(typed(&f, &v)),
-            "Service" => a.services.push(typed(&f, &v)),
-            "PodDisruptionBudget" => a.pdbs.push(typed(&f, &v)),
-            "ValidatingAdmissionPolicy" => a.vaps.push(typed(&f, &v)),
-            "ValidatingAdmissionPolicyBinding" => a.vapbs.push(typed(&f, &v)),
-            other => panic!("{f}: kind {other} has no typed check"),
-        }
-    }
-    a
+fn load_all() -> All {
+    load(&docs())
 }
 
 #[test]
@@ -99,47 +25,9 @@ fn typed_round_trip_rejects_unknown_fields() {
     assert!(r.is_err(), "a misspelt field must fail");
 }
 
-fn rules_of<'a>(a: &'a All, name: &str) -> Vec<&'a PolicyRule> {
-    let mut out: Vec<&PolicyRule> = Vec::new();
-    for r in a
-        .cluster_roles
-        .iter()
-        .filter(|r| r.metadata.name.as_deref() == Some(name))
-    {
-        out.extend(r.rules.iter().flatten());
-    }
-    for r in a
-        .roles
-        .iter()
-        .filter(|r| r.metadata.name.as_deref() == Some(name))
-    {
-        out.extend(r.rules.iter().flatten());
-    }
-    out
-}
-
-fn grants(rules: &[&PolicyRule]) -> BTreeSet<String> {
-    let mut g = BTreeSet::new();
-    for r in rules {
-        assert!(r.non_resource_urls.is_none());
-        for group in r.api_groups.iter().flatten() {
-            for res in r.resources.iter().flatten() {
-                for verb in &r.verbs {
-                    assert!(
-                        group != "*" && res != "*" && verb != "*",
-                        "wildcard in {r:?}"
-                    );
-                    g.insert(format!("{group}/{res}:{verb}"));
-                }
-            }
-        }
-    }
-    g
-}
-
 #[test]
 fn manifests_parse_and_rbac_is_least_privilege() {
-    let a = load();
+    let a = load_all();
     let agent = grants(&rules_of(&a, "nodekeeper-agent"));
     let want_agent: BTreeSet<String> = ["/nodes:get", "/pods:list", "/pods:watch"]
         .iter()
@@ -182,7 +70,7 @@ fn manifests_parse_and_rbac_is_least_privilege() {
 
 #[test]
 fn workloads_have_the_required_shape() {
-    let a = load();
+    let a = load_all();
     let ds = &a.daemonsets[0];
     let pod = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
     assert_eq!(pod.host_network, Some(true));
@@ -266,26 +154,253 @@ fn workloads_have_the_required_shape() {
 
 #[test]
 fn embedded_configs_are_valid() {
-    let a = load();
-    let env = nodekeeper::config::Env::default();
-    let mut seen = 0;
-    for cm in &a.configmaps {
-        let text = &cm.data.as_ref().unwrap()["config.toml"];
-        let l =
-            nodekeeper::config::Config::load_str(Path::new("config.toml"), text, &env, &|| None)
-                .unwrap_or_else(|e| panic!("{:?}: {e}", cm.metadata.name));
-        match cm.metadata.name.as_deref() {
-            Some("nodekeeper-agent") => assert_eq!(
-                l.config.report.unwrap().server_name.as_deref(),
-                Some("nodekeeper-controller.nodekeeper.svc")
-            ),
-            Some("nodekeeper-controller") => assert_eq!(
-                l.config.controller.unwrap().service_account,
-                "system:serviceaccount:nodekeeper:nodekeeper-agent"
-            ),
-            other => panic!("unexpected ConfigMap {other:?}"),
-        }
-        seen += 1;
+    let a = load_all();
+    let cfgs = packaging_support::configs(&a);
+    assert_eq!(
+        cfgs.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["nodekeeper-agent", "nodekeeper-controller"]
+    );
+    let agent = packaging_support::validate_config("agent config.toml", &cfgs["nodekeeper-agent"]);
+    // Atomic renames need state_dir and the drop-in dir on one mount: the DaemonSet's /etc/crio
+    // hostPath volume (each volume is a mount of its own).
+    let ds = a.daemonsets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let mounts: Vec<String> = ds.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.clone())
+        .collect();
+    let covering: Vec<&String> = mounts
+        .iter()
+        .filter(|m| {
+            agent.crio.state_dir.starts_with(m.as_str())
+                && agent.crio.dropin_dir.starts_with(m.as_str())
+        })
+        .collect();
+    assert_eq!(
+        covering,
+        [&"/etc/crio".to_string()],
+        "state_dir and dropin_dir on one volume"
+    );
+    assert!(
+        !mounts.iter().any(|m| m.starts_with("/etc/crio/")),
+        "no volume below /etc/crio may split it: {mounts:?}"
+    );
+    assert_eq!(
+        agent.report.unwrap().server_name.as_deref(),
+        Some("nodekeeper-controller.nodekeeper.svc")
+    );
+    let ctl = packaging_support::validate_config(
+        "controller config.toml",
+        &cfgs["nodekeeper-controller"],
+    );
+    let c = ctl.controller.unwrap();
+    assert_eq!(
+        c.service_account,
+        "system:serviceaccount:nodekeeper:nodekeeper-agent"
+    );
+    assert!(c.dry_run, "the shipped controller config starts in dry-run");
+    assert_eq!(ctl.budgets.group_by, "karpenter.sh/nodepool");
+}
+
+/// The kubectl from `scripts/setup-kubectl.sh` (installed on first use).
+fn kubectl() -> std::path::PathBuf {
+    let repo = packaging_support::repo();
+    let out = Command::new(repo.join("scripts/setup-kubectl.sh"))
+        .output()
+        .expect("run scripts/setup-kubectl.sh");
+    assert!(
+        out.status.success(),
+        "setup-kubectl.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    repo.join(".cache/venv/bin/kubectl")
+}
+
+#[test]
+fn kustomize_renders_every_manifest_unchanged() {
+    let repo = packaging_support::repo();
+    // Every manifest file is listed in kustomization.yaml (and nothing else).
+    let k: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo.join("manifests/kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    let listed: BTreeSet<String> = k["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect();
+    let files: BTreeSet<String> = docs().into_iter().map(|(f, _)| f).collect();
+    assert_eq!(
+        listed, files,
+        "kustomization.yaml resources vs manifests/*.yaml"
+    );
+
+    let out = Command::new(kubectl())
+        .args(["kustomize", "manifests"])
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl kustomize manifests: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered = packaging_support::yaml_docs("kustomize", &String::from_utf8_lossy(&out.stdout));
+    let key = |v: &Value| {
+        format!(
+            "{}/{}/{}",
+            v["kind"].as_str().unwrap_or(""),
+            v["metadata"]["namespace"].as_str().unwrap_or(""),
+            v["metadata"]["name"].as_str().unwrap_or("")
+        )
+    };
+    let mut want: Vec<(String, Value)> = docs().into_iter().map(|(_, v)| (key(&v), v)).collect();
+    let mut got: Vec<(String, Value)> = rendered.into_iter().map(|(_, v)| (key(&v), v)).collect();
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        got.iter().map(|g| &g.0).collect::<Vec<_>>(),
+        want.iter().map(|w| &w.0).collect::<Vec<_>>()
+    );
+    for ((id, g), (_, w)) in got.iter().zip(&want) {
+        assert_eq!(g, w, "{id}: kustomize output differs from the file");
     }
-    assert_eq!(seen, 2);
+    // And the render parses into the typed models like the files do.
+    let typed_all = load(&got.into_iter().collect::<Vec<_>>());
+    assert_eq!(typed_all.prometheus_rules.len(), 1);
+}
+
+/// Metric names the engine branch adds to docs/catalog.md (drain, budgets, short-circuit,
+/// held nodes). Until it is merged they are neither in the catalogue nor in src/: reported
+/// loudly, not silently accepted. Remove this list once they are catalogued.
+const PENDING_ENGINE_METRICS: [&str; 7] = [
+    "nodekeeper_actions_total",
+    "nodekeeper_drain_duration_seconds",
+    "nodekeeper_evictions_blocked_total",
+    "nodekeeper_budget_allowed",
+    "nodekeeper_budget_in_use",
+    "nodekeeper_short_circuit",
+    "nodekeeper_nodes_held",
+];
+
+/// Every `nodekeeper_*` token in docs/catalog.md and in the sources (the names the binary exports).
+fn known_metrics() -> BTreeSet<String> {
+    let repo = packaging_support::repo();
+    let mut text = std::fs::read_to_string(repo.join("docs/catalog.md")).unwrap();
+    let mut stack = vec![repo.join("src")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                text.push_str(&std::fs::read_to_string(p).unwrap());
+            }
+        }
+    }
+    metric_names(&text)
+}
+
+#[test]
+fn alerts_cover_the_issue_and_use_known_metrics() {
+    let a = load_all();
+    let rule = &a.prometheus_rules[0];
+    let alerts: Vec<_> = rule.spec.groups.iter().flat_map(|g| &g.rules).collect();
+    let names: BTreeSet<&str> = alerts.iter().map(|r| r.alert.as_str()).collect();
+    for want in [
+        "NodekeeperNodeHeldTooLong",
+        "NodekeeperDrainBlocked",
+        "NodekeeperShortCircuitActive",
+        "NodekeeperAgentSilent",
+    ] {
+        assert!(names.contains(want), "missing alert {want}");
+    }
+    let known = known_metrics();
+    assert!(known.contains("nodekeeper_nodes_marked_stale_total"));
+    for r in &alerts {
+        let used = metric_names(&r.expr);
+        assert!(
+            !used.is_empty(),
+            "{}: no nodekeeper metric in {}",
+            r.alert,
+            r.expr
+        );
+        for m in used {
+            if known.contains(&m) {
+                continue;
+            }
+            assert!(
+                PENDING_ENGINE_METRICS.contains(&m.as_str()),
+                "{}: metric {m} is not in docs/catalog.md nor exported by src/",
+                r.alert
+            );
+            eprintln!(
+                "!!!!! PENDING: alert {} uses {m}, not yet in docs/catalog.md (engine branch) !!!!!",
+                r.alert
+            );
+        }
+        assert!(
+            r.labels.contains_key("severity"),
+            "{}: no severity",
+            r.alert
+        );
+        assert!(
+            r.annotations.contains_key("summary"),
+            "{}: no summary",
+            r.alert
+        );
+    }
+}
+
+#[test]
+fn service_monitor_scrapes_the_controller_service() {
+    let a = load_all();
+    let sm = &a.service_monitors[0];
+    let svc = a
+        .services
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("nodekeeper-controller"))
+        .unwrap();
+    let labels = svc.metadata.labels.clone().unwrap_or_default();
+    for (k, v) in sm.spec.selector.match_labels.iter().flatten() {
+        assert_eq!(
+            labels.get(k),
+            Some(v),
+            "ServiceMonitor selector {k}={v} vs Service labels"
+        );
+    }
+    let ports: BTreeSet<String> = svc
+        .spec
+        .as_ref()
+        .unwrap()
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| p.name.clone())
+        .collect();
+    let ep = &sm.spec.endpoints[0];
+    assert!(
+        ports.contains(&ep.port),
+        "port {} not on the Service",
+        ep.port
+    );
+    assert_eq!(
+        (ep.path.as_str(), ep.scheme.as_str()),
+        ("/metrics", "https")
+    );
+    assert_eq!(
+        ep.tls_config
+            .as_ref()
+            .and_then(|t| t.server_name.as_deref()),
+        Some("nodekeeper-controller.nodekeeper.svc")
+    );
 }

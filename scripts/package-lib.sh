@@ -1,0 +1,23 @@
+# Shared by scripts/build-image.sh and scripts/package-{deb,rpm}.sh. Source it after lib.sh.
+
+# The static binary that the image and the packages ship: x86_64-unknown-linux-gnu with
+# crt-static (the only target installed here; no musl toolchain can be fetched on a fresh
+# machine). NODEKEEPER_BIN overrides it (e.g. tests package the debug binary). Prints the path.
+STATIC_TARGET=x86_64-unknown-linux-gnu
+static_binary() {
+  if [ -n "${NODEKEEPER_BIN:-}" ]; then
+    echo "$NODEKEEPER_BIN"
+    return 0
+  fi
+  log "cargo build --release (static, $STATIC_TARGET)"
+  # RUSTFLAGS apply to the target only (build scripts and proc macros stay dynamic) because
+  # --target is given; the output goes to target/$STATIC_TARGET/release.
+  (cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build --release --locked --target "$STATIC_TARGET" >&2)
+  echo "$REPO/target/$STATIC_TARGET/release/nodekeeper"
+}
+
+# The crate version from Cargo.toml.
+crate_version() {
+  python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["package"]["version"])' "$REPO/Cargo.toml"
+}
