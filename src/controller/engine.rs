@@ -264,6 +264,11 @@ impl Engine {
         let view = self.view(now);
         let (decisions, groups) = decide_with_status(&view, &self.policy, now);
         self.metrics.set_groups(groups);
+        let mut held: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for h in view.nodes.iter().filter_map(|n| n.record().held) {
+            *held.entry(h.blocker.reason()).or_default() += 1;
+        }
+        self.metrics.set_held(held);
         let dry_run = self.policy.controller.dry_run;
         if !dry_run {
             self.retry_replacements(&view);

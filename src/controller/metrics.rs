@@ -52,6 +52,7 @@ pub struct EngineMetrics {
     actions: Mutex<BTreeMap<(&'static str, ActionResult), u64>>,
     drains: Mutex<BTreeMap<&'static str, Histogram>>,
     groups: Mutex<Vec<GroupStatus>>,
+    held: Mutex<BTreeMap<&'static str, u64>>,
     /// Evictions refused by a PodDisruptionBudget (counted once per blocking pod episode).
     pub evictions_blocked_by_pdb: AtomicU64,
     /// Reconciles run.
@@ -103,6 +104,11 @@ impl EngineMetrics {
         *lock(&self.groups) = groups;
     }
 
+    /// Nodes currently held, by blocker reason (`BlockedByBudget`, ...).
+    pub fn set_held(&self, held: BTreeMap<&'static str, u64>) {
+        *lock(&self.held) = held;
+    }
+
     /// Prometheus text.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -114,6 +120,10 @@ impl EngineMetrics {
                 "nodekeeper_engine_actions_total{{kind=\"{kind}\",result=\"{}\"}} {n}",
                 result.as_str()
             );
+        }
+        out.push_str("# TYPE nodekeeper_engine_nodes_held gauge\n");
+        for (reason, n) in lock(&self.held).iter() {
+            let _ = writeln!(out, "nodekeeper_engine_nodes_held{{reason=\"{reason}\"}} {n}");
         }
         out.push_str("# TYPE nodekeeper_engine_drain_duration_seconds histogram\n");
         for (result, h) in lock(&self.drains).iter() {
