@@ -279,7 +279,6 @@ fn kustomize_renders_every_manifest_unchanged() {
     assert_eq!(typed_all.prometheus_rules.len(), 1);
 }
 
-
 /// Every `nodekeeper_*` token in docs/catalog.md and in the sources (the names the binary exports).
 fn known_metrics() -> BTreeSet<String> {
     let repo = packaging_support::repo();

@@ -123,7 +123,10 @@ impl EngineMetrics {
         }
         out.push_str("# TYPE nodekeeper_engine_nodes_held gauge\n");
         for (reason, n) in lock(&self.held).iter() {
-            let _ = writeln!(out, "nodekeeper_engine_nodes_held{{reason=\"{reason}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "nodekeeper_engine_nodes_held{{reason=\"{reason}\"}} {n}"
+            );
         }
         out.push_str("# TYPE nodekeeper_engine_drain_duration_seconds histogram\n");
         for (result, h) in lock(&self.drains).iter() {
