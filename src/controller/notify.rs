@@ -166,20 +166,7 @@ pub fn validate(targets: &[NotifyConfig]) -> Vec<Diagnostic> {
 fn validate_one(i: usize, t: &NotifyConfig) -> Vec<Diagnostic> {
     let at = |k: &str| cfg_path!["controller", "notify", i, k];
     let mut d = Vec::new();
-    match reqwest::Url::parse(&t.url) {
-        Ok(u) if u.scheme() == "http" => {}
-        Ok(u) => d.push(Diagnostic::error(
-            at("url"),
-            format!(
-                "scheme `{}` is not supported: only plain `http://` (no TLS in this build)",
-                u.scheme()
-            ),
-        )),
-        Err(e) => d.push(Diagnostic::error(
-            at("url"),
-            format!("`{}` is not a URL: {e}", t.url),
-        )),
-    }
+    d.extend(super::provider::check_http_url(&t.url, at("url")));
     if t.events.is_empty() {
         d.push(Diagnostic::error(
             at("events"),

@@ -148,21 +148,17 @@ impl Env {
     }
 
     async fn node_names(&self) -> Vec<String> {
-        self.nodes()
-            .list(&ListParams::default())
-            .await
-            .map(|l| {
-                l.items
-                    .into_iter()
-                    .filter_map(|n| n.metadata.name)
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.names(ListParams::default()).await
     }
 
     async fn pool_nodes(&self, pool: &str) -> Vec<String> {
+        self.names(ListParams::default().labels(&format!("karpenter.sh/nodepool={pool}")))
+            .await
+    }
+
+    async fn names(&self, lp: ListParams) -> Vec<String> {
         self.nodes()
-            .list(&ListParams::default().labels(&format!("karpenter.sh/nodepool={pool}")))
+            .list(&lp)
             .await
             .map(|l| {
                 l.items

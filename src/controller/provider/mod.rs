@@ -165,6 +165,24 @@ pub trait NodeProvider: Send + Sync {
     ) -> BoxFuture<'a, Result<Option<String>, ProviderError>>;
 }
 
+/// The error of a webhook URL that is not a plain `http://` URL (providers and notifications).
+pub fn check_http_url(url: &str, path: Vec<crate::config::PathSeg>) -> Option<Diagnostic> {
+    match reqwest::Url::parse(url) {
+        Ok(u) if u.scheme() == "http" => None,
+        Ok(u) => Some(Diagnostic::error(
+            path,
+            format!(
+                "scheme `{}` is not supported: only plain `http://` (no TLS in this build)",
+                u.scheme()
+            ),
+        )),
+        Err(e) => Some(Diagnostic::error(
+            path,
+            format!("`{url}` is not a URL: {e}"),
+        )),
+    }
+}
+
 /// Which provider to use: `[controller.provider]` with `kind = "karpenter" | "webhook" | "none"`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
@@ -215,20 +233,7 @@ impl ProviderConfig {
         };
         let at = |k: &str| cfg_path!["controller", "provider", k];
         let mut d = Vec::new();
-        match reqwest::Url::parse(&w.url) {
-            Ok(u) if u.scheme() == "http" => {}
-            Ok(u) => d.push(Diagnostic::error(
-                at("url"),
-                format!(
-                    "scheme `{}` is not supported: only plain `http://` (no TLS in this build)",
-                    u.scheme()
-                ),
-            )),
-            Err(e) => d.push(Diagnostic::error(
-                at("url"),
-                format!("`{}` is not a URL: {e}", w.url),
-            )),
-        }
+        d.extend(check_http_url(&w.url, at("url")));
         if w.secret.expose().is_empty() {
             d.push(Diagnostic::error(
                 at("secret"),
