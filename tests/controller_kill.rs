@@ -377,3 +377,25 @@ async fn check(
     }
     problems
 }
+
+#[test]
+fn orphan_check_flags_unrecorded_cordons_and_taints_only() {
+    let node = |name: &str, cordoned: bool, tainted: bool, state: bool| -> Node {
+        let mut v =
+            serde_json::json!({"metadata": {"name": name}, "spec": {"unschedulable": cordoned}});
+        if tainted {
+            v["spec"]["taints"] = serde_json::json!([{"key": INTERRUPTION_TAINT, "value": "preemption", "effect": "NoSchedule"}]);
+        }
+        if state {
+            v["metadata"]["annotations"] = serde_json::json!({ (keys::STATE): "repairing" });
+        }
+        serde_json::from_value(v).unwrap()
+    };
+    let nodes = [
+        node("cordoned-bare", true, false, false),
+        node("tainted-bare", false, true, false),
+        node("cordoned-recorded", true, true, true),
+        node("idle", false, false, false),
+    ];
+    assert_eq!(orphans(&nodes), ["cordoned-bare", "tainted-bare"]);
+}
