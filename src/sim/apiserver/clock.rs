@@ -43,6 +43,12 @@ impl SimClock {
         self.advanced_ms.fetch_add(ms, Ordering::Relaxed);
     }
 
+    /// Jumps simulated time backward (tests: objects created "in the past").
+    pub fn rewind(&self, by: Duration) {
+        let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX / 4);
+        self.advanced_ms.fetch_sub(ms, Ordering::Relaxed);
+    }
+
     /// The time scale.
     pub fn scale(&self) -> f64 {
         self.scale

@@ -1,0 +1,401 @@
+//! The real controller binary SIGKILLed at random points while it repairs nodes (cordon →
+//! drain → NodeClaim deletion through the karpenter provider) on the in-process sim, and a new
+//! one started each time. At the end: every failed node was replaced (0 lost actions), each
+//! with exactly one replacement request (one `ReplacementRequested` Event, one request id on
+//! its NodeClaim: 0 duplicate replacements), no node left cordoned or tainted without
+//! nodekeeper's record (0 orphan cordons/taints), the workload Running again.
+//!
+//! `NODEKEEPER_KILL_TRIALS` (default 20) kills; `NODEKEEPER_KILL_SEED` replays a run (the seed
+//! is printed). Long run: docs/reliability.md.
+#![allow(clippy::unwrap_used)]
+
+mod engine_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use nodekeeper::controller::policy::view::keys;
+use nodekeeper::controller::provider::karpenter::{nodeclaim_resource, REQUEST_ANNOTATION};
+use nodekeeper::sim::apiserver::loops::LoopOptions;
+use nodekeeper::sim::apiserver::resources::well_known;
+use nodekeeper::sim::apiserver::scenario::Scenario;
+use nodekeeper::sim::apiserver::TestCluster;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::process::{Child, Command};
+
+use engine_support::*;
+
+const POOL: &str = "general";
+const POOL_SIZE: usize = 6;
+const INTERRUPTION_TAINT: &str = "nodekeeper.io/interruption";
+
+fn scenario() -> Scenario {
+    let mut s = Scenario::default_mixed();
+    s.pools.truncate(1);
+    s.pools[0].name = POOL.into();
+    s.pools[0].count = POOL_SIZE;
+    s.workloads[0].termination_grace_seconds = 1;
+    s
+}
+
+fn fast_loops() -> LoopOptions {
+    LoopOptions {
+        pod_start_delay: Duration::from_millis(300),
+        terminate_delay: Duration::from_millis(500),
+        launch_delay: Duration::from_secs(1),
+        // Pinned conditions only; kubelet heartbeats never lapse in a short run.
+        node_monitor_grace: Duration::from_secs(3600),
+        ..LoopOptions::default()
+    }
+}
+
+fn write_config(dir: &Path, port: u16, identity: &str) -> PathBuf {
+    let path = dir.join("controller.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"[log]
+level = "info"
+[controller]
+listen = "127.0.0.1:{port}"
+insecure_plain_http = true
+staleness = "1h"
+[controller.leader]
+identity = "{identity}"
+lease_duration = "1s"
+retry_period = "100ms"
+[controller.engine]
+tick = "200ms"
+wait_volume_detach = false
+[controller.provider]
+kind = "karpenter"
+[sources]
+cloud = "none"
+[repair]
+max_unhealthy = "100%"
+drain_timeout = "30s"
+startup_timeout = "0s"
+[[repair.policy]]
+condition_type = "Ready"
+condition_status = "False"
+toleration = "1s"
+[budgets]
+budgets = [{{ nodes = "100%" }}]
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A controller child process named `identity`, logging to `<dir>/<identity>.log`.
+fn spawn(dir: &Path, kubeconfig: &Path, identity: &str) -> Child {
+    let port = free_port();
+    let cfg = write_config(&dir.join(identity), port, identity);
+    let log = std::fs::File::create(dir.join(format!("{identity}.log"))).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["controller", "--config"])
+        .arg(&cfg)
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+async fn lease_holder(c: &TestCluster) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), "nodekeeper");
+    leases
+        .list(&ListParams::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .find_map(|l| l.spec?.holder_identity)
+}
+
+/// Recreates a (still idle) node as if created 10 minutes ago: the policy counts a node whose
+/// Ready changed within 60 s of its creation as never Ready, and a restarted controller has no
+/// memory of having seen it Ready (the sim keeps `creationTimestamp` on updates).
+fn backdate(c: &TestCluster, node: &str) {
+    let clock = &c.sim.store.clock;
+    c.sim.store.txn(|t| {
+        let old = t.remove(well_known::nodes(), "", node).unwrap();
+        let mut obj = (*old).clone();
+        for k in ["resourceVersion", "uid", "creationTimestamp"] {
+            obj["metadata"].as_object_mut().unwrap().remove(k);
+        }
+        clock.rewind(Duration::from_secs(600));
+        let r = t.create(well_known::nodes(), "", obj);
+        clock.advance(Duration::from_secs(600));
+        r.unwrap();
+    });
+}
+
+/// Ready nodes of the pool nodekeeper does not act on.
+async fn idle_ready_nodes(c: &TestCluster) -> Vec<String> {
+    Api::<Node>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .filter(|n| annotation(n, keys::STATE).is_none() && !unschedulable(n))
+        .filter(|n| condition(n, "Ready").is_some_and(|c| c.status == "True"))
+        .filter_map(|n| n.metadata.name)
+        .collect()
+}
+
+/// Request ids seen on each NodeClaim (a watcher over the whole run).
+fn watch_claims(c: &TestCluster) -> Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> {
+    let seen: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> = Arc::default();
+    let s2 = seen.clone();
+    let api: Api<DynamicObject> = Api::all_with(c.client.clone(), &nodeclaim_resource());
+    tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default()).applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(Ok(o)) = stream.next().await {
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let id = o
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(REQUEST_ANNOTATION))
+                .cloned();
+            let mut s = s2.lock().unwrap();
+            let e = s.entry(name).or_default();
+            e.extend(id);
+        }
+    });
+    seen
+}
+
+/// Orphans: unschedulable without nodekeeper's record (or an admin's cordon: none here), or
+/// the interruption taint without a state annotation.
+fn orphans(nodes: &[Node]) -> Vec<String> {
+    nodes
+        .iter()
+        .filter(|n| {
+            let recorded = annotation(n, keys::STATE).is_some();
+            (unschedulable(n) || taint(n, INTERRUPTION_TAINT).is_some()) && !recorded
+        })
+        .filter_map(|n| n.metadata.name.clone())
+        .collect()
+}
+
+fn dump_logs(dir: &Path) {
+    eprintln!("controller logs kept in {}", dir.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
+    let trials: usize = std::env::var("NODEKEEPER_KILL_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let seed: u64 = std::env::var("NODEKEEPER_KILL_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("controller_kill: {trials} kills, seed {seed} (NODEKEEPER_KILL_SEED={seed} replays the schedule)");
+    let mut rng = StdRng::seed_from_u64(seed);
+
+    let c = cluster(1.0, scenario(), fast_loops()).await;
+    let dir = std::env::temp_dir().join(format!("nk-controller-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    c.write_kubeconfig(&kubeconfig).unwrap();
+    let claims = watch_claims(&c);
+    wait_until(Duration::from_secs(20), "web pods running", || async {
+        let mut n = 0;
+        for i in 0..POOL_SIZE {
+            n += running_on(&c, &format!("{POOL}-{i}")).await;
+        }
+        n >= 4
+    })
+    .await;
+
+    let mut failed: Vec<String> = Vec::new();
+    let started = Instant::now();
+    for i in 0..=trials {
+        let identity = format!("kill-{i}");
+        std::fs::create_dir_all(dir.join(&identity)).unwrap();
+        let mut child = spawn(&dir, &kubeconfig, &identity);
+        let id2 = identity.clone();
+        wait_until(Duration::from_secs(20), "the new controller leads", || {
+            let (c, id) = (&c, id2.clone());
+            async move { lease_holder(c).await.as_deref() == Some(id.as_str()) }
+        })
+        .await;
+        if i == trials {
+            // The survivor finishes everything.
+            let res = finish(&c, &failed, &claims).await;
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            if res.is_err() {
+                dump_logs(&dir);
+            }
+            res.unwrap();
+            break;
+        }
+        // A failure on a healthy node while at least 3 stay healthy.
+        if rng.random_bool(0.6) {
+            let idle = idle_ready_nodes(&c).await;
+            if idle.len() > 3 {
+                let n = idle[rng.random_range(0..idle.len())].clone();
+                backdate(&c, &n);
+                pin_condition(&c, &n, "Ready", "False").await;
+                failed.push(n);
+            }
+        }
+        let ms = rng.random_range(0..1500);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        let pid = child.id().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let status = child.wait().await.unwrap();
+        assert!(!status.success(), "{identity} exited on its own: {status}");
+    }
+    eprintln!(
+        "controller_kill: {trials} kills, {} failed nodes, all replaced once, in {:.1}s",
+        failed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Waits for convergence; returns what is still wrong after the timeout.
+async fn finish(
+    c: &TestCluster,
+    failed: &[String],
+    claims: &Mutex<BTreeMap<String, BTreeSet<String>>>,
+) -> Result<(), String> {
+    assert!(!failed.is_empty(), "no failure injected");
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let problems = check(c, failed, claims).await;
+        let done = problems.is_empty();
+        if done {
+            return Ok(());
+        }
+        if Instant::now() > end {
+            return Err(format!("not converged: {problems:#?}"));
+        }
+        // Duplicates never heal: fail at once.
+        if let Some(d) = problems.iter().find(|p| p.starts_with("duplicate")) {
+            return Err(d.clone());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Everything that is not (yet) as it must end.
+async fn check(
+    c: &TestCluster,
+    failed: &[String],
+    claims: &Mutex<BTreeMap<String, BTreeSet<String>>>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let nodes = Api::<Node>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    for n in failed {
+        let evs = events_about(c, n).await;
+        let requested = evs
+            .iter()
+            .filter(|(r, _)| r == "ReplacementRequested")
+            .count();
+        if requested > 1 {
+            problems.push(format!(
+                "duplicate: {requested} ReplacementRequested for {n}"
+            ));
+        }
+        if let Some(x) = nodes.iter().find(|x| x.metadata.name.as_deref() == Some(n)) {
+            problems.push(format!(
+                "{n} not replaced yet (created {:?}, Ready {:?}, annotations {:?})",
+                x.metadata.creation_timestamp,
+                condition(x, "Ready").map(|c| (c.status, c.last_transition_time)),
+                x.metadata.annotations
+            ));
+        } else if requested != 1 {
+            problems.push(format!("{n} gone with {requested} ReplacementRequested"));
+        }
+    }
+    for (claim, ids) in claims.lock().unwrap().iter() {
+        if ids.len() > 1 {
+            problems.push(format!("duplicate: NodeClaim {claim} request ids {ids:?}"));
+        }
+    }
+    for o in orphans(&nodes) {
+        problems.push(format!("orphan cordon/taint on {o}"));
+    }
+    let ready = nodes
+        .iter()
+        .filter(|n| condition(n, "Ready").is_some_and(|c| c.status == "True"))
+        .filter(|n| !unschedulable(n))
+        .count();
+    if ready < POOL_SIZE {
+        problems.push(format!(
+            "{ready} of {POOL_SIZE} nodes Ready and schedulable"
+        ));
+    }
+    let web_running = Api::<Pod>::namespaced(c.client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .count();
+    if web_running < 4 {
+        problems.push(format!("{web_running} of 4 web pods Running"));
+    }
+    problems
+}
+
+#[test]
+fn orphan_check_flags_unrecorded_cordons_and_taints_only() {
+    let node = |name: &str, cordoned: bool, tainted: bool, state: bool| -> Node {
+        let mut v =
+            serde_json::json!({"metadata": {"name": name}, "spec": {"unschedulable": cordoned}});
+        if tainted {
+            v["spec"]["taints"] = serde_json::json!([{"key": INTERRUPTION_TAINT, "value": "preemption", "effect": "NoSchedule"}]);
+        }
+        if state {
+            v["metadata"]["annotations"] = serde_json::json!({ (keys::STATE): "repairing" });
+        }
+        serde_json::from_value(v).unwrap()
+    };
+    let nodes = [
+        node("cordoned-bare", true, false, false),
+        node("tainted-bare", false, true, false),
+        node("cordoned-recorded", true, true, true),
+        node("idle", false, false, false),
+    ];
+    assert_eq!(orphans(&nodes), ["cordoned-bare", "tainted-bare"]);
+}
