@@ -151,6 +151,10 @@ async fn thousand_agents_concurrently() {
         .collect()
         .await;
     let status = |i: usize| if i % 3 == 0 { True } else { False };
+    // One request first: the HTTP/2 connection's SETTINGS (at most 64 concurrent streams per
+    // connection, see server.rs) are then known to the client, which queues the burst's streams
+    // beyond that instead of opening them and having them refused.
+    assert_eq!(get(&http, c.addr, "/readyz").await.unwrap().0, 200);
     let codes = futures::future::join_all((0..N).map(|i| {
         let (http, t) = (http.clone(), tokens[i].clone());
         let r = report(
