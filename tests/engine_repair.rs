@@ -4,6 +4,7 @@
 //! Asia/Shanghai but open in UTC holds; more than 20 % unhealthy short-circuits repairs.
 #![allow(clippy::unwrap_used)]
 
+mod ctl;
 mod engine_support;
 
 use std::time::Duration;
@@ -15,31 +16,7 @@ use nodekeeper::controller::provider::ProviderConfig;
 use nodekeeper::sim::apiserver::scenario::Scenario;
 
 use engine_support::*;
-use nodekeeper::agent::checks::{CheckResult, ConditionStatus};
-use nodekeeper::report::{NodeReport, REPORT_VERSION};
-
-fn agent_report(node: &str, conds: &[(&str, ConditionStatus)]) -> NodeReport {
-    NodeReport {
-        version: REPORT_VERSION,
-        node: node.into(),
-        agent_version: "test".into(),
-        agent_instance: "inst-1".into(),
-        sequence: 1,
-        boot_id: "boot".into(),
-        generated_at: chrono::Utc::now(),
-        identity: None,
-        conditions: conds
-            .iter()
-            .map(|(t, s)| CheckResult::new(*t, *s, "Because", format!("{t} is {s}")))
-            .collect(),
-        check_events: vec![],
-        events: vec![],
-        crio: None,
-        label_removals: vec![],
-        command_results: vec![],
-        problems: vec![],
-    }
-}
+use nodekeeper::agent::checks::ConditionStatus;
 
 fn policy(text: &str) -> PolicyConfig {
     let p: PolicyConfig = toml::from_str(text).unwrap();
@@ -303,8 +280,9 @@ budgets = [{ nodes = "100%" }]
     );
     // An agent report (its own Nodekeeper* conditions, and a spoofed hold) neither removes
     // nor overrides the engine's NodekeeperHeld condition.
-    let report = agent_report(
+    let report = ctl::report(
         "general-0",
+        1,
         &[
             ("NodekeeperDisk", ConditionStatus::False),
             ("NodekeeperHeld", ConditionStatus::False),
