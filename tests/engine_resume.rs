@@ -1,7 +1,9 @@
 //! A controller stopped mid-drain and a new one started: the new leader resumes from the
 //! Node's annotations (drain restarted, blocker shown again) and never asks for a second
 //! replacement; a replacement recorded as requested but never accepted (a crash between the
-//! annotation and the provider call) is asked again with the same idempotency key.
+//! annotation and the provider call) is asked again with the same idempotency key; a node that
+//! failed within its first minute, before a restart, is still repaired (its "seen Ready" is on
+//! the Node), not replaced as a failed launch.
 #![allow(clippy::unwrap_used)]
 
 mod engine_support;
@@ -306,5 +308,76 @@ async fn webhook_is_called_once_across_a_restart_mid_drain() {
         1,
         "the webhook was called again after the restart"
     );
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_young_node_failed_before_a_restart_is_repaired_not_replaced_as_a_failed_launch() {
+    // Scale 5: the node's first simulated minute lasts 12 s.
+    let mut s = Scenario::default_mixed();
+    s.pools.truncate(1);
+    s.pools[0].count = 2;
+    s.workloads.clear();
+    s.daemonsets.clear();
+    let c = cluster(5.0, s, loops()).await;
+    let p: PolicyConfig = toml::from_str(
+        r#"
+[repair]
+startup_timeout = "300s"
+max_unhealthy = "100%"
+[[repair.policy]]
+condition_type = "Ready"
+condition_status = "False"
+toleration = "60s"
+"#,
+    )
+    .unwrap();
+    const YOUNG: &str = "general-0";
+    let fake = Arc::new(FakeProvider::new());
+    let a = controller(
+        &c,
+        &controller_config("engine-y1"),
+        p.clone(),
+        Some(fake.clone()),
+    )
+    .await;
+    wait_until(Duration::from_secs(10), "seen-ready stored", || async {
+        annotation(&node(&c, YOUNG).await, keys::SEEN_READY).is_some()
+    })
+    .await;
+    pin_condition(&c, YOUNG, "Ready", "False").await;
+    // Failed within its first minute: by its Ready transition alone it never became Ready.
+    let n = node(&c, YOUNG).await;
+    let created = n.metadata.creation_timestamp.clone().unwrap().0.as_second();
+    let failed = condition(&n, "Ready")
+        .unwrap()
+        .last_transition_time
+        .unwrap()
+        .0
+        .as_second();
+    assert!(
+        failed - created < 60,
+        "failed {}s after creation",
+        failed - created
+    );
+
+    // The controller restarts before the toleration expired (no repair state yet).
+    assert_eq!(annotation(&n, keys::STATE), None);
+    a.stop().await;
+    let b = controller(&c, &controller_config("engine-y2"), p, Some(fake)).await;
+    wait_until(
+        Duration::from_secs(40),
+        "the young node handled",
+        || async { annotation(&node(&c, YOUNG).await, keys::STATE).is_some() },
+    )
+    .await;
+    let n = node(&c, YOUNG).await;
+    assert_eq!(annotation(&n, keys::REASON), Some("repair:Ready=False"));
+    let startup: Vec<_> = events_about(&c, YOUNG)
+        .await
+        .into_iter()
+        .filter(|(r, _)| r == "StartupTimeout")
+        .collect();
+    assert!(startup.is_empty(), "{startup:?}");
     b.stop().await;
 }

@@ -5,7 +5,8 @@
 //! admin cordons never undone; interruption drains scheduled (in the same decision) with the
 //! deadline notice time − safety margin; deciding again after applying is a no-op (so no
 //! duplicate replacement, reboot, cordon or Event); at most one replacement per node; dry-run
-//! gives the same decisions marked dry-run.
+//! gives the same decisions marked dry-run; the engine's one-node fast path after a notice
+//! (`decide_interruption`) decides exactly what `decide` decides for that node.
 //!
 //! `POLICY_PROP_CASES` sets the number of random seeds (default 10,000).
 
@@ -21,7 +22,9 @@ use nodekeeper::controller::policy::repair::{evaluate, Health};
 use nodekeeper::controller::policy::view::{
     keys, ClusterView, DrainPhase, NodeView, NoticeKind, PodView, Record, State,
 };
-use nodekeeper::controller::policy::{decide, group_of, Action, Decision, PolicyConfig};
+use nodekeeper::controller::policy::{
+    decide, decide_interruption, group_of, Action, Decision, PolicyConfig,
+};
 use policy_support::*;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -196,6 +199,7 @@ impl Sim {
         let before = self.view.clone();
         let ds = decide(&before, &self.cfg, self.now);
         check_dry_run(&before, &self.cfg, self.now, &ds)?;
+        check_fast_path(&before, &self.cfg, self.now, &ds)?;
         let mut after = before.clone();
         apply(&mut after, &ds);
         for d in &ds {
@@ -269,6 +273,22 @@ fn check_dry_run(
     for (a, b) in sim.iter().zip(ds) {
         prop_assert!(a.dry_run && !b.dry_run);
         prop_assert_eq!((&a.node, &a.action), (&b.node, &b.action));
+    }
+    Ok(())
+}
+
+/// The engine's fast path after a notice (`decide_interruption`, one node alone) decides
+/// exactly what `decide` decides for that node in the whole cluster, whenever it decides.
+fn check_fast_path(
+    v: &ClusterView,
+    cfg: &PolicyConfig,
+    now: DateTime<Utc>,
+    ds: &[Decision],
+) -> Result<(), TestCaseError> {
+    for n in &v.nodes {
+        if let Some(fast) = decide_interruption(n, cfg, now) {
+            prop_assert_eq!(&fast, &of(ds, &n.name), "fast path differs for {}", n.name);
+        }
     }
     Ok(())
 }

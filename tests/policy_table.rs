@@ -776,3 +776,89 @@ fn absurd_durations_do_not_panic() {
         "{diags:?}"
     );
 }
+
+#[test]
+fn fast_path_decides_a_fresh_notice_alone_and_defers_what_a_budget_gates() {
+    use nodekeeper::controller::policy::config::InterruptionAction;
+    use nodekeeper::controller::policy::decide_interruption;
+    let now = monday();
+    let mut a = node("a", "spot", now);
+    a.notices.push(notice(
+        "ev1",
+        NoticeKind::Preemption,
+        Some(now + mins(2)),
+        now,
+    ));
+    let v = view(vec![a.clone(), node("b", "spot", now)]);
+    let fast = decide_interruption(&a, &cfg(), now).expect("a preemption is decided alone");
+    assert_eq!(fast, of(&run(&v, &cfg(), now), "a"));
+    assert!(
+        has(&fast, |x| matches!(x, Action::Taint { .. }))
+            && has(&fast, |x| matches!(x, Action::Cordon))
+    );
+    // Nothing to do for a node without notices; a rebalance drain waits for its budget.
+    assert_eq!(
+        decide_interruption(&node("b", "spot", now), &cfg(), now),
+        None
+    );
+    let mut c = cfg();
+    c.interruption.actions.rebalance = InterruptionAction::Drain;
+    let mut r = node("r", "spot", now);
+    r.notices
+        .push(notice("ev2", NoticeKind::Rebalance, None, now));
+    assert_eq!(decide_interruption(&r, &c, now), None);
+}
+
+#[test]
+fn a_notice_counts_as_recorded_once_its_annotation_is_stored() {
+    use nodekeeper::controller::policy::interruption::notice_recorded;
+    let now = monday();
+    let mut a = node("a", "spot", now);
+    let pre = notice("ev1", NoticeKind::Preemption, Some(now + mins(5)), now);
+    a.notices.push(pre.clone());
+    let mut v = view(vec![a]);
+    assert!(!notice_recorded(get(&v, "a"), &pre, &cfg()));
+    let ds = run(&v, &cfg(), now);
+    apply(&mut v, &ds);
+    assert!(notice_recorded(get(&v, "a"), &pre, &cfg()));
+    // A later, weaker notice is accounted for by the recorded one.
+    let later = notice("ev2", NoticeKind::Maintenance, Some(now + mins(60)), now);
+    assert!(notice_recorded(get(&v, "a"), &later, &cfg()));
+    // A cancellation counts once nodekeeper let go of the node.
+    let cancel = notice("ev3", NoticeKind::Cancelled { of: "ev1".into() }, None, now);
+    assert!(!notice_recorded(get(&v, "a"), &cancel, &cfg()));
+    v.nodes[0].notices.push(cancel.clone());
+    let ds = run(&v, &cfg(), now);
+    apply(&mut v, &ds);
+    assert!(notice_recorded(get(&v, "a"), &cancel, &cfg()));
+}
+
+#[test]
+fn seen_ready_is_written_for_young_ready_nodes_only_and_read_back() {
+    use nodekeeper::controller::policy::view::{became_ready, condition};
+    let now = monday();
+    let timeout = std::time::Duration::from_secs(600);
+    let mut young = node("y", "", now);
+    young.created_at = now - chrono::Duration::seconds(30);
+    assert!(young.needs_seen_ready(timeout, now));
+    let old = node("o", "", now);
+    assert!(
+        !old.needs_seen_ready(timeout, now),
+        "old nodes are never written"
+    );
+    let mut failed = young.clone();
+    ready(&mut failed, "False", now);
+    assert!(!failed.needs_seen_ready(timeout, now), "only while Ready");
+    // Ready=False 30 s after creation: never Ready by the heuristic, Ready once by the record.
+    let c = condition("Ready", "False", now);
+    assert!(!became_ready(
+        young.created_at,
+        Some(&c),
+        &young.annotations
+    ));
+    young
+        .annotations
+        .insert(keys::SEEN_READY.into(), now.to_rfc3339());
+    assert!(became_ready(young.created_at, Some(&c), &young.annotations));
+    assert!(!young.needs_seen_ready(timeout, now), "written once");
+}

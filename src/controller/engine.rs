@@ -29,10 +29,11 @@ use super::actions::{Actor, REPLACEMENT_ACCEPTED};
 use super::config::EngineConfig;
 use super::drain_tasks::DrainTasks;
 use super::metrics::EngineMetrics;
-use super::policy::view::{
-    became_ready_heuristic, keys, ConditionView, Notice, NoticeKind, TaintView,
+use super::policy::interruption::notice_recorded;
+use super::policy::view::{became_ready, keys, ConditionView, Notice, NoticeKind, TaintView};
+use super::policy::{
+    decide_interruption, decide_with_status, Action, ClusterView, NodeView, PolicyConfig,
 };
-use super::policy::{decide_with_status, Action, ClusterView, NodeView, PolicyConfig};
 use crate::agent::sources::NodeEvent;
 
 /// The engine's notion of "now": wall time in production, simulated time against the sim.
@@ -92,11 +93,12 @@ pub fn node_view(n: &Node) -> Option<NodeView> {
         })
         .unwrap_or_default();
     let ready = conditions.iter().find(|c| c.type_ == "Ready");
-    let became_ready = became_ready_heuristic(created_at, ready);
+    let annotations = n.metadata.annotations.clone().unwrap_or_default();
+    let became_ready = became_ready(created_at, ready, &annotations);
     Some(NodeView {
         name,
         labels: n.metadata.labels.clone().unwrap_or_default(),
-        annotations: n.metadata.annotations.clone().unwrap_or_default(),
+        annotations,
         created_at,
         deleting: n.metadata.deletion_timestamp.is_some(),
         unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
@@ -136,9 +138,45 @@ pub struct Engine {
     pub metrics: Arc<EngineMetrics>,
     notices: Mutex<HashMap<String, Vec<Notice>>>,
     /// Nodes seen Ready at least once by this process (a node that fails soon after its
-    /// creation is still one that became Ready, whatever the transition-time heuristic says).
+    /// creation is still one that became Ready, whatever the transition-time heuristic says;
+    /// young nodes also get [`keys::SEEN_READY`], which survives a restart).
     seen_ready: Mutex<std::collections::HashSet<String>>,
     wake: Arc<Notify>,
+    /// Bumped after every reconcile and fast path (waiters re-read the Nodes).
+    progress: watch::Sender<u64>,
+    /// One lane per node: the fast path and the reconcile never act on a node at once.
+    lanes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per node, the [`Self::epoch`] at which the fast path last finished acting on it.
+    touched: Mutex<HashMap<String, u64>>,
+    epoch: std::sync::atomic::AtomicU64,
+}
+
+/// Why a notice could not be recorded on its Node.
+#[derive(Debug, thiserror::Error)]
+pub enum NotRecorded {
+    /// This replica does not hold the Lease (only the leader writes).
+    #[error("not the leader")]
+    NotLeader,
+    /// The Node is not in the cache.
+    #[error("node {0} not found")]
+    NoNode(String),
+    /// Not recorded within the time allowed.
+    #[error("not recorded on node {node} within {waited:?}")]
+    Timeout {
+        /// Node.
+        node: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+}
+
+/// How a notice stands after [`Engine::record_notice`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// Stored on the Node (or superseded by what is stored, or asking for nothing).
+    OnNode,
+    /// `dry_run`: nothing is ever written; accepted in memory only.
+    DryRun,
 }
 
 impl std::fmt::Debug for Engine {
@@ -187,7 +225,115 @@ impl Engine {
             notices: Mutex::new(HashMap::new()),
             seen_ready: Mutex::new(Default::default()),
             wake: p.wake,
+            progress: watch::channel(0).0,
+            lanes: Mutex::new(HashMap::new()),
+            touched: Mutex::new(HashMap::new()),
+            epoch: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    fn lane(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.lanes)
+            .entry(node.to_string())
+            .or_default()
+            .clone()
+    }
+
+    fn bump(&self) {
+        self.progress.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// One node as the policy sees it now (the cache or our fresher patch result, its notices,
+    /// its drain), without building the whole cluster.
+    pub fn node_now(&self, name: &str) -> Option<NodeView> {
+        let cached = self
+            .store
+            .get(&kube::runtime::reflector::ObjectRef::<Node>::new(name))?;
+        let fresh = self.actor.fresher(&cached);
+        let mut v = node_view(fresh.as_ref().unwrap_or(&cached))?;
+        self.complete(&mut v);
+        Some(v)
+    }
+
+    /// Adds what only the engine knows to a node built by [`node_view`].
+    fn complete(&self, v: &mut NodeView) {
+        v.notices = self.notices(&v.name);
+        v.drain = self.drains.view(&v.name);
+        let mut seen = lock(&self.seen_ready);
+        if v.is_ready() {
+            seen.insert(v.name.clone());
+        }
+        v.became_ready |= seen.contains(&v.name);
+    }
+
+    /// The fast path after a notice: when the policy's decision for `node` does not depend on
+    /// the rest of the cluster ([`decide_interruption`]: the interruption flow owns it and
+    /// nothing waits for a budget), act on it now, without the whole [`ClusterView`]. The full
+    /// reconcile that follows decides the same for this node (and, having read the node before
+    /// this acted, skips it). Returns whether it acted.
+    pub async fn fast_path(&self, node: &str) -> bool {
+        let lane = self.lane(node);
+        let _guard = lane.lock().await;
+        let now = self.clock.now();
+        let Some(v) = self.node_now(node) else {
+            return false;
+        };
+        let Some(actions) = decide_interruption(&v, &self.policy, now) else {
+            return false;
+        };
+        if actions.is_empty() {
+            return false;
+        }
+        let dry_run = self.policy.controller.dry_run;
+        if let Err(e) = self.actor.execute(node, &actions, dry_run).await {
+            tracing::warn!(error = %e, "fast path failed; retried by the next reconcile");
+        }
+        let done = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        lock(&self.touched).insert(node.to_string(), done);
+        self.metrics.fast_paths.fetch_add(1, Ordering::Relaxed);
+        self.bump();
+        true
+    }
+
+    /// Hands a notice to the engine and waits (at most `timeout`, while `leader` holds) until the
+    /// Node stores it ([`notice_recorded`]: the interruption annotation, written in the same
+    /// patch as its taint and cordon), so that a controller killed afterwards loses nothing.
+    pub async fn record_notice(
+        &self,
+        node: &str,
+        ev: &NodeEvent,
+        leader: &watch::Receiver<bool>,
+        timeout: Duration,
+    ) -> Result<Recorded, NotRecorded> {
+        if self.policy.controller.dry_run {
+            return Ok(Recorded::DryRun);
+        }
+        let notice = Notice::from(ev);
+        let mut progress = self.progress.subscribe();
+        let end = tokio::time::Instant::now() + timeout;
+        loop {
+            if !*leader.borrow() {
+                return Err(NotRecorded::NotLeader);
+            }
+            let v = self
+                .node_now(node)
+                .ok_or_else(|| NotRecorded::NoNode(node.to_string()))?;
+            if notice_recorded(&v, &notice, &self.policy) {
+                return Ok(Recorded::OnNode);
+            }
+            // Re-read after each reconcile or fast path, and now and then in any case.
+            let step = tokio::time::Instant::now() + Duration::from_millis(100);
+            let wait = tokio::time::timeout_at(step.min(end), progress.changed()).await;
+            if tokio::time::Instant::now() >= end {
+                return Err(NotRecorded::Timeout {
+                    node: node.to_string(),
+                    waited: timeout,
+                });
+            }
+            if matches!(wait, Ok(Err(_))) {
+                tokio::time::sleep_until(step).await;
+            }
+        }
     }
 
     /// The drain tasks (reports of finished drains, for tests and status).
@@ -239,13 +385,7 @@ impl Engine {
             .filter_map(|n| {
                 let fresh = self.actor.fresher(n);
                 let mut v = node_view(fresh.as_ref().unwrap_or(n))?;
-                v.notices = self.notices(&v.name);
-                v.drain = self.drains.view(&v.name);
-                let mut seen = lock(&self.seen_ready);
-                if v.is_ready() {
-                    seen.insert(v.name.clone());
-                }
-                v.became_ready |= seen.contains(&v.name);
+                self.complete(&mut v);
                 Some(v)
             })
             .collect();
@@ -254,6 +394,8 @@ impl Engine {
         self.drains.retain(|n| alive.contains_key(n));
         self.actor.retain(|n| alive.contains_key(n));
         lock(&self.seen_ready).retain(|n| alive.contains_key(n));
+        lock(&self.lanes).retain(|n, _| alive.contains_key(n));
+        lock(&self.touched).retain(|n, _| alive.contains_key(n));
         ClusterView { nodes }
     }
 
@@ -261,6 +403,8 @@ impl Engine {
     pub async fn reconcile(&self) -> usize {
         let started = std::time::Instant::now();
         let now = self.clock.now();
+        // Nodes the fast path acts on after this are skipped: this view predates them.
+        let epoch = self.epoch.load(Ordering::SeqCst);
         let view = self.view(now);
         let (decisions, groups) = decide_with_status(&view, &self.policy, now);
         self.metrics.set_groups(groups);
@@ -278,17 +422,44 @@ impl Engine {
         for d in decisions {
             by_node.entry(d.node).or_default().push(d.action);
         }
-        let actor = &self.actor;
+        if !dry_run {
+            // Persist "seen Ready" for young nodes (in the node's first patch of this round).
+            let startup = self.policy.repair.startup_timeout;
+            for n in view
+                .nodes
+                .iter()
+                .filter(|n| n.needs_seen_ready(startup, now))
+            {
+                by_node.entry(n.name.clone()).or_default().insert(
+                    0,
+                    Action::Annotate {
+                        key: keys::SEEN_READY.to_string(),
+                        value: Some(now.to_rfc3339()),
+                    },
+                );
+            }
+        }
+        let me = self;
         futures::stream::iter(by_node)
             .for_each_concurrent(
                 self.cfg.node_concurrency.max(1),
                 |(node, actions)| async move {
-                    if let Err(e) = actor.execute(&node, &actions, dry_run).await {
+                    let lane = me.lane(&node);
+                    let _guard = lane.lock().await;
+                    if lock(&me.touched).get(&node).is_some_and(|t| *t > epoch) {
+                        tracing::debug!(
+                            node,
+                            "acted on by the fast path since this view; next round"
+                        );
+                        return;
+                    }
+                    if let Err(e) = me.actor.execute(&node, &actions, dry_run).await {
                         tracing::warn!(error = %e, "action failed; retried by the next reconcile");
                     }
                 },
             )
             .await;
+        self.bump();
         self.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
         if count > 0 {
             self.metrics
@@ -324,13 +495,18 @@ impl Engine {
         }
     }
 
-    /// Runs until `cancel`: reconciles while `leader` is true; collects notices from `events`.
+    /// Runs until `cancel`: reconciles while `leader` is true; collects notices from `events`
+    /// (in their own task, so a notice is acted on during a long reconcile too).
     pub async fn run(
         self: Arc<Self>,
         mut leader: watch::Receiver<bool>,
-        mut events: broadcast::Receiver<(String, NodeEvent)>,
+        events: broadcast::Receiver<(String, NodeEvent)>,
         cancel: CancellationToken,
     ) {
+        tokio::spawn(
+            self.clone()
+                .take_notices(leader.clone(), events, cancel.clone()),
+        );
         let mut tick = tokio::time::interval(self.cfg.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut was_leader = false;
@@ -340,20 +516,9 @@ impl Engine {
                 _ = tick.tick() => false,
                 _ = self.wake.notified() => true,
                 _ = leader.changed() => false,
-                ev = events.recv() => match ev {
-                    Ok((node, e)) => { self.add_notice(&node, &e); true }
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "engine missed node events");
-                        true
-                    }
-                    Err(broadcast::error::RecvError::Closed) => break,
-                },
             };
             if changed && !self.cfg.debounce.is_zero() {
                 tokio::time::sleep(self.cfg.debounce).await;
-            }
-            while let Ok((node, e)) = events.try_recv() {
-                self.add_notice(&node, &e);
             }
             let is_leader = *leader.borrow();
             if !is_leader {
@@ -368,6 +533,35 @@ impl Engine {
             self.reconcile().await;
         }
         self.drains.stop_all();
+    }
+
+    /// Records each notice (waking the reconcile) and, while leading, runs the fast path for
+    /// its node at once.
+    async fn take_notices(
+        self: Arc<Self>,
+        leader: watch::Receiver<bool>,
+        mut events: broadcast::Receiver<(String, NodeEvent)>,
+        cancel: CancellationToken,
+    ) {
+        loop {
+            let (node, ev) = tokio::select! {
+                _ = cancel.cancelled() => return,
+                ev = events.recv() => match ev {
+                    Ok(x) => x,
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "engine missed node events");
+                        self.wake.notify_one();
+                        continue;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+            };
+            self.add_notice(&node, &ev);
+            if *leader.borrow() {
+                let me = self.clone();
+                tokio::spawn(async move { me.fast_path(&node).await });
+            }
+        }
     }
 }
 

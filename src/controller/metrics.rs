@@ -65,6 +65,8 @@ pub struct EngineMetrics {
     pub replacements: AtomicU64,
     /// Duration of the last reconcile, microseconds.
     pub last_reconcile_us: AtomicU64,
+    /// Notices acted on by the fast path (one node, before the full reconcile).
+    pub fast_paths: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -156,12 +158,15 @@ impl EngineMetrics {
              # TYPE nodekeeper_engine_replacements_total counter\n\
              nodekeeper_engine_replacements_total {}\n\
              # TYPE nodekeeper_engine_reconcile_seconds gauge\n\
-             nodekeeper_engine_reconcile_seconds {}\n",
+             nodekeeper_engine_reconcile_seconds {}\n\
+             # TYPE nodekeeper_engine_fast_paths_total counter\n\
+             nodekeeper_engine_fast_paths_total {}\n",
             g(&self.evictions_blocked_by_pdb),
             g(&self.reconciles),
             g(&self.drains_running),
             g(&self.replacements),
             g(&self.last_reconcile_us) as f64 / 1e6,
+            g(&self.fast_paths),
         );
         self.render_groups(&mut out);
         out

@@ -205,6 +205,7 @@ pub async fn start_with(
         leader: leader_rx,
         oci,
         engine: engine.as_ref().map(|e| e.metrics.clone()),
+        disruption: engine.clone(),
         notifier,
         forbidden: Default::default(),
         unauthenticated: Default::default(),

@@ -11,7 +11,7 @@
 //!   by `spec.providerID` (`oci://<ocid>` or the bare OCID), then handed to the node-state layer as
 //!   the same [`NodeEvent`] an agent would send, deduplicated by its deterministic id.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -70,19 +70,16 @@ impl OciEvents {
         }
     }
 
-    /// The node whose `spec.providerID` names `ocid`.
+    /// The node whose `spec.providerID` names `ocid` (one pass over the cache, no copies).
     pub fn node_for(&self, ocid: &str) -> Option<String> {
-        let index: HashMap<String, String> = self
-            .store
-            .state()
-            .iter()
-            .filter_map(|n| {
-                let pid = n.spec.as_ref()?.provider_id.clone()?;
-                let id = pid.strip_prefix("oci://").unwrap_or(&pid).to_string();
-                Some((id, n.metadata.name.clone()?))
+        self.store
+            .find(|n| {
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.provider_id.as_deref())
+                    .is_some_and(|pid| pid.strip_prefix("oci://").unwrap_or(pid) == ocid)
             })
-            .collect();
-        index.get(ocid).cloned()
+            .and_then(|n| n.metadata.name.clone())
     }
 }
 
@@ -168,9 +165,55 @@ async fn process(
             .into_response();
     };
     let id = parsed.event.id.clone();
+    let Some(engine) = &app.disruption else {
+        // Without the disruption engine a notice only becomes an Event: nothing to wait for.
+        let new = app.states.ingest_event(&node, parsed.event).await;
+        tracing::info!(%node, id, new, "OCI event ingested");
+        return Json(json!({"node": node, "id": id, "new": new})).into_response();
+    };
+    if !*app.leader.borrow() {
+        // Only the leader writes; OCI Notifications retries (immediately, then with backoff),
+        // and the Service spreads the retries over the replicas.
+        return unavailable(&node, &id, &super::engine::NotRecorded::NotLeader);
+    }
+    let ev = parsed.event.clone();
     let new = app.states.ingest_event(&node, parsed.event).await;
-    tracing::info!(%node, id, new, "OCI event ingested");
-    Json(json!({"node": node, "id": id, "new": new})).into_response()
+    if !new {
+        // A redelivery: the notice may have been lost before it was stored (a failed write);
+        // hand it to the engine again (idempotent: same id).
+        engine.add_notice(&node, &ev);
+        let (e, n) = (engine.clone(), node.clone());
+        tokio::spawn(async move { e.fast_path(&n).await });
+    }
+    match engine
+        .record_notice(&node, &ev, &app.leader, RECORD_TIMEOUT)
+        .await
+    {
+        Ok(r) => {
+            let recorded = r == super::engine::Recorded::OnNode;
+            tracing::info!(%node, id, new, recorded, "OCI event ingested");
+            Json(
+                json!({"node": node, "id": id, "new": new, "recorded": recorded,
+                "dry_run": r == super::engine::Recorded::DryRun}),
+            )
+            .into_response()
+        }
+        Err(e) => unavailable(&node, &id, &e),
+    }
+}
+
+/// How long a delivery waits for its notice to be stored on the Node before a 503.
+pub const RECORD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// 503 (OCI Notifications retries it) naming why the notice is not stored.
+fn unavailable(node: &str, id: &str, why: &super::engine::NotRecorded) -> Response {
+    tracing::warn!(node, id, error = %why, "OCI event not recorded: answering 503 for a retry");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(axum::http::header::RETRY_AFTER, "1")],
+        Json(json!({"error": format!("notice not recorded: {why}"), "node": node, "id": id})),
+    )
+        .into_response()
 }
 
 async fn confirm_subscription(oci: &OciEvents, url: &str) -> Response {

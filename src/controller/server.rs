@@ -55,6 +55,8 @@ pub struct App {
     pub oci: Option<OciEvents>,
     /// The disruption engine's metrics (when it runs).
     pub engine: Option<Arc<super::metrics::EngineMetrics>>,
+    /// The disruption engine (when it runs): OCI Events notices wait until it stored them.
+    pub disruption: Option<Arc<super::engine::Engine>>,
     /// Webhook notifications (`[[controller.notify]]`), when configured.
     pub notifier: Option<Arc<super::notify::Notifier>>,
     /// Forbidden reports (another node).

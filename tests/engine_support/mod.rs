@@ -75,8 +75,8 @@ pub fn controller_config(id: &str) -> ControllerConfig {
     c
 }
 
-/// Starts a controller with the engine on the sim's clock; waits until it leads.
-pub async fn controller(
+/// Starts a controller with the engine on the sim's clock (leading or not).
+pub async fn start_engine(
     c: &TestCluster,
     cfg: &ControllerConfig,
     policy: PolicyConfig,
@@ -85,9 +85,19 @@ pub async fn controller(
     let mut opts = EngineOptions::new(policy);
     opts.clock = Arc::new(SimTime(c.sim.store.clock.clone()));
     opts.provider = provider;
-    let r = nodekeeper::controller::start_with(c.client.clone(), cfg, Some(opts))
+    nodekeeper::controller::start_with(c.client.clone(), cfg, Some(opts))
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Starts a controller with the engine on the sim's clock; waits until it leads.
+pub async fn controller(
+    c: &TestCluster,
+    cfg: &ControllerConfig,
+    policy: PolicyConfig,
+    provider: Option<Arc<dyn NodeProvider>>,
+) -> Running {
+    let r = start_engine(c, cfg, policy, provider).await;
     wait_until(Duration::from_secs(15), "leadership", || async {
         *r.app.leader.borrow() && r.app.ready.load(std::sync::atomic::Ordering::Relaxed)
     })

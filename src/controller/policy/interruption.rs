@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use super::budget::Reason;
 use super::config::{InterruptionAction, PolicyConfig};
 use super::explain::Blocker;
-use super::view::{keys, DrainPhase, Notice, NoticeKind, RecordedNotice, State};
+use super::view::{keys, DrainPhase, NodeView, Notice, NoticeKind, RecordedNotice, State};
 use super::{earlier, later, reasons, Action, Candidate, EventType, Plan, Start};
 
 /// The configured action for a notice kind.
@@ -97,9 +97,14 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig) -> bool {
 
 /// Supersedes what is recorded: none recorded, or stronger, or as strong and sooner.
 fn is_new(p: &Plan<'_>, n: &Notice, cfg: &PolicyConfig) -> bool {
-    let Some(rn) = &p.record.notice else {
-        return true;
-    };
+    p.record
+        .notice
+        .as_ref()
+        .is_none_or(|rn| supersedes(n, rn, cfg))
+}
+
+/// `n` replaces the recorded notice `rn`: another id, and stronger, or as strong and sooner.
+fn supersedes(n: &Notice, rn: &RecordedNotice, cfg: &PolicyConfig) -> bool {
     if rn.id == n.id {
         return false;
     }
@@ -108,6 +113,29 @@ fn is_new(p: &Plan<'_>, n: &Notice, cfg: &PolicyConfig) -> bool {
         strength(action_for(&rn.kind, cfg)),
     );
     a > b || (a == b && announced_at(n, cfg) < rn.at)
+}
+
+/// Whether what `node` stores (its annotations, as read back after a restart) already accounts
+/// for notice `n`, so that forgetting `n` loses nothing: the notice itself is recorded in
+/// [`keys::INTERRUPTION`] (written in the same patch as the taint and cordon it causes); or the
+/// recorded notice supersedes it; or it asks for nothing (`ignore`, a deleting node); for a
+/// cancellation, the withdrawn notice is no longer being acted on. A notice whose start waits for
+/// a budget (a rebalance configured to drain) is not recorded until it starts.
+pub fn notice_recorded(node: &NodeView, n: &Notice, cfg: &PolicyConfig) -> bool {
+    if node.deleting {
+        return true;
+    }
+    let record = node.record();
+    match &n.kind {
+        NoticeKind::Cancelled { of } => {
+            let acting = matches!(record.state, State::Interrupted | State::Cordoned);
+            !(acting && record.notice.is_some_and(|rn| &rn.id == of))
+        }
+        kind if action_for(kind, cfg) == InterruptionAction::Ignore => true,
+        _ => record
+            .notice
+            .is_some_and(|rn| rn.id == n.id || !supersedes(n, &rn, cfg)),
+    }
 }
 
 fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {

@@ -421,6 +421,13 @@ impl<'a> Plan<'a> {
         }
     }
 
+    /// The last steps of every node's decision (cleanup, hold): its actions in order.
+    fn finish(mut self, cfg: &PolicyConfig) -> Vec<Action> {
+        self.cleanup_orphans(cfg);
+        self.publish_hold();
+        self.actions
+    }
+
     /// Removes leftovers of nodekeeper's on a node it is not acting on.
     fn cleanup_orphans(&mut self, cfg: &PolicyConfig) {
         if self.record.state != State::Idle || !self.actions.is_empty() {
@@ -486,13 +493,29 @@ fn decide_group(
         short_circuited,
     };
     let mut out = Vec::new();
-    for mut p in plans {
-        p.cleanup_orphans(cfg);
-        p.publish_hold();
+    for p in plans {
         let name = p.cur.name.clone();
-        out.extend(p.actions.into_iter().map(|a| (name.clone(), a)));
+        out.extend(p.finish(cfg).into_iter().map(|a| (name.clone(), a)));
     }
     (out, status)
+}
+
+/// The decision for one node, alone, when it does not depend on the rest of its group: the
+/// interruption flow owns the node this round and starts nothing that waits for a budget
+/// (interruptions are not gated, only counted; a rebalance configured to drain is gated and
+/// gives `None`). Then it equals what [`decide`] gives that node in any cluster (the
+/// short-circuit and the grants only touch budget candidates), so the engine can act on a fresh
+/// notice without building the whole [`ClusterView`]. `None`: only [`decide`] can tell.
+pub fn decide_interruption(
+    node: &NodeView,
+    cfg: &PolicyConfig,
+    now: DateTime<Utc>,
+) -> Option<Vec<Action>> {
+    let mut p = Plan::new(node, now);
+    if !interruption::step(&mut p, cfg) || p.candidate.is_some() {
+        return None;
+    }
+    Some(p.finish(cfg))
 }
 
 /// Nodes counted against the group's budget: disrupting, deleting, or NotReady (except a

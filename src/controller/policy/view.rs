@@ -39,6 +39,10 @@ pub mod keys {
     pub const STARTUP_RETRIES: &str = "nodekeeper.io/startup-retries";
     /// Why nodekeeper is holding the node back: the JSON of [`super::super::explain::Held`].
     pub const BLOCKED: &str = "nodekeeper.io/blocked";
+    /// RFC 3339 time nodekeeper first saw the node Ready; written only while the node is young
+    /// (see [`super::NodeView::needs_seen_ready`]), so that a node failing soon after its start
+    /// is still repaired, not replaced as a failed launch, by a restarted controller.
+    pub const SEEN_READY: &str = "nodekeeper.io/seen-ready";
     /// The value of `CORDONED_BY` / `LB_EXCLUDED_BY` and of the LB exclusion label.
     pub const OWNER: &str = "nodekeeper";
     /// Every annotation above (for cleanup and docs).
@@ -55,6 +59,7 @@ pub mod keys {
         INTERRUPTION,
         STARTUP_RETRIES,
         BLOCKED,
+        SEEN_READY,
     ];
 }
 
@@ -251,15 +256,33 @@ pub struct NodeView {
     pub pods: Vec<PodView>,
 }
 
+/// How long after its creation a node's Ready transition can be mistaken for its registration
+/// by [`became_ready_heuristic`].
+pub const REGISTRATION_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// `became_ready` from the Ready condition when nothing better is known: Ready now, or it
 /// changed well after the node was created (kubelet registers with Ready=False, so a node
-/// that never became Ready keeps a transition time close to its creation).
+/// that never became Ready keeps a transition time close to its creation). A node that was
+/// Ready and failed within [`REGISTRATION_WINDOW`] of its creation looks never Ready: hence
+/// [`keys::SEEN_READY`].
 pub fn became_ready_heuristic(created_at: DateTime<Utc>, ready: Option<&ConditionView>) -> bool {
     match ready {
         None => false,
         Some(c) if c.status == "True" => true,
-        Some(c) => c.last_transition_time - created_at > chrono::Duration::seconds(60),
+        Some(c) => {
+            let window = chrono::Duration::from_std(REGISTRATION_WINDOW).unwrap_or_default();
+            c.last_transition_time - created_at > window
+        }
     }
+}
+
+/// `became_ready` of a Node: [`keys::SEEN_READY`] recorded, or [`became_ready_heuristic`].
+pub fn became_ready(
+    created_at: DateTime<Utc>,
+    ready: Option<&ConditionView>,
+    annotations: &BTreeMap<String, String>,
+) -> bool {
+    annotations.contains_key(keys::SEEN_READY) || became_ready_heuristic(created_at, ready)
 }
 
 impl NodeView {
@@ -299,6 +322,20 @@ impl NodeView {
     /// Annotation value.
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.annotations.get(key).map(String::as_str)
+    }
+
+    /// Whether [`keys::SEEN_READY`] should be written now: the node is Ready, has no record of
+    /// it yet and is younger than `startup_timeout` (at least [`REGISTRATION_WINDOW`]). Older
+    /// nodes need none: their later failures are told apart by the heuristic, and a node never
+    /// Ready by then is a failed launch anyway. So only new nodes are ever written, once.
+    pub fn needs_seen_ready(
+        &self,
+        startup_timeout: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> bool {
+        self.is_ready()
+            && !self.annotations.contains_key(keys::SEEN_READY)
+            && now < super::later(self.created_at, startup_timeout.max(REGISTRATION_WINDOW))
     }
 
     /// Has a taint with `key`.
