@@ -8,7 +8,8 @@
 //! latency is the time from `lastTransitionTime + toleration` (when the repair became due) to
 //! the moment a Node watcher sees nodekeeper's `nodekeeper.io/state` annotation on it. Prints
 //! p50/p99/max, the controller's RSS (VmRSS and its peak VmHWM) after the trials, and the pure
-//! `decide()` time over the same cluster.
+//! `decide()` time over the same cluster. Before the trials it waits until the controller has
+//! written `nodekeeper.io/seen-ready` on the (all new) nodes, and prints how long that took.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -169,6 +170,35 @@ budgets = [{{ nodes = "100%" }}]
         start.elapsed().as_secs_f64(),
         rss_kib(pid).0
     );
+    // A new cluster: every node is young, so the first reconciles write `seen-ready` on each
+    // (once, in its first two minutes). Measure that apart from the steady state below.
+    let stamping = Instant::now();
+    let nodes_api: Api<Node> = Api::all(cluster.client.clone());
+    let (mut stamped, mut last, mut still) = (0, usize::MAX, 0);
+    while stamped < nodes && still < 3 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stamped = nodes_api
+            .list(&Default::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|n| {
+                        n.metadata
+                            .annotations
+                            .as_ref()
+                            .is_some_and(|a| a.contains_key("nodekeeper.io/seen-ready"))
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        still = if stamped == last { still + 1 } else { 0 };
+        last = stamped;
+    }
+    println!(
+        "seen-ready written on {stamped} of {nodes} new nodes in {:.1}s (first start on a new cluster)",
+        stamping.elapsed().as_secs_f64()
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Times are wall-clock (UTC): the repair is due at the condition's lastTransitionTime (as
     // the sim stored it, the controller's input) + toleration.
@@ -255,6 +285,25 @@ budgets = [{{ nodes = "100%" }}]
         pct(&cordon, 0.99),
         cordon.last().copied().unwrap_or(f64::NAN)
     );
+    let metrics = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .unwrap_or_default();
+    for l in metrics.lines().filter(|l| {
+        [
+            "nodekeeper_engine_reconciles_total",
+            "nodekeeper_engine_reconcile_seconds",
+            "nodekeeper_engine_fast_paths_total",
+        ]
+        .iter()
+        .any(|m| l.starts_with(m))
+    }) {
+        println!("controller: {l}");
+    }
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -291,10 +340,28 @@ async fn notice_to_cordon(
         .await
         .expect("providerID");
     }
+    // Notices are posted once the watch has listed every node (an earlier notice could land
+    // between the list and the watch of a watcher still starting).
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
     let watch = tokio::spawn(async move {
-        let stream = watcher(api, watcher::Config::default()).applied_objects();
+        let stream = watcher(api, watcher::Config::default());
         let mut stream = std::pin::pin!(stream);
-        while let Some(Ok(n)) = stream.next().await {
+        let mut listed_tx = Some(listed_tx);
+        while let Some(ev) = stream.next().await {
+            let n = match ev {
+                Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => n,
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(tx) = listed_tx.take() {
+                        let _ = tx.send(());
+                    }
+                    continue;
+                }
+                Ok(_) => continue,
+                Err(e) => {
+                    println!("watch error (the watcher retries): {e}");
+                    continue;
+                }
+            };
             let spec = n.spec.unwrap_or_default();
             let tainted = spec
                 .taints
@@ -308,7 +375,10 @@ async fn notice_to_cordon(
             }
         }
     });
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::timeout(Duration::from_secs(60), listed)
+        .await
+        .expect("watch never listed the nodes")
+        .expect("watch task ended");
     let http = reqwest::Client::new();
     let mut sent: HashMap<String, Instant> = HashMap::new();
     for (i, node) in chosen.into_iter().enumerate() {
@@ -340,13 +410,36 @@ async fn notice_to_cordon(
     }
     watch.abort();
     let seen = seen.lock().unwrap().clone();
-    let mut v: Vec<f64> = sent
+    for n in sent.keys().filter(|n| !seen.contains_key(*n)) {
+        // Not seen by the watch: say what the Node holds.
+        let api: Api<Node> = Api::all(cluster.client.clone());
+        if let Ok(node) = api.get(n).await {
+            let spec = node.spec.unwrap_or_default();
+            println!(
+                "{n} not seen tainted + cordoned: unschedulable {:?}, taints {:?}, annotations {:?}",
+                spec.unschedulable,
+                spec.taints.unwrap_or_default().iter().map(|t| &t.key).collect::<Vec<_>>(),
+                node.metadata.annotations.unwrap_or_default().keys().collect::<Vec<_>>()
+            );
+        }
+    }
+    let mut order: Vec<(&Instant, f64)> = sent
         .iter()
         .filter_map(|(n, t)| {
             seen.get(n)
-                .map(|s| s.saturating_duration_since(*t).as_secs_f64())
+                .map(|s| (t, s.saturating_duration_since(*t).as_secs_f64()))
         })
         .collect();
+    order.sort_by_key(|(t, _)| **t);
+    let line: Vec<String> = order
+        .iter()
+        .map(|(_, d)| format!("{:.0}", d * 1e3))
+        .collect();
+    println!(
+        "notice → taint + cordon, ms, in the order posted: {}",
+        line.join(" ")
+    );
+    let mut v: Vec<f64> = order.into_iter().map(|(_, d)| d).collect();
     v.sort_by(|a, b| a.total_cmp(b));
     v
 }

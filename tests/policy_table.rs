@@ -837,18 +837,14 @@ fn a_notice_counts_as_recorded_once_its_annotation_is_stored() {
 fn seen_ready_is_written_for_young_ready_nodes_only_and_read_back() {
     use nodekeeper::controller::policy::view::{became_ready, condition};
     let now = monday();
-    let timeout = std::time::Duration::from_secs(600);
     let mut young = node("y", "", now);
     young.created_at = now - chrono::Duration::seconds(30);
-    assert!(young.needs_seen_ready(timeout, now));
+    assert!(young.needs_seen_ready(now));
     let old = node("o", "", now);
-    assert!(
-        !old.needs_seen_ready(timeout, now),
-        "old nodes are never written"
-    );
+    assert!(!old.needs_seen_ready(now), "old nodes are never written");
     let mut failed = young.clone();
     ready(&mut failed, "False", now);
-    assert!(!failed.needs_seen_ready(timeout, now), "only while Ready");
+    assert!(!failed.needs_seen_ready(now), "only while Ready");
     // Ready=False 30 s after creation: never Ready by the heuristic, Ready once by the record.
     let c = condition("Ready", "False", now);
     assert!(!became_ready(
@@ -860,5 +856,5 @@ fn seen_ready_is_written_for_young_ready_nodes_only_and_read_back() {
         .annotations
         .insert(keys::SEEN_READY.into(), now.to_rfc3339());
     assert!(became_ready(young.created_at, Some(&c), &young.annotations));
-    assert!(!young.needs_seen_ready(timeout, now), "written once");
+    assert!(!young.needs_seen_ready(now), "written once");
 }

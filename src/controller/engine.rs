@@ -400,13 +400,28 @@ impl Engine {
     }
 
     /// One reconcile: decide and act. Returns the number of actions decided.
-    pub async fn reconcile(&self) -> usize {
+    pub async fn reconcile(self: &Arc<Self>) -> usize {
         let started = std::time::Instant::now();
         let now = self.clock.now();
         // Nodes the fast path acts on after this are skipped: this view predates them.
         let epoch = self.epoch.load(Ordering::SeqCst);
-        let view = self.view(now);
-        let (decisions, groups) = decide_with_status(&view, &self.policy, now);
+        // Building the view and deciding for every node is CPU-bound (a quarter of a second at
+        // 5,000 nodes in a debug build): off the async workers, so that the fast path after a
+        // notice, agent reports and the API are not queued behind it.
+        let me = self.clone();
+        let planned = tokio::task::spawn_blocking(move || {
+            let view = me.view(now);
+            let (decisions, groups) = decide_with_status(&view, &me.policy, now);
+            (view, decisions, groups)
+        })
+        .await;
+        let (view, decisions, groups) = match planned {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "reconcile failed; next round");
+                return 0;
+            }
+        };
         self.metrics.set_groups(groups);
         let mut held: BTreeMap<&'static str, u64> = BTreeMap::new();
         for h in view.nodes.iter().filter_map(|n| n.record().held) {
@@ -424,12 +439,7 @@ impl Engine {
         }
         if !dry_run {
             // Persist "seen Ready" for young nodes (in the node's first patch of this round).
-            let startup = self.policy.repair.startup_timeout;
-            for n in view
-                .nodes
-                .iter()
-                .filter(|n| n.needs_seen_ready(startup, now))
-            {
+            for n in view.nodes.iter().filter(|n| n.needs_seen_ready(now)) {
                 by_node.entry(n.name.clone()).or_default().insert(
                     0,
                     Action::Annotate {

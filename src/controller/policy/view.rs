@@ -39,9 +39,9 @@ pub mod keys {
     pub const STARTUP_RETRIES: &str = "nodekeeper.io/startup-retries";
     /// Why nodekeeper is holding the node back: the JSON of [`super::super::explain::Held`].
     pub const BLOCKED: &str = "nodekeeper.io/blocked";
-    /// RFC 3339 time nodekeeper first saw the node Ready; written only while the node is young
-    /// (see [`super::NodeView::needs_seen_ready`]), so that a node failing soon after its start
-    /// is still repaired, not replaced as a failed launch, by a restarted controller.
+    /// RFC 3339 time nodekeeper first saw the node Ready; written only in the node's first
+    /// minutes (see [`super::NodeView::needs_seen_ready`]), so that a node failing soon after its
+    /// start is still repaired, not replaced as a failed launch, by a restarted controller.
     pub const SEEN_READY: &str = "nodekeeper.io/seen-ready";
     /// The value of `CORDONED_BY` / `LB_EXCLUDED_BY` and of the LB exclusion label.
     pub const OWNER: &str = "nodekeeper";
@@ -325,17 +325,15 @@ impl NodeView {
     }
 
     /// Whether [`keys::SEEN_READY`] should be written now: the node is Ready, has no record of
-    /// it yet and is younger than `startup_timeout` (at least [`REGISTRATION_WINDOW`]). Older
-    /// nodes need none: their later failures are told apart by the heuristic, and a node never
-    /// Ready by then is a failed launch anyway. So only new nodes are ever written, once.
-    pub fn needs_seen_ready(
-        &self,
-        startup_timeout: std::time::Duration,
-        now: DateTime<Utc>,
-    ) -> bool {
+    /// it yet and is younger than twice [`REGISTRATION_WINDOW`] (the window plus as much again
+    /// for clock skew and the time to observe it). Only a failure within that window looks like
+    /// "never Ready" to [`became_ready_heuristic`]; a node Ready after it fails later with a
+    /// later transition time. So only new nodes are ever written, once each, and a controller
+    /// starting on an existing cluster writes none.
+    pub fn needs_seen_ready(&self, now: DateTime<Utc>) -> bool {
         self.is_ready()
             && !self.annotations.contains_key(keys::SEEN_READY)
-            && now < super::later(self.created_at, startup_timeout.max(REGISTRATION_WINDOW))
+            && now < super::later(self.created_at, 2 * REGISTRATION_WINDOW)
     }
 
     /// Has a taint with `key`.
