@@ -1,9 +1,12 @@
 //! Test and demo stand-ins for the real peers nodekeeper talks to:
 //! - [`apiserver`]: a Kubernetes API server stand-in with simulated control loops (`nodekeeper sim apiserver`);
-//! - [`imds`]: cloud instance-metadata emulators for OCI, AWS, Azure and GCP (`nodekeeper sim imds`).
+//! - [`imds`]: cloud instance-metadata emulators for OCI, AWS, Azure and GCP (`nodekeeper sim imds`);
+//! - [`oci_compute`]: the OCI Compute / Container Engine calls of the `oci` replacement provider,
+//!   with signature verification (tests).
 
 pub mod apiserver;
 pub mod imds;
+pub mod oci_compute;
 pub mod oci_events;
 
 /// `nodekeeper sim ...` subcommands.
