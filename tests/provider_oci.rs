@@ -101,13 +101,22 @@ fn key_id(k: &TestKey) -> String {
 
 fn config(stand_in: &OciCompute, key: &TestKey, ca: &Path, mode: OciMode) -> OciConfig {
     OciConfig {
-        region: None,
         endpoint: Some(stand_in.url.clone()),
+        mode,
+        ..config_for(key, ca)
+    }
+}
+
+/// Settings signing with `key` and trusting `ca` (no endpoint yet).
+fn config_for(key: &TestKey, ca: &Path) -> OciConfig {
+    OciConfig {
+        region: None,
+        endpoint: None,
         tenancy: TENANCY.into(),
         user: USER.into(),
         fingerprint: key.fingerprint.clone(),
         key_file: key.pkcs8.clone(),
-        mode,
+        mode: OciMode::Terminate,
         ca_file: Some(ca.to_path_buf()),
         timeout: Duration::from_secs(5),
         max_attempts: 4,
@@ -140,6 +149,7 @@ async fn fixture() -> Fixture {
         keys: BTreeMap::from([(key_id(&key), key.public_pem.clone())]),
         client: Some(cluster.client.clone()),
         launch_delay: Duration::from_millis(300),
+        listen: None,
     })
     .await
     .unwrap();
@@ -741,4 +751,100 @@ async fn the_controller_replaces_an_interrupted_node_through_kind_oci() {
     .await;
     assert_eq!(f.acted().len(), 1, "{:?}", f.oci.calls());
     drop(ctl);
+}
+
+/// Kills the child (by its PID) when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sim_subcommand_serves_the_stand_in_for_a_cluster() {
+    use std::io::BufRead;
+    engine_support::init();
+    let dir = tempfile::tempdir().unwrap();
+    let key = test_key(dir.path(), "cli");
+    let cluster = TestCluster::start(SimOptions {
+        time_scale: 30.0,
+        scenario: Scenario::default_mixed(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig).unwrap();
+    let public = dir.path().join("cli.pub.pem");
+    let ca = dir.path().join("ca.pem");
+    let mut child = Child(
+        Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+            .args([
+                "sim",
+                "oci-compute",
+                "--listen",
+                "127.0.0.1:0",
+                "--launch-delay",
+                "200ms",
+            ])
+            .arg("--key")
+            .arg(format!("{}={}", key_id(&key), public.display()))
+            .arg("--ca-out")
+            .arg(&ca)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--adopt-nodes")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    std::thread::spawn(move || for _ in std::io::BufReader::new(stderr).lines() {});
+    let mut lines = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let url = tokio::task::spawn_blocking(move || {
+        lines
+            .find_map(|l| {
+                l.unwrap()
+                    .strip_prefix("OCI API stand-in listening on ")
+                    .map(str::to_string)
+            })
+            .expect("the stand-in printed its URL")
+    })
+    .await
+    .unwrap();
+
+    let nodes: Api<Node> = Api::all(cluster.client.clone());
+    let victim = nodes
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|n| annotation(n, NODE_POOL_ANNOTATION).is_some())
+        .expect("--adopt-nodes gave the nodes OCI identities");
+    let node = victim.metadata.name.clone().unwrap();
+    let mut cfg = OciConfig {
+        endpoint: Some(url),
+        ..config_for(&key, &ca)
+    };
+    cfg.mode = OciMode::NodePool;
+    let p = Oci::new(cfg, cluster.client.clone()).unwrap();
+    let t = p
+        .request_replacement(&ReplacementRequest::new(&node, "repair", "cli"))
+        .await
+        .unwrap();
+    let new_node = wait_ready(&p, &t).await;
+    assert!(
+        nodes.get_opt(&node).await.unwrap().is_none(),
+        "old node removed"
+    );
+    let fresh = nodes.get(&new_node).await.unwrap();
+    assert_eq!(
+        annotation(&fresh, NODE_POOL_ANNOTATION),
+        annotation(&victim, NODE_POOL_ANNOTATION)
+    );
 }

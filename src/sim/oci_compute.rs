@@ -18,6 +18,8 @@
 //! instance OCID) is created; the sim's kubelet loop keeps it Ready.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,8 +55,8 @@ pub enum OciComputeError {
     #[error(transparent)]
     Tls(#[from] crate::sim::apiserver::tls::TlsError),
     /// Binding the listener failed.
-    #[error("binding 127.0.0.1:0: {0}")]
-    Bind(std::io::Error),
+    #[error("binding {0}: {1}")]
+    Bind(SocketAddr, std::io::Error),
 }
 
 /// Options of [`OciCompute::start`].
@@ -67,6 +69,8 @@ pub struct OciComputeOptions {
     pub client: Option<kube::Client>,
     /// Real time between an accepted DELETE and the node's removal and replacement.
     pub launch_delay: Duration,
+    /// Address to listen on (default `127.0.0.1:0`).
+    pub listen: Option<SocketAddr>,
 }
 
 /// One request the stand-in received.
@@ -148,10 +152,15 @@ impl OciCompute {
             launched: AtomicU64::new(0),
         });
         let tls = crate::sim::apiserver::tls::SimTls::generate()?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let at = opts
+            .listen
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+        let listener = tokio::net::TcpListener::bind(at)
             .await
-            .map_err(OciComputeError::Bind)?;
-        let addr = listener.local_addr().map_err(OciComputeError::Bind)?;
+            .map_err(|e| OciComputeError::Bind(at, e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| OciComputeError::Bind(at, e))?;
         let router = axum::Router::new()
             .fallback(handle)
             .with_state(shared.clone());
@@ -519,4 +528,66 @@ pub async fn adopt_nodes(c: &kube::Client) -> Result<usize, kube::Error> {
             .await?;
     }
     Ok(nodes.len())
+}
+
+/// Arguments of `nodekeeper sim oci-compute`.
+#[derive(Debug, clap::Args)]
+pub struct OciComputeArgs {
+    /// Address to listen on (HTTPS).
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    pub listen: SocketAddr,
+    /// An accepted API key, `KEYID=FILE`: keyId `<tenancy>/<user>/<fingerprint>` and the PEM public
+    /// key (`PUBLIC KEY`). Repeatable.
+    #[arg(long = "key", required = true)]
+    pub keys: Vec<String>,
+    /// File to write the CA certificate (PEM) of the stand-in's TLS certificate to (the
+    /// provider's `ca_file`).
+    #[arg(long)]
+    pub ca_out: PathBuf,
+    /// Cluster whose Nodes stand for the instances (removed and replaced on DELETE); without it,
+    /// DELETEs are only answered and logged.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// First give every node of that cluster an OCI identity (providerID, node-pool annotation).
+    #[arg(long, requires = "kubeconfig")]
+    pub adopt_nodes: bool,
+    /// Real time from an accepted DELETE to the node's removal and replacement.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub launch_delay: Duration,
+}
+
+/// `nodekeeper sim oci-compute`: serves until SIGTERM or SIGINT.
+pub async fn run(args: OciComputeArgs) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
+    let mut keys = BTreeMap::new();
+    for k in &args.keys {
+        let (id, file) = k
+            .split_once('=')
+            .ok_or_else(|| format!("--key `{k}`: expected KEYID=FILE"))?;
+        let pem = std::fs::read_to_string(file).map_err(|e| format!("--key {file}: {e}"))?;
+        keys.insert(id.to_string(), pem);
+    }
+    let client = match &args.kubeconfig {
+        Some(p) => Some(crate::controller::drain::cli::client(Some(p)).await?),
+        None => None,
+    };
+    if let (true, Some(c)) = (args.adopt_nodes, &client) {
+        let n = adopt_nodes(c).await?;
+        println!("gave {n} nodes an OCI identity");
+    }
+    let sim = OciCompute::start(OciComputeOptions {
+        keys,
+        client,
+        launch_delay: args.launch_delay,
+        listen: Some(args.listen),
+    })
+    .await?;
+    std::fs::write(&args.ca_out, &sim.ca_pem)
+        .map_err(|e| format!("--ca-out {}: {e}", args.ca_out.display()))?;
+    println!("OCI API stand-in listening on {}", sim.url);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    Ok(0)
 }
