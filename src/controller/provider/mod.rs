@@ -76,7 +76,7 @@ pub fn request_id(node: &str, reason: &str, episode: &str) -> String {
 /// Serializable so the controller can record it on the Node and resume after a restart.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplacementTicket {
-    /// Name of the provider that accepted it (`karpenter`, `webhook`, `none`, `fake`).
+    /// Name of the provider that accepted it (`karpenter`, `webhook`, `oci`, `none`, `fake`).
     pub provider: String,
     /// The request's idempotency key.
     pub request_id: String,
@@ -84,7 +84,7 @@ pub struct ReplacementTicket {
     pub node: String,
     /// The node's pool, if known.
     pub pool: Option<String>,
-    /// Provider-specific reference (the NodeClaim name for karpenter).
+    /// Provider-specific reference (the NodeClaim name for karpenter, the instance OCID for oci).
     pub reference: Option<String>,
     /// Server time the replacement was requested (RFC 3339), when the provider knows it.
     pub requested_at: Option<String>,
