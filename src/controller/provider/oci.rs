@@ -617,3 +617,67 @@ impl NodeProvider for Oci {
         Box::pin(self.ready(ticket))
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_ocids_come_from_oke_and_ccm_provider_ids() {
+        let id = "ocid1.instance.oc1.eu-frankfurt-1.antheljt5ouxq";
+        assert_eq!(instance_ocid(&format!("oci://{id}")), Some(id));
+        assert_eq!(instance_ocid(id), Some(id));
+        assert_eq!(instance_ocid("aws:///eu-west-1a/i-0abc"), None);
+        assert_eq!(instance_ocid("ocid1.volume.oc1..x"), None);
+        assert_eq!(
+            instance_ocid("ocid1.instance.oc1..x/../y"),
+            None,
+            "no path tricks"
+        );
+        assert_eq!(instance_ocid(""), None);
+    }
+
+    #[test]
+    fn fingerprints_and_ocids_are_checked_by_shape() {
+        assert!(is_fingerprint(
+            "20:3b:97:13:55:1c:5b:0d:d3:37:d8:50:4e:c5:3a:34"
+        ));
+        assert!(!is_fingerprint(
+            "20:3b:97:13:55:1c:5b:0d:d3:37:d8:50:4e:c5:3a"
+        ));
+        assert!(!is_fingerprint(
+            "zz:3b:97:13:55:1c:5b:0d:d3:37:d8:50:4e:c5:3a:34"
+        ));
+        assert!(is_ocid("ocid1.tenancy.oc1..aaaa", "tenancy"));
+        assert!(!is_ocid("ocid1.tenancyx.oc1..aaaa", "tenancy"));
+        assert!(!is_ocid("ocid1.user.oc1..aaaa", "tenancy"));
+    }
+
+    #[test]
+    fn body_headers_only_for_methods_with_a_body() {
+        let plan = |method| {
+            signing_plan(&SignInput {
+                method,
+                path_and_query: "/x",
+                host: "h",
+                date: "d",
+                body: None,
+            })
+        };
+        assert_eq!(plan("DELETE").headers, ["date", "(request-target)", "host"]);
+        assert_eq!(
+            plan("DELETE").signing_string,
+            "date: d\n(request-target): delete /x\nhost: h"
+        );
+        let put = plan("PUT");
+        assert_eq!(put.headers.len(), 6);
+        assert_eq!(put.extra[0], ("content-length", "0".to_string()));
+    }
+
+    #[test]
+    fn garbage_is_not_a_key() {
+        let err = OciSigner::from_pem("k", b"not a key").unwrap_err();
+        assert!(matches!(err, KeyError::Pem(_)), "{err}");
+    }
+}
