@@ -124,7 +124,8 @@ fn config_for(key: &TestKey, ca: &Path) -> OciConfig {
     }
 }
 
-/// A sim cluster whose nodes carry OCI identities, a stand-in acting on it that knows `key`.
+/// A sim cluster whose nodes carry OCI identities, a stand-in acting on it that knows `key`
+/// (accepted DELETEs held until `oci.release()`).
 struct Fixture {
     dir: tempfile::TempDir,
     key: TestKey,
@@ -148,8 +149,9 @@ async fn fixture() -> Fixture {
     let oci = OciCompute::start(OciComputeOptions {
         keys: BTreeMap::from([(key_id(&key), key.public_pem.clone())]),
         client: Some(cluster.client.clone()),
-        launch_delay: Duration::from_millis(300),
+        launch_delay: Duration::from_millis(100),
         listen: None,
+        hold: true,
     })
     .await
     .unwrap();
@@ -456,8 +458,15 @@ async fn terminate_deletes_the_instance_once_and_reports_the_ready_replacement()
     let t3 = fresh.request_replacement(&req).await.unwrap();
     assert_eq!(t3.reference, t1.reference);
     assert_eq!(f.acted().len(), 1, "one termination: {:?}", f.oci.calls());
+    assert_eq!(
+        f.oci.calls().last().map(|c| c.status),
+        Some(409),
+        "terminating"
+    );
     assert_eq!(f.oci.removed(), vec![instance.clone()]);
+    assert_eq!(p.replacement_ready(&t1).await.unwrap(), None, "not yet");
 
+    f.oci.release();
     let new_node = wait_ready(&p, &t1).await;
     assert_ne!(new_node, node);
     assert!(!before.contains(&new_node));
@@ -537,6 +546,7 @@ async fn a_wrong_key_is_refused_with_401_and_a_permanent_error_naming_the_node()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_pool_mode_deletes_the_node_from_its_oke_pool() {
     let f = fixture().await;
+    f.oci.release();
     let victim = f.victim().await;
     let node = victim.metadata.name.clone().unwrap();
     let instance = instance_of(&victim);
@@ -709,6 +719,7 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_replaces_an_interrupted_node_through_kind_oci() {
     let f = fixture().await;
+    f.oci.release();
     let ns: k8s_openapi::api::core::v1::Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "nodekeeper"}})).unwrap();
     Api::all(f.cluster.client.clone())

@@ -8,7 +8,8 @@
 //! host` at least, `Date` within 5 minutes): the stand-in rebuilds the signing string from the
 //! request it received and verifies it with the public key registered for the `keyId`, independently
 //! of the provider's signing code; a missing or bad signature is a 401 `NotAuthenticated` as on OCI.
-//! Every call is recorded; the next answers can be forced (429, 5xx) with [`OciCompute::fail_next`].
+//! Every call is recorded; the next answers can be forced (429, 5xx) with [`OciCompute::fail_next`];
+//! with `hold`, accepted DELETEs wait for [`OciCompute::release`] (deterministic tests).
 //! A second DELETE of an instance that is terminating is a 409 `IncorrectState`, of one that is gone a
 //! 404 `NotAuthorizedOrNotFound`.
 //!
@@ -71,6 +72,9 @@ pub struct OciComputeOptions {
     pub launch_delay: Duration,
     /// Address to listen on (default `127.0.0.1:0`).
     pub listen: Option<SocketAddr>,
+    /// Hold accepted DELETEs (instances stay terminating, nodes untouched) until
+    /// [`OciCompute::release`].
+    pub hold: bool,
 }
 
 /// One request the stand-in received.
@@ -109,6 +113,7 @@ struct Shared {
     faults: Mutex<VecDeque<u16>>,
     instances: Mutex<BTreeMap<String, Life>>,
     launched: AtomicU64,
+    released: tokio::sync::watch::Sender<bool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -150,6 +155,7 @@ impl OciCompute {
             faults: Mutex::new(VecDeque::new()),
             instances: Mutex::new(BTreeMap::new()),
             launched: AtomicU64::new(0),
+            released: tokio::sync::watch::Sender::new(!opts.hold),
         });
         let tls = crate::sim::apiserver::tls::SimTls::generate()?;
         let at = opts
@@ -187,6 +193,11 @@ impl OciCompute {
     /// The next authenticated requests are answered with `statuses`, in order (e.g. `[429]`).
     pub fn fail_next(&self, statuses: &[u16]) {
         lock(&self.shared.faults).extend(statuses.iter().copied());
+    }
+
+    /// Lets held DELETEs (option `hold`) proceed, now and from now on.
+    pub fn release(&self) {
+        self.shared.released.send_replace(true);
     }
 
     /// Instances removed so far (terminating or terminated).
@@ -423,7 +434,9 @@ async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> Response {
     }
     lock(&s.instances).insert(instance.clone(), Life::Terminating);
     let (s2, inst) = (s.clone(), instance.clone());
+    let mut released = s.released.subscribe();
     tokio::spawn(async move {
+        let _ = released.wait_for(|r| *r).await;
         tokio::time::sleep(s2.launch_delay).await;
         if let (Some(c), Some(n)) = (&s2.client, node) {
             if let Err(e) = replace_node(&s2, c, n).await {
@@ -579,6 +592,7 @@ pub async fn run(args: OciComputeArgs) -> Result<u8, Box<dyn std::error::Error +
         client,
         launch_delay: args.launch_delay,
         listen: Some(args.listen),
+        hold: false,
     })
     .await?;
     std::fs::write(&args.ca_out, &sim.ca_pem)
