@@ -498,13 +498,10 @@ async fn a_429_is_retried_then_the_instance_is_terminated() {
     assert_eq!(f.acted().len(), 1);
 
     // Retries exhausted: a transient (not permanent) error.
-    let other = Api::<Node>::all(f.cluster.client.clone())
-        .list(&ListParams::default())
+    let other = f
+        .node_names()
         .await
-        .unwrap()
-        .items
         .into_iter()
-        .filter_map(|n| n.metadata.name)
         .find(|n| *n != node)
         .unwrap();
     f.oci.fail_next(&[500, 500, 500, 500]);
