@@ -1,9 +1,12 @@
 //! Test and demo stand-ins for the real peers nodekeeper talks to:
 //! - [`apiserver`]: a Kubernetes API server stand-in with simulated control loops (`nodekeeper sim apiserver`);
-//! - [`imds`]: cloud instance-metadata emulators for OCI, AWS, Azure and GCP (`nodekeeper sim imds`).
+//! - [`imds`]: cloud instance-metadata emulators for OCI, AWS, Azure and GCP (`nodekeeper sim imds`);
+//! - [`oci_compute`]: the OCI Compute / Container Engine calls of the `oci` replacement provider,
+//!   with signature verification (`nodekeeper sim oci-compute`).
 
 pub mod apiserver;
 pub mod imds;
+pub mod oci_compute;
 pub mod oci_events;
 
 /// `nodekeeper sim ...` subcommands.
@@ -17,6 +20,9 @@ pub enum SimCommand {
     Imds(imds::ImdsArgs),
     /// Post an OCI Events notification (preemption, maintenance) to the controller.
     OciEvent(oci_events::OciEventArgs),
+    /// Serve a stand-in of the OCI Compute / OKE API calls of the `oci` replacement provider
+    /// (signatures verified; removes and replaces the cluster's Node on DELETE).
+    OciCompute(oci_compute::OciComputeArgs),
 }
 
 /// Runs a `sim` subcommand; returns the process exit code.
@@ -26,5 +32,6 @@ pub async fn run(cmd: SimCommand) -> Result<u8, Box<dyn std::error::Error + Send
         SimCommand::Token(args) => apiserver::run_token(args).await,
         SimCommand::Imds(args) => imds::run(args).await,
         SimCommand::OciEvent(args) => oci_events::run(args).await,
+        SimCommand::OciCompute(args) => oci_compute::run(args).await,
     }
 }

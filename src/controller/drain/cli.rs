@@ -86,7 +86,8 @@ pub fn main(args: DrainArgs) -> u8 {
     rt.block_on(run(args))
 }
 
-async fn client(kubeconfig: Option<&Path>) -> Result<Client, String> {
+/// A kube client from `--kubeconfig`, else the inferred configuration (in-cluster, `$KUBECONFIG`).
+pub(crate) async fn client(kubeconfig: Option<&Path>) -> Result<Client, String> {
     let cfg = match kubeconfig {
         Some(p) => {
             let kc = Kubeconfig::read_from(p)

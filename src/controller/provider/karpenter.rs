@@ -15,7 +15,9 @@ use kube::core::{ApiResource, DynamicObject};
 use kube::Client;
 use serde_json::json;
 
-use super::{NodeProvider, ProviderError, ReplacementRequest, ReplacementTicket, POOL_LABEL};
+use super::{
+    new_ready_node, NodeProvider, ProviderError, ReplacementRequest, ReplacementTicket, POOL_LABEL,
+};
 
 /// Annotation put on the NodeClaim with the id of the request that deletes it.
 pub const REQUEST_ANNOTATION: &str = "nodekeeper.io/replacement-request";
@@ -181,31 +183,9 @@ impl Karpenter {
     }
 
     async fn ready(&self, t: &ReplacementTicket) -> Result<Option<String>, ProviderError> {
-        let since = t
-            .requested_at
-            .as_deref()
-            .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok());
         let nodes = self.pool_nodes(t.pool.as_deref(), &t.node).await?;
-        Ok(nodes
-            .into_iter()
-            .filter(is_ready)
-            .filter(|n| {
-                let created = n.metadata.creation_timestamp.as_ref().map(|c| c.0);
-                match (since, created) {
-                    (Some(s), Some(c)) => c.as_second() >= s.timestamp(),
-                    _ => true,
-                }
-            })
-            .filter_map(|n| n.metadata.name)
-            .find(|name| *name != t.node && !t.existing_nodes.contains(name)))
+        Ok(new_ready_node(nodes, t))
     }
-}
-
-fn is_ready(n: &Node) -> bool {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn kube_err(action: &'static str, node: &str, source: kube::Error) -> ProviderError {

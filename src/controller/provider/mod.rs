@@ -3,6 +3,8 @@
 //! One trait, [`NodeProvider`], and one file per implementation:
 //! - [`karpenter`]: deletes the node's NodeClaim and waits for a new Ready node of the same pool;
 //! - [`webhook`]: POSTs an HMAC-signed JSON description to a URL, with retries;
+//! - [`oci`]: terminates the node's OCI instance (Compute) or deletes it from its OKE node pool,
+//!   with OCI-signed requests, and waits for a new Ready node of the same pool;
 //! - [`none`]: never replaces (cordon/drain only);
 //! - [`fake`]: a recording fake for tests of the decision/actions code.
 //!
@@ -12,11 +14,15 @@
 pub mod fake;
 pub mod karpenter;
 pub mod none;
+pub mod oci;
 pub mod webhook;
 
+use std::future::Future;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Node;
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -70,7 +76,7 @@ pub fn request_id(node: &str, reason: &str, episode: &str) -> String {
 /// Serializable so the controller can record it on the Node and resume after a restart.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplacementTicket {
-    /// Name of the provider that accepted it (`karpenter`, `webhook`, `none`, `fake`).
+    /// Name of the provider that accepted it (`karpenter`, `webhook`, `oci`, `none`, `fake`).
     pub provider: String,
     /// The request's idempotency key.
     pub request_id: String,
@@ -78,7 +84,7 @@ pub struct ReplacementTicket {
     pub node: String,
     /// The node's pool, if known.
     pub pool: Option<String>,
-    /// Provider-specific reference (the NodeClaim name for karpenter).
+    /// Provider-specific reference (the NodeClaim name for karpenter, the instance OCID for oci).
     pub reference: Option<String>,
     /// Server time the replacement was requested (RFC 3339), when the provider knows it.
     pub requested_at: Option<String>,
@@ -183,7 +189,100 @@ pub fn check_http_url(url: &str, path: Vec<crate::config::PathSeg>) -> Option<Di
     }
 }
 
-/// Which provider to use: `[controller.provider]` with `kind = "karpenter" | "webhook" | "none"`.
+/// Whether `n` has the condition `Ready=True`.
+pub fn is_ready(n: &Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The replacement `t` is waiting for, among `candidates` (the nodes of its pool): the first
+/// **Ready** node that is not the old node, did not exist when the replacement was requested
+/// (`t.existing_nodes`) and was created at or after `t.requested_at` (when known).
+pub fn new_ready_node(
+    candidates: impl IntoIterator<Item = Node>,
+    t: &ReplacementTicket,
+) -> Option<String> {
+    let since = t
+        .requested_at
+        .as_deref()
+        .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok());
+    candidates
+        .into_iter()
+        .filter(is_ready)
+        .filter(|n| {
+            let created = n.metadata.creation_timestamp.as_ref().map(|c| c.0);
+            match (since, created) {
+                (Some(s), Some(c)) => c.as_second() >= s.timestamp(),
+                _ => true,
+            }
+        })
+        .filter_map(|n| n.metadata.name)
+        .find(|name| *name != t.node && !t.existing_nodes.contains(name))
+}
+
+/// Delay before retry `n` (1-based): `base * 2^(n-1)`, capped at 30 s, times a jitter in [0.5, 1.5).
+pub fn backoff(base: Duration, n: u32) -> Duration {
+    let exp = base.saturating_mul(1u32 << (n.max(1) - 1).min(16));
+    let capped = exp.min(Duration::from_secs(30));
+    capped.mul_f64(rand::rng().random_range(0.5..1.5))
+}
+
+/// The outcome of one attempt of an HTTP provider call.
+#[derive(Debug)]
+pub enum Attempt<T> {
+    /// Done (accepted, or nothing left to do).
+    Done(T),
+    /// Refused for good (4xx other than 429): not retried.
+    Permanent(String),
+    /// May succeed later (429, 5xx, timeouts, connection errors).
+    Retry(String),
+}
+
+/// Calls `attempt(n)` for `n = 1..=max_attempts`, sleeping [`backoff`]`(base, n)` between
+/// attempts that ask for a retry; maps the end to a [`ProviderError`] about `node`.
+pub async fn with_retries<T, F, Fut>(
+    provider: &'static str,
+    node: &str,
+    max_attempts: u32,
+    base: Duration,
+    mut attempt: F,
+) -> Result<T, ProviderError>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Attempt<T>>,
+{
+    let mut last = String::new();
+    for n in 1..=max_attempts {
+        match attempt(n).await {
+            Attempt::Done(v) => return Ok(v),
+            Attempt::Permanent(message) => {
+                return Err(ProviderError::Permanent {
+                    provider,
+                    node: node.to_string(),
+                    message,
+                })
+            }
+            Attempt::Retry(why) => {
+                tracing::warn!(provider, node, attempt = n, error = %why, "provider attempt failed");
+                last = why;
+            }
+        }
+        if n < max_attempts {
+            tokio::time::sleep(backoff(base, n)).await;
+        }
+    }
+    Err(ProviderError::Transient {
+        provider,
+        node: node.to_string(),
+        attempts: max_attempts,
+        message: last,
+    })
+}
+
+/// Which provider to use: `[controller.provider]` with
+/// `kind = "karpenter" | "webhook" | "oci" | "none"`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum ProviderConfig {
@@ -191,6 +290,8 @@ pub enum ProviderConfig {
     Karpenter,
     /// POST a signed JSON description to a URL.
     Webhook(WebhookConfig),
+    /// Terminate the OCI instance, or delete it from its OKE node pool (signed OCI API calls).
+    Oci(oci::OciConfig),
     /// Never replace.
     #[default]
     None,
@@ -215,21 +316,23 @@ pub struct WebhookConfig {
     pub backoff: Duration,
 }
 
-fn default_timeout() -> Duration {
+pub(crate) fn default_timeout() -> Duration {
     Duration::from_secs(10)
 }
-fn default_attempts() -> u32 {
+pub(crate) fn default_attempts() -> u32 {
     5
 }
-fn default_backoff() -> Duration {
+pub(crate) fn default_backoff() -> Duration {
     Duration::from_millis(500)
 }
 
 impl ProviderConfig {
     /// Semantic checks; paths are relative to `[controller.provider]`.
     pub fn validate(&self) -> Vec<Diagnostic> {
-        let ProviderConfig::Webhook(w) = self else {
-            return Vec::new();
+        let w = match self {
+            ProviderConfig::Webhook(w) => w,
+            ProviderConfig::Oci(o) => return o.validate(),
+            ProviderConfig::Karpenter | ProviderConfig::None => return Vec::new(),
         };
         let at = |k: &str| cfg_path!["controller", "provider", k];
         let mut d = Vec::new();
@@ -240,20 +343,29 @@ impl ProviderConfig {
                 "must not be empty: requests are signed with it",
             ));
         }
-        if w.timeout.is_zero() {
-            d.push(Diagnostic::error(
-                at("timeout"),
-                "must be greater than zero",
-            ));
-        }
-        if w.max_attempts == 0 {
-            d.push(Diagnostic::error(at("max_attempts"), "must be at least 1"));
-        }
+        d.extend(check_retries(w.timeout, w.max_attempts));
         d
     }
 }
 
-/// Builds the configured provider. `client` is used by the karpenter provider only.
+/// The errors of a zero `timeout` or `max_attempts` (webhook and oci providers).
+pub(crate) fn check_retries(timeout: Duration, max_attempts: u32) -> Vec<Diagnostic> {
+    let at = |k: &str| cfg_path!["controller", "provider", k];
+    let mut d = Vec::new();
+    if timeout.is_zero() {
+        d.push(Diagnostic::error(
+            at("timeout"),
+            "must be greater than zero",
+        ));
+    }
+    if max_attempts == 0 {
+        d.push(Diagnostic::error(at("max_attempts"), "must be at least 1"));
+    }
+    d
+}
+
+/// Builds the configured provider. `client` is used by the karpenter and oci providers (to read
+/// nodes).
 pub fn build(
     cfg: &ProviderConfig,
     client: kube::Client,
@@ -261,6 +373,7 @@ pub fn build(
     Ok(match cfg {
         ProviderConfig::Karpenter => Box::new(karpenter::Karpenter::new(client)),
         ProviderConfig::Webhook(w) => Box::new(webhook::Webhook::new(w.clone())?),
+        ProviderConfig::Oci(o) => Box::new(oci::Oci::new(o.clone(), client)?),
         ProviderConfig::None => Box::new(none::NoReplacement),
     })
 }

@@ -10,16 +10,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use hmac::{Hmac, KeyInit, Mac};
-use rand::Rng;
 use serde::Serialize;
 use sha2::Sha256;
 
+pub use super::backoff;
 use super::{
-    NodeProvider, ProviderError, ReplacementRequest, ReplacementTicket, SetupError, WebhookConfig,
+    with_retries, Attempt, NodeProvider, ProviderError, ReplacementRequest, ReplacementTicket,
+    SetupError, WebhookConfig,
 };
 
 /// Header carrying `sha256=<hex HMAC of the body>`.
@@ -64,12 +64,6 @@ impl std::fmt::Debug for Webhook {
     }
 }
 
-enum Attempt {
-    Accepted,
-    Permanent(String),
-    Retry(String),
-}
-
 impl Webhook {
     /// A provider for `cfg`.
     pub fn new(cfg: WebhookConfig) -> Result<Self, SetupError> {
@@ -91,7 +85,7 @@ impl Webhook {
         self.accepted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn attempt(&self, req: &ReplacementRequest, body: &[u8]) -> Attempt {
+    async fn attempt(&self, req: &ReplacementRequest, body: &[u8]) -> Attempt<()> {
         let res = self
             .http
             .post(&self.cfg.url)
@@ -105,7 +99,7 @@ impl Webhook {
             .send()
             .await;
         match res {
-            Ok(r) if r.status().is_success() => Attempt::Accepted,
+            Ok(r) if r.status().is_success() => Attempt::Done(()),
             Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
                 let status = r.status();
                 let text = r.text().await.unwrap_or_default();
@@ -133,32 +127,15 @@ impl Webhook {
             node: req.node.clone(),
             message: format!("encoding the request: {e}"),
         })?;
-        let mut last = String::new();
-        for n in 1..=self.cfg.max_attempts {
-            match self.attempt(req, &body).await {
-                Attempt::Accepted => return Ok(self.accept(req)),
-                Attempt::Permanent(message) => {
-                    return Err(ProviderError::Permanent {
-                        provider: NAME,
-                        node: req.node.clone(),
-                        message,
-                    })
-                }
-                Attempt::Retry(why) => {
-                    tracing::warn!(node = %req.node, attempt = n, error = %why, "webhook attempt failed");
-                    last = why;
-                }
-            }
-            if n < self.cfg.max_attempts {
-                tokio::time::sleep(backoff(self.cfg.backoff, n)).await;
-            }
-        }
-        Err(ProviderError::Transient {
-            provider: NAME,
-            node: req.node.clone(),
-            attempts: self.cfg.max_attempts,
-            message: last,
-        })
+        with_retries(
+            NAME,
+            &req.node,
+            self.cfg.max_attempts,
+            self.cfg.backoff,
+            |_| self.attempt(req, &body),
+        )
+        .await?;
+        Ok(self.accept(req))
     }
 
     fn accept(&self, req: &ReplacementRequest) -> ReplacementTicket {
@@ -177,14 +154,7 @@ impl Webhook {
     }
 }
 
-/// Delay before retry `n` (1-based): `base * 2^(n-1)`, capped at 30 s, times a jitter in [0.5, 1.5).
-pub fn backoff(base: Duration, n: u32) -> Duration {
-    let exp = base.saturating_mul(1u32 << (n - 1).min(16));
-    let capped = exp.min(Duration::from_secs(30));
-    capped.mul_f64(rand::rng().random_range(0.5..1.5))
-}
-
-fn trim(s: &str) -> &str {
+pub(crate) fn trim(s: &str) -> &str {
     let end = s.char_indices().nth(200).map_or(s.len(), |(i, _)| i);
     &s[..end]
 }

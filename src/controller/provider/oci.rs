@@ -1,0 +1,683 @@
+//! The `oci` provider: replaces a node by terminating its OCI Compute instance
+//! (`mode = "terminate"`, `DELETE /20160918/instances/{id}?preserveBootVolume=false`) or by deleting it
+//! from its OKE node pool without shrinking the pool (`mode = "node-pool"`,
+//! `DELETE /20180222/nodePools/{poolId}/node/{nodeId}?isDecrementSize=false`); the node pool (or
+//! instance pool) launches the replacement, reported by `replacement_ready` as a new Ready node of the
+//! same pool.
+//!
+//! Requests are signed with OCI's API signature version 1 (draft-cavage HTTP signatures, RSA-SHA256
+//! over `date (request-target) host`, plus `content-length content-type x-content-sha256` for bodies)
+//! with an API key (`tenancy`/`user`/`fingerprint`, PEM private key in `key_file`, PKCS#8 or PKCS#1).
+//! The key is never logged; `Debug` redacts it.
+//!
+//! Identity: the instance OCID is the node's `spec.providerID` (`oci://ocid1.instance...` or the
+//! bare OCID, as OKE sets it); the OKE node pool is the node's `oci.oraclecloud.com/node-pool-id`
+//! annotation (or label).
+//!
+//! Idempotency: tickets are remembered by `request_id`; a DELETE answered 404 or 409 (instance already
+//! terminating or gone) counts as done, so a restarted controller asking again terminates nothing else.
+//! `opc-request-id` carries the request id. 429, 5xx and transport errors are retried with jittered
+//! backoff; other 4xx (401 for a bad signature) are permanent.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use base64::Engine;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use kube::Client;
+use ring::signature::RsaKeyPair;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::webhook::trim;
+use super::{
+    check_retries, new_ready_node, with_retries, Attempt, NodeProvider, ProviderError,
+    ReplacementRequest, ReplacementTicket, SetupError, POOL_LABEL,
+};
+use crate::agent::reporter::HttpsClient;
+use crate::cfg_path;
+use crate::config::Diagnostic;
+
+const NAME: &str = "oci";
+
+/// Annotation (OKE sets it; also accepted as a label) naming a node's OKE node pool OCID.
+pub const NODE_POOL_ANNOTATION: &str = "oci.oraclecloud.com/node-pool-id";
+
+/// Compute API version path of TerminateInstance.
+pub const COMPUTE_API: &str = "/20160918";
+/// Container Engine (OKE) API version path of DeleteNode.
+pub const OKE_API: &str = "/20180222";
+
+/// How a node is replaced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OciMode {
+    /// Compute TerminateInstance; the instance pool / node pool launches the replacement.
+    #[default]
+    Terminate,
+    /// OKE DeleteNode with `isDecrementSize=false`: the node pool keeps its size.
+    NodePool,
+}
+
+/// Settings of the oci provider (`[controller.provider] kind = "oci"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OciConfig {
+    /// Region identifier, e.g. `eu-frankfurt-1` (endpoints `iaas.<region>.oraclecloud.com` and
+    /// `containerengine.<region>.oraclecloud.com`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// `https://` base URL used for every call instead of the regional endpoints (a proxy, or a
+    /// local stand-in of the APIs in tests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Tenancy OCID (`ocid1.tenancy...`).
+    pub tenancy: String,
+    /// User OCID (`ocid1.user...`) owning the API key.
+    pub user: String,
+    /// Fingerprint of the API key (`12:34:...`, 16 hex pairs).
+    pub fingerprint: String,
+    /// PEM file of the API key's RSA private key (PKCS#8 `PRIVATE KEY` or PKCS#1
+    /// `RSA PRIVATE KEY`, unencrypted). Its content is never logged.
+    pub key_file: PathBuf,
+    /// `terminate` (default) or `node-pool`.
+    #[serde(default)]
+    pub mode: OciMode,
+    /// Extra CA (PEM) to trust instead of the system roots (tests, TLS-intercepting proxies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// Timeout of one attempt.
+    #[serde(default = "super::default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Attempts on 429 / 5xx / timeouts / connection errors before giving up.
+    #[serde(default = "super::default_attempts")]
+    pub max_attempts: u32,
+    /// First retry delay (doubled each attempt, with jitter).
+    #[serde(default = "super::default_backoff", with = "humantime_serde")]
+    pub backoff: Duration,
+}
+
+fn is_ocid(s: &str, kind: &str) -> bool {
+    s.strip_prefix("ocid1.")
+        .and_then(|r| r.strip_prefix(kind))
+        .is_some_and(|r| r.starts_with('.'))
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+}
+
+fn is_fingerprint(s: &str) -> bool {
+    let parts: Vec<&str> = s.split(':').collect();
+    parts.len() == 16
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+impl OciConfig {
+    /// Semantic checks; paths are relative to `[controller.provider]`. The key file is read when
+    /// the provider is built, not here.
+    pub fn validate(&self) -> Vec<Diagnostic> {
+        let at = |k: &str| cfg_path!["controller", "provider", k];
+        let mut d = Vec::new();
+        match (&self.region, &self.endpoint) {
+            (None, None) => d.push(Diagnostic::error(
+                at("region"),
+                "set `region` (e.g. \"eu-frankfurt-1\") or `endpoint`",
+            )),
+            (Some(r), _)
+                if r.is_empty()
+                    || !r
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') =>
+            {
+                d.push(Diagnostic::error(
+                    at("region"),
+                    format!("`{r}` is not a region identifier like \"eu-frankfurt-1\""),
+                ))
+            }
+            _ => {}
+        }
+        if let Some(e) = &self.endpoint {
+            match reqwest::Url::parse(e) {
+                Ok(u) if u.scheme() == "https" && u.host_str().is_some() => {}
+                Ok(_) => d.push(Diagnostic::error(
+                    at("endpoint"),
+                    format!("`{e}` is not an `https://` URL: OCI APIs are HTTPS only"),
+                )),
+                Err(err) => d.push(Diagnostic::error(
+                    at("endpoint"),
+                    format!("`{e}` is not a URL: {err}"),
+                )),
+            }
+        }
+        if !is_ocid(&self.tenancy, "tenancy") {
+            d.push(Diagnostic::error(
+                at("tenancy"),
+                format!(
+                    "`{}` is not a tenancy OCID (ocid1.tenancy...)",
+                    self.tenancy
+                ),
+            ));
+        }
+        if !is_ocid(&self.user, "user") {
+            d.push(Diagnostic::error(
+                at("user"),
+                format!("`{}` is not a user OCID (ocid1.user...)", self.user),
+            ));
+        }
+        if !is_fingerprint(&self.fingerprint) {
+            d.push(Diagnostic::error(
+                at("fingerprint"),
+                format!(
+                    "`{}` is not a key fingerprint (16 hex pairs separated by `:`)",
+                    self.fingerprint
+                ),
+            ));
+        }
+        if self.key_file.as_os_str().is_empty() {
+            d.push(Diagnostic::error(
+                at("key_file"),
+                "must name the PEM file of the API key",
+            ));
+        }
+        d.extend(check_retries(self.timeout, self.max_attempts));
+        d
+    }
+
+    /// `keyId` of the signature: `<tenancy>/<user>/<fingerprint>`.
+    pub fn key_id(&self) -> String {
+        format!("{}/{}/{}", self.tenancy, self.user, self.fingerprint)
+    }
+
+    /// Base URL of the API used in `mode`.
+    pub fn base_url(&self) -> String {
+        if let Some(e) = &self.endpoint {
+            return e.trim_end_matches('/').to_string();
+        }
+        let region = self.region.as_deref().unwrap_or_default();
+        match self.mode {
+            OciMode::Terminate => format!("https://iaas.{region}.oraclecloud.com"),
+            OciMode::NodePool => format!("https://containerengine.{region}.oraclecloud.com"),
+        }
+    }
+}
+
+/// The parts of a request OCI signs.
+#[derive(Debug, Clone, Copy)]
+pub struct SignInput<'a> {
+    /// HTTP method (any case).
+    pub method: &'a str,
+    /// Path and query exactly as sent (`/20160918/instances/ocid1...?preserveBootVolume=false`).
+    pub path_and_query: &'a str,
+    /// `Host` header value (with `:port` when not the default).
+    pub host: &'a str,
+    /// `Date` header value (RFC 7231, `Thu, 05 Jan 2014 21:31:40 GMT`).
+    pub date: &'a str,
+    /// Content type and body of POST/PUT/PATCH requests (ignored for other methods).
+    pub body: Option<(&'a str, &'a [u8])>,
+}
+
+/// What to sign and which headers to add, for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SigningPlan {
+    /// Names of the signed headers in order (`headers="..."`).
+    pub headers: Vec<&'static str>,
+    /// The signing string: `name: value` lines joined by `\n`.
+    pub signing_string: String,
+    /// Headers to send besides `date` and `host` (the body headers of POST/PUT/PATCH).
+    pub extra: Vec<(&'static str, String)>,
+}
+
+/// Base64 SHA-256 of `body` (`x-content-sha256`).
+pub fn body_sha256(body: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(Sha256::digest(body))
+}
+
+/// Builds the signing string of OCI signature version 1: `date`, `(request-target)` (lower-case
+/// method, space, path and query), `host`, and for POST/PUT/PATCH `content-length`,
+/// `content-type`, `x-content-sha256` (base64 SHA-256 of the body, also for an empty body).
+pub fn signing_plan(i: &SignInput<'_>) -> SigningPlan {
+    let method = i.method.to_ascii_lowercase();
+    let mut lines = vec![
+        ("date", i.date.to_string()),
+        ("(request-target)", format!("{method} {}", i.path_and_query)),
+        ("host", i.host.to_string()),
+    ];
+    let mut extra = Vec::new();
+    if matches!(method.as_str(), "post" | "put" | "patch") {
+        let (ctype, body) = i.body.unwrap_or(("application/json", b""));
+        extra = vec![
+            ("content-length", body.len().to_string()),
+            ("content-type", ctype.to_string()),
+            ("x-content-sha256", body_sha256(body)),
+        ];
+        lines.extend(extra.iter().cloned());
+    }
+    SigningPlan {
+        headers: lines.iter().map(|(k, _)| *k).collect(),
+        signing_string: lines
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        extra,
+    }
+}
+
+/// The current time as an HTTP `Date` header value.
+pub fn http_date(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%a, %d %b %Y %H:%M:%S GMT").to_string()
+}
+
+/// Why a private key cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// Not a PEM private key at all.
+    #[error("not a PEM private key: {0}")]
+    Pem(String),
+    /// A PEM key of another kind (EC, ...), or an RSA key ring refuses (< 2048 bits, malformed).
+    #[error("not a usable RSA private key ({0}); OCI API keys are RSA, 2048 bits or more")]
+    Rsa(String),
+    /// Signing failed.
+    #[error("signing failed")]
+    Sign,
+}
+
+/// Signs requests with an OCI API key. `Debug` never shows the key.
+pub struct OciSigner {
+    key_id: String,
+    key: RsaKeyPair,
+    rng: ring::rand::SystemRandom,
+}
+
+impl std::fmt::Debug for OciSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OciSigner")
+            .field("key_id", &self.key_id)
+            .field("key", &crate::config::REDACTED)
+            .finish()
+    }
+}
+
+impl OciSigner {
+    /// A signer for `key_id` with the PEM private key `pem` (PKCS#8 or PKCS#1).
+    pub fn from_pem(key_id: &str, pem: &[u8]) -> Result<Self, KeyError> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::PrivateKeyDer;
+        let der = PrivateKeyDer::from_pem_slice(pem).map_err(|e| KeyError::Pem(e.to_string()))?;
+        let key = match &der {
+            PrivateKeyDer::Pkcs8(k) => RsaKeyPair::from_pkcs8(k.secret_pkcs8_der()),
+            PrivateKeyDer::Pkcs1(k) => RsaKeyPair::from_der(k.secret_pkcs1_der()),
+            _ => return Err(KeyError::Rsa("not an RSA key".into())),
+        }
+        .map_err(|e| KeyError::Rsa(e.to_string()))?;
+        Ok(Self {
+            key_id: key_id.to_string(),
+            key,
+            rng: ring::rand::SystemRandom::new(),
+        })
+    }
+
+    /// The `keyId` this signer uses.
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+
+    /// Base64 RSA-SHA256 (PKCS#1 v1.5) signature of `data`.
+    pub fn sign(&self, data: &[u8]) -> Result<String, KeyError> {
+        let mut sig = vec![0u8; self.key.public().modulus_len()];
+        self.key
+            .sign(
+                &ring::signature::RSA_PKCS1_SHA256,
+                &self.rng,
+                data,
+                &mut sig,
+            )
+            .map_err(|_| KeyError::Sign)?;
+        Ok(base64::engine::general_purpose::STANDARD.encode(sig))
+    }
+
+    /// The `Authorization` header value for `plan`.
+    pub fn authorization(&self, plan: &SigningPlan) -> Result<String, KeyError> {
+        Ok(format!(
+            "Signature version=\"1\",keyId=\"{}\",algorithm=\"rsa-sha256\",headers=\"{}\",signature=\"{}\"",
+            self.key_id,
+            plan.headers.join(" "),
+            self.sign(plan.signing_string.as_bytes())?
+        ))
+    }
+}
+
+/// The instance OCID in a `spec.providerID` (`oci://<ocid>` or the bare OCID), if it is one.
+pub fn instance_ocid(provider_id: &str) -> Option<&str> {
+    let id = provider_id.strip_prefix("oci://").unwrap_or(provider_id);
+    is_ocid(id, "instance").then_some(id)
+}
+
+/// The OKE node pool OCID of `node`: its `oci.oraclecloud.com/node-pool-id` annotation or label.
+pub fn node_pool_id(node: &Node) -> Option<String> {
+    let m = &node.metadata;
+    m.annotations
+        .as_ref()
+        .and_then(|a| a.get(NODE_POOL_ANNOTATION))
+        .or_else(|| m.labels.as_ref().and_then(|l| l.get(NODE_POOL_ANNOTATION)))
+        .filter(|p| is_ocid(p, "nodepool"))
+        .cloned()
+}
+
+/// The group a replacement must come from: the OKE node pool, else the Karpenter NodePool label.
+fn pool_of(node: &Node) -> Option<String> {
+    node_pool_id(node).or_else(|| node.metadata.labels.as_ref()?.get(POOL_LABEL).cloned())
+}
+
+/// Whether `node` belongs to `pool` (OKE node pool OCID or Karpenter NodePool name).
+fn in_pool(node: &Node, pool: Option<&str>) -> bool {
+    pool.is_none_or(|p| pool_of(node).as_deref() == Some(p))
+}
+
+/// Replaces nodes through the OCI Compute or Container Engine API.
+pub struct Oci {
+    cfg: OciConfig,
+    signer: OciSigner,
+    http: HttpsClient,
+    client: Client,
+    tickets: Mutex<BTreeMap<String, ReplacementTicket>>,
+}
+
+impl std::fmt::Debug for Oci {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Oci")
+            .field("base_url", &self.cfg.base_url())
+            .field("mode", &self.cfg.mode)
+            .field("signer", &self.signer)
+            .finish()
+    }
+}
+
+fn setup(message: String) -> SetupError {
+    SetupError {
+        provider: NAME,
+        message,
+    }
+}
+
+fn read_key(path: &Path) -> Result<Vec<u8>, SetupError> {
+    std::fs::read(path).map_err(|e| setup(format!("reading key_file {}: {e}", path.display())))
+}
+
+impl Oci {
+    /// A provider for `cfg`; reads and checks the key file. `client` reads nodes.
+    pub fn new(cfg: OciConfig, client: Client) -> Result<Self, SetupError> {
+        let pem = read_key(&cfg.key_file)?;
+        let signer = OciSigner::from_pem(&cfg.key_id(), &pem)
+            .map_err(|e| setup(format!("key_file {}: {e}", cfg.key_file.display())))?;
+        let base = cfg.base_url();
+        let url = reqwest::Url::parse(&base).map_err(|e| setup(format!("endpoint {base}: {e}")))?;
+        let http = HttpsClient::new(cfg.ca_file.as_deref(), url.host_str(), cfg.timeout)
+            .map_err(|e| setup(format!("HTTPS client for {base}: {e}")))?;
+        Ok(Self {
+            cfg,
+            signer,
+            http,
+            client,
+            tickets: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    fn tickets(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ReplacementTicket>> {
+        self.tickets.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    fn permanent(node: &str, message: String) -> ProviderError {
+        ProviderError::Permanent {
+            provider: NAME,
+            node: node.to_string(),
+            message,
+        }
+    }
+
+    /// The API path (with query) that removes the node's instance.
+    fn target(
+        &self,
+        node_name: &str,
+        node: &Node,
+        instance: &str,
+    ) -> Result<String, ProviderError> {
+        Ok(match self.cfg.mode {
+            OciMode::Terminate => {
+                format!("{COMPUTE_API}/instances/{instance}?preserveBootVolume=false")
+            }
+            OciMode::NodePool => {
+                let pool = node_pool_id(node).ok_or_else(|| {
+                    Self::permanent(
+                        node_name,
+                        format!("mode = \"node-pool\" but the node has no {NODE_POOL_ANNOTATION} annotation or label"),
+                    )
+                })?;
+                format!("{OKE_API}/nodePools/{pool}/node/{instance}?isDecrementSize=false")
+            }
+        })
+    }
+
+    /// One signed DELETE of `path`.
+    async fn delete(&self, req: &ReplacementRequest, url: &str, path: &str) -> Attempt<u16> {
+        let parsed = match reqwest::Url::parse(url) {
+            Ok(u) => u,
+            Err(e) => return Attempt::Permanent(format!("{url}: {e}")),
+        };
+        let host = match (parsed.host_str(), parsed.port()) {
+            (Some(h), Some(p)) => format!("{h}:{p}"),
+            (Some(h), None) => h.to_string(),
+            (None, _) => return Attempt::Permanent(format!("{url}: no host")),
+        };
+        let date = http_date(chrono::Utc::now());
+        let plan = signing_plan(&SignInput {
+            method: "DELETE",
+            path_and_query: path,
+            host: &host,
+            date: &date,
+            body: None,
+        });
+        let auth = match self.signer.authorization(&plan) {
+            Ok(a) => a,
+            Err(e) => return Attempt::Permanent(e.to_string()),
+        };
+        let headers = [
+            ("date", date.as_str()),
+            ("authorization", auth.as_str()),
+            ("opc-request-id", req.request_id.as_str()),
+            ("accept", "application/json"),
+        ];
+        match self.http.request("DELETE", url, None, &headers, None).await {
+            Ok((code, _)) if (200..300).contains(&code) || code == 404 || code == 409 => {
+                Attempt::Done(code)
+            }
+            Ok((code, body)) if code == 429 || code >= 500 => Attempt::Retry(format!(
+                "DELETE {path} answered {code}: {}",
+                trim(&String::from_utf8_lossy(&body))
+            )),
+            Ok((code, body)) => Attempt::Permanent(format!(
+                "DELETE {path} answered {code}: {}",
+                trim(&String::from_utf8_lossy(&body))
+            )),
+            Err(e) => Attempt::Retry(format!("DELETE {path}: {e}")),
+        }
+    }
+
+    async fn request(&self, req: &ReplacementRequest) -> Result<ReplacementTicket, ProviderError> {
+        if let Some(t) = self.tickets().get(&req.request_id) {
+            return Ok(t.clone());
+        }
+        let kube_err = |action, source| ProviderError::Kube {
+            provider: NAME,
+            action,
+            node: req.node.clone(),
+            source,
+        };
+        let node = self
+            .nodes()
+            .get_opt(&req.node)
+            .await
+            .map_err(|e| kube_err("reading node", e))?
+            .ok_or_else(|| Self::permanent(&req.node, "no such node".into()))?;
+        let provider_id = req
+            .provider_id
+            .clone()
+            .or_else(|| node.spec.as_ref()?.provider_id.clone())
+            .unwrap_or_default();
+        let instance = instance_ocid(&provider_id).ok_or_else(|| {
+            Self::permanent(
+                &req.node,
+                format!("spec.providerID `{provider_id}` is not an OCI instance OCID"),
+            )
+        })?;
+        let path = self.target(&req.node, &node, instance)?;
+        let pool = pool_of(&node).or_else(|| req.pool.clone());
+        let existing = self
+            .nodes()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| kube_err("listing nodes", e))?
+            .items
+            .into_iter()
+            .filter(|n| in_pool(n, pool.as_deref()))
+            .filter_map(|n| n.metadata.name)
+            .collect();
+        let requested_at = chrono::Utc::now().to_rfc3339();
+        let url = format!("{}{path}", self.cfg.base_url());
+        tracing::info!(node = %req.node, instance, mode = ?self.cfg.mode, request = %req.request_id, reason = %req.reason, "asking OCI to remove the instance");
+        let code = with_retries(
+            NAME,
+            &req.node,
+            self.cfg.max_attempts,
+            self.cfg.backoff,
+            |_| self.delete(req, &url, &path),
+        )
+        .await?;
+        if code == 404 || code == 409 {
+            tracing::info!(node = %req.node, instance, code, "instance already terminating or gone");
+        }
+        let ticket = ReplacementTicket {
+            provider: NAME.into(),
+            request_id: req.request_id.clone(),
+            node: req.node.clone(),
+            pool,
+            reference: Some(instance.to_string()),
+            requested_at: Some(requested_at),
+            existing_nodes: existing,
+        };
+        self.tickets()
+            .insert(req.request_id.clone(), ticket.clone());
+        Ok(ticket)
+    }
+
+    async fn ready(&self, t: &ReplacementTicket) -> Result<Option<String>, ProviderError> {
+        let nodes = self
+            .nodes()
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| ProviderError::Kube {
+                provider: NAME,
+                action: "listing nodes",
+                node: t.node.clone(),
+                source,
+            })?
+            .items;
+        Ok(new_ready_node(
+            nodes.into_iter().filter(|n| in_pool(n, t.pool.as_deref())),
+            t,
+        ))
+    }
+}
+
+impl NodeProvider for Oci {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn request_replacement<'a>(
+        &'a self,
+        req: &'a ReplacementRequest,
+    ) -> BoxFuture<'a, Result<ReplacementTicket, ProviderError>> {
+        Box::pin(self.request(req))
+    }
+
+    fn replacement_ready<'a>(
+        &'a self,
+        ticket: &'a ReplacementTicket,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        Box::pin(self.ready(ticket))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_ocids_come_from_oke_and_ccm_provider_ids() {
+        let id = "ocid1.instance.oc1.eu-frankfurt-1.antheljt5ouxq";
+        assert_eq!(instance_ocid(&format!("oci://{id}")), Some(id));
+        assert_eq!(instance_ocid(id), Some(id));
+        assert_eq!(instance_ocid("aws:///eu-west-1a/i-0abc"), None);
+        assert_eq!(instance_ocid("ocid1.volume.oc1..x"), None);
+        assert_eq!(
+            instance_ocid("ocid1.instance.oc1..x/../y"),
+            None,
+            "no path tricks"
+        );
+        assert_eq!(instance_ocid(""), None);
+    }
+
+    #[test]
+    fn fingerprints_and_ocids_are_checked_by_shape() {
+        assert!(is_fingerprint(
+            "20:3b:97:13:55:1c:5b:0d:d3:37:d8:50:4e:c5:3a:34"
+        ));
+        assert!(!is_fingerprint(
+            "20:3b:97:13:55:1c:5b:0d:d3:37:d8:50:4e:c5:3a"
+        ));
+        assert!(!is_fingerprint(
+            "zz:3b:97:13:55:1c:5b:0d:d3:37:d8:50:4e:c5:3a:34"
+        ));
+        assert!(is_ocid("ocid1.tenancy.oc1..aaaa", "tenancy"));
+        assert!(!is_ocid("ocid1.tenancyx.oc1..aaaa", "tenancy"));
+        assert!(!is_ocid("ocid1.user.oc1..aaaa", "tenancy"));
+    }
+
+    #[test]
+    fn body_headers_only_for_methods_with_a_body() {
+        let plan = |method| {
+            signing_plan(&SignInput {
+                method,
+                path_and_query: "/x",
+                host: "h",
+                date: "d",
+                body: None,
+            })
+        };
+        assert_eq!(plan("DELETE").headers, ["date", "(request-target)", "host"]);
+        assert_eq!(
+            plan("DELETE").signing_string,
+            "date: d\n(request-target): delete /x\nhost: h"
+        );
+        let put = plan("PUT");
+        assert_eq!(put.headers.len(), 6);
+        assert_eq!(put.extra[0], ("content-length", "0".to_string()));
+    }
+
+    #[test]
+    fn garbage_is_not_a_key() {
+        let err = OciSigner::from_pem("k", b"not a key").unwrap_err();
+        assert!(matches!(err, KeyError::Pem(_)), "{err}");
+    }
+}
