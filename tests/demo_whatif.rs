@@ -109,10 +109,13 @@ fn replay_names_the_pdb_the_budget_and_the_interruption() {
     ]);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     let report: Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(report["version"], 1);
+    assert_eq!(report["dry_run"], true);
+    assert_eq!(report["what_if"][2]["event"], "preemption notice on spot-2");
     assert_eq!(report["objects"]["nodes"], 6);
     assert_eq!(report["objects"]["pods"], 34);
     assert_eq!(report["objects"]["pdbs"], 3);
-    assert_eq!(report["afterSeconds"], 601.0, "600 s toleration + 1 s");
+    assert_eq!(report["after_seconds"], 601.0, "600 s toleration + 1 s");
     assert_eq!(report["changed"], serde_json::json!([]));
 
     // One of the two NotReady on-demand nodes is repaired; its drain would meet data/db-pdb.

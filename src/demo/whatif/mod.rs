@@ -148,12 +148,13 @@ pub async fn run(args: &DemoArgs, path: &Path) -> Result<bool, DemoError> {
     let ok = report.changed.is_empty();
     if json_out {
         let v = json!({
+            "version": 1,
             "snapshot": path.display().to_string(),
             "objects": {"nodes": snap.nodes.len(), "pods": snap.pods.len(), "pdbs": snap.pdbs.len()},
-            "whatIf": injected.iter().map(|(w, n)| json!({"event": w.to_string(), "nodes": n})).collect::<Vec<_>>(),
-            "afterSeconds": after.as_secs_f64(),
+            "what_if": injected.iter().map(|(w, n)| json!({"event": w.to_string(), "nodes": n})).collect::<Vec<_>>(),
+            "after_seconds": after.as_secs_f64(),
             "at": report.at.to_rfc3339(),
-            "dryRun": true,
+            "dry_run": true,
             "changed": report.changed,
             "nodes": report.verdicts,
         });
