@@ -3,6 +3,7 @@
 #
 #   scripts/package-rpm.sh                       # static release binary (built if needed)
 #   NODEKEEPER_BIN=path scripts/package-rpm.sh   # package another binary
+#   NODEKEEPER_RPM_COMPRESSION=none|gzip|zstd|xz (default zstd; tests use none)
 #
 # The file list and scriptlets are [package.metadata.generate-rpm] in Cargo.toml; the tool is
 # cargo-generate-rpm (pure Rust, no rpmbuild), installed with `cargo install --locked` into
@@ -31,5 +32,6 @@ print("\n".join(["assets = ["] + [entry(a) for a in assets] + ["]"]))
 PY
 )")
 fi
-(cd "$REPO" && cargo generate-rpm --target "$STATIC_TARGET" -o "$rpm" "${args[@]}" >&2)
+(cd "$REPO" && cargo generate-rpm --target "$STATIC_TARGET" \
+  --payload-compress "${NODEKEEPER_RPM_COMPRESSION:-zstd}" -o "$rpm" "${args[@]}" >&2)
 echo "$rpm"
