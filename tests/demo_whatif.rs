@@ -357,3 +357,80 @@ fn bad_snapshots_are_named_with_file_and_line_or_item() {
         r.stderr
     );
 }
+
+/// A fresh export by the real kubectl (not the committed fixture): the format the replay reads
+/// is the one kubectl writes today. The whole on-demand pool NotReady is short-circuited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_kubectl_export_replays() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, ListParams};
+    use nodekeeper::sim::apiserver::scenario::Scenario;
+    use nodekeeper::sim::apiserver::TestCluster;
+
+    let kubectl = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/venv/bin/kubectl");
+    assert!(
+        kubectl.exists(),
+        "real kubectl not found at {}: run scripts/setup-kubectl.sh",
+        kubectl.display()
+    );
+    let toml = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/whatif/cluster.toml");
+    let opts = nodekeeper::demo::cluster::sim_options(Scenario::load(&toml).unwrap());
+    let cluster = TestCluster::start(opts).await.unwrap();
+    let pods: Api<Pod> = Api::all(cluster.client.clone());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let list = pods.list(&ListParams::default()).await.unwrap();
+        let running = list
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        if running == 34 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{running} of 34 pods Running"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig).unwrap();
+    let out = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["get", "nodes,pods,pdb", "-A", "-o", "json"])
+        .env("HOME", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap = dir.path().join("export.json");
+    std::fs::write(&snap, &out.stdout).unwrap();
+    drop(cluster);
+
+    let r = demo(&[
+        "--snapshot",
+        snap.to_str().unwrap(),
+        "--what-if",
+        "notready:pool=on-demand",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let report: Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(report["objects"]["pods"], 34);
+    assert_eq!(report["what_if"][0]["nodes"].as_array().unwrap().len(), 3);
+    for n in ["on-demand-0", "on-demand-1", "on-demand-2"] {
+        let v = verdict(&report, n);
+        assert_eq!(v["decision"], "held", "{v:#}");
+        assert_eq!(v["blocker"]["kind"], "short_circuit", "{v:#}");
+        assert_eq!(v["blocker"]["unhealthy"], 3, "{v:#}");
+    }
+    assert_eq!(verdict(&report, "spot-0")["decision"], "none");
+    assert_eq!(report["changed"], serde_json::json!([]));
+}
