@@ -21,3 +21,14 @@ static_binary() {
 crate_version() {
   python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["package"]["version"])' "$REPO/Cargo.toml"
 }
+
+# cargo-generate-rpm (pure Rust, no rpmbuild), installed with `cargo install` into ~/.cargo/bin on
+# first use (a few minutes of compiling, once per machine; scripts/setup.sh does it up front).
+GENERATE_RPM_VERSION=0.21.1
+ensure_generate_rpm() {
+  if cargo generate-rpm --version >/dev/null 2>&1; then
+    return 0
+  fi
+  log "cargo install cargo-generate-rpm $GENERATE_RPM_VERSION"
+  cargo install --locked --quiet --version "$GENERATE_RPM_VERSION" cargo-generate-rpm >&2
+}

@@ -3,6 +3,7 @@
 #
 #   scripts/package-rpm.sh                       # static release binary (built if needed)
 #   NODEKEEPER_BIN=path scripts/package-rpm.sh   # package another binary
+#   NODEKEEPER_RPM_COMPRESSION=none|gzip|zstd|xz (default zstd; tests use none)
 #
 # The file list and scriptlets are [package.metadata.generate-rpm] in Cargo.toml; the tool is
 # cargo-generate-rpm (pure Rust, no rpmbuild), installed with `cargo install --locked` into
@@ -14,24 +15,23 @@ out="$REPO/target/packages"
 mkdir -p "$out"
 bin=$(static_binary)
 [ -x "$bin" ] || { echo "package-rpm.sh: no binary at $bin" >&2; exit 1; }
-if ! cargo generate-rpm --version >/dev/null 2>&1; then
-  log "cargo install cargo-generate-rpm"
-  cargo install --locked --quiet cargo-generate-rpm >&2
-fi
+ensure_generate_rpm
 version=$(crate_version)
 rpm="$out/nodekeeper-$version-1.x86_64.rpm"
 args=()
 if [ -n "${NODEKEEPER_BIN:-}" ]; then
-  # Point the binary asset at NODEKEEPER_BIN (the other assets are unchanged).
-  args+=(--set-metadata "assets = [
-    { source = \"$bin\", dest = \"/usr/bin/nodekeeper\", mode = \"755\" },
-    { source = \"systemd/nodekeeper-agent.service\", dest = \"/usr/lib/systemd/system/nodekeeper-agent.service\", mode = \"644\" },
-    { source = \"systemd/nodekeeper-crio-apply.service\", dest = \"/usr/lib/systemd/system/nodekeeper-crio-apply.service\", mode = \"644\" },
-    { source = \"packaging/systemd/10-state-dir.conf\", dest = \"/usr/lib/systemd/system/nodekeeper-agent.service.d/10-state-dir.conf\", mode = \"644\" },
-    { source = \"packaging/systemd/10-state-dir.conf\", dest = \"/usr/lib/systemd/system/nodekeeper-crio-apply.service.d/10-state-dir.conf\", mode = \"644\" },
-    { source = \"packaging/agent.toml\", dest = \"/usr/share/doc/nodekeeper/examples/agent.toml\", mode = \"644\", doc = true },
-    { source = \"README.md\", dest = \"/usr/share/doc/nodekeeper/README.md\", mode = \"644\", doc = true },
-  ]")
+  # The assets of Cargo.toml with the binary's source pointed at NODEKEEPER_BIN.
+  args+=(--set-metadata "$(python3 - "$REPO/Cargo.toml" "$bin" <<'PY'
+import json, sys, tomllib
+assets = tomllib.load(open(sys.argv[1], "rb"))["package"]["metadata"]["generate-rpm"]["assets"]
+def entry(a):
+    if a["dest"] == "/usr/bin/nodekeeper":
+        a = dict(a, source=sys.argv[2])
+    return "  { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in a.items()) + " },"
+print("\n".join(["assets = ["] + [entry(a) for a in assets] + ["]"]))
+PY
+)")
 fi
-(cd "$REPO" && cargo generate-rpm --target "$STATIC_TARGET" -o "$rpm" "${args[@]}" >&2)
+(cd "$REPO" && cargo generate-rpm --target "$STATIC_TARGET" \
+  --payload-compress "${NODEKEEPER_RPM_COMPRESSION:-zstd}" -o "$rpm" "${args[@]}" >&2)
 echo "$rpm"

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything nodekeeper's demo and tests need on a fresh Debian machine (idempotent):
-# Debian packages (openssl: tests/provider_oci.rs makes its RSA keys with it), real kubectl in a
-# venv, and the cached nspawn rootfs.
+# Debian packages (openssl: tests/provider_oci.rs makes its RSA keys with it; rpm and cpio for the .rpm
+# test), cargo-generate-rpm, real kubectl in a venv, and the cached nspawn rootfs.
 . "$(dirname "$0")/lib.sh"
 
-apt_install ca-certificates systemd systemd-container debootstrap dbus iproute2 util-linux hyperfine python3-venv openssl
+apt_install ca-certificates systemd systemd-container debootstrap dbus iproute2 util-linux hyperfine python3-venv \
+  openssl rpm cpio
+# The .rpm test's packager (tests/packaging_rpm.rs).
+. "$REPO/scripts/package-lib.sh"
+ensure_generate_rpm
 [ -x "$REPO/scripts/setup-kubectl.sh" ] && "$REPO/scripts/setup-kubectl.sh"
 [ -x "$REPO/scripts/setup-helm.sh" ] && "$REPO/scripts/setup-helm.sh"
 [ -x "$REPO/scripts/nspawn-rootfs.sh" ] && "$REPO/scripts/nspawn-rootfs.sh"

@@ -1,211 +1,22 @@
-//! The .deb (scripts/package-deb.sh) installed into a copy of the nspawn rootfs (a debootstrapped
-//! Debian with a stand-in `crio.service`), which then boots with real systemd, on a plain
-//! filesystem like a node's (no overlay, no bind mount over the drop-in directory): the boot-time
-//! oneshot writes the configured CRI-O drop-in **before** crio.service starts (CRI-O starts once,
-//! with its final config), both units are enabled, and the agent unit loads and runs.
-//!
-//! The agent config sets `[sources] cloud = "none"`: the container shares the host's network
-//! namespace and must never talk to 169.254.169.254 from there.
+//! The .deb (scripts/package-deb.sh) installed with `dpkg -i` into a copy of the nspawn rootfs,
+//! which then boots with real systemd (tests/common/package_boot.rs: the boot-time oneshot runs
+//! before crio.service, both units are enabled, the agent runs).
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use common::nspawn::{require_root, rootfs};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-use nodekeeper::agent::host::systemd::Systemd;
-
-const NK: &str = env!("CARGO_BIN_EXE_nodekeeper");
-const DROPIN: &str = "50-nodekeeper-deb-test.conf";
-const DROPIN_CONTENT: &str = "[crio.runtime]\npids_limit = 2048\n";
-
-fn agent_toml() -> String {
-    format!(
-        "[crio]\n[[crio.dropin]]\nname = \"{DROPIN}\"\ncontent = \"\"\"\n{DROPIN_CONTENT}\"\"\"\n\n\
-         [sources]\ncloud = \"none\"\n"
-    )
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::nspawn::require_root;
+use common::package_boot::{assert_boots, assert_installed, node_root, repo, run, stripped_binary};
 
 /// Builds the .deb around a stripped copy of the test binary (uncompressed: fast).
 fn build_deb(dir: &Path) -> PathBuf {
-    let bin = dir.join("nodekeeper");
-    std::fs::copy(NK, &bin).unwrap();
-    run(Command::new("strip").arg(&bin));
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = run(Command::new(repo.join("scripts/package-deb.sh"))
-        .env("NODEKEEPER_BIN", &bin)
+    let out = run(Command::new(repo().join("scripts/package-deb.sh"))
+        .env("NODEKEEPER_BIN", stripped_binary(dir))
         .env("NODEKEEPER_DEB_COMPRESSION", "none"));
     PathBuf::from(out.lines().last().unwrap().trim())
-}
-
-/// A booted copy of the rootfs: its own cgroup (never the host's root cgroup), its system bus
-/// reachable at `dir/dbus`, powered off and cleaned up on drop.
-struct Booted {
-    child: Child,
-    machine: String,
-    leader: u32,
-    cgroups: Vec<PathBuf>,
-}
-
-impl Booted {
-    async fn boot(root: &Path, dir: &Path) -> Booted {
-        let machine = format!("nk-deb-{}", std::process::id());
-        let pure_v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
-        let cgroups: Vec<PathBuf> = [
-            "/sys/fs/cgroup/systemd",
-            "/sys/fs/cgroup/unified",
-            "/sys/fs/cgroup",
-        ]
-        .iter()
-        .map(Path::new)
-        .filter(|h| h.join("cgroup.procs").exists())
-        .filter(|h| (*h == Path::new("/sys/fs/cgroup")) == pure_v2)
-        .map(|h| h.join("nodekeeper-tests").join(&machine))
-        .collect();
-        for cg in &cgroups {
-            std::fs::create_dir_all(cg).unwrap();
-        }
-        let procs: Vec<String> = cgroups
-            .iter()
-            .map(|c| c.join("cgroup.procs").display().to_string())
-            .collect();
-        let bus = dir.join("dbus");
-        std::fs::create_dir_all(&bus).unwrap();
-        let log = std::fs::File::create(dir.join("nspawn.log")).unwrap();
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(r#"for f in $NK_CGROUP_PROCS; do echo $$ > "$f" || exit 1; done; exec "$@""#)
-            .arg("sh")
-            .arg("systemd-nspawn")
-            .arg("-D")
-            .arg(root)
-            .args(["-b", "--register=no", "--keep-unit", "--console=passive"])
-            .arg(format!("--machine={machine}"))
-            .arg(format!("--bind={}:/run/dbus", bus.display()))
-            .env("NK_CGROUP_PROCS", procs.join(" "))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut b = Booted {
-            child,
-            machine,
-            leader: 0,
-            cgroups,
-        };
-        let address = format!("unix:path={}", bus.join("system_bus_socket").display());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut last = String::from("(no bus yet)");
-        while Instant::now() < deadline {
-            if let Ok(s) = Systemd::connect_address(&address).await {
-                match s.system_state().await {
-                    // "degraded": a unit failed; the assertions below say which.
-                    Ok(st) if st == "running" || st == "degraded" => {
-                        b.leader = leader_of(b.child.id()).expect("container PID 1");
-                        return b;
-                    }
-                    Ok(st) => last = st,
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            assert!(
-                b.child.try_wait().unwrap().is_none(),
-                "nspawn exited during boot"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!(
-            "not running after 60s ({last}):\n{}",
-            std::fs::read_to_string(dir.join("nspawn.log")).unwrap_or_default()
-        );
-    }
-
-    fn exec_ok(&self, argv: &[&str]) -> String {
-        run(Command::new("nsenter")
-            .args(["-t", &self.leader.to_string(), "-a", "--"])
-            .args(argv))
-    }
-
-    fn show(&self, unit: &str) -> BTreeMap<String, String> {
-        self.exec_ok(&["systemctl", "show", unit])
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    fn journal(&self) -> String {
-        self.exec_ok(&["journalctl", "--no-pager", "-n", "80"])
-    }
-}
-
-impl Drop for Booted {
-    fn drop(&mut self) {
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        for cg in &self.cgroups {
-            remove_cgroup_tree(cg);
-            if let Some(parent) = cg.parent() {
-                let _ = std::fs::remove_dir(parent);
-            }
-        }
-        let _ =
-            std::fs::remove_dir_all(Path::new("/run/systemd/nspawn/propagate").join(&self.machine));
-    }
-}
-
-fn leader_of(nspawn: u32) -> Option<u32> {
-    let children =
-        std::fs::read_to_string(format!("/proc/{nspawn}/task/{nspawn}/children")).ok()?;
-    children
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .find(|pid: &u32| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|c| c.trim() == "systemd")
-        })
-}
-
-fn remove_cgroup_tree(cg: &Path) {
-    if let Ok(entries) = std::fs::read_dir(cg) {
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&e.path());
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(cg);
-}
-
-fn mono(p: &BTreeMap<String, String>, key: &str) -> u64 {
-    p[key]
-        .parse()
-        .unwrap_or_else(|e| panic!("{key}={}: {e}", p[key]))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -218,88 +29,30 @@ async fn deb_installs_and_the_crio_oneshot_runs_before_crio_at_boot() {
         .tempdir()
         .unwrap();
     let deb = build_deb(dir.path());
-    // A disposable copy of the cached rootfs, booted as is (a node's plain filesystem).
-    let root = dir.path().join("rootfs");
-    run(Command::new("cp").arg("-a").arg(rootfs()).arg(&root));
-
-    // As an image build would: config first, then the package (its postinst enables both units).
-    std::fs::create_dir_all(root.join("etc/nodekeeper")).unwrap();
-    std::fs::write(root.join("etc/nodekeeper/agent.toml"), agent_toml()).unwrap();
+    let root = node_root(dir.path());
+    // The package after the config (its postinst enables both units).
     std::fs::copy(&deb, root.join("tmp/nodekeeper.deb")).unwrap();
     let install =
         run(Command::new("chroot")
             .arg(&root)
             .args(["dpkg", "-i", "/tmp/nodekeeper.deb"]));
     assert!(install.contains("Setting up nodekeeper"), "{install}");
-    for f in [
-        "usr/bin/nodekeeper",
-        "lib/systemd/system/nodekeeper-agent.service",
-        "lib/systemd/system/nodekeeper-crio-apply.service",
-        "lib/systemd/system/nodekeeper-crio-apply.service.d/10-state-dir.conf",
-        "usr/share/doc/nodekeeper/examples/agent.toml",
-        "var/lib/nodekeeper",
-        "etc/systemd/system/multi-user.target.wants/nodekeeper-agent.service",
-        "etc/systemd/system/crio.service.requires/nodekeeper-crio-apply.service",
-    ] {
-        // symlink_metadata: enable links point at absolute paths inside the root.
-        assert!(
-            root.join(f).symlink_metadata().is_ok(),
-            "{f} missing after dpkg -i:\n{install}"
-        );
-    }
-    let version = run(Command::new("chroot")
-        .arg(&root)
-        .args(["nodekeeper", "--version"]));
-    assert!(version.contains(env!("CARGO_PKG_VERSION")), "{version}");
-
-    let node = Booted::boot(&root, dir.path()).await;
-    let apply = node.show("nodekeeper-crio-apply.service");
-    let crio = node.show("crio.service");
-    assert_eq!(
-        (apply["ActiveState"].as_str(), apply["Result"].as_str()),
-        ("active", "success"),
-        "oneshot:\n{}",
-        node.journal()
+    assert_installed(
+        &root,
+        &[
+            "usr/bin/nodekeeper",
+            "lib/systemd/system/nodekeeper-agent.service",
+            "lib/systemd/system/nodekeeper-crio-apply.service",
+            "usr/share/doc/nodekeeper/examples/agent.toml",
+            "var/lib/nodekeeper",
+            "etc/systemd/system/multi-user.target.wants/nodekeeper-agent.service",
+            "etc/systemd/system/crio.service.requires/nodekeeper-crio-apply.service",
+        ],
+        &install,
     );
-    assert_eq!(apply["UnitFileState"], "enabled");
-    assert!(
-        apply["Before"].split(' ').any(|u| u == "crio.service"),
-        "{:?}",
-        apply["Before"]
-    );
-    // It finished before crio.service began to start, so CRI-O started once, with the drop-in.
-    let applied = mono(&apply, "ExecMainExitTimestampMonotonic");
-    let crio_start = mono(&crio, "InactiveExitTimestampMonotonic");
-    assert!(
-        applied > 0 && applied <= crio_start,
-        "oneshot exited at {applied} µs, crio.service started at {crio_start} µs"
-    );
-    assert_eq!(crio["ActiveState"], "active");
-    let starts = node.exec_ok(&["cat", "/run/crio-starts"]);
-    assert_eq!(starts.lines().count(), 1, "CRI-O started once:\n{starts}");
-    assert_eq!(
-        std::fs::read_to_string(root.join("etc/crio/crio.conf.d").join(DROPIN)).unwrap(),
-        DROPIN_CONTENT
-    );
-    assert!(root
-        .join("etc/crio/nodekeeper-state/crio-state.json")
+    // The units are correct on their own: no drop-in is shipped.
+    assert!(!root
+        .join("lib/systemd/system/nodekeeper-crio-apply.service.d")
         .exists());
-
-    // The agent unit loads, is enabled, and runs (its ExecStartPre validates the config).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let agent = loop {
-        let a = node.show("nodekeeper-agent.service");
-        if a["ActiveState"] == "active" || Instant::now() > deadline {
-            break a;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(agent["LoadState"], "loaded");
-    assert_eq!(agent["UnitFileState"], "enabled");
-    assert_eq!(
-        (agent["ActiveState"].as_str(), agent["SubState"].as_str()),
-        ("active", "running"),
-        "agent:\n{}",
-        node.journal()
-    );
+    assert_boots(&root, dir.path(), "deb").await;
 }

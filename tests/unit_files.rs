@@ -50,7 +50,9 @@ fn agent_unit_is_hardened_and_validates_first() {
     .unwrap();
     for line in [
         "ProtectSystem=strict",
-        "ReadWritePaths=/etc/crio/crio.conf.d /var/lib/nodekeeper",
+        // One writable mount for drop-ins and state: atomic renames never cross mounts.
+        "ReadWritePaths=/etc/crio /var/lib/nodekeeper",
+        "Environment=NODEKEEPER_CRIO_STATE_DIR=/etc/crio/nodekeeper-state",
         "NoNewPrivileges=yes",
         "PrivateTmp=yes",
         "ExecStartPre=/usr/bin/nodekeeper validate --config /etc/nodekeeper/agent.toml",
@@ -65,6 +67,16 @@ fn agent_unit_is_hardened_and_validates_first() {
     assert!(oneshot
         .lines()
         .any(|l| l == "Before=crio.service kubelet.service"));
+    // Both units write drop-ins: same sandbox paths and state dir (they share the apply lock).
+    for line in [
+        "ReadWritePaths=/etc/crio /var/lib/nodekeeper",
+        "Environment=NODEKEEPER_CRIO_STATE_DIR=/etc/crio/nodekeeper-state",
+    ] {
+        assert!(
+            oneshot.lines().any(|l| l == line),
+            "oneshot: missing `{line}`"
+        );
+    }
     assert!(oneshot.lines().any(|l| l == "Type=oneshot"));
 }
 

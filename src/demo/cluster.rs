@@ -96,6 +96,25 @@ pub fn sim_options(scenario: Scenario) -> SimOptions {
     }
 }
 
+/// Sets a node's `Ready` condition through the sim's admin API at `admin` (`.../sim/v1/`), as a
+/// kubelet that stopped posting Ready would.
+pub async fn set_ready(admin: &str, node: &str, status: &str) -> Result<(), String> {
+    let body = serde_json::json!({"type": "Ready", "status": status, "reason": "KubeletNotReady",
+        "message": "container runtime network not ready (injected by nodekeeper demo)"});
+    let url = format!("{admin}nodes/{node}/conditions");
+    let fail = |e: String| format!("cannot set Ready={status} on {node}: {e}");
+    let resp = reqwest::Client::new()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    if !resp.status().is_success() {
+        return Err(fail(resp.status().to_string()));
+    }
+    Ok(())
+}
+
 /// Loads the controller configuration (`--controller-config` or the embedded one) with
 /// located diagnostics, and scales its policy durations by `1/speed`.
 pub fn policy(file: Option<&Path>, speed: f64) -> Result<(Config, PolicyConfig), ConfigError> {

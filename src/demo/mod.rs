@@ -8,12 +8,13 @@
 //! answered by taint + cordon + tiered drain + replacement, two nodes going NotReady repaired
 //! one at a time under the budget `nodes: "1"` with the held node explained. It exits 0 only
 //! if every expected outcome happened. `--serve` keeps the cluster up for `kubectl` and
-//! `nodekeeper status`.
+//! `nodekeeper status`. `--snapshot` replays a real cluster's export instead ([`whatif`]).
 
 pub mod agents;
 pub mod cluster;
 pub mod script;
 pub mod timeline;
+pub mod whatif;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -43,10 +44,28 @@ pub struct DemoArgs {
     /// Give up on an outcome after this long (real time).
     #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
     pub step_timeout: Duration,
-    /// Working directory (kubeconfig, agent configs and logs); default: a new directory under
-    /// the system's temporary directory, removed at the end unless `--serve`.
+    /// Working directory (kubeconfig, agent configs and logs; with --snapshot: `after.json`,
+    /// the replayed objects at the end); default: a new directory under the system's temporary
+    /// directory, removed at the end unless `--serve`.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// What-if replay: a snapshot of a real cluster (`kubectl get nodes,pods,pdb -A -o json`,
+    /// or `-o yaml`; several lists may follow each other), seeded as exported, with your
+    /// `--controller-config` policy in dry run. Prints what nodekeeper would do to each node.
+    #[arg(long, conflicts_with_all = ["scenario", "serve"])]
+    pub snapshot: Option<PathBuf>,
+    /// With --snapshot, an event to inject (repeatable): `notready:NODE`,
+    /// `preemption:NODE`, also termination, maintenance, rebalance, reboot, redeploy; TARGET
+    /// may be `pool=NAME` (a value of [budgets] group_by) or `LABEL=VALUE`.
+    #[arg(long = "what-if", value_name = "EVENT:TARGET", requires = "snapshot")]
+    pub what_if: Vec<whatif::event::WhatIf>,
+    /// With --snapshot, decide this long after the events (default: the longest repair
+    /// toleration + 1s, so that tolerations have run out).
+    #[arg(long, requires = "snapshot", value_parser = humantime::parse_duration)]
+    pub after: Option<Duration>,
+    /// Output of --snapshot: the timeline and a table, or one JSON object (timeline on stderr).
+    #[arg(long, short, value_enum, default_value_t = crate::cli::Output::Text)]
+    pub output: crate::cli::Output,
 }
 
 /// Errors setting the demo up.
@@ -94,6 +113,9 @@ async fn demo(args: DemoArgs, tmp: PathBuf) -> Result<bool, DemoError> {
             "--speed {}: must be a number >= 1",
             args.speed
         )));
+    }
+    if let Some(snapshot) = &args.snapshot {
+        return whatif::run(&args, snapshot).await;
     }
     let scenario = match &args.scenario {
         Some(p) => crate::sim::apiserver::scenario::Scenario::load(p)

@@ -587,12 +587,8 @@ impl Env {
     }
 
     async fn set_ready(&self, node: &str, status: &str) {
-        let body = serde_json::json!({"type": "Ready", "status": status, "reason": "KubeletNotReady",
-            "message": "container runtime network not ready (injected by nodekeeper demo)"});
-        let url = format!("{}nodes/{node}/conditions", self.admin);
-        if let Err(e) = reqwest::Client::new().post(&url).json(&body).send().await {
-            self.tl
-                .line(node, "error", &format!("cannot set Ready={status}: {e}"));
+        if let Err(e) = super::cluster::set_ready(&self.admin, node, status).await {
+            self.tl.line(node, "error", &e);
         }
     }
 }

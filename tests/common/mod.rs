@@ -2,3 +2,4 @@
 #![allow(dead_code)]
 
 pub mod nspawn;
+pub mod package_boot;

@@ -134,25 +134,8 @@ pub fn evict(t: &mut Txn<'_>, ns: &str, name: &str, body: &Value) -> ApiResult<V
     let skip_pdb = pod.pointer("/metadata/deletionTimestamp").is_some()
         || matches!(phase, "Succeeded" | "Failed" | "Pending");
     if !skip_pdb {
-        let labels = super::selectors::labels_of(&pod);
-        let matching: Vec<Arc<Value>> = t
-            .list(well_known::pdbs(), Some(ns))
-            .into_iter()
-            .filter(|pdb| pdb_selector(pdb).is_some_and(|s| s.matches(&labels)))
-            .collect();
-        if matching.len() > 1 {
-            return Err(ApiError::internal(
-                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
-            ));
-        }
-        if let Some(pdb) = matching.first() {
-            let selector = pdb_selector(pdb).unwrap_or_default();
-            let covered: Vec<Arc<Value>> = t
-                .list(pods, Some(ns))
-                .into_iter()
-                .filter(|p| selector.matches_object(p))
-                .collect();
-            check(pdb, &pod, &covered)?;
+        if let Some(pdb) = governing_pdb(&pod, t.list(well_known::pdbs(), Some(ns)))? {
+            check(&pdb, &pod, &covered_by(&pdb, t.list(pods, Some(ns))))?;
         }
     }
     let grace = body
@@ -175,6 +158,30 @@ pub fn evict(t: &mut Txn<'_>, ns: &str, name: &str, body: &Value) -> ApiResult<V
     Ok(
         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
     )
+}
+
+/// The PDB that decides on evicting `pod`, out of the PDBs of its namespace (`None`: no PDB
+/// selects it; an error when several do, as the eviction subresource refuses that).
+pub fn governing_pdb(pod: &Value, pdbs: Vec<Arc<Value>>) -> Result<Option<Arc<Value>>, ApiError> {
+    let labels = super::selectors::labels_of(pod);
+    let mut matching = pdbs
+        .into_iter()
+        .filter(|pdb| pdb_selector(pdb).is_some_and(|s| s.matches(&labels)));
+    let first = matching.next();
+    if matching.next().is_some() {
+        return Err(ApiError::internal(
+            "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+        ));
+    }
+    Ok(first)
+}
+
+/// The pods (of the PDB's namespace) that `pdb` covers.
+pub fn covered_by(pdb: &Value, pods: Vec<Arc<Value>>) -> Vec<Arc<Value>> {
+    let selector = pdb_selector(pdb).unwrap_or_default();
+    pods.into_iter()
+        .filter(|p| selector.matches_object(p))
+        .collect()
 }
 
 /// A PDB's selector; `None` for a missing selector (matches nothing), empty matches everything.

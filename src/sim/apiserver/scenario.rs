@@ -343,19 +343,19 @@ fn int_or_str(v: &toml::Value) -> Value {
     }
 }
 
+/// `plural/name` of an object, for errors.
+fn describe(res: &super::resources::ResourceDef, obj: &Value) -> String {
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str);
+    format!("{}/{}", res.plural, name.unwrap_or("?"))
+}
+
 fn create(
     sim: &Sim,
     res: &'static super::resources::ResourceDef,
     ns: &str,
     obj: Value,
 ) -> Result<Value, ScenarioError> {
-    let what = format!(
-        "{}/{}",
-        res.plural,
-        obj.pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or("?")
-    );
+    let what = describe(res, &obj);
     sim.store
         .txn(|t| t.create(res, ns, obj))
         .map(|o| (*o).clone())
@@ -365,7 +365,33 @@ fn create(
         })
 }
 
-fn ensure_namespace(sim: &Sim, ns: &str) -> Result<(), ScenarioError> {
+/// Seeds an object exported from a real cluster as it is (uid, creation time and generation kept),
+/// creating their namespaces first.
+pub fn restore(
+    sim: &Sim,
+    res: &'static super::resources::ResourceDef,
+    obj: Value,
+) -> Result<(), ScenarioError> {
+    let ns = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    if res.namespaced {
+        ensure_namespace(sim, if ns.is_empty() { "default" } else { &ns })?;
+    }
+    let what = describe(res, &obj);
+    sim.store
+        .txn(|t| t.restore(res, &ns, obj))
+        .map(|_| ())
+        .map_err(|e| ScenarioError::Seed {
+            what,
+            message: e.message,
+        })
+}
+
+/// Makes sure a namespace exists.
+pub fn ensure_namespace(sim: &Sim, ns: &str) -> Result<(), ScenarioError> {
     if sim.store.get(well_known::namespaces(), "", ns).is_none() {
         create(
             sim,

@@ -729,6 +729,36 @@ impl Txn<'_> {
         Ok(self.commit(res, (ns, name), obj, EventType::Added))
     }
 
+    /// Creates an object exported from another cluster (a snapshot replay): like
+    /// [`Txn::create`], but it keeps the object's `uid`, `creationTimestamp` and `generation`.
+    pub fn restore(
+        &mut self,
+        res: &'static ResourceDef,
+        ns: &str,
+        obj: Value,
+    ) -> ApiResult<Arc<Value>> {
+        let kept: Vec<(&str, Value)> = ["uid", "creationTimestamp", "generation"]
+            .into_iter()
+            .filter_map(|k| {
+                let v = obj.get("metadata")?.get(k)?;
+                (v.is_string() || v.is_u64()).then(|| (k, v.clone()))
+            })
+            .collect();
+        let created = self.create(res, ns, obj)?;
+        if kept.is_empty() {
+            return Ok(created);
+        }
+        let mut o = (*created).clone();
+        for (k, v) in kept {
+            o["metadata"][k] = v;
+        }
+        let key = (
+            meta_str(&o, "namespace").unwrap_or_default().to_string(),
+            meta_str(&o, "name").unwrap_or_default().to_string(),
+        );
+        Ok(self.commit(res, key, o, EventType::Modified))
+    }
+
     fn check_namespace(&self, res: &ResourceDef, ns: &str, obj: &Value) -> ApiResult<String> {
         if !res.namespaced {
             return Ok(String::new());
