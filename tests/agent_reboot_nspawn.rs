@@ -25,7 +25,7 @@ mod ctl;
 use std::path::Path;
 use std::time::Duration;
 
-use agent_proc::{free_port, Agent};
+use agent_proc::{free_port, report_toml, Agent};
 use common::nspawn::NspawnNode;
 use ctl::*;
 use nodekeeper::agent::host::systemd::Systemd;
@@ -52,18 +52,15 @@ enabled = false
 enabled = false
 [checks.systemd]
 enabled = false
-[report]
-url = "https://127.0.0.1:{port}"
-ca_file = "{ca}"
-server_name = "{SERVER_NAME}"
-token_file = "{token}"
-heartbeat = "300ms"
-timeout = "2s"
-backoff_max = "500ms"
-"#,
+{report}"#,
         host_root = host_root.display(),
-        ca = env.ca.display(),
-        token = env.dir.path().join("token").display(),
+        report = report_toml(
+            port,
+            &env.ca,
+            SERVER_NAME,
+            &env.dir.path().join("token"),
+            "300ms"
+        ),
     )
 }
 

@@ -11,7 +11,7 @@ mod ctl;
 use std::path::Path;
 use std::time::Duration;
 
-use agent_proc::{free_port, Agent};
+use agent_proc::{free_port, report_toml, Agent, NO_BUS};
 use ctl::*;
 
 /// An agent config reporting to `port`: only the disk check, on `disk` with a free-space
@@ -40,18 +40,15 @@ paths = ["{disk}"]
 min_free_percent = {min_free_percent:.1}
 min_free_inodes_percent = 0.0
 flap = {{ count = 1 }}
-[report]
-url = "https://127.0.0.1:{port}"
-ca_file = "{ca}"
-server_name = "{SERVER_NAME}"
-token_file = "{token}"
-heartbeat = "500ms"
-timeout = "2s"
-backoff_max = "500ms"
-"#,
+{report}"#,
         disk = disk.display(),
-        ca = env.ca.display(),
-        token = env.dir.path().join("token").display(),
+        report = report_toml(
+            port,
+            &env.ca,
+            SERVER_NAME,
+            &env.dir.path().join("token"),
+            "500ms"
+        ),
     )
 }
 
@@ -94,7 +91,7 @@ async fn agent_binary_reports_conditions_over_tls_and_stops_on_sigterm() {
     // No file system is 100 % free: the check fails.
     std::fs::write(&config, agent_toml(&env, port, &disk, 100.0)).unwrap();
 
-    let mut agent = Agent::start(&config, &root, "unix:path=/nonexistent/nodekeeper-test-bus");
+    let mut agent = Agent::start(&config, &root, NO_BUS);
     agent
         .expect("agent starting", Duration::from_secs(10))
         .await;

@@ -1,9 +1,12 @@
 //! The real controller binary SIGKILLed at random points while it repairs nodes (cordon →
-//! drain → NodeClaim deletion through the karpenter provider) on the in-process sim, and a new
-//! one started each time. At the end: every failed node was replaced (0 lost actions), each
-//! with exactly one replacement request (one `ReplacementRequested` Event, one request id on
-//! its NodeClaim: 0 duplicate replacements), no node left cordoned or tainted without
-//! nodekeeper's record (0 orphan cordons/taints), the workload Running again.
+//! drain → NodeClaim deletion through the karpenter provider) and while it answers OCI
+//! preemption notices (OCI Events POST → taint + cordon → drain, replacement requested at
+//! once) on the in-process sim, and a new one started each time. At the end: every failed or
+//! preempted node was replaced (0 lost actions), each with exactly one replacement request (one
+//! `ReplacementRequested` Event, one request id on its NodeClaim: 0 duplicate replacements);
+//! every preempted node was seen tainted + cordoned and had no workload pod left before it went
+//! away (drained); no node left cordoned or tainted without nodekeeper's record (0 orphan
+//! cordons/taints), the workload Running again.
 //!
 //! `NODEKEEPER_KILL_TRIALS` (default 20) kills; `NODEKEEPER_KILL_SEED` replays a run (the seed
 //! is printed). Long run: docs/reliability.md.
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use nodekeeper::controller::policy::view::keys;
 use nodekeeper::controller::provider::karpenter::{nodeclaim_resource, REQUEST_ANNOTATION};
@@ -28,6 +31,7 @@ use nodekeeper::sim::apiserver::loops::LoopOptions;
 use nodekeeper::sim::apiserver::resources::well_known;
 use nodekeeper::sim::apiserver::scenario::Scenario;
 use nodekeeper::sim::apiserver::TestCluster;
+use nodekeeper::sim::oci_events::OciEventKind;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::process::{Child, Command};
@@ -37,6 +41,7 @@ use engine_support::*;
 const POOL: &str = "general";
 const POOL_SIZE: usize = 6;
 const INTERRUPTION_TAINT: &str = "nodekeeper.io/interruption";
+const OCI_TOKEN: &str = "kill-test-oci-events-secret";
 
 fn scenario() -> Scenario {
     let mut s = Scenario::default_mixed();
@@ -50,7 +55,9 @@ fn scenario() -> Scenario {
 fn fast_loops() -> LoopOptions {
     LoopOptions {
         pod_start_delay: Duration::from_millis(300),
-        terminate_delay: Duration::from_millis(500),
+        // A deleted NodeClaim's node goes 6 s later: a preempted node's replacement is
+        // requested at once, its drain (restarted by each new controller) runs meanwhile.
+        terminate_delay: Duration::from_secs(6),
         launch_delay: Duration::from_secs(1),
         // Pinned conditions only; kubelet heartbeats never lapse in a short run.
         node_monitor_grace: Duration::from_secs(3600),
@@ -76,6 +83,9 @@ retry_period = "100ms"
 [controller.engine]
 tick = "200ms"
 wait_volume_detach = false
+[controller.oci_events]
+enabled = true
+token = "{OCI_TOKEN}"
 [controller.provider]
 kind = "karpenter"
 [sources]
@@ -105,12 +115,12 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A controller child process named `identity`, logging to `<dir>/<identity>.log`.
-fn spawn(dir: &Path, kubeconfig: &Path, identity: &str) -> Child {
+/// A controller child process named `identity`, logging to `<dir>/<identity>.log`; its port.
+fn spawn(dir: &Path, kubeconfig: &Path, identity: &str) -> (Child, u16) {
     let port = free_port();
     let cfg = write_config(&dir.join(identity), port, identity);
     let log = std::fs::File::create(dir.join(format!("{identity}.log"))).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+    let child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
         .args(["controller", "--config"])
         .arg(&cfg)
         .env("KUBECONFIG", kubeconfig)
@@ -118,7 +128,123 @@ fn spawn(dir: &Path, kubeconfig: &Path, identity: &str) -> Child {
         .stderr(log)
         .kill_on_drop(true)
         .spawn()
-        .unwrap()
+        .unwrap();
+    (child, port)
+}
+
+fn ocid(node: &str) -> String {
+    format!("ocid1.instance.oc1.phx.kill{node}")
+}
+
+/// An OCI preemption notice for `node` through the leader's OCI Events endpoint, delivered the
+/// way OCI Notifications does: redelivered until the controller answers 2xx. Gives the node an
+/// OCI provider ID first, and redelivers while the controller's Node cache does not map it yet
+/// (answered 200 `ignored`).
+async fn preempt_via_oci_events(c: &TestCluster, port: u16, node: &str) {
+    let patch = serde_json::json!({"spec": {"providerID": format!("oci://{}", ocid(node))}});
+    Api::<Node>::all(c.client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let body = nodekeeper::sim::oci_events::envelope(OciEventKind::Preemption, &ocid(node), "");
+    let http = reqwest::Client::new();
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = http
+            .post(format!("http://127.0.0.1:{port}/v1/oci-events"))
+            .header("x-nodekeeper-token", OCI_TOKEN)
+            .json(&body)
+            .send()
+            .await;
+        if let Ok(r) = r {
+            let ok = r.status().is_success();
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            if ok && v["node"] == node {
+                return;
+            }
+        }
+        assert!(Instant::now() < end, "OCI event for {node} never taken");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What was seen of the preempted nodes over the run: tainted + cordoned with nodekeeper's
+/// `interrupted` record; the workload pods (not DaemonSet pods, not terminating) still bound to
+/// each, last sampled while the node existed.
+#[derive(Default)]
+struct Preempted {
+    nodes: BTreeSet<String>,
+    interrupted: BTreeSet<String>,
+    pods_left: BTreeMap<String, usize>,
+}
+
+fn watch_preempted(c: &TestCluster) -> Arc<Mutex<Preempted>> {
+    let seen: Arc<Mutex<Preempted>> = Arc::default();
+    let s2 = seen.clone();
+    let api: Api<Node> = Api::all(c.client.clone());
+    tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default()).applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(Ok(n)) = stream.next().await {
+            let marked = taint(&n, INTERRUPTION_TAINT).is_some()
+                && unschedulable(&n)
+                && annotation(&n, keys::STATE) == Some("interrupted");
+            if let (true, Some(name)) = (marked, n.metadata.name) {
+                s2.lock().unwrap().interrupted.insert(name);
+            }
+        }
+    });
+    let s3 = seen.clone();
+    let client = c.client.clone();
+    tokio::spawn(async move {
+        loop {
+            sample_pods(&client, &s3).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    seen
+}
+
+async fn sample_pods(client: &kube::Client, seen: &Mutex<Preempted>) {
+    let watched = seen.lock().unwrap().nodes.clone();
+    if watched.is_empty() {
+        return;
+    }
+    let Ok(nodes) = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    else {
+        return;
+    };
+    let Ok(pods) = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    else {
+        return;
+    };
+    let alive: BTreeSet<String> = nodes
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    let mut counts: BTreeMap<String, usize> = watched
+        .intersection(&alive)
+        .map(|n| (n.clone(), 0))
+        .collect();
+    for p in pods.items {
+        let on = p.spec.as_ref().and_then(|s| s.node_name.clone());
+        let daemon = p
+            .metadata
+            .owner_references
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet"));
+        if let Some(n) = on.and_then(|n| counts.get_mut(&n)) {
+            if !daemon && p.metadata.deletion_timestamp.is_none() {
+                *n += 1;
+            }
+        }
+    }
+    seen.lock().unwrap().pods_left.extend(counts);
 }
 
 async fn lease_holder(c: &TestCluster) -> Option<String> {
@@ -225,6 +351,7 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
     let kubeconfig = dir.join("kubeconfig");
     c.write_kubeconfig(&kubeconfig).unwrap();
     let claims = watch_claims(&c);
+    let preempted = watch_preempted(&c);
     wait_until(Duration::from_secs(20), "web pods running", || async {
         let mut n = 0;
         for i in 0..POOL_SIZE {
@@ -235,11 +362,12 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
     .await;
 
     let mut failed: Vec<String> = Vec::new();
+    let mut interrupted: Vec<String> = Vec::new();
     let started = Instant::now();
     for i in 0..=trials {
         let identity = format!("kill-{i}");
         std::fs::create_dir_all(dir.join(&identity)).unwrap();
-        let mut child = spawn(&dir, &kubeconfig, &identity);
+        let (mut child, port) = spawn(&dir, &kubeconfig, &identity);
         let id2 = identity.clone();
         wait_until(Duration::from_secs(20), "the new controller leads", || {
             let (c, id) = (&c, id2.clone());
@@ -248,7 +376,7 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
         .await;
         if i == trials {
             // The survivor finishes everything.
-            let res = finish(&c, &failed, &claims).await;
+            let res = finish(&c, &failed, &interrupted, &claims, &preempted).await;
             let _ = child.start_kill();
             let _ = child.wait().await;
             if res.is_err() {
@@ -257,14 +385,28 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
             res.unwrap();
             break;
         }
-        // A failure on a healthy node while at least 3 stay healthy.
+        // A failure or a preemption notice on a healthy node while at least 3 stay healthy.
         if rng.random_bool(0.6) {
             let idle = idle_ready_nodes(&c).await;
             if idle.len() > 3 {
                 let n = idle[rng.random_range(0..idle.len())].clone();
-                backdate(&c, &n);
-                pin_condition(&c, &n, "Ready", "False").await;
-                failed.push(n);
+                if rng.random_bool(0.5) {
+                    preempted.lock().unwrap().nodes.insert(n.clone());
+                    preempt_via_oci_events(&c, port, &n).await;
+                    // Not covered: a kill between the 200 and the write of the record (the
+                    // notice lives in memory until then; docs/reliability.md).
+                    wait_until(Duration::from_secs(10), "the notice recorded", || async {
+                        node_opt(&c, &n)
+                            .await
+                            .is_none_or(|x| annotation(&x, keys::STATE) == Some("interrupted"))
+                    })
+                    .await;
+                    interrupted.push(n);
+                } else {
+                    backdate(&c, &n);
+                    pin_condition(&c, &n, "Ready", "False").await;
+                    failed.push(n);
+                }
             }
         }
         let ms = rng.random_range(0..1500);
@@ -279,8 +421,9 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
         assert!(!status.success(), "{identity} exited on its own: {status}");
     }
     eprintln!(
-        "controller_kill: {trials} kills, {} failed nodes, all replaced once, in {:.1}s",
+        "controller_kill: {trials} kills, {} failed and {} preempted nodes, all replaced once, in {:.1}s",
         failed.len(),
+        interrupted.len(),
         started.elapsed().as_secs_f64()
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -290,12 +433,18 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
 async fn finish(
     c: &TestCluster,
     failed: &[String],
+    interrupted: &[String],
     claims: &Mutex<BTreeMap<String, BTreeSet<String>>>,
+    preempted: &Mutex<Preempted>,
 ) -> Result<(), String> {
-    assert!(!failed.is_empty(), "no failure injected");
+    assert!(
+        !failed.is_empty() || !interrupted.is_empty(),
+        "no failure injected"
+    );
     let end = Instant::now() + Duration::from_secs(60);
     loop {
-        let problems = check(c, failed, claims).await;
+        let mut problems = check(c, failed, interrupted, claims).await;
+        problems.extend(check_preempted(interrupted, preempted));
         let done = problems.is_empty();
         if done {
             return Ok(());
@@ -315,6 +464,7 @@ async fn finish(
 async fn check(
     c: &TestCluster,
     failed: &[String],
+    interrupted: &[String],
     claims: &Mutex<BTreeMap<String, BTreeSet<String>>>,
 ) -> Vec<String> {
     let mut problems = Vec::new();
@@ -323,7 +473,7 @@ async fn check(
         .await
         .unwrap()
         .items;
-    for n in failed {
+    for n in failed.iter().chain(interrupted) {
         let evs = events_about(c, n).await;
         let requested = evs
             .iter()
@@ -374,6 +524,23 @@ async fn check(
         .count();
     if web_running < 4 {
         problems.push(format!("{web_running} of 4 web pods Running"));
+    }
+    problems
+}
+
+/// Every preempted node was seen tainted + cordoned as interrupted and left with no workload pod.
+fn check_preempted(interrupted: &[String], preempted: &Mutex<Preempted>) -> Vec<String> {
+    let p = preempted.lock().unwrap();
+    let mut problems = Vec::new();
+    for n in interrupted {
+        if !p.interrupted.contains(n) {
+            problems.push(format!("{n} never seen tainted + cordoned as interrupted"));
+        }
+        match p.pods_left.get(n) {
+            Some(0) => {}
+            Some(k) => problems.push(format!("{n}: {k} workload pods left (not drained)")),
+            None => problems.push(format!("{n}: pods never sampled")),
+        }
     }
     problems
 }

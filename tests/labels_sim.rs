@@ -1,7 +1,11 @@
 //! Migration-label rules against the API stand-in over HTTP with the real kube-rs client: the
 //! label goes only when this node's Cilium pod is Ready, only from this node.
 
+mod agent_proc;
+
 use std::time::Duration;
+
+use agent_proc::{Agent, NO_BUS};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -138,7 +142,6 @@ async fn label_is_removed_once_cilium_on_this_node_is_ready() {
 /// (for the controller), and the agent itself does not touch the Node.
 #[tokio::test]
 async fn agent_reports_the_removal_and_leaves_the_node_alone() {
-    use std::io::{BufRead, BufReader};
     let cluster = TestCluster::start(SimOptions::bare()).await.unwrap();
     let nodes: Api<Node> = Api::all(cluster.client.clone());
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "kube-system");
@@ -161,70 +164,32 @@ async fn agent_reports_the_removal_and_leaves_the_node_alone() {
          [[labels.cleanup]]\nlabel = \"last-migration-failure\"\nwhen_pod_ready = { namespace = \"kube-system\", selector = \"k8s-app=cilium\" }\n",
     )
     .unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["agent", "--config"])
-        .arg(&cfg)
-        .arg("--root")
-        .arg(dir.path())
-        .env("KUBECONFIG", &kubeconfig)
-        .env("NODEKEEPER_NODE_NAME", "n1")
-        .env("NODEKEEPER_LOG_FORMAT", "json")
-        .env("NODEKEEPER_LOG_LEVEL", "debug")
-        .env(
-            "DBUS_SYSTEM_BUS_ADDRESS",
-            "unix:path=/nonexistent/nodekeeper-test-bus",
+    let mut agent = Agent::start_with_env(
+        &cfg,
+        dir.path(),
+        NO_BUS,
+        &[
+            ("KUBECONFIG", kubeconfig.as_os_str()),
+            ("NODEKEEPER_NODE_NAME", "n1".as_ref()),
+        ],
+    );
+    let report = agent
+        .report_with(
+            |r| {
+                r["label_removals"]
+                    .as_array()
+                    .is_some_and(|a| !a.is_empty())
+            },
+            "a report with the removal",
+            Duration::from_secs(20),
         )
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (found_tx, found_rx) = tokio::sync::oneshot::channel();
-    let reader = std::thread::spawn(move || {
-        let mut found_tx = Some(found_tx);
-        let mut all = Vec::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                if v["message"] == "node report (full)" {
-                    let report: serde_json::Value =
-                        serde_json::from_str(v["report"].as_str().unwrap()).unwrap();
-                    if report["label_removals"]
-                        .as_array()
-                        .is_some_and(|a| !a.is_empty())
-                    {
-                        if let Some(tx) = found_tx.take() {
-                            let _ = tx.send(report);
-                        }
-                    }
-                }
-            }
-            all.push(line);
-        }
-        all
-    });
-    let report = tokio::time::timeout(Duration::from_secs(20), found_rx)
-        .await
-        .unwrap()
-        .expect("a report with the removal");
+        .await;
     assert_eq!(report["node"], "n1");
     assert_eq!(
         report["label_removals"][0]["label"],
         "last-migration-failure"
     );
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    let log = reader.join().unwrap();
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "{}",
-        log[log.len().saturating_sub(20)..].join("\n")
-    );
+    agent.terminate(Duration::from_secs(10)).await;
     assert!(
         labels_of(&nodes, "n1")
             .await

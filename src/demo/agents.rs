@@ -1,11 +1,14 @@
 //! The demo's agents: one real `nodekeeper agent` process per node (like the DaemonSet), each
-//! with its own OCI metadata emulator on loopback, a token minted by the sim for its node, and
-//! a throw-away state directory. New nodes get an agent as they appear; removed nodes lose theirs.
+//! with its own metadata emulator on loopback (OCI unless [`Agents::with_source`] says
+//! otherwise), a token minted by the sim for its node, and a throw-away state directory. New
+//! nodes get an agent as they appear; removed nodes lose theirs. `examples/notice_bench.rs`
+//! uses the same supervisor with each cloud.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
@@ -47,11 +50,14 @@ pub struct Agents {
     kubeconfig: PathBuf,
     controller_url: String,
     sim: Arc<Sim>,
+    cloud: Cloud,
+    poll_interval: Duration,
     running: Mutex<BTreeMap<String, NodeAgent>>,
 }
 
 impl Agents {
-    /// A supervisor starting `exe agent` processes with files under `dir`.
+    /// A supervisor starting `exe agent` processes with files under `dir` (OCI metadata polled
+    /// every 500 ms).
     pub fn new(
         exe: PathBuf,
         dir: PathBuf,
@@ -65,8 +71,27 @@ impl Agents {
             kubeconfig,
             controller_url,
             sim,
+            cloud: Cloud::Oci,
+            poll_interval: Duration::from_millis(500),
             running: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Agents reading `cloud`'s metadata (each from its own emulator of that cloud), polled
+    /// every `poll_interval` (GCP long-polls instead).
+    pub fn with_source(mut self, cloud: Cloud, poll_interval: Duration) -> Self {
+        self.cloud = cloud;
+        self.poll_interval = poll_interval;
+        self
+    }
+
+    /// Metadata requests `node`'s emulator has served (None: no agent for `node`).
+    pub async fn metadata_requests(&self, node: &str) -> Option<u64> {
+        self.running
+            .lock()
+            .await
+            .get(node)
+            .map(|a| a.imds.requests())
     }
 
     /// Makes the set of agents match `nodes`: starts missing ones, stops those of gone nodes.
@@ -94,7 +119,7 @@ impl Agents {
     }
 
     /// Announces a preemption to `node`'s agent, happening `after` from now.
-    pub async fn preempt(&self, node: &str, after: std::time::Duration) -> bool {
+    pub async fn preempt(&self, node: &str, after: Duration) -> bool {
         match self.running.lock().await.get(node) {
             Some(a) => {
                 a.imds.preempt(after);
@@ -118,7 +143,7 @@ impl Agents {
             let path = path.to_path_buf();
             move |source| AgentError::Io { node, path, source }
         };
-        let imds = ImdsEmulator::start(Cloud::Oci, ([127, 0, 0, 1], 0).into())
+        let imds = ImdsEmulator::start(self.cloud, ([127, 0, 0, 1], 0).into())
             .await
             .map_err(io(Path::new("<metadata emulator>")))?;
         let ndir = self.dir.join("nodes").join(node);
@@ -137,7 +162,12 @@ impl Agents {
         let token_file = ndir.join("token");
         std::fs::write(&token_file, token).map_err(io(&token_file))?;
         let cfg = ndir.join("agent.toml");
-        let text = agent_toml(node, &imds.url(), &self.controller_url, &token_file, &ndir);
+        let source = Source {
+            cloud: self.cloud,
+            endpoint: &imds.url(),
+            poll_interval: self.poll_interval,
+        };
+        let text = agent_toml(node, &source, &self.controller_url, &token_file, &ndir);
         std::fs::write(&cfg, text).map_err(io(&cfg))?;
         let log = ndir.join("agent.log");
         let out = std::fs::File::create(&log).map_err(io(&log))?;
@@ -163,7 +193,7 @@ async fn stop(child: &mut Child) {
     if let Some(pid) = child.id() {
         let pid = nix::unistd::Pid::from_raw(pid as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        if tokio::time::timeout(std::time::Duration::from_secs(5), child.wait())
+        if tokio::time::timeout(Duration::from_secs(5), child.wait())
             .await
             .is_ok()
         {
@@ -173,13 +203,24 @@ async fn stop(child: &mut Child) {
     let _ = child.kill().await;
 }
 
-/// The agent configuration of one demo node: OCI metadata from its emulator (with the
+/// Where an agent reads its metadata.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// Which cloud's API.
+    pub cloud: Cloud,
+    /// The emulator's base URL.
+    pub endpoint: &'a str,
+    /// `[sources] poll_interval`.
+    pub poll_interval: Duration,
+}
+
+/// The agent configuration of one demo node: metadata from its emulator (for OCI with the
 /// emulator's preemption path polled), reports to the controller over loopback, the migration
 /// label rule of seed 000 §7, host checks that touch nothing (no systemd, no kernel log, no
 /// logind: the demo runs on your machine, not on a node).
 pub fn agent_toml(
     node: &str,
-    imds_url: &str,
+    source: &Source<'_>,
     controller_url: &str,
     token_file: &Path,
     dir: &Path,
@@ -201,9 +242,9 @@ shutdown_watcher = false
 config_poll_interval = "60s"
 
 [sources]
-cloud = "oci"
-endpoint = "{imds_url}"
-poll_interval = "500ms"
+cloud = "{cloud}"
+endpoint = "{endpoint}"
+poll_interval = "{poll}ms"
 
 [[sources.oci.poll_paths]]
 path = "{preempt}"
@@ -230,6 +271,9 @@ token_file = "{token}"
 heartbeat = "5s"
 "#,
         dir = dir.display(),
+        cloud = source.cloud,
+        endpoint = source.endpoint,
+        poll = source.poll_interval.as_millis(),
         preempt = crate::sim::imds::oci::PREEMPT_PATH,
         label = super::cluster::MIGRATION_LABEL,
         token = token_file.display(),
@@ -242,22 +286,33 @@ mod tests {
 
     #[test]
     fn agent_config_validates_without_warnings() {
-        let text = agent_toml(
-            "spot-0",
-            "http://127.0.0.1:1",
-            "http://127.0.0.1:2",
-            Path::new("/tmp/t"),
-            Path::new("/tmp/d"),
-        );
-        let loaded = crate::config::Config::load_str(
-            Path::new("agent.toml"),
-            &text,
-            &crate::config::Env::default(),
-            &|| None,
-        )
-        .unwrap();
-        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
-        assert_eq!(loaded.config.node.name, "spot-0");
-        assert!(loaded.config.report.is_some());
+        for cloud in [Cloud::Oci, Cloud::Aws, Cloud::Azure, Cloud::Gcp] {
+            let source = Source {
+                cloud,
+                endpoint: "http://127.0.0.1:1",
+                poll_interval: Duration::from_millis(500),
+            };
+            let text = agent_toml(
+                "spot-0",
+                &source,
+                "http://127.0.0.1:2",
+                Path::new("/tmp/t"),
+                Path::new("/tmp/d"),
+            );
+            let loaded = crate::config::Config::load_str(
+                Path::new("agent.toml"),
+                &text,
+                &crate::config::Env::default(),
+                &|| None,
+            )
+            .unwrap();
+            assert!(loaded.warnings.is_empty(), "{cloud}: {:?}", loaded.warnings);
+            assert_eq!(loaded.config.node.name, "spot-0");
+            assert!(loaded.config.report.is_some());
+            assert_eq!(
+                loaded.config.sources.poll_interval,
+                Duration::from_millis(500)
+            );
+        }
     }
 }
