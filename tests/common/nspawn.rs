@@ -336,7 +336,7 @@ fn spawn_nspawn(rootfs: &Path, machine: &str, dir: &Path, cgroups: &[PathBuf]) -
 }
 
 /// The container's PID 1: the child of systemd-nspawn that runs systemd.
-fn leader_of(nspawn: u32) -> Option<u32> {
+pub fn leader_of(nspawn: u32) -> Option<u32> {
     let children =
         std::fs::read_to_string(format!("/proc/{nspawn}/task/{nspawn}/children")).ok()?;
     children
@@ -361,7 +361,7 @@ pub fn kill_tree(pid: u32) {
     let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
 }
 
-fn remove_cgroup_tree(cg: &Path) {
+pub fn remove_cgroup_tree(cg: &Path) {
     let Ok(entries) = std::fs::read_dir(cg) else {
         return;
     };

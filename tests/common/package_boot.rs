@@ -17,7 +17,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use nodekeeper::agent::host::systemd::Systemd;
 
-use super::nspawn::rootfs;
+use super::nspawn::{leader_of, remove_cgroup_tree, rootfs};
 
 pub const NK: &str = env!("CARGO_BIN_EXE_nodekeeper");
 pub const DROPIN: &str = "50-nodekeeper-deb-test.conf";
@@ -202,29 +202,6 @@ impl Drop for Booted {
         let _ =
             std::fs::remove_dir_all(Path::new("/run/systemd/nspawn/propagate").join(&self.machine));
     }
-}
-
-fn leader_of(nspawn: u32) -> Option<u32> {
-    let children =
-        std::fs::read_to_string(format!("/proc/{nspawn}/task/{nspawn}/children")).ok()?;
-    children
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .find(|pid: &u32| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|c| c.trim() == "systemd")
-        })
-}
-
-fn remove_cgroup_tree(cg: &Path) {
-    if let Ok(entries) = std::fs::read_dir(cg) {
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&e.path());
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(cg);
 }
 
 pub fn mono(p: &BTreeMap<String, String>, key: &str) -> u64 {
