@@ -341,19 +341,60 @@ impl Engine {
         &self.drains
     }
 
-    /// Records a notice for `node` (a cancellation replaces the notice it withdraws).
-    pub fn add_notice(&self, node: &str, ev: &NodeEvent) {
+    /// Records a notice for `node` (a cancellation replaces the notice it withdraws); true when
+    /// the engine did not hold it yet.
+    pub fn add_notice(&self, node: &str, ev: &NodeEvent) -> bool {
         let n = Notice::from(ev);
         let mut all = lock(&self.notices);
         let list = all.entry(node.to_string()).or_default();
         if let NoticeKind::Cancelled { of } = &n.kind {
             list.retain(|x| &x.id != of);
         }
-        if !list.iter().any(|x| x.id == n.id && x.kind == n.kind) {
+        let added = !list.iter().any(|x| x.id == n.id && x.kind == n.kind);
+        if added {
             list.push(n);
         }
         drop(all);
         self.wake.notify_one();
+        added
+    }
+
+    /// Hands a redelivered notice to the engine again (a notice not stored before a failed
+    /// write, a lagging broadcast or a restart): when the engine did not hold it, it is added
+    /// and the fast path started. Idempotent.
+    pub fn renotice(self: &Arc<Self>, node: &str, ev: &NodeEvent) {
+        if self.add_notice(node, ev) {
+            let (me, node) = (self.clone(), node.to_string());
+            tokio::spawn(async move { me.fast_path(&node).await });
+        }
+    }
+
+    /// The ids of `events` (an agent's report) that `node` stores within `timeout`, waited for
+    /// together ([`Self::record_notice`]; each handed to the engine again first): only these are
+    /// acknowledged, so the agent resends the others until a leader stores them.
+    pub async fn recorded_ids(
+        self: &Arc<Self>,
+        node: &str,
+        events: &[NodeEvent],
+        leader: &watch::Receiver<bool>,
+        timeout: Duration,
+    ) -> Vec<String> {
+        let waits = events.iter().map(|ev| async move {
+            self.renotice(node, ev);
+            match self.record_notice(node, ev, leader, timeout).await {
+                Ok(_) => Some(ev.id.clone()),
+                Err(e) => {
+                    tracing::debug!(node, id = %ev.id, error = %e,
+                        "notice not acknowledged yet: the agent resends it");
+                    None
+                }
+            }
+        });
+        futures::future::join_all(waits)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// The current notices of `node`.
@@ -566,7 +607,7 @@ impl Engine {
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
             };
-            self.add_notice(&node, &ev);
+            let _ = self.add_notice(&node, &ev);
             if *leader.borrow() {
                 let me = self.clone();
                 tokio::spawn(async move { me.fast_path(&node).await });

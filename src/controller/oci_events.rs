@@ -179,11 +179,8 @@ async fn process(
     let ev = parsed.event.clone();
     let new = app.states.ingest_event(&node, parsed.event).await;
     if !new {
-        // A redelivery: the notice may have been lost before it was stored (a failed write);
-        // hand it to the engine again (idempotent: same id).
-        engine.add_notice(&node, &ev);
-        let (e, n) = (engine.clone(), node.clone());
-        tokio::spawn(async move { e.fast_path(&n).await });
+        // A redelivery: the notice may have been lost before it was stored (a failed write).
+        engine.renotice(&node, &ev);
     }
     match engine
         .record_notice(&node, &ev, &app.leader, RECORD_TIMEOUT)

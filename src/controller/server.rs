@@ -82,6 +82,10 @@ pub fn router(app: Arc<App>, max_body: usize) -> Router {
     r.layer(DefaultBodyLimit::max(max_body)).with_state(app)
 }
 
+/// How long a report waits for its notices to be stored on the Node; those not stored by then
+/// are left unacknowledged (the agent's request timeout is 5 s by default).
+pub const REPORT_RECORD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn err(code: StatusCode, msg: impl Into<String>) -> Response {
     (code, Json(serde_json::json!({"error": msg.into()}))).into_response()
 }
@@ -115,8 +119,22 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) ->
             ),
         );
     }
+    let events = report.events.clone();
     match app.states.handle(report).await {
-        Ok(resp) => Json(resp).into_response(),
+        Ok(mut resp) => {
+            if let Some(engine) = &app.disruption {
+                // Acknowledged only once stored: a controller killed after the answer loses
+                // nothing (the agent resends what is not acknowledged).
+                let handled: Vec<_> = events
+                    .into_iter()
+                    .filter(|e| resp.acknowledged_events.contains(&e.id))
+                    .collect();
+                resp.acknowledged_events = engine
+                    .recorded_ids(&caller.node, &handled, &app.leader, REPORT_RECORD_WAIT)
+                    .await;
+            }
+            Json(resp).into_response()
+        }
         Err(e) => err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
