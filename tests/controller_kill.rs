@@ -1,9 +1,13 @@
 //! The real controller binary SIGKILLed at random points while it repairs nodes (cordon →
-//! drain → NodeClaim deletion through the karpenter provider) and while it answers OCI
-//! preemption notices (OCI Events POST → taint + cordon → drain, replacement requested at
-//! once) on the in-process sim, and a new one started each time. At the end: every failed or
+//! drain → NodeClaim deletion through the karpenter provider) and while it takes preemption
+//! notices (taint + cordon → drain, replacement requested at once) from OCI Events POSTs and from
+//! agents' reports (the agent's own reporter, killed within moments of the report, when the
+//! acknowledgement and the write of the record are milliseconds apart) on the in-process sim, and
+//! a new one started each time (on the same port, as behind a Service). At the end: every failed or
 //! preempted node was replaced (0 lost actions), each with exactly one replacement request (one
-//! `ReplacementRequested` Event, one request id on its NodeClaim: 0 duplicate replacements);
+//! request id on its NodeClaim, at most one `ReplacementRequested` Event: 0 duplicate
+//! replacements; Events are best effort, a kill between the record and the Event write loses
+//! it, so the run prints how many nodes went without one);
 //! every preempted node was seen tainted + cordoned and had no workload pod left before it went
 //! away (drained); no node left cordoned or tainted without nodekeeper's record (0 orphan
 //! cordons/taints), the workload Running again.
@@ -12,6 +16,7 @@
 //! is printed). Long run: docs/reliability.md.
 #![allow(clippy::unwrap_used)]
 
+mod ctl;
 mod engine_support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +30,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
+use nodekeeper::agent::reporter::{Reporter, ReporterConfig, EVENTS_FILE};
+use nodekeeper::agent::sources::{Cloud, EventKind, NodeEvent};
 use nodekeeper::controller::policy::view::keys;
 use nodekeeper::controller::provider::karpenter::{nodeclaim_resource, REQUEST_ANNOTATION};
 use nodekeeper::sim::apiserver::loops::LoopOptions;
@@ -35,6 +42,7 @@ use nodekeeper::sim::oci_events::OciEventKind;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, watch};
 
 use engine_support::*;
 
@@ -115,12 +123,12 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A controller child process named `identity`, logging to `<dir>/<identity>.log`; its port.
-fn spawn(dir: &Path, kubeconfig: &Path, identity: &str) -> (Child, u16) {
-    let port = free_port();
+/// A controller child process named `identity` listening on `port`, logging to
+/// `<dir>/<identity>.log`.
+fn spawn(dir: &Path, kubeconfig: &Path, identity: &str, port: u16) -> Child {
     let cfg = write_config(&dir.join(identity), port, identity);
     let log = std::fs::File::create(dir.join(format!("{identity}.log"))).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+    Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
         .args(["controller", "--config"])
         .arg(&cfg)
         .env("KUBECONFIG", kubeconfig)
@@ -128,8 +136,7 @@ fn spawn(dir: &Path, kubeconfig: &Path, identity: &str) -> (Child, u16) {
         .stderr(log)
         .kill_on_drop(true)
         .spawn()
-        .unwrap();
-    (child, port)
+        .unwrap()
 }
 
 fn ocid(node: &str) -> String {
@@ -165,6 +172,81 @@ async fn preempt_via_oci_events(c: &TestCluster, port: u16, node: &str) {
         }
         assert!(Instant::now() < end, "OCI event for {node} never taken");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The agent of `node` as far as reporting goes: the agent's own reporter (queue, resend until
+/// acknowledged, backoff), with a sim-minted token bound to `node`, reporting to `port` every
+/// 300 ms. Returns the channel its notices go into.
+async fn agent_reporter(
+    c: &TestCluster,
+    dir: &Path,
+    port: u16,
+    node: &str,
+    stop: watch::Receiver<bool>,
+) -> mpsc::Sender<NodeEvent> {
+    let state = dir.join(format!("agent-{node}"));
+    std::fs::create_dir_all(&state).unwrap();
+    let token = state.join("token");
+    std::fs::write(
+        &token,
+        ctl::token_for(c, node, "nodekeeper", "nodekeeper-agent").await,
+    )
+    .unwrap();
+    let cfg = ReporterConfig {
+        url: format!("http://127.0.0.1:{port}"),
+        ca_file: None,
+        server_name: None,
+        token_file: token,
+        heartbeat: Duration::from_millis(300),
+        timeout: Duration::from_secs(5),
+        backoff_max: Duration::from_millis(300),
+        max_queued_events: 10,
+    };
+    let reporter = Reporter::new(cfg, &state).unwrap();
+    let (_rtx, rrx) = watch::channel(ctl::report(node, 0, &[]));
+    let (etx, erx) = mpsc::channel(4);
+    let (ctx, mut crx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        let _keep = _rtx;
+        reporter.run(rrx, erx, ctx, stop).await;
+    });
+    tokio::spawn(async move { while crx.recv().await.is_some() {} });
+    etx
+}
+
+/// Returns once the agent of `node` has no unacknowledged event (its persisted queue, polled
+/// every millisecond).
+async fn acknowledged(dir: &Path, node: &str) {
+    let queue = dir.join(format!("agent-{node}")).join(EVENTS_FILE);
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = std::fs::read(&queue)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Vec<serde_json::Value>>(&b).ok());
+        if left.is_some_and(|q| q.is_empty()) {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "the notice of {node} never acknowledged"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A preemption notice as the agent's OCI metadata source emits it.
+fn agent_notice(node: &str) -> NodeEvent {
+    NodeEvent {
+        version: 1,
+        id: format!("oci-preemption-{node}"),
+        kind: EventKind::Preemption,
+        cloud: Some(Cloud::Oci),
+        source: "oci-imds".into(),
+        not_before: None,
+        deadline: None,
+        detected_at: chrono::Utc::now(),
+        detail: BTreeMap::new(),
     }
 }
 
@@ -344,6 +426,7 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
         .unwrap_or_else(|| rand::rng().random());
     eprintln!("controller_kill: {trials} kills, seed {seed} (NODEKEEPER_KILL_SEED={seed} replays the schedule)");
     let mut rng = StdRng::seed_from_u64(seed);
+    ctl::install_crypto();
 
     let c = cluster(1.0, scenario(), fast_loops()).await;
     let dir = std::env::temp_dir().join(format!("nk-controller-kill-{}", std::process::id()));
@@ -363,11 +446,14 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
 
     let mut failed: Vec<String> = Vec::new();
     let mut interrupted: Vec<String> = Vec::new();
+    let (mut by_agent, mut by_oci) = (0, 0);
+    let (stop_agents, agents_stop) = watch::channel(false);
+    let port = free_port();
     let started = Instant::now();
     for i in 0..=trials {
         let identity = format!("kill-{i}");
         std::fs::create_dir_all(dir.join(&identity)).unwrap();
-        let (mut child, port) = spawn(&dir, &kubeconfig, &identity);
+        let mut child = spawn(&dir, &kubeconfig, &identity, port);
         let id2 = identity.clone();
         wait_until(Duration::from_secs(20), "the new controller leads", || {
             let (c, id) = (&c, id2.clone());
@@ -379,38 +465,54 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
             let res = finish(&c, &failed, &interrupted, &claims, &preempted).await;
             let _ = child.start_kill();
             let _ = child.wait().await;
+            let _ = stop_agents.send(true);
             if res.is_err() {
                 dump_logs(&dir);
             }
             res.unwrap();
             break;
         }
-        // A failure or a preemption notice on a healthy node while at least 3 stay healthy.
+        // A failure or a preemption notice (from OCI Events or from the node's agent) on a
+        // healthy node while at least 3 stay healthy; then a kill soon after.
+        let mut kill_after = Duration::from_millis(rng.random_range(0..1500));
         if rng.random_bool(0.6) {
-            let idle = idle_ready_nodes(&c).await;
-            if idle.len() > 3 {
+            let mut idle = idle_ready_nodes(&c).await;
+            let healthy = idle.len();
+            idle.retain(|n| !failed.contains(n) && !interrupted.contains(n));
+            if healthy > 3 && !idle.is_empty() {
                 let n = idle[rng.random_range(0..idle.len())].clone();
-                if rng.random_bool(0.5) {
-                    preempted.lock().unwrap().nodes.insert(n.clone());
-                    preempt_via_oci_events(&c, port, &n).await;
-                    // Not covered: a kill between the 200 and the write of the record (the
-                    // notice lives in memory until then; docs/reliability.md).
-                    wait_until(Duration::from_secs(10), "the notice recorded", || async {
-                        node_opt(&c, &n)
-                            .await
-                            .is_none_or(|x| annotation(&x, keys::STATE) == Some("interrupted"))
-                    })
-                    .await;
-                    interrupted.push(n);
-                } else {
-                    backdate(&c, &n);
-                    pin_condition(&c, &n, "Ready", "False").await;
-                    failed.push(n);
+                match rng.random_range(0..3) {
+                    0 => {
+                        preempted.lock().unwrap().nodes.insert(n.clone());
+                        // Answered 2xx only once the Node stores the notice.
+                        preempt_via_oci_events(&c, port, &n).await;
+                        interrupted.push(n);
+                        by_oci += 1;
+                    }
+                    1 => {
+                        preempted.lock().unwrap().nodes.insert(n.clone());
+                        let agent = agent_reporter(&c, &dir, port, &n, agents_stop.clone()).await;
+                        agent.send(agent_notice(&n)).await.unwrap();
+                        if rng.random_bool(0.5) {
+                            // Around the report's round trip: before, while and after it is stored.
+                            kill_after = Duration::from_millis(rng.random_range(0..120));
+                        } else {
+                            // The moment the agent drops the notice from its queue (acknowledged).
+                            acknowledged(&dir, &n).await;
+                            kill_after = Duration::ZERO;
+                        }
+                        interrupted.push(n);
+                        by_agent += 1;
+                    }
+                    _ => {
+                        backdate(&c, &n);
+                        pin_condition(&c, &n, "Ready", "False").await;
+                        failed.push(n);
+                    }
                 }
             }
         }
-        let ms = rng.random_range(0..1500);
-        tokio::time::sleep(Duration::from_millis(ms)).await;
+        tokio::time::sleep(kill_after).await;
         let pid = child.id().unwrap();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
@@ -420,8 +522,20 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
         let status = child.wait().await.unwrap();
         assert!(!status.success(), "{identity} exited on its own: {status}");
     }
+    let mut without_event = Vec::new();
+    for n in failed.iter().chain(&interrupted) {
+        if !events_about(&c, n)
+            .await
+            .iter()
+            .any(|(r, _)| r == "ReplacementRequested")
+        {
+            without_event.push(n.clone());
+        }
+    }
     eprintln!(
-        "controller_kill: {trials} kills, {} failed and {} preempted nodes, all replaced once, in {:.1}s",
+        "controller_kill: {trials} kills, {} failed and {} preempted nodes ({by_oci} via OCI Events, \
+         {by_agent} via agent reports), all replaced once, in {:.1}s; \
+         without a ReplacementRequested Event: {without_event:?}",
         failed.len(),
         interrupted.len(),
         started.elapsed().as_secs_f64()
@@ -491,8 +605,11 @@ async fn check(
                 condition(x, "Ready").map(|c| (c.status, c.last_transition_time)),
                 x.metadata.annotations
             ));
-        } else if requested != 1 {
-            problems.push(format!("{n} gone with {requested} ReplacementRequested"));
+        } else if claims.lock().unwrap().get(n).is_none_or(BTreeSet::is_empty) {
+            // (The NodeClaim of a pool node has the node's name.)
+            problems.push(format!(
+                "{n} gone without nodekeeper's replacement request on its NodeClaim"
+            ));
         }
     }
     for (claim, ids) in claims.lock().unwrap().iter() {

@@ -42,7 +42,8 @@ use crate::config::Diagnostic;
 use crate::report::{AgentCommand, CommandResult, NodeReport, ReportResponse};
 
 const MIN_INTERVAL: Duration = Duration::from_millis(200);
-const EVENTS_FILE: &str = "reporter-events.json";
+/// The unacknowledged events, persisted in the state directory (a JSON array).
+pub const EVENTS_FILE: &str = "reporter-events.json";
 const COMMANDS_FILE: &str = "reporter-commands.json";
 const REMEMBERED_COMMANDS: usize = 1000;
 

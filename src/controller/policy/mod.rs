@@ -380,16 +380,18 @@ impl<'a> Plan<'a> {
         }
         let at = self.now_str();
         self.set(keys::REPLACEMENT_REQUESTED, at.clone());
-        self.push(Action::RequestReplacement {
-            id: format!("{}/{}", self.cur.name, at),
-            reason: reason.to_string(),
-            startup_retries,
-        });
+        // The Event before the call: the actor publishes it right after storing the record, so a
+        // crash during the call (retried from the record, without a new Event) keeps it.
         self.event(
             EventType::Normal,
             reasons::REPLACEMENT_REQUESTED,
             format!("replacement requested ({reason})"),
         );
+        self.push(Action::RequestReplacement {
+            id: format!("{}/{}", self.cur.name, at),
+            reason: reason.to_string(),
+            startup_retries,
+        });
         self.record.replacement_requested = Some(self.now);
     }
 
