@@ -8,11 +8,14 @@
 //! Phase 2 (latency): reports flipping a condition are sent at `rate`/s, one per node; a Node
 //! watcher records when each change becomes visible; prints p50/p99/max of send → visible.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::arg;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
@@ -25,15 +28,6 @@ use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
 
 const SA: &str = "system:serviceaccount:nodekeeper:nodekeeper-agent";
 const NAME: &str = "nodekeeper-controller.nodekeeper.svc";
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn report(node: &str, seq: u64, status: ConditionStatus) -> Vec<u8> {
     let r = NodeReport {

@@ -11,10 +11,13 @@
 //! `decide()` time over the same cluster. Before the trials it waits until the controller has
 //! written `nodekeeper.io/seen-ready` on the (all new) nodes, and prints how long that took.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{arg, pct};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
@@ -22,15 +25,6 @@ use kube::runtime::{watcher, WatchStreamExt};
 use nodekeeper::sim::apiserver::loops::LoopOptions;
 use nodekeeper::sim::apiserver::scenario::Scenario;
 use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn rss_kib(pid: u32) -> (u64, u64) {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -42,14 +36,6 @@ fn rss_kib(pid: u32) -> (u64, u64) {
             .unwrap_or(0)
     };
     (field("VmRSS:"), field("VmHWM:"))
-}
-
-fn pct(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i.min(v.len() - 1)]
 }
 
 #[tokio::main(flavor = "multi_thread")]

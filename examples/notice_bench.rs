@@ -18,11 +18,14 @@
 //! `scripts/bench-notice.sh`); the agent binary is `NODEKEEPER_BIN`, else the `nodekeeper` of
 //! the example's own profile under `target/`.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{arg, pct};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
@@ -40,15 +43,6 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 const TAINT: &str = "nodekeeper.io/interruption";
 const OCI_TOKEN: &str = "bench-token-0123456789";
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn agent_exe() -> PathBuf {
     if let Some(p) = std::env::var_os("NODEKEEPER_BIN") {
         return p.into();
@@ -62,14 +56,6 @@ fn agent_exe() -> PathBuf {
         .join("target")
         .join(profile)
         .join("nodekeeper")
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 /// When each node was first seen with the interruption taint and `unschedulable`.

@@ -1,0 +1,21 @@
+//! What the benchmark examples share: flags and percentiles.
+#![allow(dead_code)]
+
+/// The value of `--name N` on the command line, or `default`.
+pub fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The `p` quantile (0..=1, nearest rank) of `sorted`; NaN when empty.
+pub fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
