@@ -304,3 +304,45 @@ budgets = [{ nodes = "100%" }]
     .await;
     ctl.stop().await;
 }
+
+/// A repair starts when its toleration ends, not at the engine's next tick: with a tick of an
+/// hour, the node is repairing within moments of `lastTransitionTime` + 600 s (scale 100:
+/// 6 s of real time; the engine's tick is real time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_starts_at_toleration_expiry_not_at_the_next_tick() {
+    let mut l = loops();
+    l.node_monitor_grace = Duration::from_secs(3600);
+    let c = cluster(100.0, scenario(4, true), l).await;
+    let p = policy(
+        r#"
+[repair]
+max_unhealthy = "50%"
+[[repair.policy]]
+condition_type = "Ready"
+condition_status = "False"
+toleration = "600s"
+"#,
+    );
+    let mut cfg = controller_config("engine-expiry");
+    cfg.engine.tick = Duration::from_secs(3600);
+    let ctl = controller(&c, &cfg, p, None).await;
+    age_nodes(&c, 90).await;
+    pin_condition(&c, "general-0", "Ready", "False").await;
+    let since = condition(&node(&c, "general-0").await, "Ready")
+        .unwrap()
+        .last_transition_time
+        .unwrap()
+        .0
+        .as_second();
+    wait_until(Duration::from_secs(20), "general-0 repairing", || async {
+        annotation(&node(&c, "general-0").await, keys::STATE) == Some("repairing")
+    })
+    .await;
+    // Seen by a 50 ms poll (5 s simulated): at most 1.5 s real after the expiry.
+    let late = c.sim.store.clock.now().timestamp() - (since + 600);
+    assert!(
+        (0..=150).contains(&late),
+        "repair seen {late} s (simulated) after the toleration ended"
+    );
+    ctl.stop().await;
+}

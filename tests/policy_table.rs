@@ -858,3 +858,49 @@ fn seen_ready_is_written_for_young_ready_nodes_only_and_read_back() {
     assert!(became_ready(young.created_at, Some(&c), &young.annotations));
     assert!(!young.needs_seen_ready(now), "written once");
 }
+
+#[test]
+fn next_expiry_is_the_earliest_running_toleration_and_decide_starts_the_repair_then() {
+    use nodekeeper::controller::policy::repair::next_expiry;
+    let now = monday();
+    let c = cfg(); // Ready=False for 10 minutes
+    let mut a = node("a", "", now);
+    ready(&mut a, "False", now - mins(3));
+    let mut b = node("b", "", now);
+    ready(&mut b, "False", now - mins(5));
+    let mut expired = node("expired", "", now);
+    ready(&mut expired, "False", now - mins(20));
+    let mut repairing = node("repairing", "", now);
+    ready(&mut repairing, "False", now - mins(9));
+    repairing
+        .annotations
+        .insert(keys::STATE.into(), "repairing".into());
+    let v = view(vec![
+        a,
+        b.clone(),
+        expired,
+        repairing,
+        node("healthy", "", now),
+    ]);
+    let due = next_expiry(&v, &c, now).unwrap();
+    assert_eq!(due, now + mins(5), "b's toleration ends first");
+    // (b among healthy nodes: no budget or short-circuit in the way.)
+    let healthy = (0..4).map(|i| node(&format!("h{i}"), "", now));
+    let alone = view(std::iter::once(b).chain(healthy).collect());
+    assert_eq!(next_expiry(&alone, &c, now), Some(due));
+    let starts = |t| {
+        has(&of(&run(&alone, &c, t), "b"), |x| {
+            matches!(x, Action::Cordon)
+        })
+    };
+    assert!(!starts(due - chrono::Duration::milliseconds(1)));
+    assert!(starts(due), "no repair at the expiry next_expiry named");
+    // Nothing running: no wake-up; repairs off: none either.
+    assert_eq!(
+        next_expiry(&view(vec![node("healthy", "", now)]), &c, now),
+        None
+    );
+    let mut off = c.clone();
+    off.repair.enabled = false;
+    assert_eq!(next_expiry(&v, &off, now), None);
+}

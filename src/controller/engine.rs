@@ -7,7 +7,8 @@
 //! [`decide_with_status`]; and hands each node's actions to the [`Actor`].
 //!
 //! Triggers: a node change or a notice (debounced by `[controller.engine] debounce`), a drain's
-//! progress, and a periodic tick (`tick`, default 1 s). All progress is on the Nodes (see
+//! progress, the moment the next repair toleration expires ([`next_expiry`]: a decision after
+//! expiry does not wait for the tick), and a periodic tick (`tick`, default 1 s). All progress is on the Nodes (see
 //! [`keys`](super::policy::view::keys)), so a restarted controller resumes from the annotations:
 //! the policy re-asserts cordons and taints, restarts interrupted drains, and never requests a
 //! replacement twice (`replacement-requested` is stored before the provider is called;
@@ -30,6 +31,7 @@ use super::config::EngineConfig;
 use super::drain_tasks::DrainTasks;
 use super::metrics::EngineMetrics;
 use super::policy::interruption::notice_recorded;
+use super::policy::repair::next_expiry;
 use super::policy::view::{became_ready, keys, ConditionView, Notice, NoticeKind, TaintView};
 use super::policy::{
     decide_interruption, decide_with_status, Action, ClusterView, NodeView, PolicyConfig,
@@ -149,6 +151,8 @@ pub struct Engine {
     /// Per node, the [`Self::epoch`] at which the fast path last finished acting on it.
     touched: Mutex<HashMap<String, u64>>,
     epoch: std::sync::atomic::AtomicU64,
+    /// When the next repair toleration expires (the run loop wakes then, not at its next tick).
+    next_due: Mutex<Option<DateTime<Utc>>>,
 }
 
 /// Why a notice could not be recorded on its Node.
@@ -229,6 +233,7 @@ impl Engine {
             lanes: Mutex::new(HashMap::new()),
             touched: Mutex::new(HashMap::new()),
             epoch: std::sync::atomic::AtomicU64::new(0),
+            next_due: Mutex::new(None),
         })
     }
 
@@ -453,6 +458,7 @@ impl Engine {
         let planned = tokio::task::spawn_blocking(move || {
             let view = me.view(now);
             let (decisions, groups) = decide_with_status(&view, &me.policy, now);
+            *lock(&me.next_due) = next_expiry(&view, &me.policy, now);
             (view, decisions, groups)
         })
         .await;
@@ -562,11 +568,13 @@ impl Engine {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut was_leader = false;
         loop {
+            let due = self.until_due();
             let changed = tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tick.tick() => false,
                 _ = self.wake.notified() => true,
                 _ = leader.changed() => false,
+                _ = async { tokio::time::sleep(due.unwrap_or_default()).await }, if due.is_some() => false,
             };
             if changed && !self.cfg.debounce.is_zero() {
                 tokio::time::sleep(self.cfg.debounce).await;
@@ -584,6 +592,14 @@ impl Engine {
             self.reconcile().await;
         }
         self.drains.stop_all();
+    }
+
+    /// Real time until the next repair toleration expires (plus a little, so that the clock has
+    /// passed it on waking), if one is running.
+    fn until_due(&self) -> Option<Duration> {
+        let due = (*lock(&self.next_due))?;
+        let left = (due - self.clock.now()).to_std().unwrap_or_default();
+        Some(self.clock.real(left) + Duration::from_millis(5))
     }
 
     /// Records each notice (waking the reconcile) and, while leading, runs the fast path for

@@ -63,6 +63,33 @@ pub fn evaluate(node: &NodeView, policies: &[RepairPolicy]) -> Health {
     })
 }
 
+/// The earliest moment after `now` at which a repair toleration expires on an idle node that
+/// has been Ready (the moment [`step`] starts seeing it as a candidate), so that the engine
+/// decides then rather than at its next tick; `None` when no toleration is running.
+pub fn next_expiry(
+    view: &super::ClusterView,
+    cfg: &PolicyConfig,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let mut by_group: std::collections::HashMap<String, EffectiveRepair<'_>> = Default::default();
+    view.nodes
+        .iter()
+        .filter(|n| !n.deleting && n.became_ready && n.record().state == State::Idle)
+        .filter_map(|n| {
+            let eff = by_group
+                .entry(super::group_of(n, cfg))
+                .or_insert_with_key(|g| cfg.repair.for_group(g));
+            if !eff.enabled {
+                return None;
+            }
+            match evaluate(n, &eff.policies) {
+                Health::Unhealthy { expires, .. } if expires > now => Some(expires),
+                _ => None,
+            }
+        })
+        .min()
+}
+
 fn dur(d: std::time::Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
