@@ -53,7 +53,7 @@ pub struct Config {
 pub struct LogConfig {
     /// `text` (default) or `json`.
     pub format: LogFormat,
-    /// A tracing `EnvFilter` directive, e.g. `info` or `nodekeeper=debug,info`.
+    /// Targets and levels, e.g. `info` or `nodekeeper=debug,info`.
     pub level: String,
 }
 
@@ -467,7 +467,7 @@ impl Config {
     /// Semantic checks after parsing. `crio_version` enables version-dependent lints.
     pub fn validate(&self, crio_version: Option<&str>) -> Vec<Diagnostic> {
         let mut diags = Vec::new();
-        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+        if crate::telemetry::parse_level(&self.log.level).is_err() {
             diags.push(Diagnostic::error(
                 cfg_path!["log", "level"],
                 format!(

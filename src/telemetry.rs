@@ -1,24 +1,123 @@
-//! Logging set-up: text or JSON lines on stderr, filtered by an `EnvFilter` directive.
+//! Logging set-up: text or JSON lines on stderr, filtered by a target/level directive list
+//! (`info`, `nodekeeper=debug,warn`: [`Targets`], parsed without regular expressions, which keeps
+//! the agent's resident code and heap small).
+
+use std::str::FromStr;
+
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::LogFormat;
 
+/// Parses a `[log] level` directive list.
+pub fn parse_level(level: &str) -> Result<Targets, String> {
+    Targets::from_str(level).map_err(|e| e.to_string())
+}
+
 /// Installs the global tracing subscriber. Safe to call more than once (later calls are ignored).
 pub fn init(format: LogFormat, level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+    // (`try_init` also forwards the `log` records of dependencies.)
+    let _ = subscriber(format, level, std::io::stderr).try_init();
+}
+
+/// The subscriber [`init`] installs, writing to `writer`. An invalid `level` means `info`
+/// (`validate` refuses it before).
+pub fn subscriber<W>(
+    format: LogFormat,
+    level: &str,
+    writer: W,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let filter = parse_level(level).unwrap_or_else(|_| {
+        Targets::new().with_default(tracing_subscriber::filter::LevelFilter::INFO)
+    });
+    // The registry under the layers: the filter's level is the only one (a `fmt()` subscriber
+    // would also keep its own default of INFO under it).
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
         .with_target(true)
         // A closed stderr (e.g. a log collector gone) must never turn into a panic: the
         // subscriber's fallback `eprintln!` would panic on EPIPE.
         .log_internal_errors(false);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .try_init(),
-    };
+    let registry = tracing_subscriber::registry();
+    match format {
+        LogFormat::Text => Box::new(registry.with(layer).with(filter)),
+        LogFormat::Json => Box::new(
+            registry
+                .with(layer.json().flatten_event(true).with_current_span(false))
+                .with(filter),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::{parse_level, subscriber};
+    use crate::config::LogFormat;
+
+    /// Log output captured in memory.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged(format: LogFormat, level: &str) -> String {
+        let out = Captured::default();
+        let w = out.clone();
+        let sub = subscriber(format, level, move || w.clone());
+        tracing::subscriber::with_default(sub, || {
+            tracing::debug!(target: "nodekeeper::agent", "a debug line");
+            tracing::info!(target: "nodekeeper::agent", "an info line");
+            tracing::debug!(target: "hyper", "a dependency's debug line");
+        });
+        let bytes = out.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    #[test]
+    fn the_level_list_alone_decides_what_is_logged() {
+        for format in [LogFormat::Text, LogFormat::Json] {
+            let all = logged(format, "debug");
+            assert!(all.contains("a debug line") && all.contains("a dependency's debug line"));
+            let info = logged(format, "info");
+            assert!(
+                info.contains("an info line") && !info.contains("debug line"),
+                "{info}"
+            );
+            let ours = logged(format, "nodekeeper=debug,info");
+            assert!(ours.contains("a debug line"), "{ours}");
+            assert!(!ours.contains("a dependency's debug line"), "{ours}");
+        }
+    }
+
+    #[test]
+    fn level_directives_parse_and_bad_levels_are_refused() {
+        for ok in [
+            "info",
+            "warn",
+            "nodekeeper=debug,warn",
+            "nodekeeper::agent=trace",
+        ] {
+            assert!(parse_level(ok).is_ok(), "{ok}");
+        }
+        for bad in ["nodekeeper=loud", "=info,nodekeeper=verbose"] {
+            assert!(parse_level(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -1,9 +1,10 @@
 //! The real controller binary SIGKILLed at random points while it repairs nodes (cordon →
 //! drain → NodeClaim deletion through the karpenter provider) and while it takes preemption
 //! notices (taint + cordon → drain, replacement requested at once) from OCI Events POSTs and from
-//! agents' reports (the agent's own reporter, killed within moments of the report, when the
-//! acknowledgement and the write of the record are milliseconds apart) on the in-process sim, and
-//! a new one started each time (on the same port, as behind a Service). At the end: every failed or
+//! agents' reports (the agent's own reporter; the controller killed within moments of the
+//! report, or the moment the agent drops the acknowledged notice from its queue) on the
+//! in-process sim, and a new one started each time (on the same port, as behind a Service).
+//! At the end: every failed or
 //! preempted node was replaced (0 lost actions), each with exactly one replacement request (one
 //! request id on its NodeClaim, at most one `ReplacementRequested` Event: 0 duplicate
 //! replacements; Events are best effort, a kill between the record and the Event write loses
@@ -204,11 +205,11 @@ async fn agent_reporter(
         max_queued_events: 10,
     };
     let reporter = Reporter::new(cfg, &state).unwrap();
-    let (_rtx, rrx) = watch::channel(ctl::report(node, 0, &[]));
+    let (rtx, rrx) = watch::channel(ctl::report(node, 0, &[]));
     let (etx, erx) = mpsc::channel(4);
     let (ctx, mut crx) = mpsc::channel(4);
     tokio::spawn(async move {
-        let _keep = _rtx;
+        let _keep = rtx;
         reporter.run(rrx, erx, ctx, stop).await;
     });
     tokio::spawn(async move { while crx.recv().await.is_some() {} });

@@ -8,8 +8,9 @@
 //!
 //! Triggers: a node change or a notice (debounced by `[controller.engine] debounce`), a drain's
 //! progress, the moment the next repair toleration expires ([`next_expiry`]: a decision after
-//! expiry does not wait for the tick), and a periodic tick (`tick`, default 1 s). All progress is on the Nodes (see
-//! [`keys`](super::policy::view::keys)), so a restarted controller resumes from the annotations:
+//! expiry does not wait for the tick), and a periodic tick (`tick`, default 1 s). All progress
+//! is on the Nodes (see [`keys`](super::policy::view::keys)), so a restarted controller resumes
+//! from the annotations:
 //! the policy re-asserts cordons and taints, restarts interrupted drains, and never requests a
 //! replacement twice (`replacement-requested` is stored before the provider is called;
 //! [`REPLACEMENT_ACCEPTED`] after it accepted; in between, the same idempotency key is reused).
