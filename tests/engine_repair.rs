@@ -80,7 +80,10 @@ general = [{ nodes = "1" }]
     wait_until(
         Duration::from_secs(5),
         "general-1 held by the budget",
-        || async { annotation(&node(&c, "general-1").await, keys::BLOCKED).is_some() },
+        || async {
+            let n = node(&c, "general-1").await;
+            annotation(&n, keys::BLOCKED).is_some() && condition(&n, "NodekeeperHeld").is_some()
+        },
     )
     .await;
     let b = node(&c, "general-1").await;
@@ -180,9 +183,10 @@ budgets = [{{ nodes = "100%" }}, {{ nodes = "0", schedule = "0 {shanghai_hour} *
     .await;
     age_nodes(&c, 90).await;
     pin_condition(&c, "general-0", "Ready", "False").await;
+    // (The hold's annotation and its condition are two writes: wait for both.)
     wait_until(Duration::from_secs(10), "held by the window", || async {
         let n = node(&c, "general-0").await;
-        annotation(&n, keys::BLOCKED).is_some()
+        annotation(&n, keys::BLOCKED).is_some() && condition(&n, "NodekeeperHeld").is_some()
     })
     .await;
     let n = node(&c, "general-0").await;

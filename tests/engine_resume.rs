@@ -85,6 +85,8 @@ async fn restarted_controller_resumes_the_drain_without_a_second_replacement() {
             annotation(&n, keys::BLOCKED)
                 .is_some_and(|b| b.contains("stuck-pdb") && b.contains("default/stuck-0"))
                 && annotation(&n, REPLACEMENT_ACCEPTED).is_some()
+                // (The hold's condition is a second write.)
+                && condition(&n, "NodekeeperHeld").is_some()
         },
     )
     .await;
