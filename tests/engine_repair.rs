@@ -11,18 +11,11 @@ use std::time::Duration;
 
 use chrono::Timelike;
 use nodekeeper::controller::policy::view::keys;
-use nodekeeper::controller::policy::PolicyConfig;
 use nodekeeper::controller::provider::ProviderConfig;
 use nodekeeper::sim::apiserver::scenario::Scenario;
 
 use engine_support::*;
 use nodekeeper::agent::checks::ConditionStatus;
-
-fn policy(text: &str) -> PolicyConfig {
-    let p: PolicyConfig = toml::from_str(text).unwrap();
-    assert!(p.validate().is_empty(), "{:?}", p.validate());
-    p
-}
 
 /// One pool `general` of `n` nodes; the default web Deployment (PDB) unless `bare`.
 fn scenario(n: usize, bare: bool) -> Scenario {

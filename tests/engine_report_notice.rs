@@ -11,9 +11,7 @@ mod engine_support;
 use std::time::{Duration, Instant};
 
 use nodekeeper::agent::sources::EventKind;
-use nodekeeper::controller::policy::config::InterruptionAction;
 use nodekeeper::controller::policy::view::keys;
-use nodekeeper::controller::policy::PolicyConfig;
 use nodekeeper::controller::provider::fake::FakeProvider;
 use nodekeeper::controller::server::REPORT_RECORD_WAIT;
 use nodekeeper::controller::Running;
@@ -46,18 +44,19 @@ async fn report_acknowledges_a_notice_only_once_the_node_stores_it() {
     s.daemonsets.clear();
     let c = cluster(1.0, s, loops()).await;
     // Rebalance recommendations drain, and no rebalance may start (a budget of 0).
-    let mut policy = PolicyConfig::default();
-    policy.interruption.actions.rebalance = InterruptionAction::Drain;
-    policy.budgets.default =
-        toml::from_str::<toml::Table>(r#"b = [{ nodes = "0", reasons = ["rebalance"] }]"#).unwrap()
-            ["b"]
-            .clone()
-            .try_into()
-            .unwrap();
+    let p = policy(
+        r#"
+[interruption.actions]
+rebalance = "drain"
+[[budgets.budgets]]
+nodes = "0"
+reasons = ["rebalance"]
+"#,
+    );
     let ctl = controller(
         &c,
         &controller_config("report-notice"),
-        policy,
+        p,
         Some(std::sync::Arc::new(FakeProvider::new())),
     )
     .await;

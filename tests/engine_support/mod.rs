@@ -32,6 +32,13 @@ impl Clock for SimTime {
     }
 }
 
+/// A policy from its TOML (the `[repair]`, `[budgets]` and `[interruption]` sections), checked valid.
+pub fn policy(text: &str) -> PolicyConfig {
+    let p: PolicyConfig = toml::from_str(text).unwrap();
+    assert!(p.validate().is_empty(), "{:?}", p.validate());
+    p
+}
+
 pub fn init() {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
