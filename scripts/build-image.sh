@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds the nodekeeper container image from packaging/Containerfile and checks it.
 #
-#   scripts/build-image.sh            # static release binary (built if needed), image
-#                                     # localhost/nodekeeper:VERSION, then the checks below
-#   NODEKEEPER_IMAGE=name:tag scripts/build-image.sh
-#   scripts/build-image.sh --save FILE.tar   # also write an OCI archive (to push elsewhere)
+#   scripts/build-image.sh            # static release binaries (built if needed), images
+#                                     # localhost/nodekeeper:VERSION (full build: the controller)
+#                                     # and localhost/nodekeeper-agent:VERSION (agent build: the
+#                                     # DaemonSet), then the checks below on each
+#   NODEKEEPER_IMAGE=name:tag NODEKEEPER_AGENT_IMAGE=name:tag scripts/build-image.sh
+#   scripts/build-image.sh --save FILE.tar   # also write OCI archives FILE.tar and FILE-agent.tar
 #
 # Engine: buildah (Debian package, installed when missing) with the vfs storage driver and a
 # private store in .cache/containers, so nothing else on the machine is touched. `podman run` and
@@ -13,7 +15,7 @@
 # (`buildah from` + `buildah mount`) and run `chroot ROOT /usr/bin/nodekeeper --version` (the
 # binary is static, so the image's root needs nothing else), check the binary is static (ldd),
 # the user is 65532 and the image holds only the expected files.
-# Takes minutes from cold (release build, ~4 min on 2 cores): not part of `cargo test`; run by
+# Takes minutes from cold (two release builds, ~4 min each on 2 cores): not part of `cargo test`; run by
 # tests/packaging_image.rs (#[ignore]d: `cargo test --test packaging_image -- --ignored`).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/package-lib.sh"
@@ -23,50 +25,68 @@ if [ "${1:-}" = "--save" ]; then save=${2:?--save needs a file}; fi
 
 apt_install buildah ca-certificates
 version=$(crate_version)
-image=${NODEKEEPER_IMAGE:-localhost/nodekeeper:$version}
 store=(--root "$CACHE/containers/storage" --runroot "$CACHE/containers/run" --storage-driver vfs)
 
-bin=$(static_binary)
-# ldd prints "statically linked" (static-pie) or "not a dynamic executable" for static binaries.
-case "$(ldd "$bin" 2>&1 | head -n1)" in
-  *"statically linked"* | *"not a dynamic executable"*) ;;
-  *) echo "build-image.sh: $bin is dynamically linked: $(ldd "$bin" 2>&1 | head -n1)" >&2; exit 1 ;;
-esac
-
-ctx=$(mktemp -d)
+ctx=""
 ctr=""
 cleanup() {
-  [ -n "$ctr" ] && buildah "${store[@]}" rm "$ctr" >/dev/null 2>&1
-  rm -rf "$ctx"
+  if [ -n "$ctr" ]; then buildah "${store[@]}" rm "$ctr" >/dev/null 2>&1 || true; fi
+  if [ -n "$ctx" ]; then rm -rf "$ctx"; fi
 }
 trap cleanup EXIT
-cp "$bin" "$ctx/nodekeeper"
-strip "$ctx/nodekeeper"
-cp /etc/ssl/certs/ca-certificates.crt "$ctx/ca-certificates.crt"
-printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$ctx/passwd"
-printf 'root:x:0:\nnonroot:x:65532:\n' >"$ctx/group"
 
-log "buildah build $image"
-buildah "${store[@]}" build --quiet --isolation chroot -f "$REPO/packaging/Containerfile" -t "$image" "$ctx" >&2
+# build_one FLAVOR IMAGE PREFIX SAVE: builds IMAGE from the FLAVOR binary, checks it, prints
+# PREFIXimage=, PREFIXversion=, PREFIXuser=, PREFIXbinary= lines, saves it to SAVE when set.
+build_one() {
+  local flavor=$1 image=$2 prefix=$3 save=$4 bin files want out user size
+  bin=$(static_binary "$flavor")
+  # ldd prints "statically linked" (static-pie) or "not a dynamic executable" for static binaries.
+  case "$(ldd "$bin" 2>&1 | head -n1)" in
+    *"statically linked"* | *"not a dynamic executable"*) ;;
+    *) echo "build-image.sh: $bin is dynamically linked: $(ldd "$bin" 2>&1 | head -n1)" >&2; exit 1 ;;
+  esac
+  ctx=$(mktemp -d)
+  cp "$bin" "$ctx/nodekeeper"
+  strip "$ctx/nodekeeper"
+  cp /etc/ssl/certs/ca-certificates.crt "$ctx/ca-certificates.crt"
+  printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$ctx/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$ctx/group"
 
-log "check: chroot into the image's root filesystem"
-ctr=$(buildah "${store[@]}" from --quiet "$image")
-root=$(buildah "${store[@]}" mount "$ctr")
-files=$(cd "$root" && find . -type f | sort | tr '\n' ' ')
-want="./etc/group ./etc/passwd ./etc/ssl/certs/ca-certificates.crt ./usr/bin/nodekeeper "
-[ "$files" = "$want" ] || { echo "unexpected files in the image: $files" >&2; exit 1; }
-out=$(chroot "$root" /usr/bin/nodekeeper --version)
-case "$out" in *"$version"*) ;; *) echo "unexpected --version output: $out" >&2; exit 1 ;; esac
-user=$(buildah "${store[@]}" inspect --format '{{.OCIv1.Config.User}}' "$image")
-[ "$user" = "65532:65532" ] || { echo "image user is '$user', want 65532:65532" >&2; exit 1; }
-size=$(du -sh "$root/usr/bin/nodekeeper" | cut -f1)
-buildah "${store[@]}" umount "$ctr" >/dev/null
+  log "buildah build $image ($flavor build)"
+  buildah "${store[@]}" build --quiet --isolation chroot -f "$REPO/packaging/Containerfile" -t "$image" "$ctx" >&2
+  rm -rf "$ctx"
+  ctx=""
 
-if [ -n "$save" ]; then
-  buildah "${store[@]}" push --quiet "$image" "oci-archive:$save" >&2
-  log "saved $save"
-fi
-echo "image=$image"
-echo "version=$out"
-echo "user=$user"
-echo "binary=$size static"
+  log "check: chroot into the image's root filesystem"
+  ctr=$(buildah "${store[@]}" from --quiet "$image")
+  root=$(buildah "${store[@]}" mount "$ctr")
+  files=$(cd "$root" && find . -type f | sort | tr '\n' ' ')
+  want="./etc/group ./etc/passwd ./etc/ssl/certs/ca-certificates.crt ./usr/bin/nodekeeper "
+  [ "$files" = "$want" ] || { echo "unexpected files in $image: $files" >&2; exit 1; }
+  out=$(chroot "$root" /usr/bin/nodekeeper --version)
+  case "$out" in *"$version"*) ;; *) echo "unexpected --version output: $out" >&2; exit 1 ;; esac
+  if [ "$flavor" = agent ]; then
+    case "$out" in *"agent build"*) ;; *) echo "$image: not the agent build: $out" >&2; exit 1 ;; esac
+  fi
+  user=$(buildah "${store[@]}" inspect --format '{{.OCIv1.Config.User}}' "$image")
+  [ "$user" = "65532:65532" ] || { echo "image user is '$user', want 65532:65532" >&2; exit 1; }
+  size=$(du -sh "$root/usr/bin/nodekeeper" | cut -f1)
+  buildah "${store[@]}" umount "$ctr" >/dev/null
+  buildah "${store[@]}" rm "$ctr" >/dev/null
+  ctr=""
+
+  if [ -n "$save" ]; then
+    buildah "${store[@]}" push --quiet "$image" "oci-archive:$save" >&2
+    log "saved $save"
+  fi
+  echo "${prefix}image=$image"
+  echo "${prefix}version=$out"
+  echo "${prefix}user=$user"
+  echo "${prefix}binary=$size static"
+}
+
+# The agent build first: the full build then leaves target/$STATIC_TARGET/release/nodekeeper as
+# the full binary.
+build_one agent "${NODEKEEPER_AGENT_IMAGE:-localhost/nodekeeper-agent:$version}" agent_ \
+  "${save:+${save%.tar}-agent.tar}"
+build_one full "${NODEKEEPER_IMAGE:-localhost/nodekeeper:$version}" "" "$save"

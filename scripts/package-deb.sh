@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the nodekeeper .deb into target/packages/ and prints its path.
 #
-#   scripts/package-deb.sh                       # static release binary (built if needed)
+#   scripts/package-deb.sh                       # static release agent build (built if needed)
 #   NODEKEEPER_BIN=target/debug/nodekeeper scripts/package-deb.sh
 #   NODEKEEPER_DEB_COMPRESSION=none|gzip|xz (default xz; tests use none)
 #
@@ -14,7 +14,7 @@
 
 out="$REPO/target/packages"
 mkdir -p "$out"
-bin=$(static_binary)
+bin=$(static_binary agent)
 [ -x "$bin" ] || { echo "package-deb.sh: no binary at $bin" >&2; exit 1; }
 
 if [ -z "${NODEKEEPER_BIN:-}" ] && cargo deb --version >/dev/null 2>&1; then
@@ -33,7 +33,7 @@ import hashlib, os, shutil, sys, tomllib
 repo, tree, binary = sys.argv[1:4]
 cargo = tomllib.load(open(os.path.join(repo, "Cargo.toml"), "rb"))
 pkg, deb = cargo["package"], cargo["package"]["metadata"]["deb"]
-release_bin = "target/x86_64-unknown-linux-gnu/release/nodekeeper"
+release_bin = "target/x86_64-unknown-linux-gnu/agent/nodekeeper"
 md5 = []
 for src, dest, mode in deb["assets"]:
     src = binary if src == release_bin else os.path.join(repo, src)

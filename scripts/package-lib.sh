@@ -1,20 +1,32 @@
 # Shared by scripts/build-image.sh and scripts/package-{deb,rpm}.sh. Source it after lib.sh.
 
-# The static binary that the image and the packages ship: x86_64-unknown-linux-gnu with
+# The static binary that the images and the packages ship: x86_64-unknown-linux-gnu with
 # crt-static (the only target installed here; no musl toolchain can be fetched on a fresh
-# machine). NODEKEEPER_BIN overrides it (e.g. tests package the debug binary). Prints the path.
+# machine). `static_binary full` is every command (the controller's image); `static_binary agent`
+# the agent build (--no-default-features: agent, crio apply, validate; the DaemonSet's image and
+# the node packages), copied to target/$STATIC_TARGET/agent/ so that both builds can sit side by
+# side. NODEKEEPER_BIN overrides either (e.g. tests package the debug binary). Prints the path.
 STATIC_TARGET=x86_64-unknown-linux-gnu
 static_binary() {
+  local flavor=${1:?static_binary needs full or agent}
   if [ -n "${NODEKEEPER_BIN:-}" ]; then
     echo "$NODEKEEPER_BIN"
     return 0
   fi
-  log "cargo build --release (static, $STATIC_TARGET)"
+  local features=()
+  [ "$flavor" = agent ] && features=(--no-default-features)
+  log "cargo build --release ${features[*]} (static, $STATIC_TARGET)"
   # RUSTFLAGS apply to the target only (build scripts and proc macros stay dynamic) because
   # --target is given; the output goes to target/$STATIC_TARGET/release.
   (cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo build --release --locked --target "$STATIC_TARGET" >&2)
-  echo "$REPO/target/$STATIC_TARGET/release/nodekeeper"
+    cargo build --release --locked --target "$STATIC_TARGET" "${features[@]}" >&2)
+  local out="$REPO/target/$STATIC_TARGET/release/nodekeeper"
+  if [ "$flavor" = agent ]; then
+    mkdir -p "$REPO/target/$STATIC_TARGET/agent"
+    cp "$out" "$REPO/target/$STATIC_TARGET/agent/nodekeeper"
+    out="$REPO/target/$STATIC_TARGET/agent/nodekeeper"
+  fi
+  echo "$out"
 }
 
 # The crate version from Cargo.toml.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the nodekeeper .rpm into target/packages/ and prints its path.
 #
-#   scripts/package-rpm.sh                       # static release binary (built if needed)
+#   scripts/package-rpm.sh                       # static release agent build (built if needed)
 #   NODEKEEPER_BIN=path scripts/package-rpm.sh   # package another binary
 #   NODEKEEPER_RPM_COMPRESSION=none|gzip|zstd|xz (default zstd; tests use none)
 #
@@ -13,7 +13,7 @@
 
 out="$REPO/target/packages"
 mkdir -p "$out"
-bin=$(static_binary)
+bin=$(static_binary agent)
 [ -x "$bin" ] || { echo "package-rpm.sh: no binary at $bin" >&2; exit 1; }
 ensure_generate_rpm
 version=$(crate_version)

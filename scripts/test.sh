@@ -5,3 +5,4 @@
 cd "$REPO"
 log "cargo test"
 cargo test --locked --all-targets "$@" -- --test-threads="${NODEKEEPER_TEST_THREADS:-4}"
+"$REPO/scripts/check-agent-build.sh"

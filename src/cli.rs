@@ -18,6 +18,13 @@ pub const EXIT_INVALID: u8 = 2;
 /// nodekeeper: one agent on every Kubernetes node plus a small controller.
 #[derive(Debug, Parser)]
 #[command(name = "nodekeeper", version = crate::VERSION, about, propagate_version = true)]
+#[cfg_attr(
+    not(feature = "full"),
+    command(
+        after_help = "This is the agent build: the controller, drain, status, sim and demo \
+commands are in the full build (README \"Builds\")."
+    )
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -31,7 +38,7 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Run the node agent (CRI-O config now; health, notices, labels and reporting as they land).
+    /// Run the node agent: CRI-O config, health checks, metadata notices, label rules, reports.
     Agent {
         /// The TOML configuration file.
         #[arg(long, short)]
@@ -47,6 +54,7 @@ enum Command {
         output: Output,
     },
     /// Run the central controller (report API, node state, OCI Events, leader election).
+    #[cfg(feature = "full")]
     Controller {
         /// The TOML configuration file (with a `[controller]` section).
         #[arg(long, short)]
@@ -59,15 +67,19 @@ enum Command {
     },
     /// Cordon and drain a node in tiers, naming what blocks it. Exit 0 drained, 1 error, 2 usage,
     /// 3 blocked by a PDB/do-not-disrupt at the deadline, 4 timed out, 5 interrupted (docs/drain.md).
+    #[cfg(feature = "full")]
     Drain(crate::controller::drain::cli::DrainArgs),
     /// The whole loop on an embedded cluster, no cloud needed: sim API server, one agent per
     /// node, the controller, a scripted scenario with a live timeline. Exit 0 only if every
     /// expected outcome happened (docs/demo.md).
+    #[cfg(feature = "full")]
     Demo(crate::demo::DemoArgs),
     /// Show what nodekeeper is doing with each node and what holds it back (from the Node
     /// annotations). Exit 0 listed, 1 error (API unreachable, bad kubeconfig), 2 usage (docs/status.md).
+    #[cfg(feature = "full")]
     Status(crate::controller::status::StatusArgs),
     /// Stand-ins for the peers nodekeeper talks to (tests, demo, benchmarks).
+    #[cfg(feature = "full")]
     Sim {
         #[command(subcommand)]
         command: crate::sim::SimCommand,
@@ -115,6 +127,7 @@ pub fn main() -> ExitCode {
             once,
             output,
         } => agent(&config, root, once, output, env),
+        #[cfg(feature = "full")]
         Command::Controller { config } => crate::controller::run(&config, &env),
         Command::Crio {
             command:
@@ -130,9 +143,13 @@ pub fn main() -> ExitCode {
             output,
             &env,
         ),
+        #[cfg(feature = "full")]
         Command::Drain(args) => crate::controller::drain::cli::main(args),
+        #[cfg(feature = "full")]
         Command::Demo(args) => crate::demo::run(args, std::env::temp_dir()),
+        #[cfg(feature = "full")]
         Command::Status(args) => crate::controller::status::main(args),
+        #[cfg(feature = "full")]
         Command::Sim { command } => block_on(async move {
             crate::telemetry::init(crate::config::LogFormat::Text, "info");
             crate::sim::run(command).await

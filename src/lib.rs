@@ -24,9 +24,20 @@ pub mod sim;
 pub mod telemetry;
 
 /// Version string printed by `nodekeeper --version`: crate version and git commit.
+#[cfg(feature = "full")]
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (",
     env!("NODEKEEPER_GIT_COMMIT"),
     ")"
+);
+
+/// Version string of the agent build (`--no-default-features`: no controller, drain, status,
+/// sim or demo commands; see README "Builds").
+#[cfg(not(feature = "full"))]
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("NODEKEEPER_GIT_COMMIT"),
+    ", agent build)"
 );

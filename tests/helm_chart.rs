@@ -272,6 +272,14 @@ fn oke_values_render_one_to_one_into_the_toml_configs() {
         image.as_deref(),
         Some("iad.ocir.io/example-tenancy/nodekeeper:0.1.0")
     );
+    // the DaemonSet runs the agent build's image
+    let ds = chart.daemonsets[0].spec.as_ref().unwrap();
+    assert_eq!(
+        ds.template.spec.as_ref().unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some("iad.ocir.io/example-tenancy/nodekeeper-agent:0.1.0")
+    );
     let rule = &chart.prometheus_rules[0].spec.groups[0].rules[0];
     assert_eq!(
         (rule.alert.as_str(), rule.for_.as_deref()),

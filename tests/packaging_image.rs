@@ -74,8 +74,14 @@ fn image_builds_and_its_binary_runs() {
             .to_string()
     };
     assert!(field("version").contains(env!("CARGO_PKG_VERSION")));
+    assert!(!field("version").contains("agent build"));
     assert_eq!(field("user"), "65532:65532");
     assert!(field("binary").ends_with("static"));
+    // the DaemonSet's image: the agent build
+    assert!(field("agent_image").contains("nodekeeper-agent:"));
+    assert!(field("agent_version").contains("agent build"));
+    assert_eq!(field("agent_user"), "65532:65532");
+    assert!(field("agent_binary").ends_with("static"));
     // The binary that went into the image is static: it runs without any loader or libc.
     let bin = repo().join("target/x86_64-unknown-linux-gnu/release/nodekeeper");
     let ldd = Command::new("ldd").arg(&bin).output().unwrap();

@@ -69,7 +69,7 @@ def chart_schema(cfg):
         "additionalProperties": False,
         "properties": {
             "global": ANY_OBJ,
-            "image": obj({"repository": STR, "tag": STR,
+            "image": obj({"repository": STR, "agentRepository": STR, "tag": STR,
                           "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}}),
             "imagePullSecrets": ARR,
             "agent": obj({

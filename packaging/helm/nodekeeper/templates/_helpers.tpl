@@ -11,6 +11,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{- define "nodekeeper.agentImage" -}}
+{{ .Values.image.agentRepository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
 {{- define "nodekeeper.serviceHost" -}}
 nodekeeper-controller.{{ .Release.Namespace }}.svc
 {{- end -}}
