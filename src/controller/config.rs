@@ -44,6 +44,10 @@ pub struct ControllerConfig {
     pub token_cache_ttl: Duration,
     /// Largest accepted report body in bytes (larger: 413).
     pub max_report_bytes: usize,
+    /// Open connections at most on the report API; further ones are closed right after `accept`.
+    /// Every agent keeps one connection open (HTTP/2, a report every 10 s), so this must exceed
+    /// the number of nodes one replica may serve (all of them, when the other replica is down).
+    pub max_connections: usize,
     /// Namespace for the Lease and Kubernetes Events.
     pub namespace: String,
     /// Condition types starting with this prefix are owned by nodekeeper (written, restored, removed).
@@ -79,6 +83,7 @@ impl Default for ControllerConfig {
             token_cache_size: 20_000,
             token_cache_ttl: Duration::from_secs(300),
             max_report_bytes: 1 << 20,
+            max_connections: crate::controller::server::DEFAULT_MAX_CONNECTIONS,
             namespace: "nodekeeper".into(),
             condition_prefix: "Nodekeeper".into(),
             staleness: Duration::from_secs(60),
@@ -248,6 +253,13 @@ impl ControllerConfig {
                 &mut d,
                 cfg_path!["controller", "audience"],
                 "must not be empty",
+            );
+        }
+        if self.max_connections == 0 {
+            err(
+                &mut d,
+                cfg_path!["controller", "max_connections"],
+                "must be greater than zero",
             );
         }
         if self.token_cache_size == 0 {

@@ -226,7 +226,22 @@ pub async fn start_with(
         _ => None,
     };
     let router = server::router(app.clone(), cfg.max_report_bytes);
-    let addr = server::serve(&cfg.listen, router, tls, cancel.clone()).await?;
+    let limits = server::ServeLimits {
+        max_connections: cfg.max_connections,
+        ..server::ServeLimits::default()
+    };
+    match server::raise_open_files_limit() {
+        // a margin for the API server's watches, the Lease and the process's own files
+        Ok(n) if n < cfg.max_connections as u64 + 256 => tracing::warn!(
+            open_files = n,
+            max_connections = cfg.max_connections,
+            "the open-files limit is below max_connections: new agent connections will fail \
+             before the connection limit is reached (raise LimitNOFILE / the container's nofile)"
+        ),
+        Ok(n) => tracing::debug!(open_files = n, "open-files limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-files limit"),
+    }
+    let addr = server::serve_with_limits(&cfg.listen, router, tls, limits, cancel.clone()).await?;
     tracing::info!(%addr, identity = %id, "controller listening");
     Ok(Running {
         addr,

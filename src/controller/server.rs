@@ -220,13 +220,17 @@ pub struct ServeLimits {
     pub max_h2_streams: u32,
 }
 
+/// Default of [`ServeLimits::max_connections`] and `[controller] max_connections`: agents keep
+/// their connection open, so this bounds the nodes one replica can serve (docs/controller.md).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+
 impl Default for ServeLimits {
     fn default() -> Self {
         ServeLimits {
             tls_handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(15),
-            max_connections: 1024,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             max_h2_streams: 64,
         }
     }
@@ -270,6 +274,18 @@ pub async fn serve_with_limits(
     let acceptor = tls.map(|cfg| tokio_rustls::TlsAcceptor::from(Arc::new(cfg)));
     tokio::spawn(accept_loop(listener, router, acceptor, limits, cancel));
     Ok(local)
+}
+
+/// Raises this process's soft limit of open files to its hard limit (as the Go runtime does at
+/// start): container runtimes may start processes with a soft limit of 1,024, far below one
+/// connection per agent. Returns the limit now in force.
+pub fn raise_open_files_limit() -> Result<u64, nix::errno::Errno> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(hard.max(soft))
 }
 
 /// Answers 408 when a request (including reading its body) takes longer than `limit`.
