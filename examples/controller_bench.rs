@@ -1,12 +1,16 @@
 //! Controller benchmark: authenticated reports per second and report → Node condition latency,
 //! against the in-process sim API server over real TLS with sim-minted tokens.
 //!
-//! `cargo run --release --example controller_bench -- [--nodes 5000] [--seconds 10] [--concurrency 64] [--rate 500]`
+//! `cargo run --release --example controller_bench -- [--nodes 5000] [--seconds 10] [--concurrency 64] [--rate 500] [--connections 1]`
 //!
 //! Phase 1 (throughput): `concurrency` workers send heartbeats for random nodes as fast as they
 //! can for `seconds`; a tenth of the reports change a condition (so the Node is written).
 //! Phase 2 (latency): reports flipping a condition are sent at `rate`/s, one per node; a Node
 //! watcher records when each change becomes visible; prints p50/p99/max of send → visible.
+//! Phase 3 (with `--connections 1`): one open connection per node, as agents hold them: a child
+//! process (this example again, `--hold`) opens `nodes` connections, each with its own client as
+//! every agent has, and keeps them; the controller's process (this one, without the clients)
+//! prints its RSS before and after, so the figure is the server side's cost per agent.
 
 mod common;
 
@@ -58,8 +62,100 @@ fn report(node: &str, seq: u64, status: ConditionStatus) -> Vec<u8> {
     serde_json::to_vec(&r).unwrap_or_default()
 }
 
+fn rss_kib(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or(0)
+}
+
+/// The child of phase 3: `--hold N --port P --ca FILE`: N agents' clients, one `GET /livez` each,
+/// prints `held N` and keeps them (answering the server's HTTP/2 pings) until killed.
+async fn hold(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let _ = nodekeeper::controller::server::raise_open_files_limit();
+    let port = arg("--port", 0);
+    let args: Vec<String> = std::env::args().collect();
+    let ca = args
+        .iter()
+        .position(|a| a == "--ca")
+        .and_then(|i| args.get(i + 1))
+        .ok_or("--hold needs --ca")?;
+    let url = format!("https://127.0.0.1:{port}/livez");
+    let clients: Vec<_> = futures::stream::iter(0..n)
+        .map(|_| {
+            let url = url.clone();
+            async move {
+                let c = HttpsClient::new(
+                    Some(std::path::Path::new(ca)),
+                    Some(NAME),
+                    Duration::from_secs(30),
+                )
+                .ok()?;
+                match c.request("GET", &url, None, &[], None).await {
+                    Ok((200, _)) => Some(c),
+                    _ => None,
+                }
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let held = clients.iter().flatten().count();
+    println!("held {held}");
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    drop(clients);
+    Ok(())
+}
+
+/// Phase 3: the controller process's RSS with `nodes` agent connections held by a child.
+async fn connections(
+    nodes: usize,
+    port: u16,
+    ca: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use tokio::io::AsyncBufReadExt;
+    let me = std::process::id().to_string();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = rss_kib(&me);
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args([
+            "--hold",
+            &nodes.to_string(),
+            "--port",
+            &port.to_string(),
+            "--ca",
+        ])
+        .arg(ca)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let out = child.stdout.take().ok_or("no stdout")?;
+    let mut lines = tokio::io::BufReader::new(out).lines();
+    let held = lines.next_line().await?.unwrap_or_default();
+    // a few HTTP/2 keep-alive ping rounds (every 10 s) on every connection
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let after = rss_kib(&me);
+    let n: u64 = held.trim_start_matches("held ").parse().unwrap_or(0);
+    println!(
+        "connections: {held} of {nodes} agent connections open: controller process RSS {:.1} → {:.1} MiB, +{} KiB per connection",
+        before as f64 / 1024.0,
+        after as f64 / 1024.0,
+        after.saturating_sub(before) / n.max(1)
+    );
+    child.kill().await?;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if let Some(n) = std::env::args()
+        .position(|a| a == "--hold")
+        .map(|_| arg("--hold", 0))
+    {
+        return hold(n as usize).await;
+    }
     let nodes = arg("--nodes", 5000) as usize;
     let seconds = arg("--seconds", 10);
     let concurrency = arg("--concurrency", 64) as usize;
@@ -280,6 +376,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         "latency at {nodes} nodes, {rate} changes/s: {} of {count} seen; p50 {:?}, p99 {:?}, max {:?}",
         l.len(), pct(0.50), pct(0.99), l.last().copied().unwrap_or_default()
     );
+    if arg("--connections", 0) > 0 {
+        connections(nodes, ctl.addr.port(), &dir.path().join("ca.pem")).await?;
+    }
     ctl.stop().await;
     Ok(())
 }
