@@ -8,6 +8,7 @@
 mod ctl;
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -134,9 +135,16 @@ async fn max_connections_is_configurable_and_a_closed_connection_frees_its_slot(
     let ctl = env.controller(&cfg, true).await;
     let mut agents = open_agents(&env, ctl.addr, 4).await;
     assert!(agents.iter().all(|(_, r)| r == &Ok(200)));
-    // a fifth connection is closed right after accept
+    // a fifth connection is closed right after accept, and counted
     let refused = report_ok(&env, ctl.addr, "n0", 1).await;
     assert!(refused.is_err(), "{refused:?}");
+    let c = &ctl.app.connections;
+    assert_eq!(
+        (c.open.load(Relaxed), c.max.load(Relaxed)),
+        (4, 4),
+        "open and max connections"
+    );
+    assert!(c.refused.load(Relaxed) >= 1);
     // one agent goes away: its slot serves the next
     agents.pop();
     let mut ok = Err(String::new());
@@ -148,6 +156,15 @@ async fn max_connections_is_configurable_and_a_closed_connection_frees_its_slot(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(ok, Ok(200));
+    // the agents' view: /metrics over a held connection
+    let (code, text) = get(&agents[0].0, ctl.addr, "/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(text.contains("nodekeeper_connections_max 4\n"), "{text}");
+    assert!(text.contains("nodekeeper_connections_open "), "{text}");
+    assert!(
+        !text.contains("nodekeeper_connections_refused_total 0\n"),
+        "{text}"
+    );
     ctl.cancel.cancel();
 }
 

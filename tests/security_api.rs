@@ -505,16 +505,24 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
 /// cannot exhaust file descriptors), and a slot frees up as soon as a held connection goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_limit_are_closed_at_once() {
-    use nodekeeper::controller::server::{serve_with_limits, ServeLimits};
+    use nodekeeper::controller::server::{serve_with_limits, ConnectionStats, ServeLimits};
     let limits = ServeLimits {
         max_connections: 8,
         ..ServeLimits::default()
     };
     let router = axum::Router::new().route("/livez", axum::routing::get(|| async { "ok" }));
     let cancel = tokio_util::sync::CancellationToken::new();
-    let addr = serve_with_limits("127.0.0.1:0", router, None, limits, cancel.clone())
-        .await
-        .unwrap();
+    let stats = std::sync::Arc::new(ConnectionStats::default());
+    let addr = serve_with_limits(
+        "127.0.0.1:0",
+        router,
+        None,
+        limits,
+        stats.clone(),
+        cancel.clone(),
+    )
+    .await
+    .unwrap();
     let mut held = Vec::new();
     for _ in 0..limits.max_connections {
         held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
@@ -532,6 +540,15 @@ async fn connections_beyond_the_limit_are_closed_at_once() {
         refused += 1;
     }
     assert_eq!(refused, 20);
+    // what /metrics reports
+    assert_eq!(
+        (
+            stats.open.load(Relaxed),
+            stats.refused.load(Relaxed),
+            stats.max.load(Relaxed)
+        ),
+        (8, 20, 8)
+    );
     // One held connection goes: a new request is served.
     drop(held.pop());
     tokio::time::sleep(Duration::from_millis(100)).await;

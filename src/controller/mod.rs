@@ -209,6 +209,7 @@ pub async fn start_with(
         notifier,
         forbidden: Default::default(),
         unauthenticated: Default::default(),
+        connections: Default::default(),
     });
     let a2 = app.clone();
     tokio::spawn(async move {
@@ -241,7 +242,15 @@ pub async fn start_with(
         Ok(n) => tracing::debug!(open_files = n, "open-files limit"),
         Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-files limit"),
     }
-    let addr = server::serve_with_limits(&cfg.listen, router, tls, limits, cancel.clone()).await?;
+    let addr = server::serve_with_limits(
+        &cfg.listen,
+        router,
+        tls,
+        limits,
+        app.connections.clone(),
+        cancel.clone(),
+    )
+    .await?;
     tracing::info!(%addr, identity = %id, "controller listening");
     Ok(Running {
         addr,

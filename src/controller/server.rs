@@ -3,7 +3,7 @@
 //! plain HTTP.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,9 +60,31 @@ pub struct App {
     /// Webhook notifications (`[[controller.notify]]`), when configured.
     pub notifier: Option<Arc<super::notify::Notifier>>,
     /// Forbidden reports (another node).
-    pub forbidden: std::sync::atomic::AtomicU64,
+    pub forbidden: AtomicU64,
     /// Unauthenticated requests.
-    pub unauthenticated: std::sync::atomic::AtomicU64,
+    pub unauthenticated: AtomicU64,
+    /// Open and refused connections of the report API (`/metrics`).
+    pub connections: Arc<ConnectionStats>,
+}
+
+/// Connection counts of [`serve_with_limits`], for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ConnectionStats {
+    /// Connections open now.
+    pub open: AtomicU64,
+    /// Connections closed right after `accept` because `max_connections` were open.
+    pub refused: AtomicU64,
+    /// The limit in force.
+    pub max: AtomicU64,
+}
+
+/// Counts one open connection while alive.
+struct OpenConnection(Arc<ConnectionStats>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The router.
@@ -162,10 +184,14 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
          # TYPE nodekeeper_node_events_total counter\nnodekeeper_node_events_total {}\n\
          # TYPE nodekeeper_labels_removed_total counter\nnodekeeper_labels_removed_total {}\n\
          # TYPE nodekeeper_nodes_marked_stale_total counter\nnodekeeper_nodes_marked_stale_total {}\n\
-         # TYPE nodekeeper_leader gauge\nnodekeeper_leader {leader}\n",
+         # TYPE nodekeeper_leader gauge\nnodekeeper_leader {leader}\n\
+         # TYPE nodekeeper_connections_open gauge\nnodekeeper_connections_open {}\n\
+         # TYPE nodekeeper_connections_max gauge\nnodekeeper_connections_max {}\n\
+         # TYPE nodekeeper_connections_refused_total counter\nnodekeeper_connections_refused_total {}\n",
         g(&c.reports), g(&c.replays), g(&app.forbidden), g(&app.unauthenticated),
         g(&app.auth.reviews), g(&c.node_writes), g(&c.write_failures), g(&c.node_events),
         g(&c.labels_removed), g(&c.stale_marked),
+        g(&app.connections.open), g(&app.connections.max), g(&app.connections.refused),
     );
     let mut text = text;
     if let Some(n) = &app.notifier {
@@ -244,17 +270,29 @@ pub async fn serve(
     tls: Option<rustls::ServerConfig>,
     cancel: CancellationToken,
 ) -> Result<std::net::SocketAddr, ServerError> {
-    serve_with_limits(addr, router, tls, ServeLimits::default(), cancel).await
+    serve_with_limits(
+        addr,
+        router,
+        tls,
+        ServeLimits::default(),
+        Default::default(),
+        cancel,
+    )
+    .await
 }
 
-/// As [`serve`], with explicit `limits`.
+/// As [`serve`], with explicit `limits`, counting connections into `stats`.
 pub async fn serve_with_limits(
     addr: &str,
     router: Router,
     tls: Option<rustls::ServerConfig>,
     limits: ServeLimits,
+    stats: Arc<ConnectionStats>,
     cancel: CancellationToken,
 ) -> Result<std::net::SocketAddr, ServerError> {
+    stats
+        .max
+        .store(limits.max_connections as u64, Ordering::Relaxed);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| ServerError::Bind {
@@ -272,7 +310,9 @@ pub async fn serve_with_limits(
         },
     ));
     let acceptor = tls.map(|cfg| tokio_rustls::TlsAcceptor::from(Arc::new(cfg)));
-    tokio::spawn(accept_loop(listener, router, acceptor, limits, cancel));
+    tokio::spawn(accept_loop(
+        listener, router, acceptor, limits, stats, cancel,
+    ));
     Ok(local)
 }
 
@@ -312,10 +352,10 @@ async fn accept_loop(
     router: Router,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     limits: ServeLimits,
+    stats: Arc<ConnectionStats>,
     cancel: CancellationToken,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let mut refused: u64 = 0;
     loop {
         let (tcp, peer) = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -329,7 +369,7 @@ async fn accept_loop(
             },
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            refused += 1;
+            let refused = stats.refused.fetch_add(1, Ordering::Relaxed) + 1;
             if refused.is_power_of_two() {
                 tracing::warn!(%peer, refused, max = limits.max_connections, "connection limit reached: closing new connections");
             }
@@ -339,8 +379,10 @@ async fn accept_loop(
         let svc = hyper_util::service::TowerToHyperService::new(router.clone());
         let acceptor = acceptor.clone();
         let cancel = cancel.clone();
+        stats.open.fetch_add(1, Ordering::Relaxed);
+        let open = OpenConnection(stats.clone());
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slot = (slot, open);
             match acceptor {
                 None => {
                     serve_conn(hyper_util::rt::TokioIo::new(tcp), svc, limits, cancel, peer).await
