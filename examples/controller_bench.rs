@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::arg;
+use common::{arg, status_kib};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
@@ -60,15 +60,6 @@ fn report(node: &str, seq: u64, status: ConditionStatus) -> Vec<u8> {
         problems: vec![],
     };
     serde_json::to_vec(&r).unwrap_or_default()
-}
-
-fn rss_kib(pid: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-        .unwrap_or(0)
 }
 
 /// The child of phase 3: `--hold N --port P --ca FILE`: N agents' clients, one `GET /livez` each,
@@ -116,9 +107,9 @@ async fn connections(
     ca: &std::path::Path,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     use tokio::io::AsyncBufReadExt;
-    let me = std::process::id().to_string();
+    let me = std::process::id();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = rss_kib(&me);
+    let before = status_kib(me, "VmRSS:");
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
         .args([
             "--hold",
@@ -136,7 +127,7 @@ async fn connections(
     let held = lines.next_line().await?.unwrap_or_default();
     // a few HTTP/2 keep-alive ping rounds (every 10 s) on every connection
     tokio::time::sleep(Duration::from_secs(25)).await;
-    let after = rss_kib(&me);
+    let after = status_kib(me, "VmRSS:");
     let n: u64 = held.trim_start_matches("held ").parse().unwrap_or(0);
     println!(
         "connections: {held} of {nodes} agent connections open: controller process RSS {:.1} → {:.1} MiB, +{} KiB per connection",

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{arg, pct};
+use common::{arg, pct, status_kib};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
@@ -25,18 +25,6 @@ use kube::runtime::{watcher, WatchStreamExt};
 use nodekeeper::sim::apiserver::loops::LoopOptions;
 use nodekeeper::sim::apiserver::scenario::Scenario;
 use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
-
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |k: &str| {
-        s.lines()
-            .find(|l| l.starts_with(k))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
@@ -154,7 +142,7 @@ budgets = [{{ nodes = "100%" }}]
     println!(
         "controller ready and leading after {:.1}s; RSS {} KiB",
         start.elapsed().as_secs_f64(),
-        rss_kib(pid).0
+        status_kib(pid, "VmRSS:")
     );
     // A new cluster: every node is young, so the first reconciles write `seen-ready` on each
     // (once, in its first two minutes). Measure that apart from the steady state below.
@@ -239,7 +227,7 @@ budgets = [{{ nodes = "100%" }}]
     while seen.lock().unwrap().len() < trials && Instant::now() < wait_until {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (rss, hwm) = rss_kib(pid);
+    let (rss, hwm) = (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"));
     let acted = seen.lock().unwrap().clone();
     let cordon = notice_to_cordon(&cluster, port, nodes, trials).await;
     let mut lat: Vec<f64> = due

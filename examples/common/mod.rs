@@ -1,4 +1,4 @@
-//! What the benchmark examples share: flags and percentiles.
+//! What the benchmark examples share: flags, percentiles and process memory.
 #![allow(dead_code)]
 
 /// The value of `--name N` on the command line, or `default`.
@@ -18,4 +18,15 @@ pub fn pct(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
+}
+
+/// A `kB` field of `/proc/PID/status` (`VmRSS:`, `VmHWM:`, ...); 0 when unreadable.
+pub fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
