@@ -81,6 +81,13 @@ pub struct ConnectionStats {
 /// Counts one open connection while alive.
 struct OpenConnection(Arc<ConnectionStats>);
 
+impl OpenConnection {
+    fn new(stats: &Arc<ConnectionStats>) -> Self {
+        stats.open.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(stats.clone())
+    }
+}
+
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::Relaxed);
@@ -262,26 +269,8 @@ impl Default for ServeLimits {
     }
 }
 
-/// Binds `addr` and serves `router` (over TLS when `tls` is set) until `cancel`, with the
-/// default [`ServeLimits`].
-pub async fn serve(
-    addr: &str,
-    router: Router,
-    tls: Option<rustls::ServerConfig>,
-    cancel: CancellationToken,
-) -> Result<std::net::SocketAddr, ServerError> {
-    serve_with_limits(
-        addr,
-        router,
-        tls,
-        ServeLimits::default(),
-        Default::default(),
-        cancel,
-    )
-    .await
-}
-
-/// As [`serve`], with explicit `limits`, counting connections into `stats`.
+/// Binds `addr` and serves `router` (over TLS when `tls` is set) until `cancel`, within
+/// `limits`, counting connections into `stats`.
 pub async fn serve_with_limits(
     addr: &str,
     router: Router,
@@ -379,8 +368,7 @@ async fn accept_loop(
         let svc = hyper_util::service::TowerToHyperService::new(router.clone());
         let acceptor = acceptor.clone();
         let cancel = cancel.clone();
-        stats.open.fetch_add(1, Ordering::Relaxed);
-        let open = OpenConnection(stats.clone());
+        let open = OpenConnection::new(&stats);
         tokio::spawn(async move {
             let _slot = (slot, open);
             match acceptor {
