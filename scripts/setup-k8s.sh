@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes control plane the tests run (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kwok) from Go modules, once, into a cache keyed by the versions pinned in tools/k8s/:
+#   ${NODEKEEPER_K8S_CACHE:-$HOME/.cache/nodekeeper/k8s}/<key>/bin
+# The key hashes each tools/k8s/*/go.mod + go.sum and the Go version, so a warm machine rebuilds nothing and a
+# version bump builds into a new directory. Prints the bin directory on stdout (the last line), how long each
+# build took on stderr. Idempotent; safe to run from several shells at once (a lock serialises them).
+#
+#   scripts/setup-k8s.sh            build what is missing, print the bin dir
+#   scripts/setup-k8s.sh --print    print the bin dir only if everything is built (exit 1 otherwise)
+. "$(dirname "$0")/lib.sh"
+
+TOOLS="$REPO/tools/k8s"
+. "$TOOLS/versions.env"
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "setup-k8s: Go is not installed (need go >= 1.26 on PATH; Debian machines of this project have /usr/local/go/bin)" >&2
+  [ -x /usr/local/go/bin/go ] || exit 1
+  export PATH="/usr/local/go/bin:$PATH"
+fi
+
+key=$( { go env GOVERSION; cat "$TOOLS/versions.env" "$TOOLS"/*/go.mod "$TOOLS"/*/go.sum; } | sha256sum | cut -c1-16)
+ROOT="${NODEKEEPER_K8S_CACHE:-$HOME/.cache/nodekeeper/k8s}"
+BIN="$ROOT/$key/bin"
+ALL=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+built() { for b in "${ALL[@]}"; do [ -x "$BIN/$b" ] || return 1; done; }
+if [ "${1:-}" = "--print" ]; then built && { echo "$BIN"; exit 0; }; exit 1; fi
+if built; then log "control plane already built: $BIN"; echo "$BIN"; exit 0; fi
+
+mkdir -p "$BIN"
+exec 9>"$ROOT/$key.lock"
+flock 9
+if built; then echo "$BIN"; exit 0; fi
+
+# Version stamps, as upstream's hack/lib/version.sh sets them, so /version and `kubectl version` are right.
+ldflags_k8s() {
+  local l="-s -w" p minor="${K8S_VERSION#*.}"; minor="${minor%%.*}"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    l="$l -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+    l="$l -X $p.gitCommit=0000000000000000000000000000000000000000 -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$l"
+}
+
+# build NAME DIR PKG [LDFLAGS]: go build PKG in module DIR into $BIN/NAME (atomically: a killed build leaves nothing).
+build() {
+  local name=$1 dir=$2 pkg=$3 ldf=${4:-"-s -w"} t0 log_file
+  [ -x "$BIN/$name" ] && return 0
+  log_file="$ROOT/$key/build-$name.log"
+  log "building $name ($pkg) …"
+  t0=$(date +%s)
+  if ! (cd "$TOOLS/$dir" && go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldf" \
+        -o "$BIN/.$name.tmp" "$pkg") >"$log_file" 2>&1; then
+    echo "setup-k8s: building $name failed ($pkg in tools/k8s/$dir); log: $log_file" >&2
+    tail -20 "$log_file" >&2
+    rm -f "$BIN/.$name.tmp"
+    exit 1
+  fi
+  mv "$BIN/.$name.tmp" "$BIN/$name"
+  log "built $name in $(( $(date +%s) - t0 )) s"
+}
+
+# Module downloads first, so "not served" is told apart from a compile error.
+for d in kubernetes etcd kwok; do
+  if ! (cd "$TOOLS/$d" && go mod download) >"$ROOT/$key/download-$d.log" 2>&1; then
+    echo "setup-k8s: downloading the Go modules of tools/k8s/$d failed; log: $ROOT/$key/download-$d.log" >&2
+    tail -20 "$ROOT/$key/download-$d.log" >&2
+    exit 1
+  fi
+done
+
+build etcd etcd go.etcd.io/etcd/server/v3 "-s -w"
+K8S_LDF=$(ldflags_k8s)
+build kube-apiserver kubernetes k8s.io/kubernetes/cmd/kube-apiserver "$K8S_LDF"
+build kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager "$K8S_LDF"
+build kube-scheduler kubernetes k8s.io/kubernetes/cmd/kube-scheduler "$K8S_LDF"
+build kwok kwok sigs.k8s.io/kwok/cmd/kwok \
+  "-s -w"
+
+# KWOK's stage definitions ship in its module zip (kustomize/stage): copy the ones the cluster uses beside the bins.
+KWOK_MOD=$(cd "$TOOLS/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+mkdir -p "$BIN/../kwok-stages"
+cp -f "$KWOK_MOD"/kustomize/stage/node/fast/node-initialize.yaml \
+  "$KWOK_MOD"/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+  "$KWOK_MOD"/kustomize/stage/pod/fast/pod-*.yaml "$BIN/../kwok-stages/"
+chmod u+w "$BIN/../kwok-stages/"*
+
+built || { echo "setup-k8s: a binary is missing from $BIN after the build" >&2; exit 1; }
+"$BIN/kube-apiserver" --version >&2
+"$BIN/etcd" --version | head -1 >&2
+echo "$BIN"
