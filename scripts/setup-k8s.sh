@@ -25,7 +25,39 @@ ROOT="${NODEKEEPER_K8S_CACHE:-$HOME/.cache/nodekeeper/k8s}"
 BIN="$ROOT/$key/bin"
 ALL=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
-built() { for b in "${ALL[@]}"; do [ -x "$BIN/$b" ] || return 1; done; }
+STAGES="$ROOT/$key/kwok-stages"
+built() {
+  for b in "${ALL[@]}"; do [ -x "$BIN/$b" ] || return 1; done
+  [ -e "$STAGES/.v2" ]
+}
+# KWOK's stage definitions ship in its module zip (kustomize/stage); copy the ones the cluster uses: nodes
+# become Ready and heartbeat their Lease; pods go Ready at once and, once deleted, go away between 1 s
+# and the end of their grace period (KWOK's "general" pod-delete; a finalizer holds them as on a kubelet).
+stages() {
+  local mod
+  mod=$(cd "$TOOLS/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok) || return 1
+  mkdir -p "$STAGES"
+  cp -f "$mod"/kustomize/stage/node/fast/node-initialize.yaml \
+    "$mod"/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+    "$mod"/kustomize/stage/pod/fast/pod-ready.yaml "$mod"/kustomize/stage/pod/fast/pod-complete.yaml \
+    "$mod"/kustomize/stage/pod/general/pod-delete.yaml "$STAGES/"
+  chmod u+w "$STAGES"/*
+  # A node labelled nodekeeper.test/kubelet (any value) keeps the status a test writes, as a kubelet whose
+  # runtime broke would post it: KWOK neither re-initializes it to Ready nor heartbeats its conditions.
+  local f
+  for f in node-initialize.yaml node-heartbeat-with-lease.yaml; do
+    python3 - "$STAGES/$f" <<'PY'
+import sys
+p = sys.argv[1]
+s = open(p).read()
+extra = "    - key: '.metadata.labels[\"nodekeeper.test/kubelet\"]'\n      operator: 'DoesNotExist'\n"
+assert "matchExpressions:\n" in s, p
+s = s.replace("matchExpressions:\n", "matchExpressions:\n" + extra, 1)
+open(p, "w").write(s)
+PY
+  done
+  touch "$STAGES/.v2"
+}
 if [ "${1:-}" = "--print" ]; then built && { echo "$BIN"; exit 0; }; exit 1; fi
 if built; then log "control plane already built: $BIN"; echo "$BIN"; exit 0; fi
 
@@ -79,14 +111,7 @@ build kube-scheduler kubernetes k8s.io/kubernetes/cmd/kube-scheduler "$K8S_LDF"
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok \
   "-s -w"
 
-# KWOK's stage definitions ship in its module zip (kustomize/stage): copy the ones the cluster uses beside the bins.
-KWOK_MOD=$(cd "$TOOLS/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
-mkdir -p "$BIN/../kwok-stages"
-cp -f "$KWOK_MOD"/kustomize/stage/node/fast/node-initialize.yaml \
-  "$KWOK_MOD"/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-  "$KWOK_MOD"/kustomize/stage/pod/fast/pod-*.yaml "$BIN/../kwok-stages/"
-chmod u+w "$BIN/../kwok-stages/"*
-
+stages
 built || { echo "setup-k8s: a binary is missing from $BIN after the build" >&2; exit 1; }
 "$BIN/kube-apiserver" --version >&2
 "$BIN/etcd" --version | head -1 >&2

@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# A real, local Kubernetes control plane on loopback for nodekeeper's tests and `demo --real`:
+# etcd, kube-apiserver (Node,RBAC authorization, bound ServiceAccount tokens, TokenReview, admission),
+# kube-controller-manager, kube-scheduler and KWOK (plays kubelet for nodes annotated kwok.x-k8s.io/node=fake).
+#
+#   scripts/k8s-cluster.sh up DIR [--owner-pid PID]   start everything; returns once all are healthy
+#   scripts/k8s-cluster.sh down DIR                   stop exactly what `up` started (by PID), keep the logs
+#
+# `up` writes DIR/kubeconfig (the harness's admin: O=system:masters — never given to a nodekeeper process),
+# DIR/env (`export KUBECONFIG=…`), DIR/ports, DIR/pids, and one log per component in DIR/logs/.
+# With --owner-pid, a watcher runs `down DIR` when that process exits (test binaries use this).
+# The binaries come from scripts/setup-k8s.sh (built on first use). Ports are free loopback ports.
+# A component that fails to start: one message naming it and its log, everything stopped, exit 1.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+usage() { echo "usage: $0 up DIR [--owner-pid PID] | down DIR" >&2; exit 2; }
+[ $# -ge 2 ] || usage
+CMD=$1 DIR=$2; shift 2
+OWNER=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --owner-pid) OWNER=${2:?--owner-pid needs a PID}; shift 2 ;;
+    *) usage ;;
+  esac
+done
+
+# stop PIDFILE-lines: SIGTERM each recorded PID (only if it is still the process we started), then SIGKILL.
+down() {
+  local pids="$DIR/pids" line name pid start
+  [ -f "$pids" ] || return 0
+  tac "$pids" | while read -r name pid start; do
+    if [ "$(proc_start "$pid")" = "$start" ]; then kill -TERM "$pid" 2>/dev/null || true; fi
+  done
+  local i
+  for i in $(seq 1 50); do
+    local alive=0
+    while read -r name pid start; do
+      [ "$(proc_start "$pid")" = "$start" ] && alive=1
+    done <"$pids"
+    [ $alive = 0 ] && break
+    sleep 0.1
+  done
+  while read -r name pid start; do
+    if [ "$(proc_start "$pid")" = "$start" ]; then kill -KILL "$pid" 2>/dev/null || true; fi
+  done <"$pids"
+  mv -f "$pids" "$pids.stopped"
+}
+
+# proc_start PID: the process's start time in clock ticks (field 22 of /proc/PID/stat), "" if gone. Guards
+# against a recycled PID: we only signal a PID whose start time is the one we recorded.
+proc_start() { awk '{print $22}' "/proc/$1/stat" 2>/dev/null || true; }
+
+case $CMD in
+  down) down; exit 0 ;;
+  up) ;;
+  *) usage ;;
+esac
+
+mkdir -p "$DIR"/{logs,pki,etcd}
+DIR="$(cd "$DIR" && pwd)"
+if [ -s "$DIR/pids" ]; then
+  echo "k8s-cluster: $DIR already has a running cluster (run: $0 down $DIR)" >&2
+  exit 1
+fi
+: >"$DIR/pids"
+
+fail() {
+  echo "k8s-cluster: $*" >&2
+  down
+  exit 1
+}
+trap 'fail "interrupted"' INT TERM
+
+command -v openssl >/dev/null || fail "openssl is not installed (scripts/setup.sh installs it)"
+command -v curl >/dev/null || fail "curl is not installed"
+BIN=$("$REPO/scripts/setup-k8s.sh" --print 2>/dev/null) || {
+  echo "k8s-cluster: building the control plane first (scripts/setup-k8s.sh) …" >&2
+  BIN=$("$REPO/scripts/setup-k8s.sh" | tail -1) || fail "building the control plane failed (see above)"
+}
+STAGES="$BIN/../kwok-stages"
+t0=$(date +%s.%N)
+
+# ---- ports: free loopback ports, asked of the kernel; each is then bound by its component at once.
+read -r P_ETCD P_PEER P_API P_KCM P_SCHED P_KWOK <<<"$(python3 - <<'EOF'
+import socket
+ss = []
+for _ in range(6):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); ss.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in ss))
+EOF
+)"
+cat >"$DIR/ports" <<EOF
+etcd=$P_ETCD
+kube-apiserver=$P_API
+kube-controller-manager=$P_KCM
+kube-scheduler=$P_SCHED
+kwok=$P_KWOK
+EOF
+
+# ---- certificates (ECDSA P-256; the SA signing key RSA 2048, as kube-apiserver's default algorithm RS256 wants)
+PKI="$DIR/pki"
+ossl() { openssl "$@" 2>>"$DIR/logs/pki.log" >/dev/null || fail "openssl $1 failed; log: $DIR/logs/pki.log"; }
+ossl ecparam -name prime256v1 -genkey -noout -out "$PKI/ca.key"
+ossl req -x509 -new -key "$PKI/ca.key" -subj "/CN=nodekeeper-test-ca" -days 7 -out "$PKI/ca.crt" \
+  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign"
+# leaf NAME SUBJECT EXT
+leaf() {
+  ossl ecparam -name prime256v1 -genkey -noout -out "$PKI/$1.key"
+  ossl req -new -key "$PKI/$1.key" -subj "$2" -out "$PKI/$1.csr"
+  printf '%s\n' "$3" >"$PKI/$1.ext"
+  ossl x509 -req -in "$PKI/$1.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial -days 7 \
+    -extfile "$PKI/$1.ext" -out "$PKI/$1.crt"
+}
+SERVER_EXT="subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
+extendedKeyUsage=serverAuth
+keyUsage=critical,digitalSignature"
+CLIENT_EXT="extendedKeyUsage=clientAuth
+keyUsage=critical,digitalSignature"
+leaf apiserver "/CN=kube-apiserver" "$SERVER_EXT"
+leaf admin "/O=system:masters/CN=nodekeeper-test-admin" "$CLIENT_EXT"
+leaf kcm "/CN=system:kube-controller-manager" "$CLIENT_EXT"
+leaf scheduler "/CN=system:kube-scheduler" "$CLIENT_EXT"
+# KWOK plays every kubelet (node status, leases, pod status, pod deletion): test infrastructure, so admin.
+leaf kwok "/O=system:masters/CN=kwok" "$CLIENT_EXT"
+ossl genrsa -out "$PKI/sa.key" 2048
+ossl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
+
+API="https://127.0.0.1:$P_API"
+# kubeconfig FILE CERTNAME
+kubeconfig() {
+  cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: $API
+    certificate-authority: $PKI/ca.crt
+users:
+- name: $2
+  user:
+    client-certificate: $PKI/$2.crt
+    client-key: $PKI/$2.key
+contexts:
+- name: local
+  context: {cluster: local, user: $2}
+current-context: local
+EOF
+}
+kubeconfig "$DIR/kubeconfig" admin
+for c in kcm scheduler kwok; do kubeconfig "$DIR/$c.kubeconfig" $c; done
+
+# start NAME CMD...: runs CMD in its own session with output to DIR/logs/NAME.log, records "NAME PID START".
+start() {
+  local name=$1; shift
+  setsid "$@" >"$DIR/logs/$name.log" 2>&1 </dev/null &
+  local pid=$!
+  local st=""
+  for _ in 1 2 3 4 5; do st=$(proc_start $pid); [ -n "$st" ] && break; sleep 0.01; done
+  echo "$name $pid $st" >>"$DIR/pids"
+}
+# wait_healthy NAME SECONDS CURL-ARGS...: polls until curl succeeds; fails naming the component and its log.
+wait_healthy() {
+  local name=$1 secs=$2; shift 2
+  local end=$(( $(date +%s) + secs )) pid
+  pid=$(awk -v n="$name" '$1==n {print $2}' "$DIR/pids")
+  while ! curl -fsS --max-time 2 "$@" >/dev/null 2>&1; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -15 "$DIR/logs/$name.log" >&2
+      fail "$name exited at start; log: $DIR/logs/$name.log"
+    fi
+    if [ "$(date +%s)" -ge $end ]; then
+      tail -15 "$DIR/logs/$name.log" >&2
+      fail "$name was not healthy after ${secs}s; log: $DIR/logs/$name.log"
+    fi
+    sleep 0.2
+  done
+}
+
+start etcd "$BIN/etcd" --name local --data-dir "$DIR/etcd" \
+  --listen-client-urls "http://127.0.0.1:$P_ETCD" --advertise-client-urls "http://127.0.0.1:$P_ETCD" \
+  --listen-peer-urls "http://127.0.0.1:$P_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$P_PEER" \
+  --initial-cluster "local=http://127.0.0.1:$P_PEER" --unsafe-no-fsync --log-level warn
+wait_healthy etcd 20 "http://127.0.0.1:$P_ETCD/health"
+
+start kube-apiserver "$BIN/kube-apiserver" \
+  --etcd-servers="http://127.0.0.1:$P_ETCD" \
+  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$P_API" \
+  --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+  --client-ca-file="$PKI/ca.crt" \
+  --authorization-mode=Node,RBAC \
+  --service-account-issuer=https://kubernetes.default.svc \
+  --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
+  --service-account-lookup=true \
+  --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true \
+  --enable-admission-plugins=NodeRestriction \
+  --endpoint-reconciler-type=none \
+  --profiling=false
+wait_healthy kube-apiserver 60 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$API/readyz"
+
+start kube-controller-manager "$BIN/kube-controller-manager" \
+  --kubeconfig="$DIR/kcm.kubeconfig" \
+  --authentication-kubeconfig="$DIR/kcm.kubeconfig" --authorization-kubeconfig="$DIR/kcm.kubeconfig" \
+  --bind-address=127.0.0.1 --secure-port="$P_KCM" --leader-elect=false \
+  --use-service-account-credentials=true \
+  --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
+  --controllers=serviceaccount-token-controller,serviceaccount-controller,namespace-controller,root-ca-certificate-publisher-controller,garbage-collector-controller,replicaset-controller,deployment-controller,statefulset-controller,daemonset-controller,disruption-controller,node-lifecycle-controller,taint-eviction-controller,pod-garbage-collector-controller,validatingadmissionpolicy-status-controller \
+  --node-monitor-period=1s --node-monitor-grace-period=8s --node-startup-grace-period=20s \
+  --concurrent-gc-syncs=5 --profiling=false
+wait_healthy kube-controller-manager 40 -k "https://127.0.0.1:$P_KCM/healthz"
+
+cat >"$DIR/scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $DIR/scheduler.kubeconfig
+leaderElection:
+  leaderElect: false
+EOF
+start kube-scheduler "$BIN/kube-scheduler" --config="$DIR/scheduler.yaml" \
+  --authentication-kubeconfig="$DIR/scheduler.kubeconfig" --authorization-kubeconfig="$DIR/scheduler.kubeconfig" \
+  --bind-address=127.0.0.1 --secure-port="$P_SCHED" --profiling=false
+wait_healthy kube-scheduler 30 -k "https://127.0.0.1:$P_SCHED/healthz"
+
+stage_args=()
+for f in "$STAGES"/*.yaml; do stage_args+=(--config "$f"); done
+start kwok "$BIN/kwok" --kubeconfig="$DIR/kwok.kubeconfig" \
+  --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+  --node-lease-duration-seconds=10 \
+  --server-address="127.0.0.1:$P_KWOK" --node-ip=127.0.0.1 "${stage_args[@]}"
+wait_healthy kwok 20 "http://127.0.0.1:$P_KWOK/healthz"
+
+# The default ServiceAccount exists once kcm's serviceaccount controller ran: pods are refused before that.
+end=$(( $(date +%s) + 30 ))
+until curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
+    "$API/api/v1/namespaces/default/serviceaccounts/default" >/dev/null 2>&1; do
+  [ "$(date +%s)" -ge $end ] && fail "the default ServiceAccount did not appear; log: $DIR/logs/kube-controller-manager.log"
+  sleep 0.2
+done
+
+echo "export KUBECONFIG=$DIR/kubeconfig" >"$DIR/env"
+if [ -n "$OWNER" ]; then
+  # Stops the cluster when the owner (a test binary) exits, however it exits.
+  setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" down "$3"' \
+    owner-watch "$OWNER" "$REPO/scripts/k8s-cluster.sh" "$DIR" >"$DIR/logs/owner-watch.log" 2>&1 </dev/null &
+fi
+trap - INT TERM
+awk -v a="$t0" -v b="$(date +%s.%N)" -v api="$API" -v k="$DIR/kubeconfig" \
+  'BEGIN { printf "k8s-cluster: up in %.1f s: %s (KUBECONFIG=%s)\n", b - a, api, k }' >&2

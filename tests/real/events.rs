@@ -1,0 +1,82 @@
+//! An agent-reported preemption notice on the real control plane: the shipped controller config
+//! (engine on, dry run off) taints and cordons the node, drains it, and records Events that the real
+//! `kubectl describe node` lists for that node.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use nodekeeper::agent::sources::{EventKind, NodeEvent, NODE_EVENT_VERSION};
+use nodekeeper::controller::policy::view::keys;
+use serde_json::json;
+
+use crate::ctl;
+use crate::support::*;
+
+const NODE: &str = "ev-0";
+const TAINT: &str = "nodekeeper.io/interruption";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events() {
+    init_tracing();
+    let _one_engine = exclusive().await;
+    let c = cluster();
+    let admin = c.admin().await;
+    create_nodes(
+        &admin,
+        &[kwok_node(NODE, json!({ "karpenter.sh/nodepool": "ev-pool", "kubernetes.io/hostname": NODE }))],
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = controller_toml(dir.path(), "events", |_| {});
+    let ctl_proc = ControllerProc::start(c, &config, "events").await;
+
+    let (pod, uid) = agent_pod_on(&admin, NODE).await;
+    let token = sa_token(&admin, NS, AGENT_SA, Some(REPORT_AUDIENCE), Some((&pod, &uid))).await;
+    let https = ctl::https(&dir.path().join("ca.pem"), ctl_proc.addr);
+    let now = chrono::Utc::now();
+    let mut report = ctl::report(NODE, 1, &[]);
+    report.events = vec![NodeEvent {
+        version: NODE_EVENT_VERSION,
+        id: "oci-preempt-1".into(),
+        kind: EventKind::Preemption,
+        cloud: None,
+        source: "oci/instance-action".into(),
+        not_before: Some(now + chrono::Duration::seconds(120)),
+        deadline: None,
+        detected_at: now,
+        detail: Default::default(),
+    }];
+    // The leader may take a moment: a follower answers 503 and the agent resends.
+    let body = serde_json::to_value(&report).unwrap();
+    let acked = wait_for(Duration::from_secs(30), "the notice acknowledged", || {
+        let (https, body, token) = (&https, &body, &token);
+        async move {
+            let (code, resp) = ctl::post(https, ctl_proc.addr, Some(token), body).await;
+            (code == 200 && resp["acknowledged_events"].to_string().contains("oci-preempt-1")).then_some(resp)
+        }
+    })
+    .await;
+    eprintln!("report answer: {acked}");
+
+    let api: Api<Node> = Api::all(admin.clone());
+    let n = api.get(NODE).await.unwrap();
+    assert!(unschedulable(&n), "cordoned");
+    let tainted = n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|ts| ts.iter().any(|t| t.key == TAINT));
+    assert!(tainted, "tainted {TAINT}");
+    assert!(annotation(&n, keys::INTERRUPTION).is_some());
+
+    // The Events are about this Node, so `kubectl describe node` shows them.
+    let text = wait_for(Duration::from_secs(20), "Events in kubectl describe", || async {
+        let out = kubectl(c, &["describe", "node", NODE]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.contains("PreemptionNotice").then_some(text)
+    })
+    .await;
+    let events = text.split("Events:").nth(1).unwrap_or_default();
+    assert!(events.contains("nodekeeper"), "reported by nodekeeper: {events}");
+
+    assert_eq!(ctl_proc.forbidden_lines(), Vec::<String>::new(), "the controller hit a 403");
+    ctl_proc.stop().await;
+    delete_nodes(&admin, &[NODE]).await;
+}

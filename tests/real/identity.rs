@@ -1,0 +1,87 @@
+//! The report API on the real API server: the agent's token is a real bound ServiceAccount token
+//! (TokenRequest with `boundObjectRef` = the shipped DaemonSet's pod on that node, audience
+//! `nodekeeper`), reviewed by the real TokenReview as the controller's own ServiceAccount.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use nodekeeper::agent::checks::ConditionStatus;
+use nodekeeper::controller::config::ControllerConfig;
+
+use crate::ctl;
+use crate::support::*;
+
+/// The `[controller]` config of the shipped ConfigMap (manifests/21-controller-config.yaml), made to
+/// listen on loopback with test TLS material and a short lease.
+pub fn shipped_controller_config(dir: &std::path::Path) -> ControllerConfig {
+    let (_, cert, key) = ctl::write_certs(dir);
+    let yaml = std::fs::read_to_string(repo().join("manifests/21-controller-config.yaml")).unwrap();
+    let cm: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    let text = cm["data"]["config.toml"].as_str().unwrap();
+    let full: toml::Value = toml::from_str(text).unwrap();
+    let mut c: ControllerConfig = full["controller"].clone().try_into().unwrap();
+    c.listen = "127.0.0.1:0".into();
+    c.tls_cert_file = Some(cert);
+    c.tls_key_file = Some(key);
+    c.leader.lease_duration = Duration::from_secs(3);
+    c.leader.retry_period = Duration::from_millis(300);
+    assert!(c.validate().is_empty(), "{:?}", c.validate());
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_agent_token_reports_for_its_own_node_only() {
+    init_tracing();
+    let c = cluster();
+    let admin = c.admin().await;
+    create_nodes(
+        &admin,
+        &[
+            kwok_node("id-a", serde_json::json!({})),
+            kwok_node("id-b", serde_json::json!({})),
+        ],
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = shipped_controller_config(dir.path());
+    let ctl_client = controller_client(c).await;
+    let running = nodekeeper::controller::start(ctl_client, &cfg).await.unwrap();
+    ctl::wait_for(Duration::from_secs(20), || {
+        running.app.ready.load(std::sync::atomic::Ordering::Relaxed) && *running.app.leader.borrow()
+    })
+    .await;
+
+    let (pod_a, uid_a) = agent_pod_on(&admin, "id-a").await;
+    let token_a = sa_token(&admin, NS, AGENT_SA, Some(REPORT_AUDIENCE), Some((&pod_a, &uid_a))).await;
+    let https = ctl::https(&dir.path().join("ca.pem"), running.addr);
+
+    // Its own node: accepted, and the condition lands on the Node (written as the controller SA).
+    let r = ctl::report("id-a", 1, &[("NodekeeperDiskPressure", ConditionStatus::False)]);
+    let (code, body) = ctl::post(&https, running.addr, Some(&token_a), &serde_json::to_value(&r).unwrap()).await;
+    assert_eq!(code, 200, "{body}");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_until(Duration::from_secs(10), "the condition on id-a", || {
+        let nodes = nodes.clone();
+        async move { ctl::conditions(&nodes, "id-a").await.contains_key("NodekeeperDiskPressure") }
+    })
+    .await;
+
+    // Another node's report with the same token: refused, and nothing written there.
+    let r = ctl::report("id-b", 1, &[("NodekeeperDiskPressure", ConditionStatus::True)]);
+    let (code, body) = ctl::post(&https, running.addr, Some(&token_a), &serde_json::to_value(&r).unwrap()).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(ctl::conditions(&nodes, "id-b").await.is_empty());
+
+    // A token of the right account but the API server's audience: refused by the real TokenReview.
+    let wrong_aud = sa_token(&admin, NS, AGENT_SA, None, Some((&pod_a, &uid_a))).await;
+    let r = ctl::report("id-a", 2, &[]);
+    let (code, body) = ctl::post(&https, running.addr, Some(&wrong_aud), &serde_json::to_value(&r).unwrap()).await;
+    assert_eq!(code, 401, "{body}");
+
+    // The controller's own account (right audience, wrong identity): refused.
+    let ctl_tok = sa_token(&admin, NS, CONTROLLER_SA, Some(REPORT_AUDIENCE), None).await;
+    let (code, body) = ctl::post(&https, running.addr, Some(&ctl_tok), &serde_json::to_value(&r).unwrap()).await;
+    assert!(code == 403 || code == 401, "{code} {body}");
+    running.stop().await;
+}

@@ -1,0 +1,18 @@
+//! nodekeeper on a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler and KWOK, built from Go modules), as the shipped ServiceAccounts: RBAC, the
+//! ValidatingAdmissionPolicy, TokenRequest/TokenReview and the disruption controller are the real ones.
+//! One cluster serves the whole binary (`support::cluster()`); each test uses nodes of its own.
+//! Needs Go (scripts/setup-k8s.sh builds the binaries on first use) and the real kubectl
+//! (scripts/setup-kubectl.sh); a missing prerequisite fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../ctl/mod.rs"]
+mod ctl;
+mod support;
+
+mod identity;
+mod drain;
+mod events;
+mod repair;
+mod labels;
+mod privilege;

@@ -1,0 +1,139 @@
+//! Repair on the real control plane: the kubelets of two nodes of one NodePool post Ready=False
+//! (kube-controller-manager's node-lifecycle controller taints them not-ready); the shipped controller config with budget `nodes: "1"` repairs one and holds the other, and
+//! `nodekeeper status` (the real binary, as a read-only operator) explains the hold.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use nodekeeper::controller::policy::view::keys;
+use serde_json::json;
+
+use crate::support::*;
+
+const POOL: &str = "rp-pool";
+const NODES: [&str; 4] = ["rp-0", "rp-1", "rp-2", "rp-3"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_of_one_repairs_one_unknown_node_and_explains_the_other() {
+    init_tracing();
+    let _one_engine = exclusive().await;
+    let c = cluster();
+    let admin = c.admin().await;
+    let nodes: Vec<Node> = NODES
+        .iter()
+        .map(|n| kwok_node(n, json!({ "karpenter.sh/nodepool": POOL, "kubernetes.io/hostname": n })))
+        .collect();
+    create_nodes(&admin, &nodes).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    // The shipped policy ([repair] drain → replace, Ready=False, budgets nodes "1" per NodePool) with a
+    // short toleration; half the pool may be unhealthy.
+    let config = controller_toml(dir.path(), "repair", |t| {
+        let r = t["repair"].as_table_mut().unwrap();
+        r.insert("max_unhealthy".into(), "50%".into());
+        r.insert(
+            "policy".into(),
+            toml::Value::Array(vec![toml::Value::Table(
+                toml::from_str(
+                    r#"condition_type = "Ready"
+condition_status = "False"
+toleration = "3s""#,
+                )
+                .unwrap(),
+            )]),
+        );
+    });
+    let ctl = ControllerProc::start(c, &config, "repair").await;
+    let api: Api<Node> = Api::all(admin.clone());
+    // Young nodes are stamped seen-ready once the controller saw them Ready (so a later failure is a
+    // repair, not a failed launch).
+    for n in &NODES[..2] {
+        wait_until(Duration::from_secs(20), &format!("{n} seen ready"), || {
+            let api = api.clone();
+            async move { api.get(n).await.is_ok_and(|n| annotation(&n, keys::SEEN_READY).is_some()) }
+        })
+        .await;
+    }
+    kubelet_reports_not_ready(&admin, NODES[0]).await;
+    kubelet_reports_not_ready(&admin, NODES[1]).await;
+
+    // One is repaired, the other held by the budget.
+    let (repairing, held) = wait_for(Duration::from_secs(60), "one repairing, one held", || {
+        let api = api.clone();
+        async move {
+            let a = api.get(NODES[0]).await.ok()?;
+            let b = api.get(NODES[1]).await.ok()?;
+            let state = |n: &Node| annotation(n, keys::STATE).map(str::to_string);
+            match (state(&a).as_deref(), state(&b).as_deref()) {
+                (Some("repairing"), _) if annotation(&b, keys::BLOCKED).is_some() => Some((a, b)),
+                (_, Some("repairing")) if annotation(&a, keys::BLOCKED).is_some() => Some((b, a)),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    let ready = condition(&held, "Ready").unwrap();
+    assert_eq!(ready.status, "False");
+    let kcm_taint = held.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|ts| {
+        ts.iter().any(|t| t.key == "node.kubernetes.io/not-ready")
+    });
+    assert!(kcm_taint, "kube-controller-manager tainted the NotReady node");
+    assert!(unschedulable(&repairing), "the repaired node is cordoned");
+    assert!(!unschedulable(&held), "a held node is not cordoned");
+    let blocked = annotation(&held, keys::BLOCKED).unwrap();
+    assert!(blocked.contains("\"kind\":\"budget\""), "{blocked}");
+    let cond = condition(&held, "NodekeeperHeld").expect("NodekeeperHeld condition");
+    assert_eq!((cond.status.as_str(), cond.reason.as_deref()), ("True", Some("BlockedByBudget")));
+
+    // `nodekeeper status` as an operator who may only list nodes.
+    let token = status_reader_token(c, &admin).await;
+    let kc = dir.path().join("reader.kubeconfig");
+    c.write_token_kubeconfig(&kc, &token);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["status", "--kubeconfig"])
+        .arg(&kc)
+        .args(["-l", &format!("karpenter.sh/nodepool={POOL}")])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("$ nodekeeper status\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success());
+    let held_name = held.metadata.name.as_deref().unwrap();
+    let row = text.lines().find(|l| l.starts_with(held_name)).expect("a row for the held node");
+    assert!(row.contains("budget #0 nodes=1 of rp-pool"), "{row}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with(repairing.metadata.name.as_deref().unwrap()))
+        .unwrap();
+    assert!(row.contains("repairing"), "{row}");
+
+    assert_eq!(ctl.forbidden_lines(), Vec::<String>::new(), "the controller hit a 403");
+    ctl.stop().await;
+    delete_nodes(&admin, &NODES).await;
+}
+
+/// A ServiceAccount allowed only `nodes list` (what docs/status.md says `nodekeeper status` needs).
+async fn status_reader_token(c: &Cluster, admin: &kube::Client) -> String {
+    crate::drain::apply(
+        c,
+        r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: status-reader, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: nodekeeper-status-reader}
+rules: [{apiGroups: [""], resources: [nodes], verbs: [list]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: nodekeeper-status-reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodekeeper-status-reader}
+subjects: [{kind: ServiceAccount, name: status-reader, namespace: default}]
+"#,
+    );
+    sa_token(admin, "default", "status-reader", None, None).await
+}

@@ -1,0 +1,477 @@
+//! The real control plane for the `real` test binary: one cluster per test process, started by
+//! `scripts/k8s-cluster.sh up` (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK,
+//! built from Go modules by scripts/setup-k8s.sh) and stopped by its owner watcher when the process exits.
+//!
+//! The shipped manifests (`kubectl kustomize manifests/`) are installed once, minus the controller
+//! Deployment (the tests run the controller as a process of their own). nodekeeper's code in these tests
+//! authenticates only with ServiceAccount tokens minted by TokenRequest, never as `system:masters`: the
+//! harness's admin credential sets up the cluster and reads results.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+pub const NS: &str = "nodekeeper";
+pub const CONTROLLER_SA: &str = "nodekeeper-controller";
+pub const AGENT_SA: &str = "nodekeeper-agent";
+/// The audience the shipped configs name for agent → controller tokens.
+pub const REPORT_AUDIENCE: &str = "nodekeeper";
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn kubectl_bin() -> PathBuf {
+    let p = repo().join(".cache/venv/bin/kubectl");
+    assert!(
+        p.exists(),
+        "real kubectl not found at {}: run scripts/setup-kubectl.sh",
+        p.display()
+    );
+    p
+}
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "nodekeeper=info,warn".into()),
+        )
+        .try_init();
+}
+
+/// The running cluster: where its files are.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub server: String,
+    pub ca_pem: Vec<u8>,
+}
+
+static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+
+/// The process's cluster, started (and the manifests installed) on first use. A failure to start is a
+/// test failure naming the component and its log, never a skip.
+pub fn cluster() -> &'static Cluster {
+    CLUSTER.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("nodekeeper-real-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = Command::new(repo().join("scripts/k8s-cluster.sh"))
+            .arg("up")
+            .arg(&dir)
+            .arg("--owner-pid")
+            .arg(std::process::id().to_string())
+            .output()
+            .expect("run scripts/k8s-cluster.sh");
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "scripts/k8s-cluster.sh up {} failed (logs in {}/logs)",
+            dir.display(),
+            dir.display()
+        );
+        let ports = std::fs::read_to_string(dir.join("ports")).unwrap();
+        let api = ports
+            .lines()
+            .find_map(|l| l.strip_prefix("kube-apiserver="))
+            .expect("kube-apiserver port");
+        let c = Cluster {
+            kubeconfig: dir.join("kubeconfig"),
+            server: format!("https://127.0.0.1:{api}"),
+            ca_pem: std::fs::read(dir.join("pki/ca.crt")).unwrap(),
+            dir,
+        };
+        install_manifests(&c);
+        c
+    })
+}
+
+/// `kubectl kustomize manifests/` applied as the admin, without the controller Deployment and the
+/// Prometheus Operator's ServiceMonitor (no such CRD here).
+fn install_manifests(c: &Cluster) {
+    let rendered = Command::new(kubectl_bin())
+        .args(["kustomize"])
+        .arg(repo().join("manifests"))
+        .output()
+        .unwrap();
+    assert!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
+    let text = String::from_utf8(rendered.stdout).unwrap();
+    let docs: Vec<&str> = text
+        .split("\n---\n")
+        .filter(|d| {
+            let skip = (d.contains("kind: Deployment") && d.contains("name: nodekeeper-controller"))
+                || d.contains("kind: ServiceMonitor")
+                || d.contains("kind: PodMonitor");
+            !skip
+        })
+        .collect();
+    let file = c.dir.join("manifests.yaml");
+    std::fs::write(&file, docs.join("\n---\n")).unwrap();
+    let out = kubectl(c, &["apply", "-f", file.to_str().unwrap()]);
+    assert!(out.status.success(), "kubectl apply of the shipped manifests failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Runs the real kubectl as the admin; prints the command and its output.
+pub fn kubectl(c: &Cluster, args: &[&str]) -> std::process::Output {
+    let out = Command::new(kubectl_bin())
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .args(args)
+        .env("HOME", &c.dir)
+        .output()
+        .unwrap();
+    eprintln!(
+        "$ kubectl {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+impl Cluster {
+    /// A client with the harness's admin certificate (setup and reading results only).
+    pub async fn admin(&self) -> kube::Client {
+        let kc = Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(cfg).unwrap()
+    }
+
+    /// A kubeconfig at `path` that authenticates with `token` (a ServiceAccount's).
+    pub fn write_token_kubeconfig(&self, path: &Path, token: &str) {
+        let ca = self.dir.join("pki/ca.crt");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: real\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
+             users:\n- name: sa\n  user:\n    token: {token}\ncontexts:\n- name: real\n  context: {{cluster: real, user: sa}}\n\
+             current-context: real\n",
+            self.server,
+            ca.display()
+        );
+        std::fs::write(path, text).unwrap();
+    }
+
+    /// A client that authenticates with `token`.
+    pub async fn client_with_token(&self, token: &str) -> kube::Client {
+        let path = self.dir.join(format!("token-{}.kubeconfig", short_hash(token)));
+        self.write_token_kubeconfig(&path, token);
+        let kc = Kubeconfig::read_from(&path).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(cfg).unwrap()
+    }
+}
+
+fn short_hash(s: &str) -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(s.as_bytes())[..6])
+}
+
+/// A token for ServiceAccount `ns/sa` from the TokenRequest API: `audience` None = the API server's
+/// own; `bound_pod` = (name, uid) binds it to that pod (and so to the pod's node).
+pub async fn sa_token(
+    admin: &kube::Client,
+    ns: &str,
+    sa: &str,
+    audience: Option<&str>,
+    bound_pod: Option<(&str, &str)>,
+) -> String {
+    let mut spec = serde_json::json!({ "expirationSeconds": 3600 });
+    if let Some(a) = audience {
+        spec["audiences"] = serde_json::json!([a]);
+    }
+    if let Some((name, uid)) = bound_pod {
+        spec["boundObjectRef"] =
+            serde_json::json!({ "kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid });
+    }
+    let body = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec
+    });
+    let req = http::Request::post(format!(
+        "/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token"
+    ))
+    .header("content-type", "application/json")
+    .body(serde_json::to_vec(&body).unwrap())
+    .unwrap();
+    let resp: serde_json::Value = admin.request(req).await.expect("TokenRequest");
+    resp["status"]["token"].as_str().expect("token").to_string()
+}
+
+/// A client as the shipped controller ServiceAccount.
+pub async fn controller_client(c: &Cluster) -> kube::Client {
+    let admin = c.admin().await;
+    let token = sa_token(&admin, NS, CONTROLLER_SA, None, None).await;
+    c.client_with_token(&token).await
+}
+
+/// A KWOK node: the annotation makes KWOK play its kubelet (Ready, heartbeats, pods Running).
+pub fn kwok_node(name: &str, labels: serde_json::Value) -> Node {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": { "kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0" }
+        },
+        "spec": { "providerID": format!("kwok://{name}") },
+        "status": {
+            "allocatable": { "cpu": "32", "memory": "256Gi", "pods": "250" },
+            "capacity": { "cpu": "32", "memory": "256Gi", "pods": "250" }
+        }
+    }))
+    .unwrap()
+}
+
+/// Creates the KWOK nodes and waits until each is Ready.
+pub async fn create_nodes(admin: &kube::Client, nodes: &[Node]) {
+    let api: Api<Node> = Api::all(admin.clone());
+    for n in nodes {
+        api.create(&PostParams::default(), n).await.unwrap();
+    }
+    for n in nodes {
+        let name = n.metadata.name.clone().unwrap();
+        wait_until(Duration::from_secs(30), &format!("node {name} Ready"), || {
+            let api = api.clone();
+            let name = name.clone();
+            async move { api.get(&name).await.map(|n| is_ready(&n)).unwrap_or(false) }
+        })
+        .await;
+    }
+}
+
+pub fn is_ready(n: &Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The shipped agent DaemonSet's pod on `node` once it exists: (name, uid).
+pub async fn agent_pod_on(admin: &kube::Client, node: &str) -> (String, String) {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let lp = ListParams::default()
+        .labels("app.kubernetes.io/name=nodekeeper-agent")
+        .fields(&format!("spec.nodeName={node}"));
+    wait_for(Duration::from_secs(30), &format!("agent pod on {node}"), || {
+        let (pods, lp) = (pods.clone(), lp.clone());
+        async move {
+            let list = pods.list(&lp).await.ok()?;
+            let p = list
+                .items
+                .into_iter()
+                .find(|p| p.metadata.deletion_timestamp.is_none())?;
+            Some((p.metadata.name?, p.metadata.uid?))
+        }
+    })
+    .await
+}
+
+/// Polls `f` every 100 ms until it returns Some; panics naming `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let end = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls `f` every 100 ms until it is true; panics naming `what` after `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + timeout;
+    loop {
+        if f().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The shipped controller ConfigMap's `config.toml` (manifests/21-controller-config.yaml) as TOML.
+pub fn shipped_controller_toml() -> toml::Table {
+    let yaml = std::fs::read_to_string(repo().join("manifests/21-controller-config.yaml")).unwrap();
+    let cm: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    toml::from_str(cm["data"]["config.toml"].as_str().unwrap()).unwrap()
+}
+
+/// The shipped controller config made to run here: loopback with test TLS material (`dir`), a short
+/// lease, `dry_run = false`, then `edit` applied.
+pub fn controller_toml(dir: &Path, identity: &str, edit: impl FnOnce(&mut toml::Table)) -> PathBuf {
+    let (_, cert, key) = crate::ctl::write_certs(dir);
+    let mut t = shipped_controller_toml();
+    let c = t["controller"].as_table_mut().unwrap();
+    c.insert("listen".into(), "127.0.0.1:0".into());
+    c.insert("tls_cert_file".into(), cert.display().to_string().into());
+    c.insert("tls_key_file".into(), key.display().to_string().into());
+    c.insert("dry_run".into(), false.into());
+    let mut leader = toml::Table::new();
+    leader.insert("lease_duration".into(), "3s".into());
+    leader.insert("retry_period".into(), "300ms".into());
+    leader.insert("identity".into(), identity.into());
+    // A Lease per test: controllers of different tests never contend.
+    leader.insert("lease_name".into(), format!("nodekeeper-{identity}").into());
+    c.insert("leader".into(), leader.into());
+    edit(&mut t);
+    let path = dir.join(format!("controller-{identity}.toml"));
+    std::fs::write(&path, toml::to_string(&t).unwrap()).unwrap();
+    path
+}
+
+pub fn rand_id() -> String {
+    format!("{:08x}", rand::random::<u32>())
+}
+
+/// `nodekeeper controller` as a process, authenticated as the shipped controller ServiceAccount
+/// (a TokenRequest token in its kubeconfig). Its JSON log lines are kept for assertions.
+pub struct ControllerProc {
+    pub child: tokio::process::Child,
+    pub addr: std::net::SocketAddr,
+    pub lines: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+impl ControllerProc {
+    pub async fn start(c: &Cluster, config: &Path, identity: &str) -> ControllerProc {
+        use tokio::io::AsyncBufReadExt;
+        let admin = c.admin().await;
+        let token = sa_token(&admin, NS, CONTROLLER_SA, None, None).await;
+        let kubeconfig = config.with_extension(format!("{identity}.kubeconfig"));
+        c.write_token_kubeconfig(&kubeconfig, &token);
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+            .args(["controller", "--config"])
+            .arg(config)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("NODEKEEPER_LOG_FORMAT", "json")
+            .env("NODEKEEPER_LOG_LEVEL", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let keep = lines.clone();
+        let who = identity.to_string();
+        tokio::spawn(async move {
+            let mut r = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = r.next_line().await {
+                eprintln!("[{who}] {line}");
+                let v = serde_json::from_str(&line).unwrap_or_else(|_| serde_json::json!({ "message": line }));
+                let _ = tx.send(v.clone());
+                keep.lock().unwrap().push(v);
+            }
+        });
+        let addr = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(v) = rx.recv().await {
+                if v.to_string().contains("controller listening") {
+                    let a = v["fields"]["addr"].as_str().or(v["addr"].as_str()).map(str::to_string);
+                    if let Some(a) = a {
+                        return a.parse().unwrap();
+                    }
+                }
+            }
+            panic!("the controller exited before listening");
+        })
+        .await
+        .expect("controller listening within 30 s");
+        ControllerProc { child, addr, lines }
+    }
+
+    /// Log lines that mention a 403 from the API server (a missing permission).
+    pub fn forbidden_lines(&self) -> Vec<String> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_string())
+            .filter(|l| l.contains("403") || l.to_lowercase().contains("forbidden"))
+            .collect()
+    }
+
+    /// SIGTERM, then wait (the Lease is released on the way out).
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await;
+    }
+}
+
+pub fn annotation<'a>(n: &'a Node, key: &str) -> Option<&'a str> {
+    n.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+pub fn condition(n: &Node, type_: &str) -> Option<k8s_openapi::api::core::v1::NodeCondition> {
+    n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_).cloned()
+}
+
+pub fn unschedulable(n: &Node) -> bool {
+    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+}
+
+/// The node's kubelet posts Ready=False (its container runtime is down), as a real kubelet does; the
+/// label `nodekeeper.test/kubelet` keeps KWOK from re-initializing the node to Ready (the stages of
+/// scripts/setup-k8s.sh). kube-controller-manager then taints it `node.kubernetes.io/not-ready`.
+/// (A dead kubelet, Ready=Unknown, cannot be had per node: KWOK 0.8.0 keeps renewing the Lease of every
+/// node it ever managed.)
+pub async fn kubelet_reports_not_ready(admin: &kube::Client, node: &str) {
+    let api: Api<Node> = Api::all(admin.clone());
+    let label = serde_json::json!({ "metadata": { "labels": { "nodekeeper.test/kubelet": "not-ready" } } });
+    api.patch(node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&label))
+        .await
+        .unwrap();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let status = serde_json::json!({ "status": { "conditions": [{
+        "type": "Ready", "status": "False", "reason": "KubeletNotReady",
+        "message": "container runtime network not ready: NetworkReady=false",
+        "lastHeartbeatTime": now, "lastTransitionTime": now
+    }] } });
+    api.patch_status(node, &kube::api::PatchParams::default(), &kube::api::Patch::Strategic(&status))
+        .await
+        .unwrap();
+}
+
+/// Tests whose controller runs the disruption engine act on every Node of the shared cluster: they
+/// take this lock, so one engine runs at a time, and delete their nodes when done.
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// Deletes the named nodes (and so, through the pod garbage collector, their pods).
+pub async fn delete_nodes(admin: &kube::Client, names: &[&str]) {
+    let api: Api<Node> = Api::all(admin.clone());
+    for n in names {
+        let _ = api.delete(n, &Default::default()).await;
+    }
+}
