@@ -11,9 +11,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Once;
 
-use packaging_support::{
-    grants, load, manifest_docs, repo, rules_of, validate_config, yaml_docs, All,
-};
+use packaging_support::rbac;
+use packaging_support::{load, manifest_docs, repo, validate_config, yaml_docs, All};
 use serde_json::{json, Value};
 
 const CHART: &str = "packaging/helm/nodekeeper";
@@ -131,13 +130,14 @@ fn default_values_lint_clean_and_match_the_plain_manifests() {
         .filter(|id| !id.starts_with("ServiceMonitor/") && !id.starts_with("PrometheusRule/"))
         .collect();
     assert_eq!(ids(&chart, "nodekeeper", "nodekeeper"), want);
-    for role in ["nodekeeper-agent", "nodekeeper-controller"] {
+    for sa in ["nodekeeper-agent", "nodekeeper-controller"] {
         assert_eq!(
-            grants(&rules_of(&chart, role)),
-            grants(&rules_of(&plain, role)),
-            "{role} RBAC"
+            rbac::atoms(&rbac::bound_rules(&chart, "nodekeeper", sa)),
+            rbac::atoms(&rbac::bound_rules(&plain, "nodekeeper", sa)),
+            "{sa} RBAC"
         );
     }
+    assert_rbac_is_the_inventory(&chart, "nodekeeper");
     for kind in ["DaemonSet", "Deployment"] {
         assert_eq!(
             pod_spec(&chart, kind),
@@ -253,6 +253,7 @@ fn oke_values_render_one_to_one_into_the_toml_configs() {
     assert!(!c.dry_run);
     assert_eq!(c.token_cache_size, 5000);
     assert_eq!(ctl.budgets.groups["shared-spot"].len(), 2);
+    assert_rbac_is_the_inventory(&chart, ns);
     assert!(chart.vaps[0]
         .spec
         .as_ref()
@@ -295,6 +296,34 @@ fn oke_values_render_one_to_one_into_the_toml_configs() {
             .as_deref(),
         Some("nodekeeper-controller.nodekeeper-system.svc")
     );
+}
+
+/// The chart's RBAC, installed in `ns`, grants exactly tests/fixtures/api-calls.toml.
+fn assert_rbac_is_the_inventory(chart: &All, ns: &str) {
+    let c = rbac::check(chart, ns, &rbac::inventory());
+    assert!(
+        c.missing.is_empty(),
+        "{ns}: not granted:\n{}",
+        c.missing.join("\n")
+    );
+    assert!(
+        c.unexpected.is_empty(),
+        "{ns}: granted although it must not be:\n{}",
+        c.unexpected.join("\n")
+    );
+    assert!(
+        c.unused.is_empty(),
+        "{ns}: granted but unused:\n{}",
+        c.unused.join("\n")
+    );
+    assert_eq!(
+        rbac::subjects(chart),
+        BTreeSet::from([
+            format!("{ns}/nodekeeper-agent"),
+            format!("{ns}/nodekeeper-controller")
+        ])
+    );
+    assert_eq!(rbac::unbound_roles(chart), Vec::<String>::new());
 }
 
 #[test]

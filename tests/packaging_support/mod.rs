@@ -3,6 +3,8 @@
 //! a round trip that fails on unknown or misspelt fields.
 #![allow(dead_code)]
 
+pub mod rbac;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -14,7 +16,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapKeySelector, Namespace, SecretKeySelector, Service, ServiceAccount,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -212,41 +214,6 @@ pub fn load(docs: &[(String, Value)]) -> All {
         }
     }
     a
-}
-
-/// The rules of every ClusterRole and Role called `name`.
-pub fn rules_of<'a>(a: &'a All, name: &str) -> Vec<&'a PolicyRule> {
-    let cluster = a
-        .cluster_roles
-        .iter()
-        .filter(|r| r.metadata.name.as_deref() == Some(name))
-        .flat_map(|r| r.rules.iter().flatten());
-    let ns = a
-        .roles
-        .iter()
-        .filter(|r| r.metadata.name.as_deref() == Some(name))
-        .flat_map(|r| r.rules.iter().flatten());
-    cluster.chain(ns).collect()
-}
-
-/// `group/resource:verb` for every grant; wildcards and non-resource URLs fail.
-pub fn grants(rules: &[&PolicyRule]) -> BTreeSet<String> {
-    let mut g = BTreeSet::new();
-    for r in rules {
-        assert!(r.non_resource_urls.is_none());
-        for group in r.api_groups.iter().flatten() {
-            for res in r.resources.iter().flatten() {
-                for verb in &r.verbs {
-                    assert!(
-                        group != "*" && res != "*" && verb != "*",
-                        "wildcard in {r:?}"
-                    );
-                    g.insert(format!("{group}/{res}:{verb}"));
-                }
-            }
-        }
-    }
-    g
 }
 
 /// `metric_name` tokens (`nodekeeper_*`) in a PromQL expression.
