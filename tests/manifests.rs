@@ -7,7 +7,7 @@ mod packaging_support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{PodSpec, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use packaging_support::rbac::{self, Request, Scope, Where};
 use packaging_support::{load, manifest_docs, metric_names, repo, typed, All};
@@ -259,15 +259,7 @@ fn workloads_have_the_required_shape() {
         pod.service_account_name.as_deref(),
         Some("nodekeeper-agent")
     );
-    let token = pod
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| v.projected.as_ref())
-        .flat_map(|p| p.sources.iter().flatten())
-        .find_map(|s| s.service_account_token.as_ref())
-        .expect("projected token");
-    assert_eq!(token.audience.as_deref(), Some("nodekeeper"));
+    assert_agent_tokens(pod);
 
     let dep = a.deployments[0].spec.as_ref().unwrap();
     assert_eq!(dep.replicas, Some(2));
@@ -330,6 +322,75 @@ fn workloads_have_the_required_shape() {
     assert_eq!(
         b.validation_actions.as_deref(),
         Some(&["Deny".to_string()][..])
+    );
+}
+
+fn volume<'a>(pod: &'a PodSpec, name: &str) -> &'a Volume {
+    pod.volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == name)
+        .unwrap_or_else(|| panic!("no volume {name}"))
+}
+
+fn mount_path(pod: &PodSpec, name: &str) -> String {
+    let m = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == name);
+    let m = m.unwrap_or_else(|| panic!("volume {name} not mounted"));
+    assert_eq!(m.read_only, Some(true), "{name}");
+    m.mount_path.clone()
+}
+
+/// The agent pod: no automatic token; an API token where in-cluster clients look (kube-rs
+/// `Client::try_default`) and the audience-`nodekeeper` token for the controller beside it.
+fn assert_agent_tokens(pod: &PodSpec) {
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let api = volume(pod, "kube-api-access").projected.as_ref().unwrap();
+    let src = api.sources.as_ref().unwrap();
+    assert_eq!(src.len(), 3);
+    let t = src[0].service_account_token.as_ref().unwrap();
+    assert_eq!(
+        (t.audience.as_deref(), t.expiration_seconds, t.path.as_str()),
+        (None, Some(3607), "token"),
+        "the API server's default audience, the automounted token's lifetime"
+    );
+    let ca = src[1].config_map.as_ref().unwrap();
+    assert_eq!(ca.name, "kube-root-ca.crt");
+    let item = &ca.items.as_ref().unwrap()[0];
+    assert_eq!(
+        (item.key.as_str(), item.path.as_str()),
+        ("ca.crt", "ca.crt")
+    );
+    let ns = &src[2]
+        .downward_api
+        .as_ref()
+        .unwrap()
+        .items
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(ns.path, "namespace");
+    assert_eq!(
+        ns.field_ref.as_ref().unwrap().field_path,
+        "metadata.namespace"
+    );
+    assert_eq!(
+        mount_path(pod, "kube-api-access"),
+        "/var/run/secrets/kubernetes.io/serviceaccount"
+    );
+
+    let ctl = volume(pod, "controller-token").projected.as_ref().unwrap();
+    let t = ctl
+        .sources
+        .iter()
+        .flatten()
+        .find_map(|s| s.service_account_token.as_ref());
+    assert_eq!(t.unwrap().audience.as_deref(), Some("nodekeeper"));
+    assert_eq!(
+        mount_path(pod, "controller-token"),
+        "/var/run/secrets/nodekeeper"
     );
 }
 
