@@ -138,6 +138,7 @@ fn default_values_lint_clean_and_match_the_plain_manifests() {
         );
     }
     assert_rbac_is_the_inventory(&chart, "nodekeeper");
+    packaging_support::assert_admission_policy(&chart, "nodekeeper");
     for kind in ["DaemonSet", "Deployment"] {
         assert_eq!(
             pod_spec(&chart, kind),
@@ -254,15 +255,7 @@ fn oke_values_render_one_to_one_into_the_toml_configs() {
     assert_eq!(c.token_cache_size, 5000);
     assert_eq!(ctl.budgets.groups["shared-spot"].len(), 2);
     assert_rbac_is_the_inventory(&chart, ns);
-    assert!(chart.vaps[0]
-        .spec
-        .as_ref()
-        .unwrap()
-        .match_conditions
-        .as_ref()
-        .unwrap()[0]
-        .expression
-        .contains("system:serviceaccount:nodekeeper-system:nodekeeper-agent"));
+    packaging_support::assert_admission_policy(&chart, ns);
     // Chart values reach the objects.
     let dep = chart.deployments[0].spec.as_ref().unwrap();
     assert_eq!(dep.replicas, Some(3));
@@ -324,6 +317,43 @@ fn assert_rbac_is_the_inventory(chart: &All, ns: &str) {
         ])
     );
     assert_eq!(rbac::unbound_roles(chart), Vec::<String>::new());
+}
+
+#[test]
+fn direct_label_mode_lets_the_agent_patch_only_its_own_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("direct.yaml");
+    std::fs::write(&f, "agent:\n  config:\n    labels:\n      mode: direct\n").unwrap();
+    let r = helm("nodekeeper", Some(&f));
+    assert_lint_clean(&r, "direct label mode");
+    let chart = load(&r.docs);
+    let agent = validate_config("direct agent", &config_of(&chart, "nodekeeper-agent"));
+    assert_eq!(agent.labels.cleanup.len(), 1, "the default rule is kept");
+    // Exactly one difference from the inventory: the direct-mode patch (a `granted = false` row)
+    // is granted now, by one rule that no granted row uses.
+    let c = rbac::check(&chart, "nodekeeper", &rbac::inventory());
+    assert!(c.missing.is_empty(), "{c:?}");
+    assert_eq!(c.unexpected.len(), 1, "{c:?}");
+    assert!(c.unexpected[0].contains("PatchRemover::remove"), "{c:?}");
+    assert_eq!(
+        c.unused,
+        [r#"agent: Atom { at: Everywhere, group: "", resource: "nodes", verb: "patch" }"#],
+        "{c:?}"
+    );
+    // And the admission policy narrows it to an UPDATE of the Node the token is bound to.
+    let vap = chart.vaps[0].spec.as_ref().unwrap();
+    assert_eq!(vap.failure_policy.as_deref(), Some("Ignore"));
+    let v = &vap.validations.as_ref().unwrap()[0].expression;
+    for part in [
+        "request.operation == 'UPDATE'",
+        "(!has(request.subResource) || request.subResource == '')",
+        "has(request.name)",
+        "has(request.userInfo.extra)",
+        "'authentication.kubernetes.io/node-name' in request.userInfo.extra",
+        "request.userInfo.extra['authentication.kubernetes.io/node-name'].exists(n, n == request.name)",
+    ] {
+        assert!(v.contains(part), "{part} not in {v}");
+    }
 }
 
 #[test]

@@ -291,38 +291,7 @@ fn workloads_have_the_required_shape() {
     assert_eq!(a.pdbs.len(), 1);
     assert_eq!(a.services.len(), 1);
 
-    // The admission policy covers the agent SA and Node writes, and is bound.
-    let vap = a.vaps[0].spec.as_ref().unwrap();
-    let mc = vap.match_conditions.as_ref().unwrap();
-    assert!(mc[0]
-        .expression
-        .contains("system:serviceaccount:nodekeeper:nodekeeper-agent"));
-    let rr = &vap
-        .match_constraints
-        .as_ref()
-        .unwrap()
-        .resource_rules
-        .as_ref()
-        .unwrap()[0];
-    assert!(rr
-        .resources
-        .as_ref()
-        .unwrap()
-        .contains(&"nodes".to_string()));
-    assert!(rr
-        .operations
-        .as_ref()
-        .unwrap()
-        .contains(&"UPDATE".to_string()));
-    assert!(vap.validations.as_ref().unwrap()[0]
-        .expression
-        .contains("request.name"));
-    let b = a.vapbs[0].spec.as_ref().unwrap();
-    assert_eq!(b.policy_name.as_deref(), a.vaps[0].metadata.name.as_deref());
-    assert_eq!(
-        b.validation_actions.as_deref(),
-        Some(&["Deny".to_string()][..])
-    );
+    packaging_support::assert_admission_policy(&a, "nodekeeper");
 }
 
 fn volume<'a>(pod: &'a PodSpec, name: &str) -> &'a Volume {

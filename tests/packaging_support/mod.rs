@@ -251,3 +251,42 @@ pub fn validate_config(label: &str, text: &str) -> nodekeeper::config::Config {
     );
     l.config
 }
+
+/// The admission policy: only the agent's requests are evaluated (a condition that cannot fail,
+/// and Ignore if it ever does), every Node write of the agent is denied, and it is bound.
+pub fn assert_admission_policy(a: &All, ns: &str) {
+    let vap = a.vaps[0].spec.as_ref().unwrap();
+    assert_eq!(vap.failure_policy.as_deref(), Some("Ignore"));
+    let mc = vap.match_conditions.as_ref().unwrap();
+    assert_eq!(mc.len(), 1);
+    assert_eq!(
+        mc[0].expression,
+        format!(
+            "has(request.userInfo.username) && \
+             request.userInfo.username == 'system:serviceaccount:{ns}:nodekeeper-agent'"
+        )
+    );
+    let rr = vap
+        .match_constraints
+        .as_ref()
+        .unwrap()
+        .resource_rules
+        .as_ref()
+        .unwrap();
+    assert_eq!(rr.len(), 1);
+    let strs = |v: &Option<Vec<String>>| v.clone().unwrap_or_default();
+    assert_eq!(strs(&rr[0].api_groups), [""]);
+    assert_eq!(strs(&rr[0].resources), ["nodes", "nodes/*"]);
+    assert_eq!(strs(&rr[0].operations), ["CREATE", "UPDATE", "DELETE"]);
+    let v = vap.validations.as_ref().unwrap();
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].expression, "false", "the agent writes no Node");
+    assert_eq!(v[0].reason.as_deref(), Some("Forbidden"));
+    let b = a.vapbs[0].spec.as_ref().unwrap();
+    assert_eq!(b.policy_name.as_deref(), a.vaps[0].metadata.name.as_deref());
+    assert_eq!(
+        b.validation_actions.as_deref(),
+        Some(&["Deny".to_string()][..])
+    );
+    assert!(b.match_resources.is_none() && b.param_ref.is_none());
+}
