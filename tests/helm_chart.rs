@@ -11,9 +11,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Once;
 
-use packaging_support::{
-    grants, load, manifest_docs, repo, rules_of, validate_config, yaml_docs, All,
-};
+use packaging_support::rbac;
+use packaging_support::{load, manifest_docs, repo, validate_config, yaml_docs, All};
 use serde_json::{json, Value};
 
 const CHART: &str = "packaging/helm/nodekeeper";
@@ -131,13 +130,15 @@ fn default_values_lint_clean_and_match_the_plain_manifests() {
         .filter(|id| !id.starts_with("ServiceMonitor/") && !id.starts_with("PrometheusRule/"))
         .collect();
     assert_eq!(ids(&chart, "nodekeeper", "nodekeeper"), want);
-    for role in ["nodekeeper-agent", "nodekeeper-controller"] {
+    for sa in ["nodekeeper-agent", "nodekeeper-controller"] {
         assert_eq!(
-            grants(&rules_of(&chart, role)),
-            grants(&rules_of(&plain, role)),
-            "{role} RBAC"
+            rbac::atoms(&rbac::bound_rules(&chart, "nodekeeper", sa)),
+            rbac::atoms(&rbac::bound_rules(&plain, "nodekeeper", sa)),
+            "{sa} RBAC"
         );
     }
+    assert_rbac_is_the_inventory(&chart, "nodekeeper");
+    packaging_support::assert_admission_policy(&chart, "nodekeeper");
     for kind in ["DaemonSet", "Deployment"] {
         assert_eq!(
             pod_spec(&chart, kind),
@@ -253,15 +254,8 @@ fn oke_values_render_one_to_one_into_the_toml_configs() {
     assert!(!c.dry_run);
     assert_eq!(c.token_cache_size, 5000);
     assert_eq!(ctl.budgets.groups["shared-spot"].len(), 2);
-    assert!(chart.vaps[0]
-        .spec
-        .as_ref()
-        .unwrap()
-        .match_conditions
-        .as_ref()
-        .unwrap()[0]
-        .expression
-        .contains("system:serviceaccount:nodekeeper-system:nodekeeper-agent"));
+    assert_rbac_is_the_inventory(&chart, ns);
+    packaging_support::assert_admission_policy(&chart, ns);
     // Chart values reach the objects.
     let dep = chart.deployments[0].spec.as_ref().unwrap();
     assert_eq!(dep.replicas, Some(3));
@@ -295,6 +289,71 @@ fn oke_values_render_one_to_one_into_the_toml_configs() {
             .as_deref(),
         Some("nodekeeper-controller.nodekeeper-system.svc")
     );
+}
+
+/// The chart's RBAC, installed in `ns`, grants exactly tests/fixtures/api-calls.toml.
+fn assert_rbac_is_the_inventory(chart: &All, ns: &str) {
+    let c = rbac::check(chart, ns, &rbac::inventory());
+    assert!(
+        c.missing.is_empty(),
+        "{ns}: not granted:\n{}",
+        c.missing.join("\n")
+    );
+    assert!(
+        c.unexpected.is_empty(),
+        "{ns}: granted although it must not be:\n{}",
+        c.unexpected.join("\n")
+    );
+    assert!(
+        c.unused.is_empty(),
+        "{ns}: granted but unused:\n{}",
+        c.unused.join("\n")
+    );
+    assert_eq!(
+        rbac::subjects(chart),
+        BTreeSet::from([
+            format!("{ns}/nodekeeper-agent"),
+            format!("{ns}/nodekeeper-controller")
+        ])
+    );
+    assert_eq!(rbac::unbound_roles(chart), Vec::<String>::new());
+}
+
+#[test]
+fn direct_label_mode_lets_the_agent_patch_only_its_own_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("direct.yaml");
+    std::fs::write(&f, "agent:\n  config:\n    labels:\n      mode: direct\n").unwrap();
+    let r = helm("nodekeeper", Some(&f));
+    assert_lint_clean(&r, "direct label mode");
+    let chart = load(&r.docs);
+    let agent = validate_config("direct agent", &config_of(&chart, "nodekeeper-agent"));
+    assert_eq!(agent.labels.cleanup.len(), 1, "the default rule is kept");
+    // Exactly one difference from the inventory: the direct-mode patch (a `granted = false` row)
+    // is granted now, by one rule that no granted row uses.
+    let c = rbac::check(&chart, "nodekeeper", &rbac::inventory());
+    assert!(c.missing.is_empty(), "{c:?}");
+    assert_eq!(c.unexpected.len(), 1, "{c:?}");
+    assert!(c.unexpected[0].contains("PatchRemover::remove"), "{c:?}");
+    assert_eq!(
+        c.unused,
+        [r#"agent: Atom { at: Everywhere, group: "", resource: "nodes", verb: "patch" }"#],
+        "{c:?}"
+    );
+    // And the admission policy narrows it to an UPDATE of the Node the token is bound to.
+    let vap = chart.vaps[0].spec.as_ref().unwrap();
+    assert_eq!(vap.failure_policy.as_deref(), Some("Ignore"));
+    let v = &vap.validations.as_ref().unwrap()[0].expression;
+    for part in [
+        "request.operation == 'UPDATE'",
+        "(!has(request.subResource) || request.subResource == '')",
+        "has(request.name)",
+        "has(request.userInfo.extra)",
+        "'authentication.kubernetes.io/node-name' in request.userInfo.extra",
+        "request.userInfo.extra['authentication.kubernetes.io/node-name'].exists(n, n == request.name)",
+    ] {
+        assert!(v.contains(part), "{part} not in {v}");
+    }
 }
 
 #[test]

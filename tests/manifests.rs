@@ -1,13 +1,16 @@
 //! Every manifest parses into its k8s-openapi type without unknown or dropped fields, the
-//! embedded configurations are valid, and the RBAC is least-privilege.
+//! embedded configurations are valid, and the RBAC grants exactly the API calls listed in
+//! tests/fixtures/api-calls.toml (which must name every file of src/ that calls the API).
 
 mod packaging_support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
-use k8s_openapi::api::core::v1::ServiceAccount;
-use packaging_support::{grants, load, manifest_docs, metric_names, rules_of, typed, All};
+use k8s_openapi::api::core::v1::{PodSpec, ServiceAccount, Volume};
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use packaging_support::rbac::{self, Request, Scope, Where};
+use packaging_support::{load, manifest_docs, metric_names, repo, typed, All};
 use serde_json::Value;
 
 fn docs() -> Vec<(String, Value)> {
@@ -25,47 +28,225 @@ fn typed_round_trip_rejects_unknown_fields() {
     assert!(r.is_err(), "a misspelt field must fail");
 }
 
+/// `kubectl kustomize manifests`, as documents (what `kubectl apply -k manifests` applies).
+fn kustomized() -> Vec<(String, Value)> {
+    let out = Command::new(kubectl())
+        .args(["kustomize", "manifests"])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl kustomize manifests: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    packaging_support::yaml_docs("kustomize", &String::from_utf8_lossy(&out.stdout))
+}
+
 #[test]
-fn manifests_parse_and_rbac_is_least_privilege() {
-    let a = load_all();
-    let agent = grants(&rules_of(&a, "nodekeeper-agent"));
-    let want_agent: BTreeSet<String> = ["/nodes:get", "/pods:list", "/pods:watch"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    assert_eq!(agent, want_agent, "the agent must be read-only");
-    let ctl = grants(&rules_of(&a, "nodekeeper-controller"));
-    let want_ctl: BTreeSet<String> = [
-        "/nodes:get",
-        "/nodes:list",
-        "/nodes:watch",
-        "/nodes:patch",
-        "/nodes/status:patch",
-        "/pods:get",
-        "authentication.k8s.io/tokenreviews:create",
-        "coordination.k8s.io/leases:get",
-        "coordination.k8s.io/leases:create",
-        "coordination.k8s.io/leases:update",
-        "events.k8s.io/events:create",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    assert_eq!(ctl, want_ctl);
-    for g in agent.iter().chain(ctl.iter()) {
-        assert!(!g.contains("secrets"), "{g}");
+fn kustomize_rbac_grants_every_inventoried_call() {
+    let a = load(&kustomized());
+    let c = rbac::check(&a, "nodekeeper", &rbac::inventory());
+    assert!(
+        c.missing.is_empty(),
+        "calls in tests/fixtures/api-calls.toml the manifests' RBAC denies:\n{}",
+        c.missing.join("\n")
+    );
+    assert!(
+        c.unexpected.is_empty(),
+        "calls marked granted = false that the RBAC allows:\n{}",
+        c.unexpected.join("\n")
+    );
+}
+
+#[test]
+fn kustomize_rbac_grants_nothing_the_inventory_does_not_use() {
+    let a = load(&kustomized());
+    let c = rbac::check(&a, "nodekeeper", &rbac::inventory());
+    assert!(
+        c.unused.is_empty(),
+        "granted, but no row of tests/fixtures/api-calls.toml needs it (or not that widely):\n{}",
+        c.unused.join("\n")
+    );
+    // Nothing bound to anyone else, nothing left unbound.
+    assert_eq!(
+        rbac::subjects(&a),
+        BTreeSet::from([
+            "nodekeeper/nodekeeper-agent".to_string(),
+            "nodekeeper/nodekeeper-controller".to_string()
+        ])
+    );
+    assert_eq!(rbac::unbound_roles(&a), Vec::<String>::new());
+    // Events about Nodes only in default; the Lease only in the controller's namespace.
+    let ctl = rbac::bound_rules(&a, "nodekeeper", "nodekeeper-controller");
+    let req = |group: &str, resource: &str, verb: &str, ns: &str| Request {
+        verb: verb.into(),
+        group: group.into(),
+        resource: resource.into(),
+        subresource: String::new(),
+        scope: Scope::Namespace(ns.into()),
+    };
+    assert!(
+        !rbac::allowed_by(&ctl, &req("events.k8s.io", "events", "create", "default")).is_empty()
+    );
+    assert!(rbac::allowed_by(
+        &ctl,
+        &req("events.k8s.io", "events", "create", "nodekeeper")
+    )
+    .is_empty());
+    assert!(rbac::allowed_by(
+        &ctl,
+        &req("coordination.k8s.io", "leases", "update", "default")
+    )
+    .is_empty());
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(v(groups)),
+        resources: Some(v(resources)),
+        verbs: v(verbs),
+        ..PolicyRule::default()
     }
-    // Bindings point at the right service accounts.
-    for b in &a.crbs {
-        let n = b.metadata.name.as_deref().unwrap();
-        let s = &b.subjects.as_ref().unwrap()[0];
-        assert_eq!(
-            (s.kind.as_str(), s.name.as_str(), s.namespace.as_deref()),
-            ("ServiceAccount", n, Some("nodekeeper"))
+}
+
+#[test]
+fn the_rbac_evaluator_follows_the_api_servers_rules() {
+    let bound = |r: PolicyRule, at: Where| {
+        vec![rbac::Bound {
+            rule: r,
+            scope: at,
+            via: "t".into(),
+        }]
+    };
+    let req = |resource: &str, sub: &str, verb: &str, scope: Scope| Request {
+        verb: verb.into(),
+        group: String::new(),
+        resource: resource.into(),
+        subresource: sub.into(),
+        scope,
+    };
+    let ns = |n: &str| Scope::Namespace(n.into());
+    let everywhere = bound(
+        rule(&[""], &["pods"], &["create", "list"]),
+        Where::Everywhere,
+    );
+    // A subresource is its own resource: `pods` does not grant `pods/eviction`.
+    assert!(rbac::allowed_by(
+        &everywhere,
+        &req("pods", "eviction", "create", Scope::AnyNamespace)
+    )
+    .is_empty());
+    assert!(
+        !rbac::allowed_by(&everywhere, &req("pods", "", "create", Scope::AnyNamespace)).is_empty()
+    );
+    assert!(!rbac::allowed_by(&everywhere, &req("pods", "", "list", Scope::Cluster)).is_empty());
+    assert!(rbac::allowed_by(&everywhere, &req("pods", "", "watch", Scope::Cluster)).is_empty());
+    let ev = bound(
+        rule(&[""], &["pods/eviction"], &["create"]),
+        Where::Everywhere,
+    );
+    assert!(!rbac::allowed_by(&ev, &req("pods", "eviction", "create", ns("shop"))).is_empty());
+    assert!(rbac::allowed_by(&ev, &req("pods", "", "create", ns("shop"))).is_empty());
+    // `*/status` matches any resource's status; the group must match.
+    let st = bound(rule(&[""], &["*/status"], &["patch"]), Where::Everywhere);
+    assert!(!rbac::allowed_by(&st, &req("nodes", "status", "patch", Scope::Cluster)).is_empty());
+    let other = bound(rule(&["apps"], &["nodes"], &["get"]), Where::Everywhere);
+    assert!(rbac::allowed_by(&other, &req("nodes", "", "get", Scope::Cluster)).is_empty());
+    // A RoleBinding grants only in its namespace: not cluster-wide, not in every namespace.
+    let in_ns = bound(
+        rule(&[""], &["pods"], &["get", "list"]),
+        Where::Namespace("nk".into()),
+    );
+    assert!(!rbac::allowed_by(&in_ns, &req("pods", "", "get", ns("nk"))).is_empty());
+    assert!(rbac::allowed_by(&in_ns, &req("pods", "", "get", ns("default"))).is_empty());
+    assert!(rbac::allowed_by(&in_ns, &req("pods", "", "list", Scope::Cluster)).is_empty());
+    assert!(rbac::allowed_by(&in_ns, &req("pods", "", "get", Scope::AnyNamespace)).is_empty());
+    // resourceNames never match these nameless requests.
+    let mut named = rule(&[""], &["nodes"], &["list"]);
+    named.resource_names = Some(vec!["n1".into()]);
+    assert!(rbac::allowed_by(
+        &bound(named, Where::Everywhere),
+        &req("nodes", "", "list", Scope::Cluster)
+    )
+    .is_empty());
+    // Least privilege: a grant everywhere is too wide for a call into one namespace.
+    let atom = rbac::Atom {
+        at: Where::Everywhere,
+        group: String::new(),
+        resource: "pods".into(),
+        verb: "get".into(),
+    };
+    assert!(!rbac::uses(&req("pods", "", "get", ns("nk")), &atom));
+    assert!(rbac::uses(
+        &req("pods", "", "get", Scope::AnyNamespace),
+        &atom
+    ));
+}
+
+/// Where a site's function is defined: `fn NAME` followed by `(` or `<`.
+fn defines(text: &str, function: &str) -> bool {
+    let re = regex::Regex::new(&format!(r"\bfn {}\s*[(<]", regex::escape(function))).unwrap();
+    re.is_match(text)
+}
+
+#[test]
+fn every_file_with_api_calls_is_in_the_inventory() {
+    let inv = rbac::inventory();
+    let pattern = rbac::api_call_pattern();
+    let listed: BTreeMap<&str, Vec<&rbac::Call>> = inv.iter().fold(BTreeMap::new(), |mut m, c| {
+        m.entry(c.file()).or_default().push(c);
+        m
+    });
+    let mut calling = BTreeSet::new();
+    for f in rbac::rust_files(&repo().join("src")) {
+        let text = std::fs::read_to_string(repo().join(&f)).unwrap();
+        if let Some(m) = pattern.find(&text) {
+            let line = text[..m.start()].lines().count().max(1);
+            assert!(
+                listed.contains_key(f.as_str()),
+                "{f}:{line}: `{}` calls the Kubernetes API but tests/fixtures/api-calls.toml has no row for {f}",
+                m.as_str()
+            );
+            calling.insert(f);
+        }
+    }
+    for (file, rows) in &listed {
+        let text = std::fs::read_to_string(repo().join(file))
+            .unwrap_or_else(|e| panic!("tests/fixtures/api-calls.toml names {file}: {e}"));
+        assert!(
+            calling.contains(*file),
+            "{file} is in tests/fixtures/api-calls.toml but calls no Kubernetes API any more"
         );
-        assert_eq!(b.role_ref.name, n);
+        for c in rows {
+            assert!(
+                defines(&text, c.function()),
+                "tests/fixtures/api-calls.toml: {} — no fn {} in {file}",
+                c.site,
+                c.function()
+            );
+        }
     }
-    assert_eq!(a.rbs.len(), 1);
+    // The calls the shipped RBAC must serve are there.
+    let has = |who: &str, verb: &str, group: &str, res: &str, sub: &str| {
+        inv.iter().any(|c| {
+            c.made_by(who)
+                && c.verb == verb
+                && c.group == group
+                && c.resource == res
+                && c.subresource == sub
+        })
+    };
+    assert!(has("controller", "create", "", "pods", "eviction"));
+    assert!(has(
+        "controller",
+        "delete",
+        "karpenter.sh",
+        "nodeclaims",
+        ""
+    ));
+    assert!(has("agent", "watch", "", "nodes", ""));
 }
 
 #[test]
@@ -78,15 +259,7 @@ fn workloads_have_the_required_shape() {
         pod.service_account_name.as_deref(),
         Some("nodekeeper-agent")
     );
-    let token = pod
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| v.projected.as_ref())
-        .flat_map(|p| p.sources.iter().flatten())
-        .find_map(|s| s.service_account_token.as_ref())
-        .expect("projected token");
-    assert_eq!(token.audience.as_deref(), Some("nodekeeper"));
+    assert_agent_tokens(pod);
 
     let dep = a.deployments[0].spec.as_ref().unwrap();
     assert_eq!(dep.replicas, Some(2));
@@ -118,37 +291,75 @@ fn workloads_have_the_required_shape() {
     assert_eq!(a.pdbs.len(), 1);
     assert_eq!(a.services.len(), 1);
 
-    // The admission policy covers the agent SA and Node writes, and is bound.
-    let vap = a.vaps[0].spec.as_ref().unwrap();
-    let mc = vap.match_conditions.as_ref().unwrap();
-    assert!(mc[0]
-        .expression
-        .contains("system:serviceaccount:nodekeeper:nodekeeper-agent"));
-    let rr = &vap
-        .match_constraints
+    packaging_support::assert_admission_policy(&a, "nodekeeper");
+}
+
+fn volume<'a>(pod: &'a PodSpec, name: &str) -> &'a Volume {
+    pod.volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == name)
+        .unwrap_or_else(|| panic!("no volume {name}"))
+}
+
+fn mount_path(pod: &PodSpec, name: &str) -> String {
+    let m = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == name);
+    let m = m.unwrap_or_else(|| panic!("volume {name} not mounted"));
+    assert_eq!(m.read_only, Some(true), "{name}");
+    m.mount_path.clone()
+}
+
+/// The agent pod: no automatic token; an API token where in-cluster clients look (kube-rs
+/// `Client::try_default`) and the audience-`nodekeeper` token for the controller beside it.
+fn assert_agent_tokens(pod: &PodSpec) {
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let api = volume(pod, "kube-api-access").projected.as_ref().unwrap();
+    let src = api.sources.as_ref().unwrap();
+    assert_eq!(src.len(), 3);
+    let t = src[0].service_account_token.as_ref().unwrap();
+    assert_eq!(
+        (t.audience.as_deref(), t.expiration_seconds, t.path.as_str()),
+        (None, Some(3607), "token"),
+        "the API server's default audience, the automounted token's lifetime"
+    );
+    let ca = src[1].config_map.as_ref().unwrap();
+    assert_eq!(ca.name, "kube-root-ca.crt");
+    let item = &ca.items.as_ref().unwrap()[0];
+    assert_eq!(
+        (item.key.as_str(), item.path.as_str()),
+        ("ca.crt", "ca.crt")
+    );
+    let ns = &src[2]
+        .downward_api
         .as_ref()
         .unwrap()
-        .resource_rules
+        .items
         .as_ref()
         .unwrap()[0];
-    assert!(rr
-        .resources
-        .as_ref()
-        .unwrap()
-        .contains(&"nodes".to_string()));
-    assert!(rr
-        .operations
-        .as_ref()
-        .unwrap()
-        .contains(&"UPDATE".to_string()));
-    assert!(vap.validations.as_ref().unwrap()[0]
-        .expression
-        .contains("request.name"));
-    let b = a.vapbs[0].spec.as_ref().unwrap();
-    assert_eq!(b.policy_name.as_deref(), a.vaps[0].metadata.name.as_deref());
+    assert_eq!(ns.path, "namespace");
     assert_eq!(
-        b.validation_actions.as_deref(),
-        Some(&["Deny".to_string()][..])
+        ns.field_ref.as_ref().unwrap().field_path,
+        "metadata.namespace"
+    );
+    assert_eq!(
+        mount_path(pod, "kube-api-access"),
+        "/var/run/secrets/kubernetes.io/serviceaccount"
+    );
+
+    let ctl = volume(pod, "controller-token").projected.as_ref().unwrap();
+    let t = ctl
+        .sources
+        .iter()
+        .flatten()
+        .find_map(|s| s.service_account_token.as_ref());
+    assert_eq!(t.unwrap().audience.as_deref(), Some("nodekeeper"));
+    assert_eq!(
+        mount_path(pod, "controller-token"),
+        "/var/run/secrets/nodekeeper"
     );
 }
 
@@ -244,17 +455,7 @@ fn kustomize_renders_every_manifest_unchanged() {
         "kustomization.yaml resources vs manifests/*.yaml"
     );
 
-    let out = Command::new(kubectl())
-        .args(["kustomize", "manifests"])
-        .current_dir(&repo)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl kustomize manifests: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rendered = packaging_support::yaml_docs("kustomize", &String::from_utf8_lossy(&out.stdout));
+    let rendered = kustomized();
     let key = |v: &Value| {
         format!(
             "{}/{}/{}",

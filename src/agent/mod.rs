@@ -405,11 +405,17 @@ async fn run_label_rules(
         Ok(r) => r,
         Err(error) => return tracing::error!(%error, "label rules disabled"),
     };
-    // In a pod: the service account; elsewhere: KUBECONFIG (kube's own resolution).
+    // In a pod: the service account token under /var/run/secrets/kubernetes.io/serviceaccount/;
+    // elsewhere: KUBECONFIG (kube's own resolution). Rules are configured, so no client is an error.
     let client = match kube::Client::try_default().await {
         Ok(c) => c,
         Err(error) => {
-            return tracing::warn!(%error, "label rules disabled: no Kubernetes API client")
+            return tracing::error!(
+                %error,
+                rules = rules.len(),
+                "label rules disabled: no Kubernetes API client (in a pod: is the service account \
+                 token mounted at /var/run/secrets/kubernetes.io/serviceaccount/?)"
+            )
         }
     };
     let remover = (cfg.mode == RemovalMode::Direct).then(|| PatchRemover::new(client.clone()));

@@ -3,6 +3,8 @@
 //! a round trip that fails on unknown or misspelt fields.
 #![allow(dead_code)]
 
+pub mod rbac;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -14,7 +16,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapKeySelector, Namespace, SecretKeySelector, Service, ServiceAccount,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -214,41 +216,6 @@ pub fn load(docs: &[(String, Value)]) -> All {
     a
 }
 
-/// The rules of every ClusterRole and Role called `name`.
-pub fn rules_of<'a>(a: &'a All, name: &str) -> Vec<&'a PolicyRule> {
-    let cluster = a
-        .cluster_roles
-        .iter()
-        .filter(|r| r.metadata.name.as_deref() == Some(name))
-        .flat_map(|r| r.rules.iter().flatten());
-    let ns = a
-        .roles
-        .iter()
-        .filter(|r| r.metadata.name.as_deref() == Some(name))
-        .flat_map(|r| r.rules.iter().flatten());
-    cluster.chain(ns).collect()
-}
-
-/// `group/resource:verb` for every grant; wildcards and non-resource URLs fail.
-pub fn grants(rules: &[&PolicyRule]) -> BTreeSet<String> {
-    let mut g = BTreeSet::new();
-    for r in rules {
-        assert!(r.non_resource_urls.is_none());
-        for group in r.api_groups.iter().flatten() {
-            for res in r.resources.iter().flatten() {
-                for verb in &r.verbs {
-                    assert!(
-                        group != "*" && res != "*" && verb != "*",
-                        "wildcard in {r:?}"
-                    );
-                    g.insert(format!("{group}/{res}:{verb}"));
-                }
-            }
-        }
-    }
-    g
-}
-
 /// `metric_name` tokens (`nodekeeper_*`) in a PromQL expression.
 pub fn metric_names(expr: &str) -> BTreeSet<String> {
     let re = regex::Regex::new(r"\bnodekeeper_[a-z0-9_]+").unwrap();
@@ -283,4 +250,43 @@ pub fn validate_config(label: &str, text: &str) -> nodekeeper::config::Config {
         l.warnings
     );
     l.config
+}
+
+/// The admission policy: only the agent's requests are evaluated (a condition that cannot fail,
+/// and Ignore if it ever does), every Node write of the agent is denied, and it is bound.
+pub fn assert_admission_policy(a: &All, ns: &str) {
+    let vap = a.vaps[0].spec.as_ref().unwrap();
+    assert_eq!(vap.failure_policy.as_deref(), Some("Ignore"));
+    let mc = vap.match_conditions.as_ref().unwrap();
+    assert_eq!(mc.len(), 1);
+    assert_eq!(
+        mc[0].expression,
+        format!(
+            "has(request.userInfo.username) && \
+             request.userInfo.username == 'system:serviceaccount:{ns}:nodekeeper-agent'"
+        )
+    );
+    let rr = vap
+        .match_constraints
+        .as_ref()
+        .unwrap()
+        .resource_rules
+        .as_ref()
+        .unwrap();
+    assert_eq!(rr.len(), 1);
+    let strs = |v: &Option<Vec<String>>| v.clone().unwrap_or_default();
+    assert_eq!(strs(&rr[0].api_groups), [""]);
+    assert_eq!(strs(&rr[0].resources), ["nodes", "nodes/*"]);
+    assert_eq!(strs(&rr[0].operations), ["CREATE", "UPDATE", "DELETE"]);
+    let v = vap.validations.as_ref().unwrap();
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].expression, "false", "the agent writes no Node");
+    assert_eq!(v[0].reason.as_deref(), Some("Forbidden"));
+    let b = a.vapbs[0].spec.as_ref().unwrap();
+    assert_eq!(b.policy_name.as_deref(), a.vaps[0].metadata.name.as_deref());
+    assert_eq!(
+        b.validation_actions.as_deref(),
+        Some(&["Deny".to_string()][..])
+    );
+    assert!(b.match_resources.is_none() && b.param_ref.is_none());
 }

@@ -15,6 +15,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ .Values.image.agentRepository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* "true" when the agent patches its own Node ([labels] mode = "direct"), else empty. */}}
+{{- define "nodekeeper.agentPatchesNode" -}}
+{{- $labels := (.Values.agent.config | default dict).labels | default dict -}}
+{{- if eq ($labels.mode | default "report") "direct" -}}true{{- end -}}
+{{- end -}}
+
 {{- define "nodekeeper.serviceHost" -}}
 nodekeeper-controller.{{ .Release.Namespace }}.svc
 {{- end -}}
