@@ -134,9 +134,9 @@ pub async fn workload_pods(admin: &kube::Client, node: &str) -> (usize, usize) {
 }
 
 /// Two nodes with 10 Deployments × 11 replicas each, all Ready.
-async fn two_loaded_nodes(admin: &kube::Client, a: &str, b: &str) {
+async fn two_loaded_nodes(admin: &kube::Client, a: &str, b: &str) -> NodesGuard {
     let nodes = [a, b].map(|n| kwok_node(n, json!({ "kubernetes.io/hostname": n })));
-    create_nodes(admin, &nodes).await;
+    let guard = create_nodes(admin, &nodes).await;
     for n in [a, b] {
         let objs: Vec<_> = (0..10).map(|i| deployment(TEST_NS, &format!("{n}-app{i}"), n, 11)).collect();
         create_json(admin, TEST_NS, &objs).await;
@@ -147,6 +147,7 @@ async fn two_loaded_nodes(admin: &kube::Client, a: &str, b: &str) {
         })
         .await;
     }
+    guard
 }
 
 fn run(cmd: &mut std::process::Command) -> (i32, String, String, Duration) {
@@ -174,7 +175,7 @@ async fn nodekeeper_drain_and_kubectl_drain_empty_identical_nodes() {
     let admin = c.admin().await;
     let dir = tempfile::tempdir().unwrap();
     let kc = operator_kubeconfig(c, &admin, TEST_NS, dir.path()).await;
-    two_loaded_nodes(&admin, "dr-nk", "dr-kc").await;
+    let _nodes = two_loaded_nodes(&admin, "dr-nk", "dr-kc").await;
 
     let (code, _, _, nk) = run(nodekeeper_drain(&kc, "dr-nk", &["--timeout", "120s"]).arg("--skip-volume-wait"));
     assert_eq!(code, 0, "nodekeeper drain failed");
@@ -206,7 +207,7 @@ async fn a_drain_blocked_by_a_pdb_names_the_pod_and_the_budget() {
     let dir = tempfile::tempdir().unwrap();
     let ns = "drain-blocked";
     let kc = operator_kubeconfig(c, &admin, ns, dir.path()).await;
-    create_nodes(&admin, &[kwok_node("dr-blk", json!({ "kubernetes.io/hostname": "dr-blk" }))]).await;
+    let _nodes = create_nodes(&admin, &[kwok_node("dr-blk", json!({ "kubernetes.io/hostname": "dr-blk" }))]).await;
     create_json(
         &admin,
         ns,
@@ -228,9 +229,10 @@ async fn a_drain_blocked_by_a_pdb_names_the_pod_and_the_budget() {
     assert_eq!(code, 3, "expected exit 3 (blocked)");
     let v: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or("{}"))
         .unwrap_or_else(|e| panic!("json report: {e}: {stdout} {stderr}"));
-    let text = v.to_string();
-    assert!(text.contains("db-pdb"), "the blocker names the PDB: {text}");
-    assert!(text.contains("\"db-"), "the blocker names the pod: {text}");
+    assert_eq!(v["status"], "blocked", "{v}");
+    assert_eq!(v["blocker"]["pdb"], format!("{ns}/db-pdb"), "the blocker names the PDB: {v}");
+    let pod = v["blocker"]["pod"].as_str().unwrap_or_default();
+    assert!(pod.starts_with(&format!("{ns}/db-")), "the blocker names the pod: {v}");
     let (left, _) = workload_pods(&admin, "dr-blk").await;
     assert_eq!(left, 2, "no pod may leave while the budget allows 0");
 }

@@ -22,7 +22,7 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events() {
     let _one_engine = exclusive().await;
     let c = cluster();
     let admin = c.admin().await;
-    create_nodes(
+    let _nodes = create_nodes(
         &admin,
         &[kwok_node(NODE, json!({ "karpenter.sh/nodepool": "ev-pool", "kubernetes.io/hostname": NODE }))],
     )
@@ -78,5 +78,4 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events() {
 
     assert_eq!(ctl_proc.forbidden_lines(), Vec::<String>::new(), "the controller hit a 403");
     ctl_proc.stop().await;
-    delete_nodes(&admin, &[NODE]).await;
 }

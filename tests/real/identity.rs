@@ -35,7 +35,7 @@ async fn a_bound_agent_token_reports_for_its_own_node_only() {
     init_tracing();
     let c = cluster();
     let admin = c.admin().await;
-    create_nodes(
+    let _nodes = create_nodes(
         &admin,
         &[
             kwok_node("id-a", serde_json::json!({})),

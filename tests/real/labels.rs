@@ -70,7 +70,7 @@ async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready() 
     let c = cluster();
     let admin = c.admin().await;
     let labels = |n: &str| json!({ LABEL: "get_kubesvc_failure", "kubernetes.io/hostname": n });
-    create_nodes(&admin, &[kwok_node(NODE, labels(NODE)), kwok_node(OTHER, labels(OTHER))]).await;
+    let _nodes = create_nodes(&admin, &[kwok_node(NODE, labels(NODE)), kwok_node(OTHER, labels(OTHER))]).await;
     let dir = tempfile::tempdir().unwrap();
     let config = controller_toml(dir.path(), "labels", |_| {});
     let ctl = ControllerProc::start(c, &config, "labels").await;
@@ -131,5 +131,4 @@ async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready() 
     ctl.stop().await;
     let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(admin.clone(), "kube-system");
     let _ = ds.delete("cilium-lm", &Default::default()).await;
-    delete_nodes(&admin, &[NODE, OTHER]).await;
 }

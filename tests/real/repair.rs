@@ -24,7 +24,7 @@ async fn budget_of_one_repairs_one_unknown_node_and_explains_the_other() {
         .iter()
         .map(|n| kwok_node(n, json!({ "karpenter.sh/nodepool": POOL, "kubernetes.io/hostname": n })))
         .collect();
-    create_nodes(&admin, &nodes).await;
+    let _nodes = create_nodes(&admin, &nodes).await;
 
     let dir = tempfile::tempdir().unwrap();
     // The shipped policy ([repair] drain → replace, Ready=False, budgets nodes "1" per NodePool) with a
@@ -111,7 +111,6 @@ toleration = "3s""#,
 
     assert_eq!(ctl.forbidden_lines(), Vec::<String>::new(), "the controller hit a 403");
     ctl.stop().await;
-    delete_nodes(&admin, &NODES).await;
 }
 
 /// A ServiceAccount allowed only `nodes list` (what docs/status.md says `nodekeeper status` needs).

@@ -56,12 +56,28 @@ pub struct Cluster {
     pub ca_pem: Vec<u8>,
 }
 
-static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
 
 /// The process's cluster, started (and the manifests installed) on first use. A failure to start is a
 /// test failure naming the component and its log, never a skip.
 pub fn cluster() -> &'static Cluster {
-    CLUSTER.get_or_init(|| {
+    let c = CLUSTER.get_or_init(|| {
+        // One try per process: the other tests fail with the same message instead of retrying.
+        std::panic::catch_unwind(start_cluster).map_err(|e| {
+            e.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "the cluster did not start".into())
+        })
+    });
+    match c {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn start_cluster() -> Cluster {
+    {
         let dir = std::env::temp_dir().join(format!("nodekeeper-real-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let out = Command::new(repo().join("scripts/k8s-cluster.sh"))
@@ -91,11 +107,11 @@ pub fn cluster() -> &'static Cluster {
         };
         install_manifests(&c);
         c
-    })
+    }
 }
 
 /// `kubectl kustomize manifests/` applied as the admin, without the controller Deployment and the
-/// Prometheus Operator's ServiceMonitor (no such CRD here).
+/// Prometheus Operator's objects (no such CRDs here).
 fn install_manifests(c: &Cluster) {
     let rendered = Command::new(kubectl_bin())
         .args(["kustomize"])
@@ -108,8 +124,7 @@ fn install_manifests(c: &Cluster) {
         .split("\n---\n")
         .filter(|d| {
             let skip = (d.contains("kind: Deployment") && d.contains("name: nodekeeper-controller"))
-                || d.contains("kind: ServiceMonitor")
-                || d.contains("kind: PodMonitor");
+                || d.contains("apiVersion: monitoring.coreos.com/");
             !skip
         })
         .collect();
@@ -231,8 +246,22 @@ pub fn kwok_node(name: &str, labels: serde_json::Value) -> Node {
     .unwrap()
 }
 
-/// Creates the KWOK nodes and waits until each is Ready.
-pub async fn create_nodes(admin: &kube::Client, nodes: &[Node]) {
+/// Deletes its nodes when dropped (the test passed or panicked), so no engine of a later test acts on
+/// them. Deleting a Node lets the pod garbage collector remove its pods.
+#[must_use = "the nodes are deleted when this is dropped"]
+pub struct NodesGuard(Vec<String>);
+
+impl Drop for NodesGuard {
+    fn drop(&mut self) {
+        let Some(Ok(c)) = CLUSTER.get() else { return };
+        let mut args = vec!["delete", "node", "--wait=false", "--ignore-not-found"];
+        args.extend(self.0.iter().map(String::as_str));
+        let _ = kubectl(c, &args);
+    }
+}
+
+/// Creates the KWOK nodes and waits until each is Ready; they are deleted when the guard drops.
+pub async fn create_nodes(admin: &kube::Client, nodes: &[Node]) -> NodesGuard {
     let api: Api<Node> = Api::all(admin.clone());
     for n in nodes {
         api.create(&PostParams::default(), n).await.unwrap();
@@ -246,6 +275,7 @@ pub async fn create_nodes(admin: &kube::Client, nodes: &[Node]) {
         })
         .await;
     }
+    NodesGuard(nodes.iter().filter_map(|n| n.metadata.name.clone()).collect())
 }
 
 pub fn is_ready(n: &Node) -> bool {
@@ -466,12 +496,4 @@ pub async fn kubelet_reports_not_ready(admin: &kube::Client, node: &str) {
 pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     LOCK.lock().await
-}
-
-/// Deletes the named nodes (and so, through the pod garbage collector, their pods).
-pub async fn delete_nodes(admin: &kube::Client, names: &[&str]) {
-    let api: Api<Node> = Api::all(admin.clone());
-    for n in names {
-        let _ = api.delete(n, &Default::default()).await;
-    }
 }
