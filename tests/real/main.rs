@@ -8,6 +8,8 @@
 
 #[path = "../ctl/mod.rs"]
 mod ctl;
+#[path = "../packaging_support/mod.rs"]
+mod packaging_support;
 mod support;
 
 mod identity;
@@ -16,3 +18,4 @@ mod events;
 mod repair;
 mod labels;
 mod privilege;
+mod rbac;
