@@ -19,3 +19,4 @@ mod repair;
 mod labels;
 mod privilege;
 mod rbac;
+mod failover;
