@@ -22,7 +22,7 @@ const SPARE: &str = "ha-spare";
 const NS_APP: &str = "failover";
 
 /// A loopback HTTP server that records every replacement request it is sent.
-async fn webhook_receiver() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
+pub async fn webhook_receiver() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let keep = seen.clone();
     let app = axum::Router::new().route(

@@ -6,6 +6,8 @@
 //! (scripts/setup-kubectl.sh); a missing prerequisite fails the test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../agent_proc/mod.rs"]
+mod agent_proc;
 #[path = "../ctl/mod.rs"]
 mod ctl;
 #[path = "../packaging_support/mod.rs"]
@@ -20,3 +22,4 @@ mod labels;
 mod privilege;
 mod rbac;
 mod failover;
+mod preemption;

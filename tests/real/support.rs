@@ -504,3 +504,70 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or(0.0)
 }
+
+/// The shipped agent ConfigMap's TOML with the controller's address, the test CA and token file, and
+/// no cloud (these tests must not reach 169.254.169.254 from the host's namespace).
+pub fn agent_toml(dir: &Path, port: u16, edit: impl FnOnce(&mut toml::Table)) -> PathBuf {
+    let yaml = std::fs::read_to_string(repo().join("manifests/12-agent-config.yaml")).unwrap();
+    let cm: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    let mut t: toml::Table = toml::from_str(cm["data"]["config.toml"].as_str().unwrap()).unwrap();
+    let r = t["report"].as_table_mut().unwrap();
+    r.insert("url".into(), format!("https://127.0.0.1:{port}").into());
+    r.insert("ca_file".into(), dir.join("ca.pem").display().to_string().into());
+    r.insert("token_file".into(), dir.join("token").display().to_string().into());
+    r.insert("heartbeat".into(), "1s".into());
+    t["sources"].as_table_mut().unwrap().insert("cloud".into(), "none".into());
+    let mut agent = toml::Table::new();
+    agent.insert("shutdown_watcher".into(), false.into());
+    t.insert("agent".into(), agent.into());
+    edit(&mut t);
+    let path = dir.join("agent.toml");
+    std::fs::write(&path, toml::to_string(&t).unwrap()).unwrap();
+    path
+}
+
+/// The environment the shipped DaemonSet gives its container on `node` (fieldRefs resolved).
+pub fn daemonset_env(pod: &Pod, node: &str) -> Vec<(String, std::ffi::OsString)> {
+    let spec = pod.spec.as_ref().unwrap();
+    let c = spec.containers.iter().find(|c| c.name == "agent").unwrap();
+    c.env
+        .iter()
+        .flatten()
+        .map(|e| {
+            let v = match (&e.value, e.value_from.as_ref().and_then(|f| f.field_ref.as_ref())) {
+                (Some(v), _) => v.clone(),
+                (None, Some(f)) if f.field_path == "spec.nodeName" => node.to_string(),
+                (None, Some(f)) => panic!("unhandled fieldRef {}", f.field_path),
+                (None, None) => panic!("unhandled env source for {}", e.name),
+            };
+            (e.name.clone(), std::ffi::OsString::from(v))
+        })
+        .collect()
+}
+
+/// `nodekeeper agent` as the shipped DaemonSet runs it on `node`: the shipped agent config (edited by
+/// `edit`), the pod's environment, and two tokens bound to the DaemonSet's pod there: audience
+/// `nodekeeper` for the controller (token file), the API server's for the label watch (KUBECONFIG).
+pub async fn start_shipped_agent(
+    c: &Cluster,
+    admin: &kube::Client,
+    node: &str,
+    dir: &Path,
+    controller_port: u16,
+    edit: impl FnOnce(&mut toml::Table),
+) -> crate::agent_proc::Agent {
+    let (pod_name, uid) = agent_pod_on(admin, node).await;
+    let pod = Api::<Pod>::namespaced(admin.clone(), NS).get(&pod_name).await.unwrap();
+    let report_token = sa_token(admin, NS, AGENT_SA, Some(REPORT_AUDIENCE), Some((&pod_name, &uid))).await;
+    std::fs::write(dir.join("token"), &report_token).unwrap();
+    let api_token = sa_token(admin, NS, AGENT_SA, None, Some((&pod_name, &uid))).await;
+    let kubeconfig = dir.join("agent.kubeconfig");
+    c.write_token_kubeconfig(&kubeconfig, &api_token);
+    let cfg = agent_toml(dir, controller_port, edit);
+    let mut env = daemonset_env(&pod, node);
+    env.push(("KUBECONFIG".into(), kubeconfig.into_os_string()));
+    let env_refs: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (k.as_str(), v.as_os_str())).collect();
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    crate::agent_proc::Agent::start_with_env(&cfg, &root, crate::agent_proc::NO_BUS, &env_refs)
+}

@@ -1,0 +1,191 @@
+//! A preemption seen by the agent in its OCI metadata emulator, on the real control plane: the shipped
+//! agent and controller configs; taint + cordon; a tiered drain whose PodDisruptionBudgets the real
+//! disruption controller computes (maxUnavailable, a percentage minAvailable, a bare pod under
+//! maxUnavailable — 0 allowed for real, a budget that allows 0, `unhealthyPodEvictionPolicy:
+//! AlwaysAllow` with one unready pod); the replacement requested once; at the drain deadline the
+//! held pods are still there and the hold names a PDB.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use nodekeeper::controller::policy::view::keys;
+use nodekeeper::agent::sources::Cloud;
+use serde_json::json;
+
+use crate::drain::{apply, create_json, deployment};
+use crate::support::*;
+
+const NODE: &str = "pe-0";
+const SPARE: &str = "pe-spare";
+const APP: &str = "preempt";
+/// The emulator's own path for an OCI preemption notice (OCI documents none; see docs/sources.md).
+const EMULATOR_PREEMPT_PATH: &str = "/opc/v2/instance/preemptionAction";
+
+fn pdb(name: &str, app: &str, spec: serde_json::Value) -> serde_json::Value {
+    let mut s = spec;
+    s["selector"] = json!({ "matchLabels": { "app": app } });
+    json!({ "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": { "name": name, "namespace": APP }, "spec": s })
+}
+
+/// The workload of the test on `pe-0`, each app with its budget.
+fn workload() -> Vec<serde_json::Value> {
+    let pin = json!({ "preempt-test": "yes" });
+    let with_pin = |mut d: serde_json::Value| {
+        d["spec"]["template"]["spec"]["nodeSelector"] = pin.clone();
+        d
+    };
+    let mut db = with_pin(deployment(APP, "db", NODE, 2));
+    db["kind"] = json!("StatefulSet");
+    db["spec"]["serviceName"] = json!("db");
+    let solo = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "solo", "namespace": APP, "labels": { "app": "solo" } },
+        "spec": {
+            "nodeName": NODE,
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{ "name": "app", "image": "registry.invalid/app:1" }]
+        }
+    });
+    vec![
+        with_pin(deployment(APP, "web", NODE, 3)),
+        pdb("web", "web", json!({ "maxUnavailable": 1 })),
+        db,
+        pdb("db", "db", json!({ "minAvailable": "50%" })),
+        solo,
+        pdb("solo", "solo", json!({ "maxUnavailable": 1 })),
+        with_pin(deployment(APP, "frozen", NODE, 1)),
+        pdb("frozen", "frozen", json!({ "minAvailable": 1 })),
+        with_pin(deployment(APP, "flaky", NODE, 2)),
+        pdb("flaky", "flaky", json!({ "minAvailable": 2, "unhealthyPodEvictionPolicy": "AlwaysAllow" })),
+    ]
+}
+
+async fn pods_of(admin: &kube::Client, node: &str, app: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(admin.clone(), APP)
+        .list(&ListParams::default().labels(&format!("app={app}")).fields(&format!("spec.nodeName={node}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once() {
+    init_tracing();
+    let _one_engine = exclusive().await;
+    let c = cluster();
+    let admin = c.admin().await;
+    let labels = |n: &str| json!({ "karpenter.sh/nodepool": "pe-pool", "preempt-test": "yes", "kubernetes.io/hostname": n });
+    let _nodes = create_nodes(&admin, &[kwok_node(NODE, labels(NODE)), kwok_node(SPARE, labels(SPARE))]).await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes.cordon(SPARE).await.unwrap();
+    apply(c, &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {APP}}}\n"));
+    create_json(&admin, APP, &workload()).await;
+    wait_until(Duration::from_secs(60), "9 Ready pods on pe-0", || async {
+        crate::drain::workload_pods(&admin, NODE).await == (9, 9)
+    })
+    .await;
+    // One flaky pod turns unready (as its kubelet would report a failing readiness probe).
+    let flaky = pods_of(&admin, NODE, "flaky").await;
+    let unready = flaky[0].metadata.name.clone().unwrap();
+    let ready_flaky = flaky[1].metadata.name.clone().unwrap();
+    Api::<Pod>::namespaced(admin.clone(), APP)
+        .patch_status(
+            &unready,
+            &PatchParams::default(),
+            &Patch::Strategic(&json!({ "status": { "conditions": [{ "type": "Ready", "status": "False" }] } })),
+        )
+        .await
+        .unwrap();
+    nodes.uncordon(SPARE).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let (url, requests) = crate::failover::webhook_receiver().await;
+    let config = controller_toml(dir.path(), "preempt", |t| {
+        let mut p = toml::Table::new();
+        p.insert("kind".into(), "webhook".into());
+        p.insert("url".into(), url.clone().into());
+        p.insert("secret".into(), "preempt-test-secret".into());
+        t["controller"].as_table_mut().unwrap().insert("provider".into(), p.into());
+    });
+    let ctl = ControllerProc::start(c, &config, "preempt").await;
+    let imds = nodekeeper::sim::imds::ImdsEmulator::start(Cloud::Oci, "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let endpoint = imds.url();
+    let mut agent = start_shipped_agent(c, &admin, NODE, dir.path(), ctl.addr.port(), |t| {
+        let s = t["sources"].as_table_mut().unwrap();
+        s.insert("cloud".into(), "oci".into());
+        s.insert("endpoint".into(), endpoint.clone().into());
+        s.insert("poll_interval".into(), "200ms".into());
+        let path: toml::Table = toml::from_str(&format!("path = \"{EMULATOR_PREEMPT_PATH}\"\nkind = \"preemption\"")).unwrap();
+        let mut oci = toml::Table::new();
+        oci.insert("poll_paths".into(), toml::Value::Array(vec![path.into()]));
+        s.insert("oci".into(), oci.into());
+    })
+    .await;
+    wait_until(Duration::from_secs(30), "the agent's first report", || async {
+        crate::ctl::conditions(&nodes, NODE).await.keys().any(|k| k.starts_with("Nodekeeper"))
+    })
+    .await;
+
+    // Reclaimed in 45 s: the drain deadline is 30 s from now (safety margin 15 s).
+    imds.preempt(Duration::from_secs(45));
+    let t0 = tokio::time::Instant::now();
+    let n = wait_for(Duration::from_secs(10), "taint + cordon", || async {
+        let n = nodes.get(NODE).await.ok()?;
+        let tainted = n.spec.as_ref()?.taints.as_ref()?.iter().any(|t| t.key == "nodekeeper.io/interruption");
+        (tainted && unschedulable(&n)).then_some(n)
+    })
+    .await;
+    eprintln!("notice → taint + cordon seen after {:?}", t0.elapsed());
+    assert!(annotation(&n, keys::INTERRUPTION).is_some_and(|v| v.starts_with("preemption/")));
+
+    // What the budgets allow leaves; the rest is held at the deadline.
+    wait_until(Duration::from_secs(40), "web, db and the unready flaky pod gone", || async {
+        pods_of(&admin, NODE, "web").await.is_empty()
+            && pods_of(&admin, NODE, "db").await.is_empty()
+            && !pods_of(&admin, NODE, "flaky").await.iter().any(|p| p.metadata.name.as_deref() == Some(unready.as_str()))
+    })
+    .await;
+    // Until the deadline the Node says which PDB holds it; after, that the deadline passed.
+    let holds = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    wait_until(Duration::from_secs(45), "the drain ended at its deadline", || {
+        let ended = ctl.lines.lock().unwrap().iter().any(|l| l["message"] == "drain ended" && l["node"] == NODE);
+        let (holds, nodes) = (&holds, nodes.clone());
+        async move {
+            if let Some(b) = nodes.get(NODE).await.ok().as_ref().and_then(|n| annotation(n, keys::BLOCKED)) {
+                let v: serde_json::Value = serde_json::from_str(b).unwrap_or_default();
+                holds.lock().unwrap().insert(format!("{}:{}", v["kind"].as_str().unwrap_or(""), v["pdb"].as_str().unwrap_or("")));
+            }
+            ended
+        }
+    })
+    .await;
+    let holds = holds.into_inner().unwrap();
+    eprintln!("holds seen: {holds:?}");
+    assert!(
+        holds.iter().any(|h| ["pdb:preempt/solo", "pdb:preempt/frozen", "pdb:preempt/flaky"].contains(&h.as_str())),
+        "the hold named a blocking PDB: {holds:?}"
+    );
+    let names = |ps: Vec<Pod>| ps.into_iter().filter_map(|p| p.metadata.name).collect::<Vec<_>>();
+    assert_eq!(names(pods_of(&admin, NODE, "solo").await), vec!["solo"], "a bare pod's PDB allows 0 for real");
+    assert_eq!(pods_of(&admin, NODE, "frozen").await.len(), 1, "minAvailable 1 of 1 allows 0");
+    assert_eq!(names(pods_of(&admin, NODE, "flaky").await), vec![ready_flaky], "only the unready flaky pod may go");
+    let n = nodes.get(NODE).await.unwrap();
+    let why = annotation(&n, keys::BLOCKED).unwrap_or_default().to_string();
+    assert!(why.contains("\"kind\":\"deadline\""), "after the deadline: {why}");
+
+    let reqs = requests.lock().unwrap().clone();
+    assert_eq!(reqs.len(), 1, "one replacement request: {reqs:?}");
+    assert_eq!(reqs[0]["node"], NODE);
+    assert_eq!(reqs[0]["reason"], "interruption:preemption");
+    assert_eq!(ctl.forbidden_lines(), Vec::<String>::new(), "the controller hit a 403");
+    agent.terminate(Duration::from_secs(10)).await;
+    ctl.stop().await;
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone()).delete(APP, &Default::default()).await;
+}
