@@ -80,13 +80,14 @@ fn start_cluster() -> Cluster {
     {
         let dir = std::env::temp_dir().join(format!("nodekeeper-real-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let out = Command::new(repo().join("scripts/k8s-cluster.sh"))
-            .arg("up")
-            .arg(&dir)
-            .arg("--owner-pid")
-            .arg(std::process::id().to_string())
-            .output()
-            .expect("run scripts/k8s-cluster.sh");
+        let mut up = Command::new(repo().join("scripts/k8s-cluster.sh"));
+        up.arg("up").arg(&dir);
+        // NODEKEEPER_REAL_KEEP=1 leaves the cluster running after the tests, for a look with kubectl
+        // (`scripts/k8s-cluster.sh down DIR` stops it); otherwise it stops when this process exits.
+        if std::env::var_os("NODEKEEPER_REAL_KEEP").is_none() {
+            up.arg("--owner-pid").arg(std::process::id().to_string());
+        }
+        let out = up.output().expect("run scripts/k8s-cluster.sh");
         eprintln!("{}", String::from_utf8_lossy(&out.stderr));
         assert!(
             out.status.success(),
