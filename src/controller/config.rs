@@ -48,7 +48,8 @@ pub struct ControllerConfig {
     /// Every agent keeps one connection open (HTTP/2, a report every 10 s), so this must exceed
     /// the number of nodes one replica may serve (all of them, when the other replica is down).
     pub max_connections: usize,
-    /// Namespace for the Lease and Kubernetes Events.
+    /// Namespace of the leader-election Lease. (Events about Nodes are recorded in `default`,
+    /// [`crate::controller::events::NODE_EVENT_NAMESPACE`]: the apiserver refuses them elsewhere.)
     pub namespace: String,
     /// Condition types starting with this prefix are owned by nodekeeper (written, restored, removed).
     pub condition_prefix: String,

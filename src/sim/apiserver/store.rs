@@ -242,6 +242,9 @@ pub fn new_uid() -> String {
     )
 }
 
+/// `generateName` prefixes are cut to this length (63 minus the 5 random characters).
+const MAX_GENERATE_NAME_PREFIX: usize = 58;
+
 fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
@@ -697,6 +700,12 @@ impl Txn<'_> {
                         "name or generateName is required",
                     ));
                 }
+                // As the apiserver's name generator: the prefix is cut to 58 characters.
+                let mut cut = prefix.len().min(MAX_GENERATE_NAME_PREFIX);
+                while !prefix.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                let prefix = &prefix[..cut];
                 let mut name = format!("{prefix}{}", random_suffix());
                 while self.exists(res, &ns, &name) {
                     name = format!("{prefix}{}", random_suffix());
@@ -708,6 +717,7 @@ impl Txn<'_> {
             return Err(ApiError::invalid(res, &name, "metadata.name",
                 "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"));
         }
+        super::validate::on_create(res, &ns, &name, &obj)?;
         if self.exists(res, &ns, &name) {
             return Err(ApiError::already_exists(res, &name));
         }
@@ -858,6 +868,9 @@ impl Txn<'_> {
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
         if new == *old {
             return Ok(old);
+        }
+        if target != WriteTarget::Internal {
+            super::validate::on_update(res, ns, name, &new)?;
         }
         let obj = self.commit(res, key.clone(), new, EventType::Modified);
         self.finish_if_done(res, key, &obj);
