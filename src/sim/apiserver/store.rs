@@ -787,7 +787,18 @@ impl Txn<'_> {
         if !self.exists(well_known::namespaces(), "", &ns) {
             return Err(ApiError::not_found(well_known::namespaces(), &ns));
         }
+        if self.namespace_terminating(&ns) {
+            let name = meta_str(obj, "name").unwrap_or_default();
+            return Err(ApiError::namespace_terminating(res, name, &ns));
+        }
         Ok(ns)
+    }
+
+    /// Whether namespace `ns` is being deleted (phase `Terminating`: a finalizer holds it).
+    pub fn namespace_terminating(&self, ns: &str) -> bool {
+        self.get(well_known::namespaces(), "", ns).is_some_and(|n| {
+            n.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
+        })
     }
 
     /// Replaces an object with optimistic concurrency: a non-empty resourceVersion in `desired` must match.
@@ -913,6 +924,9 @@ impl Txn<'_> {
                 return;
             }
         }
+        if std::ptr::eq(res, well_known::namespaces()) {
+            self.delete_namespace_contents(&key.1);
+        }
         self.commit(res, key, obj.clone(), EventType::Deleted);
     }
 
@@ -993,6 +1007,11 @@ impl Txn<'_> {
         if current_due.is_none_or(|c| due < c) {
             new["metadata"]["deletionTimestamp"] = json!(fmt_time(due));
             new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+        }
+        if std::ptr::eq(res, well_known::namespaces()) {
+            // Held by a finalizer: Terminating, so NamespaceLifecycle refuses new content. Its
+            // content stays until the finalizers are gone (a stuck namespace controller).
+            new["status"]["phase"] = json!("Terminating");
         }
         if new == *old {
             return Ok(old);
