@@ -277,6 +277,26 @@ impl ControllerConfig {
                 "must be greater than zero",
             );
         }
+        d.extend(crate::config::k8s_value_error(
+            cfg_path!["controller", "namespace"],
+            "namespace name",
+            &self.namespace,
+            crate::k8s::validation::dns1123_label(&self.namespace),
+        ));
+        d.extend(crate::config::k8s_value_error(
+            cfg_path!["controller", "leader", "lease_name"],
+            "Lease name",
+            &self.leader.lease_name,
+            crate::k8s::validation::dns1123_subdomain(&self.leader.lease_name),
+        ));
+        for (i, key) in self.label_removal_allow.iter().enumerate() {
+            d.extend(crate::config::k8s_value_error(
+                cfg_path!["controller", "label_removal_allow", i],
+                "label key",
+                key,
+                crate::k8s::validation::qualified_name(key),
+            ));
+        }
         if self.condition_prefix.is_empty() {
             err(&mut d, cfg_path!["controller", "condition_prefix"],
                 "must not be empty (an empty prefix would claim every condition type, including Ready)");
