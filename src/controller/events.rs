@@ -557,6 +557,87 @@ mod tests {
         assert_eq!(sanitize_reason(&"a".repeat(500)).len(), MAX_REASON);
     }
 
+    /// A client whose apiserver knows node `n1` (uid `u-123`) when `known`, accepts Events, and
+    /// keeps the created Events' bodies and paths.
+    fn mock(
+        known: bool,
+    ) -> (
+        kube::Client,
+        std::sync::Arc<std::sync::Mutex<Vec<(String, serde_json::Value)>>>,
+    ) {
+        use std::sync::{Arc, Mutex};
+        let created: Arc<Mutex<Vec<(String, serde_json::Value)>>> = Arc::default();
+        let log = created.clone();
+        let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+            let log = log.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let path = parts.uri.path().to_string();
+                let (code, out) = match (parts.method.as_str(), path.as_str()) {
+                    ("GET", "/api/v1/nodes/n1") if known => (
+                        200,
+                        serde_json::json!({"metadata": {"name": "n1", "uid": "u-123"}}),
+                    ),
+                    ("GET", _) => (
+                        404,
+                        serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                        "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+                    ),
+                    ("POST", _) => {
+                        let bytes = http_body_util::BodyExt::collect(body)
+                            .await
+                            .unwrap()
+                            .to_bytes();
+                        let ev: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                        log.lock().unwrap().push((path.clone(), ev.clone()));
+                        (201, ev)
+                    }
+                    _ => (500, serde_json::json!({})),
+                };
+                hyper::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(serde_json::to_vec(&out).unwrap()))
+            }
+        });
+        (kube::Client::new(svc, "nodekeeper"), created)
+    }
+
+    #[tokio::test]
+    async fn the_uid_is_looked_up_never_invented() {
+        let s = spec("AgentSilent", "MarkUnknown", "x");
+        // Not in a cache: a GET finds it.
+        let (c, created) = mock(true);
+        let r = Recorder::new(c, "replica-a", None);
+        r.record("n1".into(), &s).await.unwrap();
+        // Passed by the caller: used as is.
+        r.record(
+            Regarding {
+                name: "n1",
+                uid: Some("from-cache"),
+            },
+            &s,
+        )
+        .await
+        .unwrap();
+        // Unknown node: no uid at all (not the name).
+        let (c, unknown) = mock(false);
+        Recorder::new(c, "replica-a", None)
+            .record("n1".into(), &s)
+            .await
+            .unwrap();
+        let got = created.lock().unwrap().clone();
+        assert_eq!(got.len(), 2);
+        for (path, _) in &got {
+            assert_eq!(path, "/apis/events.k8s.io/v1/namespaces/default/events");
+        }
+        assert_eq!(got[0].1["regarding"]["uid"], "u-123");
+        assert_eq!(got[1].1["regarding"]["uid"], "from-cache");
+        assert_eq!(got[0].1["reportingInstance"], "replica-a");
+        let none = unknown.lock().unwrap().clone();
+        assert_eq!(none[0].1["regarding"].get("uid"), None, "{:?}", none[0].1);
+    }
+
     proptest! {
         #[test]
         fn sanitized_reasons_are_always_valid(raw in "\\PC{0,300}") {
