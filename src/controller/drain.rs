@@ -296,7 +296,7 @@ pub enum DrainError {
         message: String,
         /// Cause.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// The deadline passed with pods (or volumes) left.
     #[error("drain of node {node} timed out after {waited:?} with {remaining} pod(s) left{}", blocker_suffix(.blocker))]

@@ -557,16 +557,13 @@ mod tests {
         assert_eq!(sanitize_reason(&"a".repeat(500)).len(), MAX_REASON);
     }
 
+    /// Created Events: (path, body).
+    type Created = std::sync::Arc<std::sync::Mutex<Vec<(String, serde_json::Value)>>>;
+
     /// A client whose apiserver knows node `n1` (uid `u-123`) when `known`, accepts Events, and
     /// keeps the created Events' bodies and paths.
-    fn mock(
-        known: bool,
-    ) -> (
-        kube::Client,
-        std::sync::Arc<std::sync::Mutex<Vec<(String, serde_json::Value)>>>,
-    ) {
-        use std::sync::{Arc, Mutex};
-        let created: Arc<Mutex<Vec<(String, serde_json::Value)>>> = Arc::default();
+    fn mock(known: bool) -> (kube::Client, Created) {
+        let created: Created = Created::default();
         let log = created.clone();
         let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
             let log = log.clone();

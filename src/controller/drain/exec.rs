@@ -528,7 +528,7 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
                 pod: key,
                 code: status.code,
                 message: status.message.clone(),
-                source: kube::Error::Api(status),
+                source: Box::new(kube::Error::Api(status)),
             }),
             Outcome::Fatal(e) => Err(self.api_err(format!("evict pod {key}"), e)),
         }
