@@ -261,6 +261,22 @@ impl Diagnostic {
     }
 }
 
+/// An error at `path` when the apiserver would refuse `value` as a `what` (a label key, a taint
+/// value, ...): `problems` are the findings of a [`crate::k8s::validation`] check (none: `None`).
+pub fn k8s_value_error(
+    path: Vec<PathSeg>,
+    what: &str,
+    value: &str,
+    problems: Vec<String>,
+) -> Option<Diagnostic> {
+    crate::k8s::validation::check(problems).err().map(|why| {
+        Diagnostic::error(
+            path,
+            format!("`{value}` is not a valid {what} (the API server would refuse it): {why}"),
+        )
+    })
+}
+
 /// `crio.dropin[1].name`
 pub fn display_path(path: &[PathSeg]) -> String {
     let mut out = String::new();

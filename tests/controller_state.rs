@@ -9,6 +9,15 @@ use ctl::*;
 use nodekeeper::agent::checks::ConditionStatus::{False, True};
 use serde_json::json;
 
+/// The Events in `default` (where the controller records every Node Event).
+async fn node_events(env: &Env) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let evs: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::namespaced(
+        env.cluster.client.clone(),
+        nodekeeper::controller::events::NODE_EVENT_NAMESPACE,
+    );
+    evs.list(&Default::default()).await.unwrap().items
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restart_keeps_conditions_and_removes_stale_types() {
     let env = Env::new(1).await;
@@ -91,7 +100,13 @@ async fn silent_agent_goes_unknown_and_recovers() {
         env.token("n1", "nodekeeper").await,
     );
     for (n, t) in [("n0", &t0), ("n1", &t1)] {
-        let r = report(n, 1, &[("NodekeeperDiskPressure", False)]);
+        let mut r = report(n, 1, &[("NodekeeperDiskPressure", False)]);
+        // A free-form reason from the agent's rules: sanitised into a valid Event reason.
+        r.check_events = vec![nodekeeper::agent::checks::CheckEvent {
+            reason: "kernel: task hung".into(),
+            message: "INFO: task jbd2 blocked for more than 120 seconds".into(),
+            severity: nodekeeper::agent::checks::EventSeverity::Warning,
+        }];
         assert_eq!(
             post(&http, c.addr, Some(t), &serde_json::to_value(&r).unwrap())
                 .await
@@ -120,6 +135,28 @@ async fn silent_agent_goes_unknown_and_recovers() {
         conditions(&nodes, "n1").await["NodekeeperDiskPressure"].0,
         "False"
     );
+    // The Events: in `default` (the sim refuses Node Events elsewhere, like the apiserver), about
+    // the Node by its real uid.
+    let uid = |n: &str| {
+        let nodes = nodes.clone();
+        let n = n.to_string();
+        async move { nodes.get(&n).await.unwrap().metadata.uid.unwrap() }
+    };
+    let (u0, u1) = (uid("n0").await, uid("n1").await);
+    let evs = node_events(&env).await;
+    let find = |reason: &str, uid: &str| {
+        evs.iter().any(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid)
+        })
+    };
+    assert!(
+        find("KernelTaskHung", &u0) && find("KernelTaskHung", &u1),
+        "{evs:#?}"
+    );
+    assert!(find("AgentSilent", &u0), "{evs:#?}");
+    assert!(evs.iter().all(|e| e.type_.as_deref() == Some("Warning")));
+    assert_eq!(c.app.states.recorder_failures(), 0);
     // It reports again: back to its real status.
     let r = report("n0", 2, &[("NodekeeperDiskPressure", False)]);
     assert_eq!(
@@ -318,20 +355,18 @@ async fn oci_preemption_reaches_the_right_node() {
     );
     assert!(got.not_before.is_some());
 
-    // The Kubernetes Event is on n2.
-    let evs: kube::Api<k8s_openapi::api::events::v1::Event> =
-        kube::Api::namespaced(env.cluster.client.clone(), "nodekeeper");
-    let list = evs.list(&Default::default()).await.unwrap();
+    // The Kubernetes Event is on n2 (by name and uid), in `default`.
+    let list = node_events(&env).await;
     let pre: Vec<_> = list
-        .items
         .iter()
         .filter(|e| e.reason.as_deref() == Some("PreemptionNotice"))
         .collect();
     assert_eq!(pre.len(), 1);
-    assert_eq!(
-        pre[0].regarding.as_ref().unwrap().name.as_deref(),
-        Some("n2")
-    );
+    let about = pre[0].regarding.as_ref().unwrap();
+    assert_eq!(about.name.as_deref(), Some("n2"));
+    let n2 = env.nodes().get("n2").await.unwrap();
+    assert_eq!(about.uid, n2.metadata.uid);
+    assert_eq!(about.namespace, None);
     c.stop().await;
 }
 

@@ -1,6 +1,7 @@
 //! What holds a drain, against the sim over HTTP: a PDB (blocker named, timeout, then success once the
 //! PDB allows), several PDBs (500), do-not-disrupt annotations (and the interruption override),
-//! force-delete at the deadline with grace clamped to the time left, VolumeAttachments, cancellation.
+//! force-delete at the deadline with grace clamped to the time left, VolumeAttachments, a
+//! terminating namespace (403 waited for), cancellation.
 #![allow(clippy::unwrap_used)]
 
 mod drain_support;
@@ -301,6 +302,69 @@ async fn waits_for_volume_attachments() {
     let (r, _) = run(&c, &opts("n1", 5000)).await;
     r.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(250));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminating_namespace_is_waited_for_not_fatal() {
+    let c = cluster().await;
+    node(&c, "n1");
+    // A namespace held by a finalizer: deleted, Terminating, its pod still there (its namespace
+    // controller has not got to it yet). Evictions there are refused 403 NamespaceTerminating.
+    create(
+        &c,
+        well_known::namespaces(),
+        "",
+        json!({"metadata": {"name": "doomed", "finalizers": ["test.nodekeeper.io/hold"]}}),
+    );
+    let mut p = pod("crate-1", "crate");
+    p.ns = "doomed".into();
+    p.on(&c, "n1");
+    pod("web-0", "web").on(&c, "n1");
+    c.sim
+        .store
+        .txn(|t| t.delete(well_known::namespaces(), "", "doomed", &Default::default()))
+        .unwrap();
+
+    // The drain does not fail on the 403: it evicts the rest and waits, naming the reason.
+    let (r, seen) = run(&c, &opts("n1", 800)).await;
+    let err = r.unwrap_err();
+    let DrainError::TimedOut {
+        blocker,
+        remaining,
+        report,
+        ..
+    } = &err
+    else {
+        panic!("expected a timeout, got {err}")
+    };
+    let b = blocker.as_deref().unwrap();
+    assert_eq!(
+        (b.reason, b.pod.as_str()),
+        (BlockReason::NamespaceTerminating, "doomed/crate-1")
+    );
+    assert!(b.message.contains("being terminated"), "{}", b.message);
+    assert_eq!(*remaining, 1);
+    assert_eq!(report.removed.len(), 1, "{report:?}");
+    assert!(seen.iter().any(|p| p
+        .blocker
+        .as_ref()
+        .is_some_and(|b| b.reason == BlockReason::NamespaceTerminating)));
+
+    // The namespace controller deletes the pod: the drain completes.
+    let sim = c.sim.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = nodekeeper::sim::apiserver::store::DeleteOptions {
+            grace_seconds: Some(0),
+            ..Default::default()
+        };
+        sim.store
+            .txn(|t| t.delete(well_known::pods(), "doomed", "crate-1", &now))
+            .unwrap();
+    });
+    let (r, _) = run(&c, &opts("n1", 5000)).await;
+    r.unwrap();
+    assert!(pods_on(&c, "n1").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

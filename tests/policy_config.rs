@@ -245,3 +245,116 @@ mod never_panics {
         }
     }
 }
+
+/// Keys and values the API server checks (qualified names, label values, namespace names) are
+/// checked by `validate`, located, instead of failing every write at runtime with a 422.
+#[test]
+fn kubernetes_names_are_checked_where_they_are_written() {
+    let text = "[interruption]\n\
+        taint_key = \"nodekeeper.io/Bad Key\"\n\
+        taint_effect = \"NoExecute\"\n\
+        lb_exclude_label = \"-exclude\"\n\
+        \n\
+        [budgets]\n\
+        group_by = \"a/b/c\"\n\
+        \n\
+        [budgets.groups]\n\
+        \"spot pool\" = [{ nodes = \"1\" }]\n\
+        \n\
+        [controller]\n\
+        insecure_plain_http = true\n\
+        namespace = \"Nodekeeper\"\n\
+        label_removal_allow = [\"last-migration-failure\", \"example.com/\"]\n\
+        \n\
+        [[labels.cleanup]]\n\
+        label = \"example.com/last_migration-\"\n\
+        when_pod_ready = { namespace = \"kube_system\", selector = \"k8s-app=cilium\" }\n";
+    let e = errors(text);
+    let has = |prefix: &str, words: &[&str]| {
+        e.iter()
+            .any(|l| l.starts_with(prefix) && words.iter().all(|w| l.contains(w)))
+    };
+    assert!(
+        has(
+            "c.toml:2:",
+            &[
+                "`nodekeeper.io/Bad Key` is not a valid taint key",
+                "name part",
+                "[interruption.taint_key]"
+            ]
+        ),
+        "{e:#?}"
+    );
+    assert!(
+        has(
+            "c.toml:3:",
+            &[
+                "NoExecute is not allowed",
+                "deletes every pod",
+                "PodDisruptionBudgets",
+                "NoSchedule"
+            ]
+        ),
+        "{e:#?}"
+    );
+    assert!(has("c.toml:4:", &["`-exclude`", "label key"]), "{e:#?}");
+    assert!(
+        has("c.toml:7:", &["`a/b/c`", "[budgets.group_by]"]),
+        "{e:#?}"
+    );
+    assert!(has("c.toml:10:", &["`spot pool`", "group name"]), "{e:#?}");
+    assert!(
+        has("c.toml:14:", &["`Nodekeeper`", "namespace name"]),
+        "{e:#?}"
+    );
+    assert!(
+        has(
+            "c.toml:15:",
+            &[
+                "`example.com/`",
+                "name part must be non-empty",
+                "label_removal_allow[1]"
+            ]
+        ),
+        "{e:#?}"
+    );
+    assert!(
+        has("c.toml:18:", &["`example.com/last_migration-`"]),
+        "{e:#?}"
+    );
+    assert!(
+        has("c.toml:19:", &["`kube_system`", "namespace name"]),
+        "{e:#?}"
+    );
+    assert_eq!(e.len(), 9, "{e:#?}");
+
+    // The defaults, and what good configs use, pass; so do the values nodekeeper writes itself.
+    let ok = "[interruption]\ntaint_effect = \"PreferNoSchedule\"\nlb_exclude_label = \"\"\n\
+        [budgets]\ngroup_by = \"node.kubernetes.io/instance-type\"\n[budgets.groups]\n\"\" = [{ nodes = \"1\" }]\n\"shared-spot\" = [{ nodes = \"2\" }]\n";
+    let l = load(ok).unwrap();
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    use nodekeeper::agent::sources::EventKind as K;
+    for k in [
+        K::Preemption,
+        K::Termination,
+        K::Maintenance,
+        K::Rebalance,
+        K::Reboot,
+        K::Redeploy,
+        K::Freeze,
+        K::ShuttingDown,
+        K::Cancelled { of: "x".into() },
+    ] {
+        assert!(
+            nodekeeper::k8s::validation::label_value(k.name()).is_empty(),
+            "taint value {}",
+            k.name()
+        );
+    }
+    for key in nodekeeper::controller::policy::view::keys::ALL {
+        assert!(
+            nodekeeper::k8s::validation::qualified_name(key).is_empty(),
+            "annotation {key}"
+        );
+    }
+}

@@ -179,6 +179,150 @@ async fn evict_honours_pdbs() {
 }
 
 #[tokio::test]
+async fn eviction_dry_run_deletes_nothing() {
+    let c = bare().await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(c.client.clone(), "default");
+    for (p, n) in [("web-1", "n1"), ("web-2", "n2")] {
+        pods.create(&PostParams::default(), &ready_pod(p, "web", n))
+            .await
+            .unwrap();
+    }
+    pdbs.create(&PostParams::default(), &pdb("web-pdb", "web", 1))
+        .await
+        .unwrap();
+    // The body as the apiserver reads it. (Not kube's `EvictParams`: it serializes its delete
+    // options as `delete_options`, a field the apiserver drops, so the pod would be evicted.)
+    let dry_evict = |name: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let body = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": name, "namespace": "default"},
+                "deleteOptions": {"dryRun": ["All"]}});
+            pods.create_subresource::<_, kube::core::Status>(
+                "eviction",
+                name,
+                &PostParams::default(),
+                &body,
+            )
+            .await
+        }
+    };
+    // Allowed by the PDB: success, and the pod is still there (twice: no budget was spent).
+    for _ in 0..2 {
+        assert!(dry_evict("web-1").await.unwrap().is_success());
+        let p = pods.get("web-1").await.unwrap();
+        assert!(p.metadata.deletion_timestamp.is_none());
+    }
+    // Still checked against the PDB.
+    pdbs.patch(
+        "web-pdb",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"minAvailable": 2}})),
+    )
+    .await
+    .unwrap();
+    let (code, _) = api_code(dry_evict("web-1").await.unwrap_err());
+    assert_eq!(code, 429);
+    assert_eq!(
+        pods.list(&ListParams::default()).await.unwrap().items.len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn terminating_namespace_refuses_new_content_and_evictions() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let c = bare().await;
+    let nss: Api<Namespace> = Api::all(c.client.clone());
+    let ns: Namespace = serde_json::from_value(
+        json!({"metadata": {"name": "doomed", "finalizers": ["test.nodekeeper.io/hold"]}}),
+    )
+    .unwrap();
+    nss.create(&PostParams::default(), &ns).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "doomed");
+    pods.create(&PostParams::default(), &ready_pod("crate-1", "crate", "n1"))
+        .await
+        .unwrap();
+    nss.delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    let phase = nss.get("doomed").await.unwrap().status.unwrap().phase;
+    assert_eq!(phase.as_deref(), Some("Terminating"));
+    let cause = |e: kube::Error| match e {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 403, "{s:?}");
+            assert_eq!(
+                s.message,
+                format!("pods \"{}\" is forbidden: unable to create new content in namespace doomed because it is being terminated",
+                    s.details.as_ref().unwrap().name)
+            );
+            s.details.unwrap().causes[0].reason.clone()
+        }
+        other => panic!("{other:?}"),
+    };
+    let e = pods
+        .create(&PostParams::default(), &ready_pod("late", "crate", "n1"))
+        .await
+        .unwrap_err();
+    assert_eq!(cause(e), "NamespaceTerminating");
+    let e = pods
+        .evict("crate-1", &EvictParams::default())
+        .await
+        .unwrap_err();
+    assert_eq!(cause(e), "NamespaceTerminating");
+    // Deletes are still allowed; once the finalizer goes, the namespace and its content go.
+    assert!(pods.get_opt("crate-1").await.unwrap().is_some());
+    nss.patch(
+        "doomed",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert!(nss.get_opt("doomed").await.unwrap().is_none());
+    let all: Api<Pod> = Api::all(c.client.clone());
+    assert!(all
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+}
+
+#[tokio::test]
+async fn node_events_outside_default_get_the_real_422() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::api::events::v1::Event;
+    let c = bare().await;
+    let nss: Api<Namespace> = Api::all(c.client.clone());
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "nodekeeper"}})).unwrap();
+    nss.create(&PostParams::default(), &ns).await.unwrap();
+    let ev: Event = serde_json::from_value(json!({"metadata": {"name": "n1.abcde"},
+        "eventTime": "2026-01-01T00:00:00.000000Z", "regarding": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+        "reason": "AgentSilent", "action": "MarkUnknown", "note": "x", "type": "Warning",
+        "reportingController": "nodekeeper.io/controller", "reportingInstance": "c-1"}))
+    .unwrap();
+    let wrong: Api<Event> = Api::namespaced(c.client.clone(), "nodekeeper");
+    let e = wrong.create(&PostParams::default(), &ev).await.unwrap_err();
+    let kube::Error::Api(s) = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        s.message,
+        "Event.events.k8s.io \"n1.abcde\" is invalid: involvedObject.namespace: Invalid value: \"\": does not match event.namespace"
+    );
+    assert_eq!(
+        s.details.unwrap().causes[0].field,
+        "involvedObject.namespace"
+    );
+    let right: Api<Event> = Api::namespaced(c.client.clone(), "default");
+    right.create(&PostParams::default(), &ev).await.unwrap();
+}
+
+#[tokio::test]
 async fn watcher_reflector_survive_drops_and_410() {
     let c = bare().await;
     let nodes: Api<Node> = Api::all(c.client.clone());

@@ -131,6 +131,21 @@ async fn missed_heartbeats_make_a_node_unknown_and_recover() {
             .is_some()
     })
     .await;
+    // Conditions the node-lifecycle controller does not own (nodekeeper's, NetworkUnavailable).
+    let ours = json!({"type": "NodekeeperHeld", "status": "True", "reason": "BlockedByPDB",
+        "message": "held", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"});
+    let net = json!({"type": "NetworkUnavailable", "status": "False", "reason": "RouteCreated",
+        "message": "routes", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"});
+    nodes
+        .patch_status(
+            "general-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(json!({"status": {"conditions": [ours, net]}})),
+        )
+        .await
+        .unwrap();
     admin(
         &c,
         "POST",
@@ -143,6 +158,24 @@ async fn missed_heartbeats_make_a_node_unknown_and_recover() {
     })
     .await;
     let n = nodes.get("general-0").await.unwrap();
+    // Only Ready, MemoryPressure, DiskPressure and PIDPressure turn Unknown (as the real
+    // node-lifecycle controller); every other condition is exactly as it was.
+    let conds = n.status.as_ref().unwrap().conditions.as_ref().unwrap();
+    for c in conds {
+        let want = match c.type_.as_str() {
+            "Ready" | "MemoryPressure" | "DiskPressure" | "PIDPressure" => "Unknown",
+            "NodekeeperHeld" => "True",
+            _ => "False",
+        };
+        assert_eq!(c.status, want, "{c:?}");
+    }
+    let held = conds.iter().find(|c| c.type_ == "NodekeeperHeld").unwrap();
+    assert_eq!(serde_json::to_value(held).unwrap(), ours);
+    let nu = conds
+        .iter()
+        .find(|c| c.type_ == "NetworkUnavailable")
+        .unwrap();
+    assert_eq!(serde_json::to_value(nu).unwrap(), net);
     let taints = n.spec.unwrap().taints.unwrap();
     assert!(taints
         .iter()
@@ -172,7 +205,10 @@ async fn missed_heartbeats_make_a_node_unknown_and_recover() {
                     ts.iter()
                         .any(|t| t.key.starts_with("node.kubernetes.io/unreachable"))
                 });
-            condition(&n, "Ready").as_deref() == Some("True") && !tainted
+            condition(&n, "Ready").as_deref() == Some("True")
+                && condition(&n, "MemoryPressure").as_deref() == Some("False")
+                && condition(&n, "NodekeeperHeld").as_deref() == Some("True")
+                && !tainted
         },
     )
     .await;

@@ -25,7 +25,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{json, Map, Value};
 
 use super::drain_tasks::DrainTasks;
-use super::events::Recorder;
+use super::events::{Recorder, Regarding};
 use super::metrics::{ActionResult, EngineMetrics};
 use super::nodestate::NodeStates;
 use super::policy::explain::{Held, CONDITION_TYPE};
@@ -361,12 +361,8 @@ impl Actor {
                 message,
             } = e
             {
-                let t = match type_ {
-                    EventType::Normal => "Normal",
-                    EventType::Warning => "Warning",
-                };
                 self.recorder
-                    .node_with(node, reason, t, "Disrupt", &message)
+                    .node_with(node, reason, type_, "Disrupt", &message)
                     .await;
                 self.metrics.action("event", ActionResult::Ok);
             }
@@ -537,11 +533,15 @@ impl Actor {
                 self.metrics
                     .action("request_replacement", ActionResult::Error);
                 self.notify(node, "replacement", "failed", source.to_string(), false);
+                let about = match cached.as_ref() {
+                    Some(n) => Regarding::from(n),
+                    None => Regarding::from(node),
+                };
                 self.recorder
                     .node_with(
-                        node,
+                        about,
                         "ReplacementFailed",
-                        "Warning",
+                        EventType::Warning,
                         "Replace",
                         &source.to_string(),
                     )
@@ -577,12 +577,14 @@ impl Actor {
                 reason,
                 message,
             } => {
-                let t = match type_ {
-                    EventType::Normal => "Normal",
-                    EventType::Warning => "Warning",
-                };
                 self.recorder
-                    .node_with(node, reason, t, "DryRun", &format!("dry run: {message}"))
+                    .node_with(
+                        node,
+                        reason,
+                        *type_,
+                        "DryRun",
+                        &format!("dry run: {message}"),
+                    )
                     .await;
             }
             Action::Hold(h) => {
@@ -590,7 +592,7 @@ impl Actor {
                     .node_with(
                         node,
                         h.blocker.reason(),
-                        "Warning",
+                        EventType::Warning,
                         "DryRun",
                         &format!("dry run: {}", h.blocker.message()),
                     )

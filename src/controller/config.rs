@@ -48,7 +48,8 @@ pub struct ControllerConfig {
     /// Every agent keeps one connection open (HTTP/2, a report every 10 s), so this must exceed
     /// the number of nodes one replica may serve (all of them, when the other replica is down).
     pub max_connections: usize,
-    /// Namespace for the Lease and Kubernetes Events.
+    /// Namespace of the leader-election Lease. (Events about Nodes are recorded in `default`,
+    /// [`crate::controller::events::NODE_EVENT_NAMESPACE`]: the apiserver refuses them elsewhere.)
     pub namespace: String,
     /// Condition types starting with this prefix are owned by nodekeeper (written, restored, removed).
     pub condition_prefix: String,
@@ -275,6 +276,26 @@ impl ControllerConfig {
                 cfg_path!["controller", "staleness"],
                 "must be greater than zero",
             );
+        }
+        d.extend(crate::config::k8s_value_error(
+            cfg_path!["controller", "namespace"],
+            "namespace name",
+            &self.namespace,
+            crate::k8s::validation::dns1123_label(&self.namespace),
+        ));
+        d.extend(crate::config::k8s_value_error(
+            cfg_path!["controller", "leader", "lease_name"],
+            "Lease name",
+            &self.leader.lease_name,
+            crate::k8s::validation::dns1123_subdomain(&self.leader.lease_name),
+        ));
+        for (i, key) in self.label_removal_allow.iter().enumerate() {
+            d.extend(crate::config::k8s_value_error(
+                cfg_path!["controller", "label_removal_allow", i],
+                "label key",
+                key,
+                crate::k8s::validation::qualified_name(key),
+            ));
         }
         if self.condition_prefix.is_empty() {
             err(&mut d, cfg_path!["controller", "condition_prefix"],

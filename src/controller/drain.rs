@@ -86,6 +86,9 @@ pub enum BlockReason {
     ApiError,
     /// A VolumeAttachment of the node has not been detached yet.
     VolumeAttachment,
+    /// The pod's namespace is being deleted: evictions are refused (403 `NamespaceTerminating`)
+    /// until the namespace controller deletes the pod; waited for, like kubectl drain does.
+    NamespaceTerminating,
 }
 
 impl BlockReason {
@@ -99,6 +102,7 @@ impl BlockReason {
             BlockReason::Throttled => "throttled",
             BlockReason::ApiError => "api-error",
             BlockReason::VolumeAttachment => "volume-attachment",
+            BlockReason::NamespaceTerminating => "namespace-terminating",
         }
     }
 
@@ -277,6 +281,22 @@ pub enum DrainError {
         /// Cause.
         #[source]
         source: kube::Error,
+    },
+    /// An eviction (or deletion) was refused in a way retrying will not fix, e.g. 403 from RBAC or
+    /// an admission webhook (a 403 for a namespace being deleted is waited for instead).
+    #[error("eviction of pod {pod} on node {node} refused ({code}): {message}")]
+    EvictionRefused {
+        /// Node.
+        node: String,
+        /// `namespace/name` of the pod.
+        pod: String,
+        /// HTTP status code.
+        code: u16,
+        /// The API server's message.
+        message: String,
+        /// Cause.
+        #[source]
+        source: Box<kube::Error>,
     },
     /// The deadline passed with pods (or volumes) left.
     #[error("drain of node {node} timed out after {waited:?} with {remaining} pod(s) left{}", blocker_suffix(.blocker))]

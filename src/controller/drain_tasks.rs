@@ -206,7 +206,7 @@ impl Run {
             Err(DrainError::Cancelled { report, .. }) => {
                 ("cancelled", DrainPhase::Idle, Some(*report))
             }
-            Err(e @ DrainError::Api { .. }) => {
+            Err(e @ (DrainError::Api { .. } | DrainError::EvictionRefused { .. })) => {
                 tracing::warn!(node, error = %e, "drain failed; retried");
                 ("error", DrainPhase::Idle, None)
             }

@@ -149,7 +149,7 @@ pub async fn start_with(
         cfg.leader.retry_period,
     );
     let election = tokio::spawn(elector.run(leader_tx, cancel.clone()));
-    let recorder = events::Recorder::new(client.clone(), &cfg.namespace, &id);
+    let recorder = events::Recorder::new(client.clone(), &id, Some(store.clone()));
     let states = NodeStates::new(
         NodeStateConfig {
             prefix: cfg.condition_prefix.clone(),

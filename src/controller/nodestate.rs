@@ -25,7 +25,7 @@ use kube::runtime::reflector::Store;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, watch};
 
-use super::events::{Reason, Recorder};
+use super::events::{EventType, Reason, Recorder};
 use crate::agent::checks::{CheckResult, ConditionStatus};
 use crate::agent::sources::NodeEvent;
 use crate::report::{AgentCommand, NodeReport, ReportResponse};
@@ -231,14 +231,14 @@ impl NodeStates {
         }
         let acked = self.record_events(&node, &mut a, &report.events).await;
         for ce in &report.check_events {
+            // The reason comes from the agent's rules: made a valid Event reason here.
+            let reason = super::events::sanitize_reason(&ce.reason);
+            let type_ = match ce.severity {
+                crate::agent::checks::EventSeverity::Normal => EventType::Normal,
+                crate::agent::checks::EventSeverity::Warning => EventType::Warning,
+            };
             self.recorder
-                .node_with(
-                    &node,
-                    &ce.reason,
-                    &format!("{:?}", ce.severity),
-                    "Check",
-                    &ce.message,
-                )
+                .node_with(&node, &reason, type_, "Check", &ce.message)
                 .await;
         }
         super::labels::remove_requested(self, &node, &report.label_removals).await;
@@ -443,6 +443,11 @@ impl NodeStates {
 
     pub(super) fn recorder(&self) -> &Recorder {
         &self.recorder
+    }
+
+    /// Events that could not be recorded (refused by the apiserver, unreachable, or invalid).
+    pub fn recorder_failures(&self) -> u64 {
+        self.recorder.failures.load(Ordering::Relaxed)
     }
 
     /// One maintenance pass (leader only): writes reports a follower kept, marks silent agents stale.

@@ -62,9 +62,13 @@ impl Env {
         let ccfg = controller_config(config.controller.clone());
         let events_tl = tl.clone();
         let events_client = client.clone();
-        let ns_name = ccfg.namespace.clone();
         let mut tasks = vec![tokio::spawn(async move {
-            super::timeline::follow_events(events_client, &ns_name, &events_tl).await;
+            super::timeline::follow_events(
+                events_client,
+                crate::controller::events::NODE_EVENT_NAMESPACE,
+                &events_tl,
+            )
+            .await;
         })];
         let engine = crate::controller::engine::EngineOptions::new(policy.clone());
         let controller = crate::controller::start_with(client.clone(), &ccfg, Some(engine))

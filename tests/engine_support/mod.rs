@@ -224,8 +224,10 @@ pub async fn running_on(c: &TestCluster, node: &str) -> usize {
 
 /// `(reason, note)` of the Events nodekeeper recorded about `node`.
 pub async fn events_about(c: &TestCluster, node: &str) -> Vec<(String, String)> {
-    let api: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(c.client.clone(), "nodekeeper");
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(
+        c.client.clone(),
+        nodekeeper::controller::events::NODE_EVENT_NAMESPACE,
+    );
     api.list(&ListParams::default())
         .await
         .unwrap()

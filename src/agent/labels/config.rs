@@ -5,7 +5,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cfg_path;
-use crate::config::Diagnostic;
+use crate::config::{k8s_value_error, Diagnostic};
+use crate::k8s::validation as k8s;
 
 /// `[labels]`
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
@@ -70,12 +71,12 @@ impl LabelsConfig {
     pub fn validate(&self) -> Vec<Diagnostic> {
         let mut out = Vec::new();
         for (i, r) in self.cleanup.iter().enumerate() {
-            if !valid_label_key(&r.label) {
-                out.push(Diagnostic::error(
-                    cfg_path!["labels", "cleanup", i, "label"],
-                    format!("`{}` is not a valid label key ([prefix/]name, name ≤ 63 of [A-Za-z0-9._-])", r.label),
-                ));
-            }
+            out.extend(k8s_value_error(
+                cfg_path!["labels", "cleanup", i, "label"],
+                "label key",
+                &r.label,
+                k8s::qualified_name(&r.label),
+            ));
             match (&r.when_pod_ready, &r.when_condition) {
                 (Some(p), None) => {
                     if let Err(e) = crate::k8s::selectors::LabelSelector::parse(&p.selector) {
@@ -88,6 +89,13 @@ impl LabelsConfig {
                         out.push(Diagnostic::error(
                             cfg_path!["labels", "cleanup", i, "when_pod_ready"],
                             "namespace must not be empty",
+                        ));
+                    } else {
+                        out.extend(k8s_value_error(
+                            cfg_path!["labels", "cleanup", i, "when_pod_ready", "namespace"],
+                            "namespace name",
+                            &p.namespace,
+                            k8s::dns1123_label(&p.namespace),
                         ));
                     }
                 }
@@ -110,29 +118,4 @@ impl LabelsConfig {
         }
         out
     }
-}
-
-/// `[prefix/]name` as Kubernetes accepts for label keys.
-pub fn valid_label_key(key: &str) -> bool {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, key),
-    };
-    let name_ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
-    let prefix_ok = prefix.is_none_or(|p| {
-        !p.is_empty()
-            && p.len() <= 253
-            && p.split('.').all(|l| {
-                !l.is_empty()
-                    && l.bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            })
-    });
-    name_ok && prefix_ok
 }

@@ -94,6 +94,9 @@ pub fn from_refusal(pod_key: &str, ns: &str, status: &Status, pdbs: &[String]) -
                     .join(",")
             }),
         ),
+        403 if super::exec::namespace_terminating(status) => {
+            (BlockReason::NamespaceTerminating, None)
+        }
         _ => (BlockReason::ApiError, None),
     };
     Blocker {

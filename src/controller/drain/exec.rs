@@ -91,15 +91,34 @@ struct Track {
 }
 
 /// Result of one eviction or deletion call.
+#[derive(Debug)]
 enum Outcome {
     /// Accepted: the pod is terminating or gone.
     Accepted,
-    /// 404/409: the pod (with that UID) is already gone.
+    /// 404, or a 409 after which the pod is not found or has another UID: the pod we meant is gone.
     Gone,
-    /// Refused or failed; retry after a backoff.
+    /// Refused or failed; retry after a backoff (429, 5xx, transport errors, a 409 while the same
+    /// pod is still there, a 403 because its namespace is being deleted).
     Retry(Box<Status>),
-    /// An error retrying will not fix.
+    /// An error retrying will not fix (e.g. a 403 from RBAC or admission).
     Fatal(kube::Error),
+}
+
+/// The `reason` of the StatusCause NamespaceLifecycle admission adds when it refuses a create
+/// (an eviction is a create of `pods/eviction`) in a namespace that is being deleted.
+pub const NAMESPACE_TERMINATING_CAUSE: &str = "NamespaceTerminating";
+
+/// Whether `s` is NamespaceLifecycle's 403 for a namespace being deleted ("unable to create new
+/// content in namespace X because it is being terminated", cause `NamespaceTerminating`). kubectl
+/// drain waits for such pods (kubernetes#93947): the namespace controller deletes them.
+pub fn namespace_terminating(s: &Status) -> bool {
+    s.code == 403
+        && (s
+            .details
+            .iter()
+            .flat_map(|d| d.causes.iter())
+            .any(|c| c.reason == NAMESPACE_TERMINATING_CAUSE)
+            || s.message.contains("because it is being terminated"))
 }
 
 /// A client for the drain: `cfg` with kube's built-in retry of 429/503/504 turned off.
@@ -504,6 +523,13 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
                 }
                 Ok(false)
             }
+            Outcome::Fatal(kube::Error::Api(status)) => Err(DrainError::EvictionRefused {
+                node: self.node().to_string(),
+                pod: key,
+                code: status.code,
+                message: status.message.clone(),
+                source: Box::new(kube::Error::Api(status)),
+            }),
             Outcome::Fatal(e) => Err(self.api_err(format!("evict pod {key}"), e)),
         }
     }
@@ -675,15 +701,50 @@ fn pod_grace(pod: &Pod) -> u32 {
         .unwrap_or(30)
 }
 
-fn classify(r: Result<(), kube::Error>) -> Outcome {
-    match r {
+/// The outcome of an eviction or deletion, or `Err` with the 409 that needs a look at the pod:
+/// a 409 means "gone" only when the pod no longer exists or has another UID (our UID
+/// precondition failed); the apiserver also answers 409 when its own resourceVersion retries
+/// give up, for a pod that is still there.
+fn classify(r: Result<(), kube::Error>) -> Result<Outcome, Box<Status>> {
+    Ok(match r {
         Ok(()) => Outcome::Accepted,
-        Err(kube::Error::Api(s)) if matches!(s.code, 404 | 409) => Outcome::Gone,
+        Err(kube::Error::Api(s)) if s.code == 404 => Outcome::Gone,
+        Err(kube::Error::Api(s)) if s.code == 409 => return Err(s),
+        Err(kube::Error::Api(s)) if namespace_terminating(&s) => Outcome::Retry(s),
         Err(kube::Error::Api(s)) if s.code == 429 || s.code >= 500 => Outcome::Retry(s),
         Err(e) if retriable(&e) => {
             Outcome::Retry(Box::new(Status::failure(&e.to_string(), "Transport")))
         }
         Err(e) => Outcome::Fatal(e),
+    })
+}
+
+/// After a 409 for `pod`: `Gone` when it is not found or has another UID, else `Retry`.
+async fn after_conflict(api: &Api<Pod>, pod: &Pod, conflict: Box<Status>) -> Outcome {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    match api.get_opt(name).await {
+        Ok(None) => Outcome::Gone,
+        Ok(Some(now)) if now.metadata.uid != pod.metadata.uid => Outcome::Gone,
+        Ok(Some(_)) => Outcome::Retry(conflict),
+        // Cannot tell: try again later (a pod that is gone answers 404 then).
+        Err(e) => Outcome::Retry(Box::new(
+            Status::failure(
+                &format!(
+                    "{}; and the pod could not be re-read: {e}",
+                    conflict.message
+                ),
+                "Conflict",
+            )
+            .with_code(409),
+        )),
+    }
+}
+
+/// [`classify`], looking at the pod again after a 409 (`api` is the pod's namespace).
+async fn outcome(api: &Api<Pod>, pod: &Pod, r: Result<(), kube::Error>) -> Outcome {
+    match classify(r) {
+        Ok(o) => o,
+        Err(conflict) => after_conflict(api, pod, conflict).await,
     }
 }
 
@@ -712,7 +773,7 @@ async fn evict(api: &Api<Pod>, pod: &Pod) -> Outcome {
     let r: Result<Status, kube::Error> = api
         .create_subresource("eviction", &name, &PostParams::default(), &body)
         .await;
-    classify(r.map(|_| ()))
+    outcome(&api, pod, r.map(|_| ())).await
 }
 
 /// `DELETE pod` with `grace` seconds and the pod's UID as precondition (bypasses PDBs).
@@ -732,12 +793,205 @@ async fn force_delete(api: &Api<Pod>, pod: &Pod, grace: u32) -> Outcome {
         }),
         ..DeleteParams::default()
     };
-    classify(api.delete(&name, &dp).await.map(|_| ()))
+    let r = api.delete(&name, &dp).await.map(|_| ());
+    outcome(&api, pod, r).await
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A kube client whose apiserver answers each request with `answer(method, path)`, and the
+    /// requests it saw.
+    fn mock(
+        answer: impl Fn(&str, &str) -> (u16, serde_json::Value) + Send + Sync + 'static,
+    ) -> (Client, Arc<Mutex<Vec<String>>>) {
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let log = seen.clone();
+        let answer = Arc::new(answer);
+        let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+            let (method, path) = (req.method().to_string(), req.uri().path().to_string());
+            log.lock().unwrap().push(format!("{method} {path}"));
+            let (code, body) = answer(&method, &path);
+            async move {
+                hyper::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+            }
+        });
+        (Client::new(svc, "default"), seen)
+    }
+
+    fn pod(uid: &str) -> Pod {
+        serde_json::from_value(
+            json!({"metadata": {"name": "web-1", "namespace": "shop", "uid": uid}}),
+        )
+        .unwrap()
+    }
+
+    fn status(
+        code: u16,
+        reason: &str,
+        message: &str,
+        causes: serde_json::Value,
+    ) -> serde_json::Value {
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code,
+            "details": {"name": "web-1", "kind": "pods", "causes": causes}})
+    }
+
+    const EVICT: &str = "/api/v1/namespaces/shop/pods/web-1/eviction";
+    const GET: &str = "/api/v1/namespaces/shop/pods/web-1";
+
+    /// The real apiserver's 409 when its retries on the pod's resourceVersion give up.
+    fn conflict() -> serde_json::Value {
+        status(409, "Conflict", "Operation cannot be fulfilled on pods \"web-1\": the object has been modified; please apply your changes to the latest version and try again", json!([]))
+    }
+
+    /// NamespaceLifecycle's refusal (staging/src/k8s.io/apiserver/pkg/admission/plugin/namespace/lifecycle).
+    fn terminating() -> serde_json::Value {
+        status(403, "Forbidden",
+            "pods \"web-1\" is forbidden: unable to create new content in namespace shop because it is being terminated",
+            json!([{"reason": "NamespaceTerminating", "message": "namespace shop is being terminated", "field": "metadata.namespace"}]))
+    }
+
+    #[tokio::test]
+    async fn a_409_means_gone_only_if_the_pod_is_gone_or_replaced() {
+        // Still there with the same UID: retried, not taken as gone.
+        let (c, seen) = mock(|m, p| match (m, p) {
+            ("POST", EVICT) => (409, conflict()),
+            ("GET", GET) => (
+                200,
+                json!({"metadata": {"name": "web-1", "namespace": "shop", "uid": "u1"}}),
+            ),
+            _ => (500, json!({})),
+        });
+        let o = evict(&Api::all(c), &pod("u1")).await;
+        assert!(matches!(&o, Outcome::Retry(s) if s.code == 409), "{o:?}");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [format!("POST {EVICT}"), format!("GET {GET}")]
+        );
+        // Replaced (same name, another UID): gone.
+        let (c, _) = mock(|m, p| match (m, p) {
+            ("POST", EVICT) => (409, conflict()),
+            ("GET", GET) => (
+                200,
+                json!({"metadata": {"name": "web-1", "namespace": "shop", "uid": "u2"}}),
+            ),
+            _ => (500, json!({})),
+        });
+        assert!(matches!(
+            evict(&Api::all(c), &pod("u1")).await,
+            Outcome::Gone
+        ));
+        // Not found any more: gone.
+        let (c, _) = mock(|m, p| match (m, p) {
+            ("POST", EVICT) => (409, conflict()),
+            _ => (
+                404,
+                status(404, "NotFound", "pods \"web-1\" not found", json!([])),
+            ),
+        });
+        assert!(matches!(
+            evict(&Api::all(c), &pod("u1")).await,
+            Outcome::Gone
+        ));
+        // The re-read fails: retried (never "gone" on a guess).
+        let (c, _) = mock(|m, p| match (m, p) {
+            ("POST", EVICT) => (409, conflict()),
+            _ => (
+                503,
+                status(503, "ServiceUnavailable", "etcd is sad", json!([])),
+            ),
+        });
+        assert!(matches!(
+            evict(&Api::all(c), &pod("u1")).await,
+            Outcome::Retry(_)
+        ));
+        // Force deletion goes through the same check.
+        let (c, _) = mock(|m, p| match (m, p) {
+            ("DELETE", GET) => (409, conflict()),
+            ("GET", GET) => (
+                200,
+                json!({"metadata": {"name": "web-1", "namespace": "shop", "uid": "u1"}}),
+            ),
+            _ => (500, json!({})),
+        });
+        assert!(matches!(
+            force_delete(&Api::all(c), &pod("u1"), 5).await,
+            Outcome::Retry(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_terminating_namespace_is_waited_for_other_403s_are_fatal() {
+        let (c, _) = mock(|_, _| (403, terminating()));
+        let o = evict(&Api::all(c), &pod("u1")).await;
+        let Outcome::Retry(s) = &o else {
+            panic!("{o:?}")
+        };
+        assert!(namespace_terminating(s));
+        let b = blocker::from_refusal("shop/web-1", "shop", s, &[]);
+        assert_eq!(b.reason, BlockReason::NamespaceTerminating);
+        assert!(b.message.contains("being terminated"), "{}", b.message);
+        // The message alone (an apiserver that drops causes) is recognised too.
+        let mut bare = terminating();
+        bare["details"]["causes"] = json!([]);
+        let (c, _) = mock(move |_, _| (403, bare.clone()));
+        assert!(matches!(
+            evict(&Api::all(c), &pod("u1")).await,
+            Outcome::Retry(_)
+        ));
+        // RBAC: fatal.
+        let rbac = status(403, "Forbidden", "pods \"web-1\" is forbidden: User \"system:serviceaccount:nodekeeper:nodekeeper-controller\" cannot create resource \"pods/eviction\" in API group \"\" in the namespace \"shop\"", json!([]));
+        let (c, _) = mock(move |_, _| (403, rbac.clone()));
+        let o = evict(&Api::all(c), &pod("u1")).await;
+        assert!(
+            matches!(&o, Outcome::Fatal(kube::Error::Api(s)) if s.code == 403),
+            "{o:?}"
+        );
+    }
+
+    #[test]
+    fn classify_table() {
+        let api = |v: serde_json::Value| -> Result<(), kube::Error> {
+            Err(kube::Error::Api(Box::new(
+                serde_json::from_value(v).unwrap(),
+            )))
+        };
+        assert!(matches!(classify(Ok(())), Ok(Outcome::Accepted)));
+        assert!(matches!(
+            classify(api(status(404, "NotFound", "x", json!([])))),
+            Ok(Outcome::Gone)
+        ));
+        assert!(matches!(classify(api(conflict())), Err(s) if s.code == 409));
+        assert!(matches!(
+            classify(api(terminating())),
+            Ok(Outcome::Retry(_))
+        ));
+        for code in [429, 500, 503, 504] {
+            assert!(
+                matches!(
+                    classify(api(status(code, "X", "x", json!([])))),
+                    Ok(Outcome::Retry(_))
+                ),
+                "{code}"
+            );
+        }
+        for code in [400, 401, 403, 422] {
+            assert!(
+                matches!(
+                    classify(api(status(code, "X", "x", json!([])))),
+                    Ok(Outcome::Fatal(_))
+                ),
+                "{code}"
+            );
+        }
+    }
 
     #[test]
     fn backoff_grows_jittered_and_capped() {

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::budget::{parse_reason, Window};
 use crate::cfg_path;
-use crate::config::{Diagnostic, PathSeg};
+use crate::config::{k8s_value_error, Diagnostic, PathSeg};
+use crate::k8s::validation as k8s;
 
 /// All policy sections. In the config file they are top-level sections of
 /// [`crate::config::Config`] (`[repair]`, `[budgets]`, `[interruption]`, `[controller]`);
@@ -442,7 +443,9 @@ pub enum TaintEffect {
     NoSchedule,
     /// `PreferNoSchedule`
     PreferNoSchedule,
-    /// `NoExecute`
+    /// `NoExecute`: parsed so that `validate` can refuse it with the reason (the taint-eviction
+    /// controller would delete every pod not tolerating it at once, bypassing the tiered,
+    /// PDB-respecting drain).
     NoExecute,
 }
 
@@ -591,6 +594,12 @@ fn validate_repair(r: &RepairConfig) -> Vec<Diagnostic> {
         }
     }
     for (name, g) in &r.groups {
+        d.extend(k8s_value_error(
+            cfg_path!["repair", "groups", name.as_str()],
+            "group name (a value of the budgets.group_by label)",
+            name,
+            k8s::label_value(name),
+        ));
         if let Some(p) = &g.policy {
             d.extend(validate_policies(
                 p,
@@ -674,6 +683,21 @@ fn validate_budgets(b: &BudgetsConfig) -> Vec<Diagnostic> {
             cfg_path!["budgets", "group_by"],
             "must name a node label, e.g. karpenter.sh/nodepool",
         ));
+    } else {
+        d.extend(k8s_value_error(
+            cfg_path!["budgets", "group_by"],
+            "label key",
+            &b.group_by,
+            k8s::qualified_name(&b.group_by),
+        ));
+    }
+    for name in b.groups.keys() {
+        d.extend(k8s_value_error(
+            cfg_path!["budgets", "groups", name.as_str()],
+            "group name (a value of the group_by label)",
+            name,
+            k8s::label_value(name),
+        ));
     }
     for (i, budget) in b.default.iter().enumerate() {
         d.extend(validate_budget(budget, cfg_path!["budgets", "budgets", i]));
@@ -748,6 +772,30 @@ fn validate_interruption(c: &InterruptionConfig) -> Vec<Diagnostic> {
         d.push(Diagnostic::error(
             cfg_path!["interruption", "taint_key"],
             "must not be empty",
+        ));
+    } else {
+        d.extend(k8s_value_error(
+            cfg_path!["interruption", "taint_key"],
+            "taint key",
+            &c.taint_key,
+            k8s::qualified_name(&c.taint_key),
+        ));
+    }
+    if c.taint_effect == TaintEffect::NoExecute {
+        d.push(Diagnostic::error(
+            cfg_path!["interruption", "taint_effect"],
+            "NoExecute is not allowed: the taint-eviction controller deletes every pod that does not \
+             tolerate a NoExecute taint at once (or when its tolerationSeconds run out; plain deletes, no Eviction API), so PodDisruptionBudgets, \
+             tiers and do-not-disrupt would be bypassed before nodekeeper's drain starts; use NoSchedule \
+             (the default) or PreferNoSchedule",
+        ));
+    }
+    if !c.lb_exclude_label.is_empty() {
+        d.extend(k8s_value_error(
+            cfg_path!["interruption", "lb_exclude_label"],
+            "label key",
+            &c.lb_exclude_label,
+            k8s::qualified_name(&c.lb_exclude_label),
         ));
     }
     if c.default_lead <= c.safety_margin {

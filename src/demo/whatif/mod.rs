@@ -266,7 +266,12 @@ async fn replay(
     .await?;
     let (events_client, events_tl) = (cluster.client.clone(), tl.clone());
     let follow = tokio::spawn(async move {
-        super::timeline::follow_events(events_client, "nodekeeper", &events_tl).await;
+        super::timeline::follow_events(
+            events_client,
+            crate::controller::events::NODE_EVENT_NAMESPACE,
+            &events_tl,
+        )
+        .await;
     });
     tl.phase(
         2,
@@ -385,7 +390,10 @@ async fn replay(
 
 /// The controller's Events by node (reason, note), oldest first.
 async fn recorded_events(cluster: &TestCluster) -> BTreeMap<String, Vec<EventLine>> {
-    let api: Api<Event> = Api::namespaced(cluster.client.clone(), "nodekeeper");
+    let api: Api<Event> = Api::namespaced(
+        cluster.client.clone(),
+        crate::controller::events::NODE_EVENT_NAMESPACE,
+    );
     let mut out: BTreeMap<String, Vec<EventLine>> = BTreeMap::new();
     if let Ok(list) = api.list(&ListParams::default()).await {
         for e in list.items {

@@ -89,6 +89,23 @@ impl ApiError {
             "causes": [{"reason": "FieldValueInvalid", "message": message, "field": field}]}))
     }
 
+    /// 403 from NamespaceLifecycle admission: no new content (creates, evictions) in a namespace
+    /// that is being deleted. `res`/`name` are the object being created (`pods`, the pod's name
+    /// for an eviction).
+    pub fn namespace_terminating(res: &ResourceDef, name: &str, ns: &str) -> Self {
+        Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                res.qualified()
+            ),
+        )
+        .with_details(json!({"name": name, "group": res.group, "kind": res.plural,
+            "causes": [{"reason": "NamespaceTerminating",
+                "message": format!("namespace {ns} is being terminated"), "field": "metadata.namespace"}]}))
+    }
+
     /// 410 Gone (watch from a compacted resourceVersion).
     pub fn gone(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message)

@@ -83,11 +83,12 @@ pub fn check(pdb: &Value, pod: &Value, pods: &[Arc<Value>]) -> Result<(), ApiErr
         .pointer("/spec/unhealthyPodEvictionPolicy")
         .and_then(Value::as_str)
         == Some("AlwaysAllow");
-    let allowed = if pod_healthy(pod) {
-        b.disruptions_allowed > 0
-    } else {
-        always || b.current_healthy >= b.desired_healthy
-    };
+    // An unready pod goes without spending the budget when the policy says AlwaysAllow or the
+    // budget is met and non-zero (`CurrentHealthy >= DesiredHealthy && DesiredHealthy > 0`);
+    // otherwise it needs a disruption like a ready pod.
+    let allowed = b.disruptions_allowed > 0
+        || (!pod_healthy(pod)
+            && (always || (b.current_healthy >= b.desired_healthy && b.desired_healthy > 0)));
     if allowed {
         return Ok(());
     }
@@ -103,9 +104,38 @@ pub fn check(pdb: &Value, pod: &Value, pods: &[Arc<Value>]) -> Result<(), ApiErr
     .with_details(json!({"causes": [{"reason": "DisruptionBudget", "message": cause}]})))
 }
 
-/// `POST pods/{name}/eviction`: evaluates matching PDBs and deletes the pod gracefully when allowed.
+/// `deleteOptions.dryRun` of an Eviction: `true` for `["All"]` (nothing is deleted), an error for
+/// any other value (`ValidateDeleteOptions`).
+fn dry_run(body: &Value) -> ApiResult<bool> {
+    let Some(v) = body
+        .pointer("/deleteOptions/dryRun")
+        .filter(|v| !v.is_null())
+    else {
+        return Ok(false);
+    };
+    let values: Vec<&str> = v
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    match values.as_slice() {
+        [] => Ok(false),
+        ["All"] => Ok(true),
+        _ => Err(ApiError::new(
+            422,
+            "Invalid",
+            format!("DeleteOptions.meta.k8s.io \"\" is invalid: dryRun: Unsupported value: {v}: supported values: \"All\""),
+        )),
+    }
+}
+
+/// `POST pods/{name}/eviction`: evaluates matching PDBs and deletes the pod gracefully when allowed
+/// (with `deleteOptions.dryRun: ["All"]`: every check, nothing deleted). Refused with 403 in a
+/// namespace that is being deleted, as NamespaceLifecycle admission does.
 pub fn evict(t: &mut Txn<'_>, ns: &str, name: &str, body: &Value) -> ApiResult<Value> {
     let pods = well_known::pods();
+    if t.namespace_terminating(ns) {
+        return Err(ApiError::namespace_terminating(pods, name, ns));
+    }
     if body
         .get("kind")
         .and_then(Value::as_str)
@@ -145,6 +175,18 @@ pub fn evict(t: &mut Txn<'_>, ns: &str, name: &str, body: &Value) -> ApiResult<V
         .pointer("/deleteOptions/preconditions/uid")
         .and_then(Value::as_str)
         .map(str::to_string);
+    if dry_run(body)? {
+        // A dry-run delete still checks its preconditions.
+        if uid
+            .as_deref()
+            .is_some_and(|u| pod.pointer("/metadata/uid").and_then(Value::as_str) != Some(u))
+        {
+            return Err(ApiError::conflict(pods, name, "Precondition failed: UID in precondition does not match the UID in record. The object might have been deleted and then recreated"));
+        }
+        return Ok(
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+        );
+    }
     t.delete(
         pods,
         ns,
@@ -250,5 +292,42 @@ mod tests {
             &mixed
         )
         .is_ok());
+    }
+
+    #[test]
+    fn an_unready_pod_needs_a_non_zero_met_budget() {
+        // All unready, minAvailable 0: healthy 0 >= desired 0, but desired is 0 → 429 (real:
+        // `CurrentHealthy >= DesiredHealthy && DesiredHealthy > 0`), and no disruption is allowed.
+        let unready = vec![pod(false), pod(false)];
+        for spec in [
+            json!({"minAvailable": 0}),
+            json!({"maxUnavailable": "100%"}),
+        ] {
+            let err = check(&pdb(spec.clone()), &unready[0], &unready).unwrap_err();
+            assert_eq!(err.code, 429, "{spec}");
+        }
+        // A budget with room still lets it go (like a ready pod).
+        let mixed = vec![pod(true), pod(true), pod(false)];
+        assert!(check(&pdb(json!({"minAvailable": 0})), &mixed[2], &mixed).is_ok());
+        // AlwaysAllow: regardless.
+        assert!(check(
+            &pdb(json!({"minAvailable": 0, "unhealthyPodEvictionPolicy": "AlwaysAllow"})),
+            &unready[0],
+            &unready
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn dry_run_values() {
+        assert!(!dry_run(&json!({})).unwrap());
+        assert!(!dry_run(&json!({"deleteOptions": {"dryRun": []}})).unwrap());
+        assert!(dry_run(&json!({"deleteOptions": {"dryRun": ["All"]}})).unwrap());
+        assert_eq!(
+            dry_run(&json!({"deleteOptions": {"dryRun": ["Some"]}}))
+                .unwrap_err()
+                .code,
+            422
+        );
     }
 }

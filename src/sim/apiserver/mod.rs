@@ -22,6 +22,7 @@ pub use crate::k8s::selectors;
 pub mod store;
 mod table;
 pub mod tls;
+pub mod validate;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

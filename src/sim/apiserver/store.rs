@@ -242,6 +242,9 @@ pub fn new_uid() -> String {
     )
 }
 
+/// `generateName` prefixes are cut to this length (63 minus the 5 random characters).
+const MAX_GENERATE_NAME_PREFIX: usize = 58;
+
 fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
@@ -697,6 +700,12 @@ impl Txn<'_> {
                         "name or generateName is required",
                     ));
                 }
+                // As the apiserver's name generator: the prefix is cut to 58 characters.
+                let mut cut = prefix.len().min(MAX_GENERATE_NAME_PREFIX);
+                while !prefix.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                let prefix = &prefix[..cut];
                 let mut name = format!("{prefix}{}", random_suffix());
                 while self.exists(res, &ns, &name) {
                     name = format!("{prefix}{}", random_suffix());
@@ -708,6 +717,7 @@ impl Txn<'_> {
             return Err(ApiError::invalid(res, &name, "metadata.name",
                 "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"));
         }
+        super::validate::on_create(res, &ns, &name, &obj)?;
         if self.exists(res, &ns, &name) {
             return Err(ApiError::already_exists(res, &name));
         }
@@ -777,7 +787,18 @@ impl Txn<'_> {
         if !self.exists(well_known::namespaces(), "", &ns) {
             return Err(ApiError::not_found(well_known::namespaces(), &ns));
         }
+        if self.namespace_terminating(&ns) {
+            let name = meta_str(obj, "name").unwrap_or_default();
+            return Err(ApiError::namespace_terminating(res, name, &ns));
+        }
         Ok(ns)
+    }
+
+    /// Whether namespace `ns` is being deleted (phase `Terminating`: a finalizer holds it).
+    pub fn namespace_terminating(&self, ns: &str) -> bool {
+        self.get(well_known::namespaces(), "", ns).is_some_and(|n| {
+            n.pointer("/status/phase").and_then(Value::as_str) == Some("Terminating")
+        })
     }
 
     /// Replaces an object with optimistic concurrency: a non-empty resourceVersion in `desired` must match.
@@ -859,6 +880,9 @@ impl Txn<'_> {
         if new == *old {
             return Ok(old);
         }
+        if target != WriteTarget::Internal {
+            super::validate::on_update(res, ns, name, &new)?;
+        }
         let obj = self.commit(res, key.clone(), new, EventType::Modified);
         self.finish_if_done(res, key, &obj);
         Ok(self.get(res, ns, name).unwrap_or(obj))
@@ -899,6 +923,9 @@ impl Txn<'_> {
             if !due {
                 return;
             }
+        }
+        if std::ptr::eq(res, well_known::namespaces()) {
+            self.delete_namespace_contents(&key.1);
         }
         self.commit(res, key, obj.clone(), EventType::Deleted);
     }
@@ -980,6 +1007,11 @@ impl Txn<'_> {
         if current_due.is_none_or(|c| due < c) {
             new["metadata"]["deletionTimestamp"] = json!(fmt_time(due));
             new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+        }
+        if std::ptr::eq(res, well_known::namespaces()) {
+            // Held by a finalizer: Terminating, so NamespaceLifecycle refuses new content. Its
+            // content stays until the finalizers are gone (a stuck namespace controller).
+            new["status"]["phase"] = json!("Terminating");
         }
         if new == *old {
             return Ok(old);

@@ -72,7 +72,27 @@ fn renew_lease(sim: &Sim, node: &str, node_obj: &Value, now: DateTime<Utc>) {
     });
 }
 
-/// Sets Ready=True when it is not (unless pinned by the admin API) and re-applies pinned conditions.
+/// The kubelet's pressure conditions, as it reports them when there is no pressure.
+const PRESSURE: [(&str, &str, &str); 3] = [
+    (
+        "MemoryPressure",
+        "KubeletHasSufficientMemory",
+        "kubelet has sufficient memory available",
+    ),
+    (
+        "DiskPressure",
+        "KubeletHasNoDiskPressure",
+        "kubelet has no disk pressure",
+    ),
+    (
+        "PIDPressure",
+        "KubeletHasSufficientPID",
+        "kubelet has sufficient PID available",
+    ),
+];
+
+/// Sets Ready=True when it is not (unless pinned by the admin API), with the pressure conditions
+/// the lifecycle loop turned Unknown back to False, and re-applies pinned conditions.
 fn report_ready(sim: &Sim, name: &str, node: &Value, now: DateTime<Utc>) {
     let pinned = sim.nodes.pinned(name);
     let ready_pinned = pinned.iter().any(|c| c["type"] == "Ready");
@@ -94,6 +114,15 @@ fn report_ready(sim: &Sim, name: &str, node: &Value, now: DateTime<Utc>) {
             if needs_ready {
                 upsert_condition(&mut n, &json!({"type": "Ready", "status": "True", "reason": "KubeletReady",
                     "message": "kubelet is posting ready status", "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}));
+                // A kubelet posting status again reports its pressure conditions too (the
+                // lifecycle loop set them Unknown while it was silent).
+                for (t, reason, message) in PRESSURE {
+                    let unknown = condition_status(&n, t) == Some("Unknown");
+                    if unknown && !pinned.iter().any(|p| p["type"] == t) {
+                        upsert_condition(&mut n, &json!({"type": t, "status": "False", "reason": reason,
+                            "message": message, "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}));
+                    }
+                }
             }
             for p in &pinned {
                 upsert_condition(&mut n, p);

@@ -66,25 +66,54 @@ fn has_unreachable(node: &Value) -> bool {
         .is_some_and(|ts| ts.iter().any(|t| t["key"] == UNREACHABLE))
 }
 
+/// The conditions the node-lifecycle controller owns once the kubelet stops posting status
+/// (`nodeConditionTypes` in `node_lifecycle_controller.go`); every other condition (the
+/// kubelet's `NetworkUnavailable`, nodekeeper's own, an NPD's) is left as it is.
+pub const KUBELET_CONDITIONS: [&str; 4] =
+    ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"];
+
 fn mark_unknown(sim: &Sim, name: &str, stamp: &str) {
     let _ = sim.store.txn(|t| {
         t.modify(well_known::nodes(), "", name, WriteTarget::Internal, |n| {
             let mut n = n.clone();
-            if let Some(conds) = n
-                .pointer_mut("/status/conditions")
-                .and_then(Value::as_array_mut)
-            {
-                for c in conds.iter_mut() {
-                    c["status"] = json!("Unknown");
-                    c["reason"] = json!("NodeStatusUnknown");
-                    c["message"] = json!("Kubelet stopped posting node status.");
-                    c["lastTransitionTime"] = json!(stamp);
-                }
-            }
+            mark_unknown_conditions(&mut n, stamp);
             add_taints(&mut n, true);
             Ok(n)
         })
     });
+}
+
+/// `tryUpdateNodeHealth` for a node whose kubelet went silent: each of [`KUBELET_CONDITIONS`]
+/// not already `Unknown` becomes `Unknown` / `NodeStatusUnknown` (transition time `stamp`); a
+/// missing one is added as `Unknown` / `NodeStatusNeverUpdated`. Nothing else changes.
+pub fn mark_unknown_conditions(n: &mut Value, stamp: &str) {
+    if !n.get("status").is_some_and(Value::is_object) {
+        n["status"] = json!({});
+    }
+    if !n["status"].get("conditions").is_some_and(Value::is_array) {
+        n["status"]["conditions"] = json!([]);
+    }
+    let created = n
+        .pointer("/metadata/creationTimestamp")
+        .cloned()
+        .unwrap_or_else(|| json!(stamp));
+    let Some(conds) = n["status"]["conditions"].as_array_mut() else {
+        return;
+    };
+    for t in KUBELET_CONDITIONS {
+        match conds.iter_mut().find(|c| c["type"] == t) {
+            Some(c) if c["status"] != "Unknown" => {
+                c["status"] = json!("Unknown");
+                c["reason"] = json!("NodeStatusUnknown");
+                c["message"] = json!("Kubelet stopped posting node status.");
+                c["lastTransitionTime"] = json!(stamp);
+            }
+            Some(_) => {}
+            None => conds.push(json!({"type": t, "status": "Unknown",
+                "reason": "NodeStatusNeverUpdated", "message": "Kubelet never posted node status.",
+                "lastHeartbeatTime": created, "lastTransitionTime": stamp})),
+        }
+    }
 }
 
 fn set_unreachable_taints(sim: &Sim, name: &str, on: bool) {
@@ -112,4 +141,67 @@ fn add_taints(n: &mut Value, on: bool) {
         n["spec"] = json!({});
     }
     n["spec"]["taints"] = Value::Array(taints);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_kubelet_conditions_turn_unknown() {
+        let old = "2026-01-01T00:00:00Z";
+        let cond = |t: &str, s: &str| json!({"type": t, "status": s, "reason": "R", "message": "m", "lastTransitionTime": old});
+        let mut n = json!({"metadata": {"name": "n1", "creationTimestamp": old}, "status": {"conditions": [
+            cond("Ready", "True"), cond("MemoryPressure", "False"), cond("DiskPressure", "Unknown"),
+            cond("NetworkUnavailable", "False"), cond("NodekeeperHeld", "True"),
+            cond("NodekeeperKernelDeadlock", "False")]}});
+        mark_unknown_conditions(&mut n, "2026-01-01T00:05:00Z");
+        let by = |t: &str| {
+            n["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["type"] == t)
+                .cloned()
+                .unwrap()
+        };
+        for t in ["Ready", "MemoryPressure"] {
+            let c = by(t);
+            assert_eq!(
+                (c["status"].as_str(), c["reason"].as_str()),
+                (Some("Unknown"), Some("NodeStatusUnknown")),
+                "{t}"
+            );
+            assert_eq!(c["lastTransitionTime"], "2026-01-01T00:05:00Z");
+        }
+        // Already Unknown: untouched, transition time kept.
+        assert_eq!(by("DiskPressure"), cond("DiskPressure", "Unknown"));
+        // Missing: added.
+        let pid = by("PIDPressure");
+        assert_eq!(
+            (pid["status"].as_str(), pid["reason"].as_str()),
+            (Some("Unknown"), Some("NodeStatusNeverUpdated"))
+        );
+        // Everyone else's conditions stay exactly as they were.
+        for t in [
+            "NetworkUnavailable",
+            "NodekeeperHeld",
+            "NodekeeperKernelDeadlock",
+        ] {
+            assert_eq!(
+                by(t),
+                cond(
+                    t,
+                    if t == "NodekeeperHeld" {
+                        "True"
+                    } else {
+                        "False"
+                    }
+                ),
+                "{t}"
+            );
+        }
+        assert_eq!(n["status"]["conditions"].as_array().unwrap().len(), 7);
+    }
 }
