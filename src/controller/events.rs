@@ -256,6 +256,19 @@ pub struct EventSpec<'a> {
     pub note: &'a str,
 }
 
+/// `NODE.<hex nanoseconds>`, as client-go's recorder names Events (a `generateName` of `NODE.` is refused:
+/// a generated name's prefix must itself be a DNS subdomain, and may not end in `.`). The node part is cut
+/// so the name stays within 253 characters.
+fn event_name(node: &str, now: k8s_openapi::jiff::Timestamp) -> String {
+    let suffix = format!(".{:x}", now.as_nanosecond().max(0));
+    let mut cut = node.len().min(253 - suffix.len());
+    while !node.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let head = node[..cut].trim_end_matches(['.', '-']);
+    format!("{head}{suffix}")
+}
+
 /// The Event for `spec` about `node` (with `uid` when known), checked against the apiserver's
 /// events.k8s.io/v1 rules. `instance` must already be a valid `reportingInstance`.
 pub fn build(
@@ -297,7 +310,7 @@ pub fn build(
         .map_err(|e| invalid("regarding.name", e))?;
     Ok(Event {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{node}.")),
+            name: Some(event_name(node, now)),
             namespace: Some(NODE_EVENT_NAMESPACE.to_string()),
             ..Default::default()
         },
@@ -437,6 +450,21 @@ impl Recorder {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+
+    #[test]
+    fn event_names_are_valid_object_names_as_client_go_makes_them() {
+        let t = k8s_openapi::jiff::Timestamp::from_nanosecond(1_700_000_000_123_456_789).unwrap();
+        assert_eq!(event_name("ev-0", t), "ev-0.17979cfe3d85cd15");
+        let long = "a".repeat(253);
+        let n = event_name(&long, t);
+        assert_eq!(n.len(), 253);
+        assert!(crate::k8s::validation::dns1123_subdomain(&n).is_empty(), "{n}");
+        // A cut that would leave the node part ending in '.' or '-' drops those.
+        let dotted = format!("{}.b", "a".repeat(235));
+        let n = event_name(&dotted, t);
+        assert!(crate::k8s::validation::dns1123_subdomain(&n).is_empty(), "{n}");
+    }
+
     use super::*;
     use proptest::prelude::*;
 

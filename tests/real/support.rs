@@ -435,14 +435,14 @@ impl ControllerProc {
         ControllerProc { child, addr, lines }
     }
 
-    /// Log lines that mention a 403 from the API server (a missing permission).
+    /// Log lines that tell of a 403 from the API server (a missing permission).
     pub fn forbidden_lines(&self) -> Vec<String> {
         self.lines
             .lock()
             .unwrap()
             .iter()
             .map(|v| v.to_string())
-            .filter(|l| l.contains("403") || l.to_lowercase().contains("forbidden"))
+            .filter(|l| l.contains("code: 403") || l.contains("\"code\":403") || l.to_lowercase().contains("forbidden"))
             .collect()
     }
 

@@ -700,6 +700,15 @@ impl Txn<'_> {
                         "name or generateName is required",
                     ));
                 }
+                // As ValidateObjectMeta: the prefix, a trailing '-' allowed, must itself be a valid name.
+                let masked = match prefix.strip_suffix('-') {
+                    Some(p) => format!("{p}a"),
+                    None => prefix.clone(),
+                };
+                if !valid_object_name(&masked) {
+                    return Err(ApiError::invalid(res, &format!("{prefix}xxxxx"), "metadata.generateName",
+                        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"));
+                }
                 // As the apiserver's name generator: the prefix is cut to 58 characters.
                 let mut cut = prefix.len().min(MAX_GENERATE_NAME_PREFIX);
                 while !prefix.is_char_boundary(cut) {
@@ -1127,6 +1136,12 @@ mod tests {
             .as_str()
             .unwrap()
             .starts_with("web-"));
+        // As the real apiserver: a prefix ending in '.' is not a valid name prefix (only '-' is).
+        let dotted = s
+            .txn(|t| t.create(pods, "default", json!({"metadata": {"generateName": "node-1."}})))
+            .unwrap_err();
+        assert_eq!((dotted.code, &*dotted.reason), (422, "Invalid"));
+        assert!(dotted.message.contains("metadata.generateName"), "{}", dotted.message);
         let bad_ns = s
             .txn(|t| t.create(pods, "nope", pod("p9", "n1")))
             .unwrap_err();
