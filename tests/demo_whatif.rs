@@ -434,3 +434,32 @@ async fn fresh_kubectl_export_replays() {
     assert_eq!(verdict(&report, "spot-0")["decision"], "none");
     assert_eq!(report["changed"], serde_json::json!([]));
 }
+
+/// A pod bound to a node that is not in the snapshot (the node was deleted while the export ran; the
+/// pod garbage collector removes such pods) is left out of the replay and listed, not an error, as
+/// long as the export holds the other pods' nodes.
+#[test]
+fn pods_of_a_node_deleted_during_the_export_are_left_out_and_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n-0"},"status":{"conditions":[{"type":"Ready","status":"True"}]}}"#;
+    let pod = |name: &str, node: &str| {
+        format!(
+            r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"default"}},"spec":{{"nodeName":"{node}","containers":[{{"name":"c"}}]}},"status":{{"phase":"Running"}}}}"#
+        )
+    };
+    let file = dir.path().join("churn.json");
+    std::fs::write(
+        &file,
+        format!(
+            r#"{{"kind":"List","items":[{node},{},{}]}}"#,
+            pod("kept", "n-0"),
+            pod("orphan", "gone-1")
+        ),
+    )
+    .unwrap();
+    let r = demo(&["--snapshot", file.to_str().unwrap(), "-o", "json"]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let report: Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(report["objects"]["pods"], 1, "{report:#}");
+    assert_eq!(report["left_out"], serde_json::json!(["default/orphan"]));
+}

@@ -458,11 +458,17 @@ mod tests {
         let long = "a".repeat(253);
         let n = event_name(&long, t);
         assert_eq!(n.len(), 253);
-        assert!(crate::k8s::validation::dns1123_subdomain(&n).is_empty(), "{n}");
+        assert!(
+            crate::k8s::validation::dns1123_subdomain(&n).is_empty(),
+            "{n}"
+        );
         // A cut that would leave the node part ending in '.' or '-' drops those.
         let dotted = format!("{}.b", "a".repeat(235));
         let n = event_name(&dotted, t);
-        assert!(crate::k8s::validation::dns1123_subdomain(&n).is_empty(), "{n}");
+        assert!(
+            crate::k8s::validation::dns1123_subdomain(&n).is_empty(),
+            "{n}"
+        );
     }
 
     use super::*;

@@ -67,11 +67,21 @@ async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once()
         l["kubernetes.io/hostname"] = n.into();
         l
     };
-    let _nodes = create_nodes(&admin, &[kwok_node(NODE, labels(NODE)), kwok_node(SPARE, labels(SPARE))]).await;
+    let _nodes = create_nodes(
+        &admin,
+        &[
+            kwok_node(NODE, labels(NODE)),
+            kwok_node(SPARE, labels(SPARE)),
+        ],
+    )
+    .await;
     let nodes: Api<Node> = Api::all(admin.clone());
     // Everything starts on ha-0: the spare is cordoned until the workload runs.
     nodes.cordon(SPARE).await.unwrap();
-    crate::drain::apply(c, &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS_APP}}}\n"));
+    crate::drain::apply(
+        c,
+        &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS_APP}}}\n"),
+    );
     let mut web = crate::drain::deployment(NS_APP, "web", NODE, 6);
     web["spec"]["template"]["spec"]["nodeSelector"] = json!({ "failover-test": "yes" });
     web["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(3);
@@ -98,7 +108,10 @@ async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once()
     let config = |id: &str| {
         controller_toml(dir.path(), id, |t| {
             let c = t["controller"].as_table_mut().unwrap();
-            c["leader"].as_table_mut().unwrap().insert("lease_name".into(), "nodekeeper-failover".into());
+            c["leader"]
+                .as_table_mut()
+                .unwrap()
+                .insert("lease_name".into(), "nodekeeper-failover".into());
             let mut p = toml::Table::new();
             p.insert("kind".into(), "webhook".into());
             p.insert("url".into(), url.clone().into());
@@ -117,49 +130,83 @@ async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once()
             .flatten()
             .and_then(|l| l.spec?.holder_identity)
     };
-    wait_until(Duration::from_secs(20), "ha-a leads", || async { holder().await.as_deref() == Some("ha-a") }).await;
+    wait_until(Duration::from_secs(20), "ha-a leads", || async {
+        holder().await.as_deref() == Some("ha-a")
+    })
+    .await;
     let b = ControllerProc::start(c, &cfg_b, "ha-b").await;
 
     // The agent on ha-0 reports the preemption to the leader.
     let (pod, uid) = agent_pod_on(&admin, NODE).await;
-    let token = sa_token(&admin, NS, AGENT_SA, Some(REPORT_AUDIENCE), Some((&pod, &uid))).await;
+    let token = sa_token(
+        &admin,
+        NS,
+        AGENT_SA,
+        Some(REPORT_AUDIENCE),
+        Some((&pod, &uid)),
+    )
+    .await;
     let https = crate::ctl::https(&dir.path().join("ca.pem"), a.addr);
     let mut report = crate::ctl::report(NODE, 1, &[]);
     report.events = vec![preemption(chrono::Utc::now())];
-    let (code, resp) = crate::ctl::post(&https, a.addr, Some(&token), &serde_json::to_value(&report).unwrap()).await;
+    let (code, resp) = crate::ctl::post(
+        &https,
+        a.addr,
+        Some(&token),
+        &serde_json::to_value(&report).unwrap(),
+    )
+    .await;
     assert_eq!(code, 200, "{resp}");
 
     // Mid-drain: one pod evicted and gone, the PDB holding the other five (the Node says so); the
     // leader dies there without releasing its Lease.
-    let blocked = wait_for(Duration::from_secs(60), "the drain held by the PDB after one eviction", || async {
-        let n = nodes.get(NODE).await.ok()?;
-        let b = annotation(&n, keys::BLOCKED)?.to_string();
-        (b.contains("failover/web") && workload_pods(&admin, NODE).await.0 == 5).then_some(b)
-    })
+    let blocked = wait_for(
+        Duration::from_secs(60),
+        "the drain held by the PDB after one eviction",
+        || async {
+            let n = nodes.get(NODE).await.ok()?;
+            let b = annotation(&n, keys::BLOCKED)?.to_string();
+            (b.contains("failover/web") && workload_pods(&admin, NODE).await.0 == 5).then_some(b)
+        },
+    )
     .await;
     eprintln!("blocked: {blocked}");
     a.child.start_kill().unwrap();
     let _ = a.child.wait().await;
 
-    wait_until(Duration::from_secs(20), "ha-b leads", || async { holder().await.as_deref() == Some("ha-b") }).await;
+    wait_until(Duration::from_secs(20), "ha-b leads", || async {
+        holder().await.as_deref() == Some("ha-b")
+    })
+    .await;
     // Room for the evicted pods' replacements: the PDB allows the next eviction, one at a time.
     nodes.uncordon(SPARE).await.unwrap();
-    wait_until(Duration::from_secs(90), "the drain finished by ha-b", || async {
-        workload_pods(&admin, NODE).await.0 == 0
-    })
+    wait_until(
+        Duration::from_secs(90),
+        "the drain finished by ha-b",
+        || async { workload_pods(&admin, NODE).await.0 == 0 },
+    )
     .await;
-    wait_until(Duration::from_secs(10), "ha-b's drain of ha-0 completed", || async {
-        b.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l["message"] == "drain ended" && l["node"] == NODE && l["result"] == "completed")
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "ha-b's drain of ha-0 completed",
+        || async {
+            b.lines.lock().unwrap().iter().any(|l| {
+                l["message"] == "drain ended" && l["node"] == NODE && l["result"] == "completed"
+            })
+        },
+    )
     .await;
-    assert_eq!(workload_pods(&admin, SPARE).await.0, 6, "the workload moved to the spare");
+    assert_eq!(
+        workload_pods(&admin, SPARE).await.0,
+        6,
+        "the workload moved to the spare"
+    );
     let n = nodes.get(NODE).await.unwrap();
     assert!(unschedulable(&n));
-    assert!(annotation(&n, keys::REPLACEMENT_REQUESTED).is_some(), "replacement recorded on the Node");
+    assert!(
+        annotation(&n, keys::REPLACEMENT_REQUESTED).is_some(),
+        "replacement recorded on the Node"
+    );
     // Give ha-b three more reconciles to (wrongly) ask again before counting: it must not.
     let https_b = crate::ctl::https(&dir.path().join("ca.pem"), b.addr);
     let reconciles = || async {
@@ -167,9 +214,11 @@ async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once()
         metric(&text, "nodekeeper_engine_reconciles_total")
     };
     let before = reconciles().await;
-    wait_until(Duration::from_secs(20), "three more reconciles by ha-b", || async {
-        reconciles().await >= before + 3.0
-    })
+    wait_until(
+        Duration::from_secs(20),
+        "three more reconciles by ha-b",
+        || async { reconciles().await >= before + 3.0 },
+    )
     .await;
     let ids: std::collections::BTreeSet<String> = requests
         .lock()
@@ -177,9 +226,18 @@ async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once()
         .iter()
         .map(|r| r["request_id"].as_str().unwrap_or_default().to_string())
         .collect();
-    assert_eq!(ids.len(), 1, "exactly one replacement asked for: {:?}", requests.lock().unwrap());
+    assert_eq!(
+        ids.len(),
+        1,
+        "exactly one replacement asked for: {:?}",
+        requests.lock().unwrap()
+    );
     assert_eq!(requests.lock().unwrap()[0]["node"], NODE);
-    assert_eq!(b.forbidden_lines(), Vec::<String>::new(), "the standby hit a 403");
+    assert_eq!(
+        b.forbidden_lines(),
+        Vec::<String>::new(),
+        "the standby hit a 403"
+    );
     b.stop().await;
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
         .delete(NS_APP, &Default::default())

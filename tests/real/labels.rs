@@ -17,7 +17,10 @@ const OTHER: &str = "lm-1";
 const LABEL: &str = "last-migration-failure";
 
 fn has_label(n: &Node) -> bool {
-    n.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL))
+    n.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(LABEL))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,7 +30,14 @@ async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready() 
     let c = cluster();
     let admin = c.admin().await;
     let labels = |n: &str| json!({ LABEL: "get_kubesvc_failure", "kubernetes.io/hostname": n });
-    let _nodes = create_nodes(&admin, &[kwok_node(NODE, labels(NODE)), kwok_node(OTHER, labels(OTHER))]).await;
+    let _nodes = create_nodes(
+        &admin,
+        &[
+            kwok_node(NODE, labels(NODE)),
+            kwok_node(OTHER, labels(OTHER)),
+        ],
+    )
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let config = controller_toml(dir.path(), "labels", |_| {});
     let ctl = ControllerProc::start(c, &config, "labels").await;
@@ -36,11 +46,21 @@ async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready() 
 
     // The agent reports (the controller writes its heartbeat condition); no Cilium yet: label stays.
     let nodes: Api<Node> = Api::all(admin.clone());
-    wait_until(Duration::from_secs(30), "the agent's first report on lm-0", || async {
-        crate::ctl::conditions(&nodes, NODE).await.keys().any(|k| k.starts_with("Nodekeeper"))
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "the agent's first report on lm-0",
+        || async {
+            crate::ctl::conditions(&nodes, NODE)
+                .await
+                .keys()
+                .any(|k| k.starts_with("Nodekeeper"))
+        },
+    )
     .await;
-    assert!(has_label(&nodes.get(NODE).await.unwrap()), "removed before Cilium was Ready");
+    assert!(
+        has_label(&nodes.get(NODE).await.unwrap()),
+        "removed before Cilium was Ready"
+    );
 
     // A Cilium-like DaemonSet on both nodes; KWOK makes its pods Ready.
     crate::drain::create_json(
@@ -63,16 +83,26 @@ async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready() 
         })],
     )
     .await;
-    wait_until(Duration::from_secs(30), "label removed from lm-0", || async {
-        !has_label(&nodes.get(NODE).await.unwrap())
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "label removed from lm-0",
+        || async { !has_label(&nodes.get(NODE).await.unwrap()) },
+    )
     .await;
     // No agent runs on lm-1: its label stays, although its Cilium pod is Ready too.
-    assert!(has_label(&nodes.get(OTHER).await.unwrap()), "another node's label was removed");
+    assert!(
+        has_label(&nodes.get(OTHER).await.unwrap()),
+        "another node's label was removed"
+    );
 
     agent.terminate(Duration::from_secs(10)).await;
-    assert_eq!(ctl.forbidden_lines(), Vec::<String>::new(), "the controller hit a 403");
+    assert_eq!(
+        ctl.forbidden_lines(),
+        Vec::<String>::new(),
+        "the controller hit a 403"
+    );
     ctl.stop().await;
-    let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(admin.clone(), "kube-system");
+    let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(admin.clone(), "kube-system");
     let _ = ds.delete("cilium-lm", &Default::default()).await;
 }

@@ -14,12 +14,13 @@ mod ctl;
 mod packaging_support;
 mod support;
 
-mod identity;
 mod drain;
 mod events;
-mod repair;
+mod failover;
+mod identity;
 mod labels;
+mod preemption;
 mod privilege;
 mod rbac;
-mod failover;
-mod preemption;
+mod repair;
+mod whatif;

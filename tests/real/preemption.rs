@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use nodekeeper::controller::policy::view::keys;
 use nodekeeper::agent::sources::Cloud;
+use nodekeeper::controller::policy::view::keys;
 use serde_json::json;
 
 use crate::drain::{apply, create_json, deployment};
@@ -58,13 +58,21 @@ fn workload() -> Vec<serde_json::Value> {
         with_pin(deployment(APP, "frozen", NODE, 1)),
         pdb("frozen", "frozen", json!({ "minAvailable": 1 })),
         with_pin(deployment(APP, "flaky", NODE, 2)),
-        pdb("flaky", "flaky", json!({ "minAvailable": 2, "unhealthyPodEvictionPolicy": "AlwaysAllow" })),
+        pdb(
+            "flaky",
+            "flaky",
+            json!({ "minAvailable": 2, "unhealthyPodEvictionPolicy": "AlwaysAllow" }),
+        ),
     ]
 }
 
 async fn pods_of(admin: &kube::Client, node: &str, app: &str) -> Vec<Pod> {
     Api::<Pod>::namespaced(admin.clone(), APP)
-        .list(&ListParams::default().labels(&format!("app={app}")).fields(&format!("spec.nodeName={node}")))
+        .list(
+            &ListParams::default()
+                .labels(&format!("app={app}"))
+                .fields(&format!("spec.nodeName={node}")),
+        )
         .await
         .unwrap()
         .items
@@ -80,10 +88,20 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once()
     let c = cluster();
     let admin = c.admin().await;
     let labels = |n: &str| json!({ "karpenter.sh/nodepool": "pe-pool", "preempt-test": "yes", "kubernetes.io/hostname": n });
-    let _nodes = create_nodes(&admin, &[kwok_node(NODE, labels(NODE)), kwok_node(SPARE, labels(SPARE))]).await;
+    let _nodes = create_nodes(
+        &admin,
+        &[
+            kwok_node(NODE, labels(NODE)),
+            kwok_node(SPARE, labels(SPARE)),
+        ],
+    )
+    .await;
     let nodes: Api<Node> = Api::all(admin.clone());
     nodes.cordon(SPARE).await.unwrap();
-    apply(c, &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {APP}}}\n"));
+    apply(
+        c,
+        &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {APP}}}\n"),
+    );
     create_json(&admin, APP, &workload()).await;
     wait_until(Duration::from_secs(60), "9 Ready pods on pe-0", || async {
         crate::drain::workload_pods(&admin, NODE).await == (9, 9)
@@ -97,7 +115,9 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once()
         .patch_status(
             &unready,
             &PatchParams::default(),
-            &Patch::Strategic(&json!({ "status": { "conditions": [{ "type": "Ready", "status": "False" }] } })),
+            &Patch::Strategic(
+                &json!({ "status": { "conditions": [{ "type": "Ready", "status": "False" }] } }),
+            ),
         )
         .await
         .unwrap();
@@ -110,27 +130,41 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once()
         p.insert("kind".into(), "webhook".into());
         p.insert("url".into(), url.clone().into());
         p.insert("secret".into(), "preempt-test-secret".into());
-        t["controller"].as_table_mut().unwrap().insert("provider".into(), p.into());
+        t["controller"]
+            .as_table_mut()
+            .unwrap()
+            .insert("provider".into(), p.into());
     });
     let ctl = ControllerProc::start(c, &config, "preempt").await;
-    let imds = nodekeeper::sim::imds::ImdsEmulator::start(Cloud::Oci, "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let imds =
+        nodekeeper::sim::imds::ImdsEmulator::start(Cloud::Oci, "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
     let endpoint = imds.url();
     let mut agent = start_shipped_agent(c, &admin, NODE, dir.path(), ctl.addr.port(), |t| {
         let s = t["sources"].as_table_mut().unwrap();
         s.insert("cloud".into(), "oci".into());
         s.insert("endpoint".into(), endpoint.clone().into());
         s.insert("poll_interval".into(), "200ms".into());
-        let path: toml::Table = toml::from_str(&format!("path = \"{EMULATOR_PREEMPT_PATH}\"\nkind = \"preemption\"")).unwrap();
+        let path: toml::Table = toml::from_str(&format!(
+            "path = \"{EMULATOR_PREEMPT_PATH}\"\nkind = \"preemption\""
+        ))
+        .unwrap();
         let mut oci = toml::Table::new();
         oci.insert("poll_paths".into(), toml::Value::Array(vec![path.into()]));
         s.insert("oci".into(), oci.into());
     })
     .await;
-    wait_until(Duration::from_secs(30), "the agent's first report", || async {
-        crate::ctl::conditions(&nodes, NODE).await.keys().any(|k| k.starts_with("Nodekeeper"))
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "the agent's first report",
+        || async {
+            crate::ctl::conditions(&nodes, NODE)
+                .await
+                .keys()
+                .any(|k| k.starts_with("Nodekeeper"))
+        },
+    )
     .await;
 
     // Reclaimed in 45 s: the drain deadline is 30 s from now (safety margin 15 s).
@@ -138,7 +172,13 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once()
     let t0 = tokio::time::Instant::now();
     let n = wait_for(Duration::from_secs(10), "taint + cordon", || async {
         let n = nodes.get(NODE).await.ok()?;
-        let tainted = n.spec.as_ref()?.taints.as_ref()?.iter().any(|t| t.key == "nodekeeper.io/interruption");
+        let tainted = n
+            .spec
+            .as_ref()?
+            .taints
+            .as_ref()?
+            .iter()
+            .any(|t| t.key == "nodekeeper.io/interruption");
         (tainted && unschedulable(&n)).then_some(n)
     })
     .await;
@@ -146,46 +186,270 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once()
     assert!(annotation(&n, keys::INTERRUPTION).is_some_and(|v| v.starts_with("preemption/")));
 
     // What the budgets allow leaves; the rest is held at the deadline.
-    wait_until(Duration::from_secs(40), "web, db and the unready flaky pod gone", || async {
-        pods_of(&admin, NODE, "web").await.is_empty()
-            && pods_of(&admin, NODE, "db").await.is_empty()
-            && !pods_of(&admin, NODE, "flaky").await.iter().any(|p| p.metadata.name.as_deref() == Some(unready.as_str()))
-    })
+    wait_until(
+        Duration::from_secs(40),
+        "web, db and the unready flaky pod gone",
+        || async {
+            pods_of(&admin, NODE, "web").await.is_empty()
+                && pods_of(&admin, NODE, "db").await.is_empty()
+                && !pods_of(&admin, NODE, "flaky")
+                    .await
+                    .iter()
+                    .any(|p| p.metadata.name.as_deref() == Some(unready.as_str()))
+        },
+    )
     .await;
     // Until the deadline the Node says which PDB holds it; after, that the deadline passed.
     let holds = std::sync::Mutex::new(std::collections::BTreeSet::new());
-    wait_until(Duration::from_secs(45), "the drain ended at its deadline", || {
-        let ended = ctl.lines.lock().unwrap().iter().any(|l| l["message"] == "drain ended" && l["node"] == NODE);
-        let (holds, nodes) = (&holds, nodes.clone());
-        async move {
-            if let Some(b) = nodes.get(NODE).await.ok().as_ref().and_then(|n| annotation(n, keys::BLOCKED)) {
-                let v: serde_json::Value = serde_json::from_str(b).unwrap_or_default();
-                holds.lock().unwrap().insert(format!("{}:{}", v["kind"].as_str().unwrap_or(""), v["pdb"].as_str().unwrap_or("")));
+    wait_until(
+        Duration::from_secs(45),
+        "the drain ended at its deadline",
+        || {
+            let ended = ctl
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l["message"] == "drain ended" && l["node"] == NODE);
+            let (holds, nodes) = (&holds, nodes.clone());
+            async move {
+                if let Some(b) = nodes
+                    .get(NODE)
+                    .await
+                    .ok()
+                    .as_ref()
+                    .and_then(|n| annotation(n, keys::BLOCKED))
+                {
+                    let v: serde_json::Value = serde_json::from_str(b).unwrap_or_default();
+                    holds.lock().unwrap().insert(format!(
+                        "{}:{}",
+                        v["kind"].as_str().unwrap_or(""),
+                        v["pdb"].as_str().unwrap_or("")
+                    ));
+                }
+                ended
             }
-            ended
-        }
-    })
+        },
+    )
     .await;
     let holds = holds.into_inner().unwrap();
     eprintln!("holds seen: {holds:?}");
     assert!(
-        holds.iter().any(|h| ["pdb:preempt/solo", "pdb:preempt/frozen", "pdb:preempt/flaky"].contains(&h.as_str())),
+        holds.iter().any(|h| [
+            "pdb:preempt/solo",
+            "pdb:preempt/frozen",
+            "pdb:preempt/flaky"
+        ]
+        .contains(&h.as_str())),
         "the hold named a blocking PDB: {holds:?}"
     );
-    let names = |ps: Vec<Pod>| ps.into_iter().filter_map(|p| p.metadata.name).collect::<Vec<_>>();
-    assert_eq!(names(pods_of(&admin, NODE, "solo").await), vec!["solo"], "a bare pod's PDB allows 0 for real");
-    assert_eq!(pods_of(&admin, NODE, "frozen").await.len(), 1, "minAvailable 1 of 1 allows 0");
-    assert_eq!(names(pods_of(&admin, NODE, "flaky").await), vec![ready_flaky], "only the unready flaky pod may go");
-    let n = nodes.get(NODE).await.unwrap();
-    let why = annotation(&n, keys::BLOCKED).unwrap_or_default().to_string();
-    assert!(why.contains("\"kind\":\"deadline\""), "after the deadline: {why}");
+    let names = |ps: Vec<Pod>| {
+        ps.into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(pods_of(&admin, NODE, "solo").await),
+        vec!["solo"],
+        "a bare pod's PDB allows 0 for real"
+    );
+    assert_eq!(
+        pods_of(&admin, NODE, "frozen").await.len(),
+        1,
+        "minAvailable 1 of 1 allows 0"
+    );
+    assert_eq!(
+        names(pods_of(&admin, NODE, "flaky").await),
+        vec![ready_flaky],
+        "only the unready flaky pod may go"
+    );
+    // The hold after the deadline (written just after the drain's end).
+    wait_until(
+        Duration::from_secs(10),
+        "the hold: deadline passed",
+        || async {
+            let n = nodes.get(NODE).await.unwrap();
+            annotation(&n, keys::BLOCKED).is_some_and(|b| b.contains("\"kind\":\"deadline\""))
+        },
+    )
+    .await;
 
     let reqs = requests.lock().unwrap().clone();
     assert_eq!(reqs.len(), 1, "one replacement request: {reqs:?}");
     assert_eq!(reqs[0]["node"], NODE);
     assert_eq!(reqs[0]["reason"], "interruption:preemption");
-    assert_eq!(ctl.forbidden_lines(), Vec::<String>::new(), "the controller hit a 403");
+    assert_eq!(
+        ctl.forbidden_lines(),
+        Vec::<String>::new(),
+        "the controller hit a 403"
+    );
     agent.terminate(Duration::from_secs(10)).await;
     ctl.stop().await;
-    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone()).delete(APP, &Default::default()).await;
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .delete(APP, &Default::default())
+        .await;
+}
+
+/// An OCI Events delivery (OCI Notifications' HTTPS POST of a Compute "instance preemption action"
+/// event, written here from Oracle's event reference, not from nodekeeper's code) for each of several
+/// nodes: the controller answers 2xx only once the Node stores the notice, taint and cordon are then
+/// visible to a watch, and a redelivery changes nothing. Prints POST → taint latencies (a figure for
+/// docs/benchmarks.md, not an assertion).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oci_events_deliveries_taint_and_cordon_once_stored() {
+    use futures::StreamExt;
+    use kube::runtime::{watcher, WatchStreamExt};
+    init_tracing();
+    let _one_engine = exclusive().await;
+    let c = cluster();
+    let admin = c.admin().await;
+    const N: usize = 10;
+    let names: Vec<String> = (0..N).map(|i| format!("oe-{i}")).collect();
+    let nodes: Vec<Node> = names
+        .iter()
+        .map(|n| {
+            let mut node = kwok_node(
+                n,
+                json!({ "karpenter.sh/nodepool": "oe-pool", "kubernetes.io/hostname": n }),
+            );
+            node.spec.as_mut().unwrap().provider_id = Some(format!("ocid1.instance.oc1.phx.{n}"));
+            node
+        })
+        .collect();
+    let _nodes = create_nodes(&admin, &nodes).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = "oci-events-test-token-0123456789";
+    let config = controller_toml(dir.path(), "oci-events", |t| {
+        let mut oe = toml::Table::new();
+        oe.insert("enabled".into(), true.into());
+        oe.insert("token".into(), token.into());
+        oe.insert("confirm_subscriptions".into(), false.into());
+        t["controller"]
+            .as_table_mut()
+            .unwrap()
+            .insert("oci_events".into(), oe.into());
+    });
+    let ctl = ControllerProc::start(c, &config, "oci-events").await;
+    let https = crate::ctl::https(&dir.path().join("ca.pem"), ctl.addr);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin.clone(), NS);
+    wait_until(Duration::from_secs(20), "leading", || async {
+        leases
+            .get_opt("nodekeeper-oci-events")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+            .as_deref()
+            == Some("oci-events")
+    })
+    .await;
+
+    // A watch that stamps when each node is first seen tainted and cordoned.
+    let seen: std::sync::Arc<
+        std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
+    > = Default::default();
+    let keep = seen.clone();
+    let api: Api<Node> = Api::all(admin.clone());
+    let watch = tokio::spawn(async move {
+        let mut s = std::pin::pin!(watcher(
+            api,
+            watcher::Config::default().labels("karpenter.sh/nodepool=oe-pool")
+        )
+        .applied_objects());
+        while let Some(Ok(n)) = s.next().await {
+            let tainted = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|ts| ts.iter().any(|t| t.key == "nodekeeper.io/interruption"));
+            if tainted && unschedulable(&n) {
+                keep.lock()
+                    .unwrap()
+                    .entry(n.metadata.name.clone().unwrap())
+                    .or_insert_with(tokio::time::Instant::now);
+            }
+        }
+    });
+    let delivery = |node: &str| {
+        json!({
+            "eventType": "com.oraclecloud.computeapi.instancepreemptionaction",
+            "cloudEventsVersion": "0.1", "eventTypeVersion": "2.0", "source": "ComputeApi",
+            "eventTime": chrono::Utc::now().to_rfc3339(), "contentType": "application/json",
+            "eventID": format!("evt-{node}"),
+            "data": { "resourceId": format!("ocid1.instance.oc1.phx.{node}"), "resourceName": node,
+                      "additionalDetails": { "preemptionAction": "TERMINATE" } }
+        })
+    };
+    let path = format!("/v1/oci-events/{token}");
+    let mut sent = Vec::new();
+    for n in &names {
+        let t0 = tokio::time::Instant::now();
+        let body = serde_json::to_vec(&delivery(n)).unwrap();
+        let (code, _) = https
+            .request(
+                "POST",
+                &crate::ctl::url(ctl.addr, &path),
+                None,
+                &[("content-type", "application/json")],
+                Some(body),
+            )
+            .await
+            .unwrap();
+        assert_eq!(code, 200, "delivery for {n}");
+        sent.push((n.clone(), t0, t0.elapsed()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_until(
+        Duration::from_secs(10),
+        "every node tainted and cordoned in the watch",
+        || async { seen.lock().unwrap().len() == N },
+    )
+    .await;
+    watch.abort();
+    let mut lat: Vec<f64> = sent
+        .iter()
+        .map(|(n, t0, _)| (seen.lock().unwrap()[n] - *t0).as_secs_f64() * 1e3)
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    let answer: Vec<f64> = sent.iter().map(|(_, _, d)| d.as_secs_f64() * 1e3).collect();
+    eprintln!(
+        "OCI Events POST → taint + cordon in a watch, {N} nodes: p50 {:.1} ms, max {:.1} ms; POST answered after {:?} ms",
+        lat[N / 2],
+        lat[N - 1],
+        answer.iter().map(|a| a.round()).collect::<Vec<_>>()
+    );
+    // A redelivery of the same event: answered 2xx, nothing written again.
+    let api: Api<Node> = Api::all(admin.clone());
+    let before = api.get(&names[0]).await.unwrap();
+    let before = annotation(&before, keys::INTERRUPTION).map(str::to_string);
+    let body = serde_json::to_vec(&delivery(&names[0])).unwrap();
+    let (code, _) = https
+        .request(
+            "POST",
+            &crate::ctl::url(ctl.addr, &path),
+            None,
+            &[("content-type", "application/json")],
+            Some(body),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    let n = api.get(&names[0]).await.unwrap();
+    assert!(
+        before
+            .as_deref()
+            .is_some_and(|v| v.starts_with("preemption/")),
+        "{before:?}"
+    );
+    assert_eq!(
+        annotation(&n, keys::INTERRUPTION).map(str::to_string),
+        before,
+        "a redelivery is the same notice"
+    );
+    assert_eq!(
+        ctl.forbidden_lines(),
+        Vec::<String>::new(),
+        "the controller hit a 403"
+    );
+    ctl.stop().await;
 }

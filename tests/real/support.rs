@@ -119,12 +119,17 @@ fn install_manifests(c: &Cluster) {
         .arg(repo().join("manifests"))
         .output()
         .unwrap();
-    assert!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
     let text = String::from_utf8(rendered.stdout).unwrap();
     let docs: Vec<&str> = text
         .split("\n---\n")
         .filter(|d| {
-            let skip = (d.contains("kind: Deployment") && d.contains("name: nodekeeper-controller"))
+            let skip = (d.contains("kind: Deployment")
+                && d.contains("name: nodekeeper-controller"))
                 || d.contains("apiVersion: monitoring.coreos.com/");
             !skip
         })
@@ -132,7 +137,11 @@ fn install_manifests(c: &Cluster) {
     let file = c.dir.join("manifests.yaml");
     std::fs::write(&file, docs.join("\n---\n")).unwrap();
     let out = kubectl(c, &["apply", "-f", file.to_str().unwrap()]);
-    assert!(out.status.success(), "kubectl apply of the shipped manifests failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubectl apply of the shipped manifests failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Runs the real kubectl as the admin; prints the command and its output.
@@ -178,7 +187,9 @@ impl Cluster {
 
     /// A client that authenticates with `token`.
     pub async fn client_with_token(&self, token: &str) -> kube::Client {
-        let path = self.dir.join(format!("token-{}.kubeconfig", short_hash(token)));
+        let path = self
+            .dir
+            .join(format!("token-{}.kubeconfig", short_hash(token)));
         self.write_token_kubeconfig(&path, token);
         let kc = Kubeconfig::read_from(&path).unwrap();
         let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
@@ -269,14 +280,23 @@ pub async fn create_nodes(admin: &kube::Client, nodes: &[Node]) -> NodesGuard {
     }
     for n in nodes {
         let name = n.metadata.name.clone().unwrap();
-        wait_until(Duration::from_secs(30), &format!("node {name} Ready"), || {
-            let api = api.clone();
-            let name = name.clone();
-            async move { api.get(&name).await.map(|n| is_ready(&n)).unwrap_or(false) }
-        })
+        wait_until(
+            Duration::from_secs(30),
+            &format!("node {name} Ready"),
+            || {
+                let api = api.clone();
+                let name = name.clone();
+                async move { api.get(&name).await.map(|n| is_ready(&n)).unwrap_or(false) }
+            },
+        )
         .await;
     }
-    NodesGuard(nodes.iter().filter_map(|n| n.metadata.name.clone()).collect())
+    NodesGuard(
+        nodes
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect(),
+    )
 }
 
 pub fn is_ready(n: &Node) -> bool {
@@ -292,17 +312,21 @@ pub async fn agent_pod_on(admin: &kube::Client, node: &str) -> (String, String) 
     let lp = ListParams::default()
         .labels("app.kubernetes.io/name=nodekeeper-agent")
         .fields(&format!("spec.nodeName={node}"));
-    wait_for(Duration::from_secs(30), &format!("agent pod on {node}"), || {
-        let (pods, lp) = (pods.clone(), lp.clone());
-        async move {
-            let list = pods.list(&lp).await.ok()?;
-            let p = list
-                .items
-                .into_iter()
-                .find(|p| p.metadata.deletion_timestamp.is_none())?;
-            Some((p.metadata.name?, p.metadata.uid?))
-        }
-    })
+    wait_for(
+        Duration::from_secs(30),
+        &format!("agent pod on {node}"),
+        || {
+            let (pods, lp) = (pods.clone(), lp.clone());
+            async move {
+                let list = pods.list(&lp).await.ok()?;
+                let p = list
+                    .items
+                    .into_iter()
+                    .find(|p| p.metadata.deletion_timestamp.is_none())?;
+                Some((p.metadata.name?, p.metadata.uid?))
+            }
+        },
+    )
     .await
 }
 
@@ -414,7 +438,8 @@ impl ControllerProc {
             let mut r = tokio::io::BufReader::new(stderr).lines();
             while let Ok(Some(line)) = r.next_line().await {
                 eprintln!("[{who}] {line}");
-                let v = serde_json::from_str(&line).unwrap_or_else(|_| serde_json::json!({ "message": line }));
+                let v = serde_json::from_str(&line)
+                    .unwrap_or_else(|_| serde_json::json!({ "message": line }));
                 let _ = tx.send(v.clone());
                 keep.lock().unwrap().push(v);
             }
@@ -422,7 +447,10 @@ impl ControllerProc {
         let addr = tokio::time::timeout(Duration::from_secs(30), async {
             while let Some(v) = rx.recv().await {
                 if v.to_string().contains("controller listening") {
-                    let a = v["fields"]["addr"].as_str().or(v["addr"].as_str()).map(str::to_string);
+                    let a = v["fields"]["addr"]
+                        .as_str()
+                        .or(v["addr"].as_str())
+                        .map(str::to_string);
                     if let Some(a) = a {
                         return a.parse().unwrap();
                     }
@@ -442,7 +470,11 @@ impl ControllerProc {
             .unwrap()
             .iter()
             .map(|v| v.to_string())
-            .filter(|l| l.contains("code: 403") || l.contains("\"code\":403") || l.to_lowercase().contains("forbidden"))
+            .filter(|l| {
+                l.contains("code: 403")
+                    || l.contains("\"code\":403")
+                    || l.to_lowercase().contains("forbidden")
+            })
             .collect()
     }
 
@@ -459,15 +491,28 @@ impl ControllerProc {
 }
 
 pub fn annotation<'a>(n: &'a Node, key: &str) -> Option<&'a str> {
-    n.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+    n.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
 }
 
 pub fn condition(n: &Node, type_: &str) -> Option<k8s_openapi::api::core::v1::NodeCondition> {
-    n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_).cloned()
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .cloned()
 }
 
 pub fn unschedulable(n: &Node) -> bool {
-    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+    n.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
 }
 
 /// The node's kubelet posts Ready=False (its container runtime is down), as a real kubelet does; the
@@ -477,19 +522,28 @@ pub fn unschedulable(n: &Node) -> bool {
 /// node it ever managed.)
 pub async fn kubelet_reports_not_ready(admin: &kube::Client, node: &str) {
     let api: Api<Node> = Api::all(admin.clone());
-    let label = serde_json::json!({ "metadata": { "labels": { "nodekeeper.test/kubelet": "not-ready" } } });
-    api.patch(node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&label))
-        .await
-        .unwrap();
+    let label =
+        serde_json::json!({ "metadata": { "labels": { "nodekeeper.test/kubelet": "not-ready" } } });
+    api.patch(
+        node,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&label),
+    )
+    .await
+    .unwrap();
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let status = serde_json::json!({ "status": { "conditions": [{
         "type": "Ready", "status": "False", "reason": "KubeletNotReady",
         "message": "container runtime network not ready: NetworkReady=false",
         "lastHeartbeatTime": now, "lastTransitionTime": now
     }] } });
-    api.patch_status(node, &kube::api::PatchParams::default(), &kube::api::Patch::Strategic(&status))
-        .await
-        .unwrap();
+    api.patch_status(
+        node,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Strategic(&status),
+    )
+    .await
+    .unwrap();
 }
 
 /// Tests whose controller runs the disruption engine act on every Node of the shared cluster: they
@@ -514,10 +568,19 @@ pub fn agent_toml(dir: &Path, port: u16, edit: impl FnOnce(&mut toml::Table)) ->
     let mut t: toml::Table = toml::from_str(cm["data"]["config.toml"].as_str().unwrap()).unwrap();
     let r = t["report"].as_table_mut().unwrap();
     r.insert("url".into(), format!("https://127.0.0.1:{port}").into());
-    r.insert("ca_file".into(), dir.join("ca.pem").display().to_string().into());
-    r.insert("token_file".into(), dir.join("token").display().to_string().into());
+    r.insert(
+        "ca_file".into(),
+        dir.join("ca.pem").display().to_string().into(),
+    );
+    r.insert(
+        "token_file".into(),
+        dir.join("token").display().to_string().into(),
+    );
     r.insert("heartbeat".into(), "1s".into());
-    t["sources"].as_table_mut().unwrap().insert("cloud".into(), "none".into());
+    t["sources"]
+        .as_table_mut()
+        .unwrap()
+        .insert("cloud".into(), "none".into());
     let mut agent = toml::Table::new();
     agent.insert("shutdown_watcher".into(), false.into());
     t.insert("agent".into(), agent.into());
@@ -535,7 +598,10 @@ pub fn daemonset_env(pod: &Pod, node: &str) -> Vec<(String, std::ffi::OsString)>
         .iter()
         .flatten()
         .map(|e| {
-            let v = match (&e.value, e.value_from.as_ref().and_then(|f| f.field_ref.as_ref())) {
+            let v = match (
+                &e.value,
+                e.value_from.as_ref().and_then(|f| f.field_ref.as_ref()),
+            ) {
                 (Some(v), _) => v.clone(),
                 (None, Some(f)) if f.field_path == "spec.nodeName" => node.to_string(),
                 (None, Some(f)) => panic!("unhandled fieldRef {}", f.field_path),
@@ -558,8 +624,18 @@ pub async fn start_shipped_agent(
     edit: impl FnOnce(&mut toml::Table),
 ) -> crate::agent_proc::Agent {
     let (pod_name, uid) = agent_pod_on(admin, node).await;
-    let pod = Api::<Pod>::namespaced(admin.clone(), NS).get(&pod_name).await.unwrap();
-    let report_token = sa_token(admin, NS, AGENT_SA, Some(REPORT_AUDIENCE), Some((&pod_name, &uid))).await;
+    let pod = Api::<Pod>::namespaced(admin.clone(), NS)
+        .get(&pod_name)
+        .await
+        .unwrap();
+    let report_token = sa_token(
+        admin,
+        NS,
+        AGENT_SA,
+        Some(REPORT_AUDIENCE),
+        Some((&pod_name, &uid)),
+    )
+    .await;
     std::fs::write(dir.join("token"), &report_token).unwrap();
     let api_token = sa_token(admin, NS, AGENT_SA, None, Some((&pod_name, &uid))).await;
     let kubeconfig = dir.join("agent.kubeconfig");
@@ -567,7 +643,10 @@ pub async fn start_shipped_agent(
     let cfg = agent_toml(dir, controller_port, edit);
     let mut env = daemonset_env(&pod, node);
     env.push(("KUBECONFIG".into(), kubeconfig.into_os_string()));
-    let env_refs: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (k.as_str(), v.as_os_str())).collect();
+    let env_refs: Vec<(&str, &std::ffi::OsStr)> = env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_os_str()))
+        .collect();
     let root = dir.join("root");
     std::fs::create_dir_all(&root).unwrap();
     crate::agent_proc::Agent::start_with_env(&cfg, &root, crate::agent_proc::NO_BUS, &env_refs)

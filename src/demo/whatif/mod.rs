@@ -151,6 +151,7 @@ pub async fn run(args: &DemoArgs, path: &Path) -> Result<bool, DemoError> {
             "version": 1,
             "snapshot": path.display().to_string(),
             "objects": {"nodes": snap.nodes.len(), "pods": snap.pods.len(), "pdbs": snap.pdbs.len()},
+            "left_out": snap.left_out,
             "what_if": injected.iter().map(|(w, n)| json!({"event": w.to_string(), "nodes": n})).collect::<Vec<_>>(),
             "after_seconds": after.as_secs_f64(),
             "at": report.at.to_rfc3339(),
@@ -162,6 +163,13 @@ pub async fn run(args: &DemoArgs, path: &Path) -> Result<bool, DemoError> {
     } else {
         tl.phase(PHASES, PHASES, "summary");
         tl.raw(&verdict::table(&report.verdicts));
+        if !snap.left_out.is_empty() {
+            tl.raw(&format!(
+                "left out {} pod(s) bound to nodes the snapshot does not hold (deleted while it was taken): {}",
+                snap.left_out.len(),
+                snap.left_out.join(", ")
+            ));
+        }
         if ok {
             tl.raw(&format!(
                 "dry run: the {} objects of the snapshot are unchanged",

@@ -57,6 +57,9 @@ pub struct Snapshot {
     pub pods: Vec<Value>,
     /// PodDisruptionBudgets.
     pub pdbs: Vec<Value>,
+    /// Pods left out of the replay: bound to a Node the snapshot does not hold (a node deleted while
+    /// the export ran; the pod garbage collector removes such pods), as `namespace/name`.
+    pub left_out: Vec<String>,
 }
 
 /// The kinds a snapshot may hold.
@@ -156,19 +159,52 @@ impl Snapshot {
                 target.push(item);
             }
         }
-        let nodes: BTreeSet<&str> = s.nodes.iter().filter_map(name_of).collect();
-        for (i, p) in s.pods.iter().enumerate() {
-            let on = p.pointer("/spec/nodeName").and_then(Value::as_str);
-            if let Some(n) = on.filter(|n| !n.is_empty() && !nodes.contains(n)) {
-                return Err(invalid(
-                    format!("Pod {}", key_of(p)),
-                    format!(
-                        "spec.nodeName {n:?} is not a Node of the snapshot (pod {} of {}); export nodes and pods together",
-                        i + 1,
-                        s.pods.len()
-                    ),
-                ));
+        let nodes: BTreeSet<String> = s
+            .nodes
+            .iter()
+            .filter_map(name_of)
+            .map(str::to_string)
+            .collect();
+        let orphan = |p: &Value| {
+            p.pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty() && !nodes.contains(*n))
+                .map(str::to_string)
+        };
+        let bound = s
+            .pods
+            .iter()
+            .filter(|p| p.pointer("/spec/nodeName").is_some())
+            .count();
+        let orphans: Vec<(usize, String)> = s
+            .pods
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| orphan(p).map(|n| (i, n)))
+            .collect();
+        // Every bound pod on a node the snapshot lacks: nodes and pods were not exported together.
+        if let Some((i, n)) = orphans.first().filter(|_| orphans.len() == bound) {
+            return Err(invalid(
+                format!("Pod {}", key_of(&s.pods[*i])),
+                format!(
+                    "spec.nodeName {n:?} is not a Node of the snapshot (pod {} of {}); export nodes and pods together",
+                    i + 1,
+                    s.pods.len()
+                ),
+            ));
+        }
+        // A few: pods of nodes deleted while the export ran (the pod garbage collector removes them).
+        if !orphans.is_empty() {
+            let gone: BTreeSet<usize> = orphans.iter().map(|(i, _)| *i).collect();
+            let mut kept = Vec::with_capacity(s.pods.len() - gone.len());
+            for (i, p) in std::mem::take(&mut s.pods).into_iter().enumerate() {
+                if gone.contains(&i) {
+                    s.left_out.push(key_of(&p));
+                } else {
+                    kept.push(p);
+                }
             }
+            s.pods = kept;
         }
         if s.nodes.is_empty() {
             return Err(invalid(

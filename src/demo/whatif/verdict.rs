@@ -133,8 +133,11 @@ pub fn verdicts(
 }
 
 /// The first pod a drain of `node` could not evict now: held by do-not-disrupt, or refused by
-/// its PodDisruptionBudget with the Eviction API's own arithmetic (the sim's
-/// [`eviction::check`]). Pods are taken in the drain's tier order.
+/// its PodDisruptionBudget. Pods are taken in the drain's tier order. A PDB with a `status` (any
+/// export of a real cluster: kube-controller-manager's disruption controller writes it) is judged as
+/// the real Eviction API judges it, by [`status_allows`], each eviction taking one of its
+/// `disruptionsAllowed`; a PDB without one (a hand-written snapshot) by the sim's arithmetic
+/// ([`eviction::check`]).
 pub fn drain_blocker(node: &str, cfg: &PolicyConfig, w: &Workloads) -> Option<Blocker> {
     let on_node: Vec<Pod> = w
         .pods
@@ -147,6 +150,7 @@ pub fn drain_blocker(node: &str, cfg: &PolicyConfig, w: &Workloads) -> Option<Bl
         ..SelectOptions::at(chrono::Utc::now())
     };
     let plan = select::plan(&on_node, &opts);
+    let mut taken: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
     for (pod, class) in plan.all() {
         let key = select::pod_key(pod);
         match class {
@@ -181,8 +185,21 @@ pub fn drain_blocker(node: &str, cfg: &PolicyConfig, w: &Workloads) -> Option<Bl
                 })
             }
         };
-        let covered = eviction::covered_by(&pdb, in_ns(&w.pods));
-        if eviction::check(&pdb, raw, &covered).is_err() {
+        let pdb_key = format!(
+            "{ns}/{}",
+            super::snapshot::name_of(&pdb).unwrap_or_default()
+        );
+        let allowed = match pdb.get("status").filter(|s| s.is_object()) {
+            Some(_) => {
+                let used = taken.entry(pdb_key).or_insert(0);
+                status_allows(&pdb, raw, used)
+            }
+            None => {
+                let covered = eviction::covered_by(&pdb, in_ns(&w.pods));
+                eviction::check(&pdb, raw, &covered).is_ok()
+            }
+        };
+        if !allowed {
             return Some(Blocker::Pdb {
                 pod: key,
                 pdb: format!(
@@ -194,6 +211,43 @@ pub fn drain_blocker(node: &str, cfg: &PolicyConfig, w: &Workloads) -> Option<Bl
         }
     }
     None
+}
+
+/// Whether the real Eviction API (`pkg/registry/core/pod/storage/eviction.go`) lets `pod` go under
+/// `pdb`, from the PDB's `status` as the disruption controller wrote it; `used` counts the evictions
+/// this forecast already took from it (a successful eviction decrements `disruptionsAllowed`).
+/// - a pod that is not Running (Pending, Succeeded, Failed) or already terminating: always;
+/// - an unready pod: with `unhealthyPodEvictionPolicy: AlwaysAllow`, always; otherwise when
+///   `currentHealthy >= desiredHealthy > 0`;
+/// - a ready pod: when the status is current (`observedGeneration >= generation`; a PDB not yet
+///   processed answers 429) and `disruptionsAllowed - used > 0`.
+pub fn status_allows(pdb: &Value, pod: &Value, used: &mut i64) -> bool {
+    let phase = pod
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if phase != "Running" || pod.pointer("/metadata/deletionTimestamp").is_some() {
+        return true;
+    }
+    let int = |p: &str| pdb.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+    if !eviction::pod_healthy(pod) {
+        let policy = pdb
+            .pointer("/spec/unhealthyPodEvictionPolicy")
+            .and_then(Value::as_str);
+        if policy == Some("AlwaysAllow") {
+            return true;
+        }
+        let desired = int("/status/desiredHealthy");
+        return int("/status/currentHealthy") >= desired && desired > 0;
+    }
+    if int("/status/observedGeneration") < int("/metadata/generation") {
+        return false;
+    }
+    if int("/status/disruptionsAllowed") - *used > 0 {
+        *used += 1;
+        return true;
+    }
+    false
 }
 
 /// The per-node table of the text output.
@@ -288,6 +342,64 @@ mod tests {
             ..w
         };
         assert_eq!(drain_blocker("n-0", &cfg, &relaxed), None);
+    }
+
+    #[test]
+    fn a_pdb_status_is_judged_as_the_eviction_api_does() {
+        let pdb = |status: Value, extra: Value| {
+            let mut p = json!({"metadata": {"name": "p", "namespace": "default", "generation": 2},
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}, "status": status});
+            if let Some(policy) = extra.get("policy") {
+                p["spec"]["unhealthyPodEvictionPolicy"] = policy.clone();
+            }
+            p
+        };
+        let ready = pod("web-0", "n-0", "web");
+        let mut unready = (*ready).clone();
+        unready["status"]["conditions"][0]["status"] = json!("False");
+        let mut pending = (*ready).clone();
+        pending["status"]["phase"] = json!("Pending");
+        let st = |allowed: i64, cur: i64, desired: i64, gen: i64| {
+            json!({"disruptionsAllowed": allowed, "currentHealthy": cur, "desiredHealthy": desired,
+                   "expectedPods": 3, "observedGeneration": gen})
+        };
+        let none = json!({});
+        // (pdb, pod, evictions already taken, allowed)
+        let cases = [
+            (pdb(st(1, 3, 2, 2), none.clone()), &*ready, 0, true),
+            (pdb(st(1, 3, 2, 2), none.clone()), &*ready, 1, false),
+            (pdb(st(0, 2, 2, 2), none.clone()), &*ready, 0, false),
+            // Not yet processed at this generation: 429 "still being processed".
+            (pdb(st(5, 3, 2, 1), none.clone()), &*ready, 0, false),
+            // A bare pod under maxUnavailable: the disruption controller wrote 0 expected, 0 allowed.
+            (pdb(st(0, 1, 0, 2), none.clone()), &*ready, 0, false),
+            (pdb(st(0, 2, 2, 2), none.clone()), &unready, 0, true),
+            (pdb(st(0, 1, 2, 2), none.clone()), &unready, 0, false),
+            (pdb(st(0, 0, 0, 2), none.clone()), &unready, 0, false),
+            (
+                pdb(st(0, 1, 2, 2), json!({"policy": "AlwaysAllow"})),
+                &unready,
+                0,
+                true,
+            ),
+            (pdb(st(0, 0, 2, 2), none.clone()), &pending, 0, true),
+        ];
+        for (i, (p, pod, taken, want)) in cases.into_iter().enumerate() {
+            let mut used = taken;
+            assert_eq!(status_allows(&p, pod, &mut used), want, "case {i}");
+            assert_eq!(
+                used,
+                if want
+                    && pod.pointer("/status/conditions/0/status") == Some(&json!("True"))
+                    && pod["status"]["phase"] == "Running"
+                {
+                    taken + 1
+                } else {
+                    taken
+                },
+                "case {i}: used"
+            );
+        }
     }
 
     #[test]

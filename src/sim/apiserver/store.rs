@@ -1138,10 +1138,20 @@ mod tests {
             .starts_with("web-"));
         // As the real apiserver: a prefix ending in '.' is not a valid name prefix (only '-' is).
         let dotted = s
-            .txn(|t| t.create(pods, "default", json!({"metadata": {"generateName": "node-1."}})))
+            .txn(|t| {
+                t.create(
+                    pods,
+                    "default",
+                    json!({"metadata": {"generateName": "node-1."}}),
+                )
+            })
             .unwrap_err();
         assert_eq!((dotted.code, &*dotted.reason), (422, "Invalid"));
-        assert!(dotted.message.contains("metadata.generateName"), "{}", dotted.message);
+        assert!(
+            dotted.message.contains("metadata.generateName"),
+            "{}",
+            dotted.message
+        );
         let bad_ns = s
             .txn(|t| t.create(pods, "nope", pod("p9", "n1")))
             .unwrap_err();
