@@ -95,6 +95,36 @@ pub static RESOURCES: &[ResourceDef] = &[
         true
     ),
     res!(
+        "",
+        "v1",
+        "ConfigMap",
+        "configmaps",
+        "configmap",
+        true,
+        &["cm"],
+        false
+    ),
+    res!(
+        "",
+        "v1",
+        "ResourceQuota",
+        "resourcequotas",
+        "resourcequota",
+        true,
+        &["quota"],
+        true
+    ),
+    res!(
+        "",
+        "v1",
+        "LimitRange",
+        "limitranges",
+        "limitrange",
+        true,
+        &["limits"],
+        false
+    ),
+    res!(
         "apps",
         "v1",
         "ReplicaSet",
