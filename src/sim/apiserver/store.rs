@@ -534,6 +534,11 @@ impl Txn<'_> {
         self.store.clock.stamp()
     }
 
+    /// Current simulated time as a MicroTime (Event `eventTime`).
+    pub fn now_micro(&self) -> String {
+        super::clock::fmt_micro(self.store.clock.now())
+    }
+
     /// One object.
     pub fn get(&self, res: &ResourceDef, ns: &str, name: &str) -> Option<Arc<Value>> {
         self.get_stored(res, ns, name).map(parsed)
