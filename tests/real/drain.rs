@@ -16,7 +16,12 @@ pub const TEST_NS: &str = "drain-test";
 
 /// A namespace, a ServiceAccount `drain-operator` in it with the drain user's ClusterRole, and a
 /// kubeconfig for it at DIR/operator.kubeconfig.
-pub async fn operator_kubeconfig(c: &Cluster, admin: &kube::Client, ns: &str, dir: &Path) -> std::path::PathBuf {
+pub async fn operator_kubeconfig(
+    c: &Cluster,
+    admin: &kube::Client,
+    ns: &str,
+    dir: &Path,
+) -> std::path::PathBuf {
     apply(
         c,
         &format!(
@@ -60,10 +65,17 @@ rules:
 
 /// `kubectl apply -f -` of `yaml` as the admin.
 pub fn apply(c: &Cluster, yaml: &str) {
-    let path = c.dir.join(format!("apply-{}.yaml", std::process::id() as u128 + rand_suffix()));
+    let path = c.dir.join(format!(
+        "apply-{}.yaml",
+        std::process::id() as u128 + rand_suffix()
+    ));
     std::fs::write(&path, yaml).unwrap();
     let out = kubectl(c, &["apply", "-f", path.to_str().unwrap()]);
-    assert!(out.status.success(), "kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubectl apply failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn rand_suffix() -> u128 {
@@ -138,13 +150,17 @@ async fn two_loaded_nodes(admin: &kube::Client, a: &str, b: &str) -> NodesGuard 
     let nodes = [a, b].map(|n| kwok_node(n, json!({ "kubernetes.io/hostname": n })));
     let guard = create_nodes(admin, &nodes).await;
     for n in [a, b] {
-        let objs: Vec<_> = (0..10).map(|i| deployment(TEST_NS, &format!("{n}-app{i}"), n, 11)).collect();
+        let objs: Vec<_> = (0..10)
+            .map(|i| deployment(TEST_NS, &format!("{n}-app{i}"), n, 11))
+            .collect();
         create_json(admin, TEST_NS, &objs).await;
     }
     for n in [a, b] {
-        wait_until(Duration::from_secs(90), &format!("110 Ready pods on {n}"), || async move {
-            workload_pods(admin, n).await == (110, 110)
-        })
+        wait_until(
+            Duration::from_secs(90),
+            &format!("110 Ready pods on {n}"),
+            || async move { workload_pods(admin, n).await == (110, 110) },
+        )
         .await;
     }
     guard
@@ -164,7 +180,10 @@ fn run(cmd: &mut std::process::Command) -> (i32, String, String, Duration) {
 
 fn nodekeeper_drain(kubeconfig: &Path, node: &str, extra: &[&str]) -> std::process::Command {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"));
-    c.args(["drain", node, "--kubeconfig"]).arg(kubeconfig).args(extra).env_remove("KUBECONFIG");
+    c.args(["drain", node, "--kubeconfig"])
+        .arg(kubeconfig)
+        .args(extra)
+        .env_remove("KUBECONFIG");
     c
 }
 
@@ -177,15 +196,20 @@ async fn nodekeeper_drain_and_kubectl_drain_empty_identical_nodes() {
     let kc = operator_kubeconfig(c, &admin, TEST_NS, dir.path()).await;
     let _nodes = two_loaded_nodes(&admin, "dr-nk", "dr-kc").await;
 
-    let (code, _, _, nk) = run(nodekeeper_drain(&kc, "dr-nk", &["--timeout", "120s"]).arg("--skip-volume-wait"));
+    let (code, _, _, nk) =
+        run(nodekeeper_drain(&kc, "dr-nk", &["--timeout", "120s"]).arg("--skip-volume-wait"));
     assert_eq!(code, 0, "nodekeeper drain failed");
-    let (code, _, _, kd) = run(
-        std::process::Command::new(kubectl_bin())
-            .arg("--kubeconfig")
-            .arg(&kc)
-            .args(["drain", "dr-kc", "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s"])
-            .env("HOME", dir.path()),
-    );
+    let (code, _, _, kd) = run(std::process::Command::new(kubectl_bin())
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .args([
+            "drain",
+            "dr-kc",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=120s",
+        ])
+        .env("HOME", dir.path()));
     assert_eq!(code, 0, "kubectl drain failed");
     for n in ["dr-nk", "dr-kc"] {
         let (left, _) = workload_pods(&admin, n).await;
@@ -207,7 +231,14 @@ async fn a_drain_blocked_by_a_pdb_names_the_pod_and_the_budget() {
     let dir = tempfile::tempdir().unwrap();
     let ns = "drain-blocked";
     let kc = operator_kubeconfig(c, &admin, ns, dir.path()).await;
-    let _nodes = create_nodes(&admin, &[kwok_node("dr-blk", json!({ "kubernetes.io/hostname": "dr-blk" }))]).await;
+    let _nodes = create_nodes(
+        &admin,
+        &[kwok_node(
+            "dr-blk",
+            json!({ "kubernetes.io/hostname": "dr-blk" }),
+        )],
+    )
+    .await;
     create_json(
         &admin,
         ns,
@@ -225,14 +256,25 @@ async fn a_drain_blocked_by_a_pdb_names_the_pod_and_the_budget() {
         workload_pods(&admin, "dr-blk").await == (2, 2)
     })
     .await;
-    let (code, stdout, stderr, _) = run(&mut nodekeeper_drain(&kc, "dr-blk", &["--timeout", "8s", "-o", "json"]));
+    let (code, stdout, stderr, _) = run(&mut nodekeeper_drain(
+        &kc,
+        "dr-blk",
+        &["--timeout", "8s", "-o", "json"],
+    ));
     assert_eq!(code, 3, "expected exit 3 (blocked)");
     let v: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or("{}"))
         .unwrap_or_else(|e| panic!("json report: {e}: {stdout} {stderr}"));
     assert_eq!(v["status"], "blocked", "{v}");
-    assert_eq!(v["blocker"]["pdb"], format!("{ns}/db-pdb"), "the blocker names the PDB: {v}");
+    assert_eq!(
+        v["blocker"]["pdb"],
+        format!("{ns}/db-pdb"),
+        "the blocker names the PDB: {v}"
+    );
     let pod = v["blocker"]["pod"].as_str().unwrap_or_default();
-    assert!(pod.starts_with(&format!("{ns}/db-")), "the blocker names the pod: {v}");
+    assert!(
+        pod.starts_with(&format!("{ns}/db-")),
+        "the blocker names the pod: {v}"
+    );
     let (left, _) = workload_pods(&admin, "dr-blk").await;
     assert_eq!(left, 2, "no pod may leave while the budget allows 0");
 }

@@ -24,7 +24,10 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events() {
     let admin = c.admin().await;
     let _nodes = create_nodes(
         &admin,
-        &[kwok_node(NODE, json!({ "karpenter.sh/nodepool": "ev-pool", "kubernetes.io/hostname": NODE }))],
+        &[kwok_node(
+            NODE,
+            json!({ "karpenter.sh/nodepool": "ev-pool", "kubernetes.io/hostname": NODE }),
+        )],
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -32,7 +35,14 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events() {
     let ctl_proc = ControllerProc::start(c, &config, "events").await;
 
     let (pod, uid) = agent_pod_on(&admin, NODE).await;
-    let token = sa_token(&admin, NS, AGENT_SA, Some(REPORT_AUDIENCE), Some((&pod, &uid))).await;
+    let token = sa_token(
+        &admin,
+        NS,
+        AGENT_SA,
+        Some(REPORT_AUDIENCE),
+        Some((&pod, &uid)),
+    )
+    .await;
     let https = ctl::https(&dir.path().join("ca.pem"), ctl_proc.addr);
     let now = chrono::Utc::now();
     let mut report = ctl::report(NODE, 1, &[]);
@@ -53,7 +63,11 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events() {
         let (https, body, token) = (&https, &body, &token);
         async move {
             let (code, resp) = ctl::post(https, ctl_proc.addr, Some(token), body).await;
-            (code == 200 && resp["acknowledged_events"].to_string().contains("oci-preempt-1")).then_some(resp)
+            (code == 200
+                && resp["acknowledged_events"]
+                    .to_string()
+                    .contains("oci-preempt-1"))
+            .then_some(resp)
         }
     })
     .await;
@@ -62,20 +76,35 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events() {
     let api: Api<Node> = Api::all(admin.clone());
     let n = api.get(NODE).await.unwrap();
     assert!(unschedulable(&n), "cordoned");
-    let tainted = n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|ts| ts.iter().any(|t| t.key == TAINT));
+    let tainted = n
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == TAINT));
     assert!(tainted, "tainted {TAINT}");
     assert!(annotation(&n, keys::INTERRUPTION).is_some());
 
     // The Events are about this Node, so `kubectl describe node` shows them.
-    let text = wait_for(Duration::from_secs(20), "Events in kubectl describe", || async {
-        let out = kubectl(c, &["describe", "node", NODE]);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        text.contains("PreemptionNotice").then_some(text)
-    })
+    let text = wait_for(
+        Duration::from_secs(20),
+        "Events in kubectl describe",
+        || async {
+            let out = kubectl(c, &["describe", "node", NODE]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.contains("PreemptionNotice").then_some(text)
+        },
+    )
     .await;
     let events = text.split("Events:").nth(1).unwrap_or_default();
-    assert!(events.contains("nodekeeper"), "reported by nodekeeper: {events}");
+    assert!(
+        events.contains("nodekeeper"),
+        "reported by nodekeeper: {events}"
+    );
 
-    assert_eq!(ctl_proc.forbidden_lines(), Vec::<String>::new(), "the controller hit a 403");
+    assert_eq!(
+        ctl_proc.forbidden_lines(),
+        Vec::<String>::new(),
+        "the controller hit a 403"
+    );
     ctl_proc.stop().await;
 }

@@ -46,42 +46,87 @@ async fn a_bound_agent_token_reports_for_its_own_node_only() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = shipped_controller_config(dir.path());
     let ctl_client = controller_client(c).await;
-    let running = nodekeeper::controller::start(ctl_client, &cfg).await.unwrap();
+    let running = nodekeeper::controller::start(ctl_client, &cfg)
+        .await
+        .unwrap();
     ctl::wait_for(Duration::from_secs(20), || {
         running.app.ready.load(std::sync::atomic::Ordering::Relaxed) && *running.app.leader.borrow()
     })
     .await;
 
     let (pod_a, uid_a) = agent_pod_on(&admin, "id-a").await;
-    let token_a = sa_token(&admin, NS, AGENT_SA, Some(REPORT_AUDIENCE), Some((&pod_a, &uid_a))).await;
+    let token_a = sa_token(
+        &admin,
+        NS,
+        AGENT_SA,
+        Some(REPORT_AUDIENCE),
+        Some((&pod_a, &uid_a)),
+    )
+    .await;
     let https = ctl::https(&dir.path().join("ca.pem"), running.addr);
 
     // Its own node: accepted, and the condition lands on the Node (written as the controller SA).
-    let r = ctl::report("id-a", 1, &[("NodekeeperDiskPressure", ConditionStatus::False)]);
-    let (code, body) = ctl::post(&https, running.addr, Some(&token_a), &serde_json::to_value(&r).unwrap()).await;
+    let r = ctl::report(
+        "id-a",
+        1,
+        &[("NodekeeperDiskPressure", ConditionStatus::False)],
+    );
+    let (code, body) = ctl::post(
+        &https,
+        running.addr,
+        Some(&token_a),
+        &serde_json::to_value(&r).unwrap(),
+    )
+    .await;
     assert_eq!(code, 200, "{body}");
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_until(Duration::from_secs(10), "the condition on id-a", || {
         let nodes = nodes.clone();
-        async move { ctl::conditions(&nodes, "id-a").await.contains_key("NodekeeperDiskPressure") }
+        async move {
+            ctl::conditions(&nodes, "id-a")
+                .await
+                .contains_key("NodekeeperDiskPressure")
+        }
     })
     .await;
 
     // Another node's report with the same token: refused, and nothing written there.
-    let r = ctl::report("id-b", 1, &[("NodekeeperDiskPressure", ConditionStatus::True)]);
-    let (code, body) = ctl::post(&https, running.addr, Some(&token_a), &serde_json::to_value(&r).unwrap()).await;
+    let r = ctl::report(
+        "id-b",
+        1,
+        &[("NodekeeperDiskPressure", ConditionStatus::True)],
+    );
+    let (code, body) = ctl::post(
+        &https,
+        running.addr,
+        Some(&token_a),
+        &serde_json::to_value(&r).unwrap(),
+    )
+    .await;
     assert_eq!(code, 403, "{body}");
     assert!(ctl::conditions(&nodes, "id-b").await.is_empty());
 
     // A token of the right account but the API server's audience: refused by the real TokenReview.
     let wrong_aud = sa_token(&admin, NS, AGENT_SA, None, Some((&pod_a, &uid_a))).await;
     let r = ctl::report("id-a", 2, &[]);
-    let (code, body) = ctl::post(&https, running.addr, Some(&wrong_aud), &serde_json::to_value(&r).unwrap()).await;
+    let (code, body) = ctl::post(
+        &https,
+        running.addr,
+        Some(&wrong_aud),
+        &serde_json::to_value(&r).unwrap(),
+    )
+    .await;
     assert_eq!(code, 401, "{body}");
 
     // The controller's own account (right audience, wrong identity): refused.
     let ctl_tok = sa_token(&admin, NS, CONTROLLER_SA, Some(REPORT_AUDIENCE), None).await;
-    let (code, body) = ctl::post(&https, running.addr, Some(&ctl_tok), &serde_json::to_value(&r).unwrap()).await;
+    let (code, body) = ctl::post(
+        &https,
+        running.addr,
+        Some(&ctl_tok),
+        &serde_json::to_value(&r).unwrap(),
+    )
+    .await;
     assert!(code == 403 || code == 401, "{code} {body}");
     running.stop().await;
 }

@@ -28,10 +28,19 @@ fn agent_toml(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
     let mut t: toml::Table = toml::from_str(cm["data"]["config.toml"].as_str().unwrap()).unwrap();
     let r = t["report"].as_table_mut().unwrap();
     r.insert("url".into(), format!("https://127.0.0.1:{port}").into());
-    r.insert("ca_file".into(), dir.join("ca.pem").display().to_string().into());
-    r.insert("token_file".into(), dir.join("token").display().to_string().into());
+    r.insert(
+        "ca_file".into(),
+        dir.join("ca.pem").display().to_string().into(),
+    );
+    r.insert(
+        "token_file".into(),
+        dir.join("token").display().to_string().into(),
+    );
     r.insert("heartbeat".into(), "1s".into());
-    t["sources"].as_table_mut().unwrap().insert("cloud".into(), "none".into());
+    t["sources"]
+        .as_table_mut()
+        .unwrap()
+        .insert("cloud".into(), "none".into());
     let mut agent = toml::Table::new();
     agent.insert("shutdown_watcher".into(), false.into());
     t.insert("agent".into(), agent.into());
@@ -48,7 +57,10 @@ fn daemonset_env(pod: &Pod, node: &str) -> Vec<(String, OsString)> {
         .iter()
         .flatten()
         .map(|e| {
-            let v = match (&e.value, e.value_from.as_ref().and_then(|f| f.field_ref.as_ref())) {
+            let v = match (
+                &e.value,
+                e.value_from.as_ref().and_then(|f| f.field_ref.as_ref()),
+            ) {
                 (Some(v), _) => v.clone(),
                 (None, Some(f)) if f.field_path == "spec.nodeName" => node.to_string(),
                 (None, Some(f)) => panic!("unhandled fieldRef {}", f.field_path),
@@ -60,7 +72,10 @@ fn daemonset_env(pod: &Pod, node: &str) -> Vec<(String, OsString)> {
 }
 
 fn has_label(n: &Node) -> bool {
-    n.metadata.labels.as_ref().is_some_and(|l| l.contains_key(LABEL))
+    n.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(LABEL))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,14 +85,31 @@ async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready() 
     let c = cluster();
     let admin = c.admin().await;
     let labels = |n: &str| json!({ LABEL: "get_kubesvc_failure", "kubernetes.io/hostname": n });
-    let _nodes = create_nodes(&admin, &[kwok_node(NODE, labels(NODE)), kwok_node(OTHER, labels(OTHER))]).await;
+    let _nodes = create_nodes(
+        &admin,
+        &[
+            kwok_node(NODE, labels(NODE)),
+            kwok_node(OTHER, labels(OTHER)),
+        ],
+    )
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let config = controller_toml(dir.path(), "labels", |_| {});
     let ctl = ControllerProc::start(c, &config, "labels").await;
 
     let (pod_name, uid) = agent_pod_on(&admin, NODE).await;
-    let pod = Api::<Pod>::namespaced(admin.clone(), NS).get(&pod_name).await.unwrap();
-    let report_token = sa_token(&admin, NS, AGENT_SA, Some(REPORT_AUDIENCE), Some((&pod_name, &uid))).await;
+    let pod = Api::<Pod>::namespaced(admin.clone(), NS)
+        .get(&pod_name)
+        .await
+        .unwrap();
+    let report_token = sa_token(
+        &admin,
+        NS,
+        AGENT_SA,
+        Some(REPORT_AUDIENCE),
+        Some((&pod_name, &uid)),
+    )
+    .await;
     std::fs::write(dir.path().join("token"), &report_token).unwrap();
     let api_token = sa_token(&admin, NS, AGENT_SA, None, Some((&pod_name, &uid))).await;
     let kubeconfig = dir.path().join("agent.kubeconfig");
@@ -85,18 +117,31 @@ async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready() 
     let cfg = agent_toml(dir.path(), ctl.addr.port());
     let mut env = daemonset_env(&pod, NODE);
     env.push(("KUBECONFIG".into(), kubeconfig.clone().into_os_string()));
-    let env_refs: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (k.as_str(), v.as_os_str())).collect();
+    let env_refs: Vec<(&str, &std::ffi::OsStr)> = env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_os_str()))
+        .collect();
     let root = dir.path().join("root");
     std::fs::create_dir_all(&root).unwrap();
     let mut agent = agent_proc::Agent::start_with_env(&cfg, &root, agent_proc::NO_BUS, &env_refs);
 
     // The agent reports (the controller writes its heartbeat condition); no Cilium yet: label stays.
     let nodes: Api<Node> = Api::all(admin.clone());
-    wait_until(Duration::from_secs(30), "the agent's first report on lm-0", || async {
-        crate::ctl::conditions(&nodes, NODE).await.keys().any(|k| k.starts_with("Nodekeeper"))
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "the agent's first report on lm-0",
+        || async {
+            crate::ctl::conditions(&nodes, NODE)
+                .await
+                .keys()
+                .any(|k| k.starts_with("Nodekeeper"))
+        },
+    )
     .await;
-    assert!(has_label(&nodes.get(NODE).await.unwrap()), "removed before Cilium was Ready");
+    assert!(
+        has_label(&nodes.get(NODE).await.unwrap()),
+        "removed before Cilium was Ready"
+    );
 
     // A Cilium-like DaemonSet on both nodes; KWOK makes its pods Ready.
     crate::drain::create_json(
@@ -119,16 +164,26 @@ async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready() 
         })],
     )
     .await;
-    wait_until(Duration::from_secs(30), "label removed from lm-0", || async {
-        !has_label(&nodes.get(NODE).await.unwrap())
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "label removed from lm-0",
+        || async { !has_label(&nodes.get(NODE).await.unwrap()) },
+    )
     .await;
     // No agent runs on lm-1: its label stays, although its Cilium pod is Ready too.
-    assert!(has_label(&nodes.get(OTHER).await.unwrap()), "another node's label was removed");
+    assert!(
+        has_label(&nodes.get(OTHER).await.unwrap()),
+        "another node's label was removed"
+    );
 
     agent.terminate(Duration::from_secs(10)).await;
-    assert_eq!(ctl.forbidden_lines(), Vec::<String>::new(), "the controller hit a 403");
+    assert_eq!(
+        ctl.forbidden_lines(),
+        Vec::<String>::new(),
+        "the controller hit a 403"
+    );
     ctl.stop().await;
-    let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(admin.clone(), "kube-system");
+    let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(admin.clone(), "kube-system");
     let _ = ds.delete("cilium-lm", &Default::default()).await;
 }

@@ -12,10 +12,10 @@ mod ctl;
 mod packaging_support;
 mod support;
 
-mod identity;
 mod drain;
 mod events;
-mod repair;
+mod identity;
 mod labels;
 mod privilege;
 mod rbac;
+mod repair;

@@ -13,7 +13,8 @@ fn label_patch() -> serde_json::Value {
 }
 
 async fn patch(api: &Api<Node>, node: &str) -> Result<Node, kube::Error> {
-    api.patch(node, &PatchParams::default(), &Patch::Merge(&label_patch())).await
+    api.patch(node, &PatchParams::default(), &Patch::Merge(&label_patch()))
+        .await
 }
 
 fn code(r: &Result<Node, kube::Error>) -> u16 {
@@ -29,7 +30,11 @@ async fn the_agent_cannot_write_nodes_and_the_admission_policy_keeps_it_to_its_o
     init_tracing();
     let c = cluster();
     let admin = c.admin().await;
-    let _nodes = create_nodes(&admin, &[kwok_node("pv-0", json!({})), kwok_node("pv-1", json!({}))]).await;
+    let _nodes = create_nodes(
+        &admin,
+        &[kwok_node("pv-0", json!({})), kwok_node("pv-1", json!({}))],
+    )
+    .await;
     let (pod, uid) = agent_pod_on(&admin, "pv-0").await;
     let token = sa_token(&admin, NS, AGENT_SA, None, Some((&pod, &uid))).await;
     let agent = c.client_with_token(&token).await;
@@ -47,7 +52,9 @@ async fn the_agent_cannot_write_nodes_and_the_admission_policy_keeps_it_to_its_o
         assert_eq!(code(&r), 403, "agent patch of {n}: {r:?}");
     }
     let status = json!({ "status": { "conditions": [{ "type": "Fake", "status": "True" }] } });
-    let r = nodes.patch_status("pv-0", &PatchParams::default(), &Patch::Strategic(&status)).await;
+    let r = nodes
+        .patch_status("pv-0", &PatchParams::default(), &Patch::Strategic(&status))
+        .await;
     assert_eq!(code(&r), 403, "agent status patch: {r:?}");
 
     // An operator widens the agent's role: the admission policy still limits it to its own node.
@@ -66,18 +73,34 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: privileg
 subjects: [{kind: ServiceAccount, name: nodekeeper-agent, namespace: nodekeeper}]
 "#,
     );
-    let other = wait_for(std::time::Duration::from_secs(10), "the widened role in force", || async {
-        let r = patch(&nodes, "pv-1").await;
-        // 403 from RBAC until the binding is seen; then the VAP's own 403 with its message.
-        match &r {
-            Err(kube::Error::Api(s)) if s.message.contains("may not write Nodes") => Some(s.clone()),
-            _ => None,
-        }
-    })
+    let other = wait_for(
+        std::time::Duration::from_secs(10),
+        "the widened role in force",
+        || async {
+            let r = patch(&nodes, "pv-1").await;
+            // 403 from RBAC until the binding is seen; then the VAP's own 403 with its message.
+            match &r {
+                Err(kube::Error::Api(s)) if s.message.contains("may not write Nodes") => {
+                    Some(s.clone())
+                }
+                _ => None,
+            }
+        },
+    )
     .await;
     assert_eq!(other.code, 403, "{other:?}");
     let own = patch(&nodes, "pv-0").await;
     assert_eq!(code(&own), 403, "its own node, role widened: {own:?}");
-    assert!(format!("{own:?}").contains("may not write Nodes"), "{own:?}");
-    let _ = kubectl(c, &["delete", "clusterrolebinding,clusterrole", "privilege-test-widened-agent"]);
+    assert!(
+        format!("{own:?}").contains("may not write Nodes"),
+        "{own:?}"
+    );
+    let _ = kubectl(
+        c,
+        &[
+            "delete",
+            "clusterrolebinding,clusterrole",
+            "privilege-test-widened-agent",
+        ],
+    );
 }

@@ -11,7 +11,16 @@ use serde_json::json;
 use crate::packaging_support::rbac::{inventory, service_account, Call};
 use crate::support::*;
 
-const VERBS: [&str; 8] = ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"];
+const VERBS: [&str; 8] = [
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+];
 /// Namespaces asked about: "" (cluster-wide), the release namespace, `default`, an application's.
 const NAMESPACES: [&str; 4] = ["", NS, "default", "some-app"];
 
@@ -56,18 +65,21 @@ fn namespace_of(c: &Call) -> String {
 
 /// Whether a granted row of `identity` needs `a` allowed.
 fn needed(calls: &[Call], identity: &str, a: &Attr) -> bool {
-    calls.iter().filter(|c| c.made_by(identity) && c.granted).any(|c| {
-        c.verb == a.verb
-            && c.group == a.group
-            && c.resource == a.resource
-            && c.subresource == a.subresource
-            && match c.scope.as_str() {
-                // A cluster-wide grant of a namespaced resource holds in every namespace too.
-                "cluster" | "any-namespace" => true,
-                "release-namespace" => a.namespace == NS,
-                ns => a.namespace == ns,
-            }
-    })
+    calls
+        .iter()
+        .filter(|c| c.made_by(identity) && c.granted)
+        .any(|c| {
+            c.verb == a.verb
+                && c.group == a.group
+                && c.resource == a.resource
+                && c.subresource == a.subresource
+                && match c.scope.as_str() {
+                    // A cluster-wide grant of a namespaced resource holds in every namespace too.
+                    "cluster" | "any-namespace" => true,
+                    "release-namespace" => a.namespace == NS,
+                    ns => a.namespace == ns,
+                }
+        })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,7 +93,9 @@ async fn the_real_authorizer_allows_exactly_the_calls_the_code_makes() {
     // 1. Every row, as its identity: allowed when granted, denied when not.
     for call in &calls {
         for identity in &call.identity {
-            let Some(sa) = service_account(identity) else { continue };
+            let Some(sa) = service_account(identity) else {
+                continue;
+            };
             let a = Attr {
                 verb: call.verb.clone(),
                 group: call.group.clone(),
@@ -90,7 +104,11 @@ async fn the_real_authorizer_allows_exactly_the_calls_the_code_makes() {
                 namespace: namespace_of(call),
             };
             if allowed(&admin, sa, &a).await != call.granted {
-                wrong.push(format!("{identity}: {} (granted = {})", call.label(), call.granted));
+                wrong.push(format!(
+                    "{identity}: {} (granted = {})",
+                    call.label(),
+                    call.granted
+                ));
             }
         }
     }
@@ -101,7 +119,12 @@ async fn the_real_authorizer_allows_exactly_the_calls_the_code_makes() {
         .iter()
         .map(|c| (c.group.clone(), c.resource.clone(), c.subresource.clone()))
         .collect();
-    for (g, r) in [("", "secrets"), ("", "configmaps"), ("apps", "deployments"), ("", "serviceaccounts")] {
+    for (g, r) in [
+        ("", "secrets"),
+        ("", "configmaps"),
+        ("apps", "deployments"),
+        ("", "serviceaccounts"),
+    ] {
         resources.insert((g.into(), r.into(), String::new()));
     }
     resources.insert((String::new(), "serviceaccounts".into(), "token".into()));
@@ -126,6 +149,13 @@ async fn the_real_authorizer_allows_exactly_the_calls_the_code_makes() {
             }
         }
     }
-    eprintln!("{} inventory rows and {reviews} further SubjectAccessReviews", calls.len());
-    assert!(wrong.is_empty(), "the real authorizer disagrees with the inventory:\n{}", wrong.join("\n"));
+    eprintln!(
+        "{} inventory rows and {reviews} further SubjectAccessReviews",
+        calls.len()
+    );
+    assert!(
+        wrong.is_empty(),
+        "the real authorizer disagrees with the inventory:\n{}",
+        wrong.join("\n")
+    );
 }

@@ -22,7 +22,12 @@ async fn budget_of_one_repairs_one_unknown_node_and_explains_the_other() {
     let admin = c.admin().await;
     let nodes: Vec<Node> = NODES
         .iter()
-        .map(|n| kwok_node(n, json!({ "karpenter.sh/nodepool": POOL, "kubernetes.io/hostname": n })))
+        .map(|n| {
+            kwok_node(
+                n,
+                json!({ "karpenter.sh/nodepool": POOL, "kubernetes.io/hostname": n }),
+            )
+        })
         .collect();
     let _nodes = create_nodes(&admin, &nodes).await;
 
@@ -51,7 +56,11 @@ toleration = "3s""#,
     for n in &NODES[..2] {
         wait_until(Duration::from_secs(20), &format!("{n} seen ready"), || {
             let api = api.clone();
-            async move { api.get(n).await.is_ok_and(|n| annotation(&n, keys::SEEN_READY).is_some()) }
+            async move {
+                api.get(n)
+                    .await
+                    .is_ok_and(|n| annotation(&n, keys::SEEN_READY).is_some())
+            }
         })
         .await;
     }
@@ -75,16 +84,24 @@ toleration = "3s""#,
     .await;
     let ready = condition(&held, "Ready").unwrap();
     assert_eq!(ready.status, "False");
-    let kcm_taint = held.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|ts| {
-        ts.iter().any(|t| t.key == "node.kubernetes.io/not-ready")
-    });
-    assert!(kcm_taint, "kube-controller-manager tainted the NotReady node");
+    let kcm_taint = held
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == "node.kubernetes.io/not-ready"));
+    assert!(
+        kcm_taint,
+        "kube-controller-manager tainted the NotReady node"
+    );
     assert!(unschedulable(&repairing), "the repaired node is cordoned");
     assert!(!unschedulable(&held), "a held node is not cordoned");
     let blocked = annotation(&held, keys::BLOCKED).unwrap();
     assert!(blocked.contains("\"kind\":\"budget\""), "{blocked}");
     let cond = condition(&held, "NodekeeperHeld").expect("NodekeeperHeld condition");
-    assert_eq!((cond.status.as_str(), cond.reason.as_deref()), ("True", Some("BlockedByBudget")));
+    assert_eq!(
+        (cond.status.as_str(), cond.reason.as_deref()),
+        ("True", Some("BlockedByBudget"))
+    );
 
     // `nodekeeper status` as an operator who may only list nodes.
     let token = status_reader_token(c, &admin).await;
@@ -98,10 +115,16 @@ toleration = "3s""#,
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!("$ nodekeeper status\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!(
+        "$ nodekeeper status\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success());
     let held_name = held.metadata.name.as_deref().unwrap();
-    let row = text.lines().find(|l| l.starts_with(held_name)).expect("a row for the held node");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with(held_name))
+        .expect("a row for the held node");
     assert!(row.contains("budget #0 nodes=1 of rp-pool"), "{row}");
     let row = text
         .lines()
@@ -109,7 +132,11 @@ toleration = "3s""#,
         .unwrap();
     assert!(row.contains("repairing"), "{row}");
 
-    assert_eq!(ctl.forbidden_lines(), Vec::<String>::new(), "the controller hit a 403");
+    assert_eq!(
+        ctl.forbidden_lines(),
+        Vec::<String>::new(),
+        "the controller hit a 403"
+    );
     ctl.stop().await;
 }
 

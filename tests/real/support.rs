@@ -118,12 +118,17 @@ fn install_manifests(c: &Cluster) {
         .arg(repo().join("manifests"))
         .output()
         .unwrap();
-    assert!(rendered.status.success(), "{}", String::from_utf8_lossy(&rendered.stderr));
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
     let text = String::from_utf8(rendered.stdout).unwrap();
     let docs: Vec<&str> = text
         .split("\n---\n")
         .filter(|d| {
-            let skip = (d.contains("kind: Deployment") && d.contains("name: nodekeeper-controller"))
+            let skip = (d.contains("kind: Deployment")
+                && d.contains("name: nodekeeper-controller"))
                 || d.contains("apiVersion: monitoring.coreos.com/");
             !skip
         })
@@ -131,7 +136,11 @@ fn install_manifests(c: &Cluster) {
     let file = c.dir.join("manifests.yaml");
     std::fs::write(&file, docs.join("\n---\n")).unwrap();
     let out = kubectl(c, &["apply", "-f", file.to_str().unwrap()]);
-    assert!(out.status.success(), "kubectl apply of the shipped manifests failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubectl apply of the shipped manifests failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Runs the real kubectl as the admin; prints the command and its output.
@@ -177,7 +186,9 @@ impl Cluster {
 
     /// A client that authenticates with `token`.
     pub async fn client_with_token(&self, token: &str) -> kube::Client {
-        let path = self.dir.join(format!("token-{}.kubeconfig", short_hash(token)));
+        let path = self
+            .dir
+            .join(format!("token-{}.kubeconfig", short_hash(token)));
         self.write_token_kubeconfig(&path, token);
         let kc = Kubeconfig::read_from(&path).unwrap();
         let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
@@ -268,14 +279,23 @@ pub async fn create_nodes(admin: &kube::Client, nodes: &[Node]) -> NodesGuard {
     }
     for n in nodes {
         let name = n.metadata.name.clone().unwrap();
-        wait_until(Duration::from_secs(30), &format!("node {name} Ready"), || {
-            let api = api.clone();
-            let name = name.clone();
-            async move { api.get(&name).await.map(|n| is_ready(&n)).unwrap_or(false) }
-        })
+        wait_until(
+            Duration::from_secs(30),
+            &format!("node {name} Ready"),
+            || {
+                let api = api.clone();
+                let name = name.clone();
+                async move { api.get(&name).await.map(|n| is_ready(&n)).unwrap_or(false) }
+            },
+        )
         .await;
     }
-    NodesGuard(nodes.iter().filter_map(|n| n.metadata.name.clone()).collect())
+    NodesGuard(
+        nodes
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect(),
+    )
 }
 
 pub fn is_ready(n: &Node) -> bool {
@@ -291,17 +311,21 @@ pub async fn agent_pod_on(admin: &kube::Client, node: &str) -> (String, String) 
     let lp = ListParams::default()
         .labels("app.kubernetes.io/name=nodekeeper-agent")
         .fields(&format!("spec.nodeName={node}"));
-    wait_for(Duration::from_secs(30), &format!("agent pod on {node}"), || {
-        let (pods, lp) = (pods.clone(), lp.clone());
-        async move {
-            let list = pods.list(&lp).await.ok()?;
-            let p = list
-                .items
-                .into_iter()
-                .find(|p| p.metadata.deletion_timestamp.is_none())?;
-            Some((p.metadata.name?, p.metadata.uid?))
-        }
-    })
+    wait_for(
+        Duration::from_secs(30),
+        &format!("agent pod on {node}"),
+        || {
+            let (pods, lp) = (pods.clone(), lp.clone());
+            async move {
+                let list = pods.list(&lp).await.ok()?;
+                let p = list
+                    .items
+                    .into_iter()
+                    .find(|p| p.metadata.deletion_timestamp.is_none())?;
+                Some((p.metadata.name?, p.metadata.uid?))
+            }
+        },
+    )
     .await
 }
 
@@ -413,7 +437,8 @@ impl ControllerProc {
             let mut r = tokio::io::BufReader::new(stderr).lines();
             while let Ok(Some(line)) = r.next_line().await {
                 eprintln!("[{who}] {line}");
-                let v = serde_json::from_str(&line).unwrap_or_else(|_| serde_json::json!({ "message": line }));
+                let v = serde_json::from_str(&line)
+                    .unwrap_or_else(|_| serde_json::json!({ "message": line }));
                 let _ = tx.send(v.clone());
                 keep.lock().unwrap().push(v);
             }
@@ -421,7 +446,10 @@ impl ControllerProc {
         let addr = tokio::time::timeout(Duration::from_secs(30), async {
             while let Some(v) = rx.recv().await {
                 if v.to_string().contains("controller listening") {
-                    let a = v["fields"]["addr"].as_str().or(v["addr"].as_str()).map(str::to_string);
+                    let a = v["fields"]["addr"]
+                        .as_str()
+                        .or(v["addr"].as_str())
+                        .map(str::to_string);
                     if let Some(a) = a {
                         return a.parse().unwrap();
                     }
@@ -458,15 +486,28 @@ impl ControllerProc {
 }
 
 pub fn annotation<'a>(n: &'a Node, key: &str) -> Option<&'a str> {
-    n.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+    n.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
 }
 
 pub fn condition(n: &Node, type_: &str) -> Option<k8s_openapi::api::core::v1::NodeCondition> {
-    n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == type_).cloned()
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .cloned()
 }
 
 pub fn unschedulable(n: &Node) -> bool {
-    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+    n.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
 }
 
 /// The node's kubelet posts Ready=False (its container runtime is down), as a real kubelet does; the
@@ -476,19 +517,28 @@ pub fn unschedulable(n: &Node) -> bool {
 /// node it ever managed.)
 pub async fn kubelet_reports_not_ready(admin: &kube::Client, node: &str) {
     let api: Api<Node> = Api::all(admin.clone());
-    let label = serde_json::json!({ "metadata": { "labels": { "nodekeeper.test/kubelet": "not-ready" } } });
-    api.patch(node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&label))
-        .await
-        .unwrap();
+    let label =
+        serde_json::json!({ "metadata": { "labels": { "nodekeeper.test/kubelet": "not-ready" } } });
+    api.patch(
+        node,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&label),
+    )
+    .await
+    .unwrap();
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let status = serde_json::json!({ "status": { "conditions": [{
         "type": "Ready", "status": "False", "reason": "KubeletNotReady",
         "message": "container runtime network not ready: NetworkReady=false",
         "lastHeartbeatTime": now, "lastTransitionTime": now
     }] } });
-    api.patch_status(node, &kube::api::PatchParams::default(), &kube::api::Patch::Strategic(&status))
-        .await
-        .unwrap();
+    api.patch_status(
+        node,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Strategic(&status),
+    )
+    .await
+    .unwrap();
 }
 
 /// Tests whose controller runs the disruption engine act on every Node of the shared cluster: they
