@@ -88,6 +88,9 @@ report says=$(has "deployment.apps/web created") replicas=$(jp deployment web -n
 run create-configmap create configmap web-config --from-literal=mode=demo --from-literal=level=2 -n $NS
 report says=$(has "configmap/web-config created") mode=$(jp configmap web-config -n $NS '{.data.mode}') \
   level=$(jp configmap web-config -n $NS '{.data.level}')
+run create-secret create secret generic web-secret --from-literal=token=s3cr3t -n $NS
+report says=$(has "secret/web-secret created") token=$(jp secret web-secret -n $NS '{.data.token}') \
+  type=$(jp secret web-secret -n $NS '{.type}')
 run create-existing create namespace $NS
 report already=$(has "AlreadyExists")
 
@@ -111,6 +114,8 @@ STEP=pods-running CODE=0
 report all=$(until_true 90 running 8)
 run get-pods get pods -n $NS -o wide
 report rows=$(count " Running ")
+run get-all get all -n $NS -o name
+report pods=$(count pod/) deployments=$(count deployment.apps/) replicasets=$(count replicaset.apps/)
 run get-pods-label get pods -n $NS -l app=api -o name
 report pods=$(count pod/api-)
 run get-all-kinds get deployments,replicasets,configmaps,poddisruptionbudgets -n $NS -o name
@@ -164,6 +169,14 @@ report all=$(until_true 90 running 8) on_a=$(on_node everyday-a)
 run uncordon-drained uncordon everyday-a
 report unschedulable=$(jp node everyday-a '{.spec.unschedulable}')
 
+# --- scale (the /scale subresource) --------------------------------------------------------
+run scale scale deployment web --replicas=2 -n $NS
+report says=$(has "deployment.apps/web scaled") replicas=$(jp deployment web -n $NS '{.spec.replicas}')
+STEP=scaled-down CODE=0
+report all=$(until_true 90 running 6)
+run scale-precondition scale deployment web --replicas=5 --current-replicas=3 -n $NS
+report mismatch=$(has "Expected replicas to be 3, was 2") replicas=$(jp deployment web -n $NS '{.spec.replicas}')
+
 # --- events ---------------------------------------------------------------------------------
 run get-events get events -n $NS
 report scheduled=$(has "Scheduled") created=$(has "SuccessfulCreate") scaled=$(has "ScalingReplicaSet")
@@ -171,6 +184,8 @@ run get-events-selector get events -n $NS --field-selector reason=Scheduled -o n
 report some=$([ -n "$OUT" ] && echo yes || echo no)
 
 # --- delete -----------------------------------------------------------------------------------
+run delete-secret delete secret web-secret -n $NS
+report says=$(has 'secret "web-secret" deleted')
 run delete-configmap delete configmap web-config -n $NS
 report says=$(has 'configmap "web-config" deleted') gone=$(jp configmap web-config -n $NS '{.metadata.name}')
 run delete-file delete -f "$HERE/everyday-app.yaml"

@@ -154,6 +154,7 @@ fn target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
             None => {}
             Some("status") if res.has_status => {}
             Some("eviction") if res.plural == "pods" && res.group.is_empty() => {}
+            Some("scale") if resources::has_scale(res) => {}
             Some(_) => return None,
         }
         Some(Target {
@@ -249,6 +250,9 @@ async fn dispatch(
                 json_response(StatusCode::OK, &out),
                 &warnings,
             ))
+        }
+        (m @ ("GET" | "PUT" | "PATCH"), Some(name), Some("scale")) => {
+            scale(sim, m, headers, &t, name, body)
         }
         ("PATCH", Some(name), sub @ (None | Some("status"))) => {
             patch_object(sim, headers, query, &t, name, sub.is_some(), body)
@@ -481,6 +485,86 @@ fn patch_object(
         json_response(StatusCode::OK, &out),
         &warnings,
     ))
+}
+
+/// The `autoscaling/v1` Scale of a Deployment or ReplicaSet.
+fn scale_of(obj: &Value) -> Value {
+    let mut sel: Vec<String> = obj
+        .pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    sel.sort();
+    let meta = |f: &str| obj.pointer(&format!("/metadata/{f}")).cloned();
+    json!({"kind": "Scale", "apiVersion": "autoscaling/v1",
+        "metadata": {"name": meta("name"), "namespace": meta("namespace"), "uid": meta("uid"),
+            "resourceVersion": meta("resourceVersion"), "creationTimestamp": meta("creationTimestamp")},
+        "spec": {"replicas": obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1)},
+        "status": {"replicas": obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0),
+            "selector": sel.join(",")}})
+}
+
+/// `GET`, `PUT` and `PATCH` of `<deployments|replicasets>/<name>/scale` (what `kubectl scale` uses).
+fn scale(
+    sim: &Arc<Sim>,
+    method: &str,
+    headers: &HeaderMap,
+    t: &Target,
+    name: &str,
+    body: &Bytes,
+) -> ApiResult<Response> {
+    let res = t.res;
+    let current = sim
+        .store
+        .get(res, &t.ns, name)
+        .ok_or_else(|| ApiError::not_found(res, name))?;
+    let desired = match method {
+        "GET" => return Ok(json_response(StatusCode::OK, &scale_of(&current))),
+        "PUT" => parse_body(headers, body)?,
+        _ => {
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            let kind = PatchType::from_content_type(ct).ok_or_else(|| {
+                ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    format!("the body of the request was in an unknown format: {ct:?}"),
+                )
+            })?;
+            let doc = parse_doc(kind == PatchType::Apply, body)?;
+            patch::apply(kind, &scale_of(&current), &doc)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?
+        }
+    };
+    let replicas = desired
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .filter(|r| *r >= 0)
+        .ok_or_else(|| {
+            ApiError::invalid(res, name, "spec.replicas", "must be a non-negative integer")
+        })?;
+    let rv = desired
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .filter(|v| !v.is_empty())
+        .map(str::to_string);
+    let out = sim.store.txn(|tx| {
+        tx.modify(res, &t.ns, name, WriteTarget::Main, |o| {
+            let mut o = o.clone();
+            o["spec"]["replicas"] = json!(replicas);
+            if let Some(rv) = &rv {
+                o["metadata"]["resourceVersion"] = json!(rv);
+            }
+            Ok(o)
+        })
+    })?;
+    Ok(json_response(StatusCode::OK, &scale_of(&out)))
 }
 
 fn delete_options(
@@ -748,6 +832,13 @@ mod tests {
             Ok(Route::RawJson(_))
         ));
         assert!(route("/openapi/v3/apis/nope/v1", "x").is_err());
+        assert_eq!(
+            r("/apis/apps/v1/namespaces/a/deployments/d/scale")
+                .3
+                .as_deref(),
+            Some("scale")
+        );
+        assert!(route("/apis/apps/v1/namespaces/a/daemonsets/d/scale", "x").is_err());
         assert!(route("/apis/nope/v1/things", "x").is_err());
         assert!(matches!(route("/apis", "x"), Ok(Route::Json(_))));
     }
@@ -795,6 +886,22 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(visible(&ev(Added, "web", None), &other_ns), None);
+    }
+
+    #[test]
+    fn scale_of_a_deployment() {
+        let d = json!({"metadata": {"name": "web", "namespace": "a", "resourceVersion": "7"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"tier": "x", "app": "web"}}},
+            "status": {"replicas": 2}});
+        let s = scale_of(&d);
+        assert_eq!(s["kind"], "Scale");
+        assert_eq!(s["apiVersion"], "autoscaling/v1");
+        assert_eq!(s["spec"]["replicas"], 3);
+        assert_eq!(
+            s["status"],
+            json!({"replicas": 2, "selector": "app=web,tier=x"})
+        );
+        assert_eq!(s["metadata"]["resourceVersion"], "7");
     }
 
     #[test]

@@ -284,6 +284,7 @@ fn kind_schemas() -> (Map<String, Value>, HashMap<usize, String>) {
             ("", "Event") => core::Event,
             ("", "Service") => core::Service,
             ("", "ConfigMap") => core::ConfigMap,
+            ("", "Secret") => core::Secret,
             ("", "ResourceQuota") => core::ResourceQuota,
             ("", "LimitRange") => core::LimitRange,
             ("apps", "ReplicaSet") => apps::ReplicaSet,

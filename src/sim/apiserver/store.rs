@@ -826,6 +826,9 @@ impl Txn<'_> {
         };
         new["apiVersion"] = json!(res.api_version());
         new["kind"] = json!(res.kind);
+        if res.group.is_empty() && res.kind == "Secret" {
+            super::defaults::secret(&mut new);
+        }
         for f in [
             "name",
             "namespace",

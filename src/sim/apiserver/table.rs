@@ -1,5 +1,5 @@
 //! Server-side `Table` rendering for `kubectl get` of nodes, pods, events, namespaces,
-//! deployments, replicasets and configmaps, with kube-apiserver's columns (other kinds are answered
+//! deployments, replicasets, configmaps and secrets, with kube-apiserver's columns (other kinds are answered
 //! as plain JSON, which kubectl prints with its built-in NAME/AGE columns).
 
 use chrono::{DateTime, Utc};
@@ -16,7 +16,14 @@ pub fn wanted(accept: &str) -> bool {
 pub fn supported(kind: &str) -> bool {
     matches!(
         kind,
-        "Node" | "Pod" | "Event" | "Namespace" | "Deployment" | "ReplicaSet" | "ConfigMap"
+        "Node"
+            | "Pod"
+            | "Event"
+            | "Namespace"
+            | "Deployment"
+            | "ReplicaSet"
+            | "ConfigMap"
+            | "Secret"
     )
 }
 
@@ -281,6 +288,12 @@ fn columns(kind: &str) -> Vec<Value> {
             ("Data", "integer", 0),
             ("Age", "string", 0),
         ]),
+        "Secret" => c(&[
+            ("Name", "string", 0),
+            ("Type", "string", 0),
+            ("Data", "integer", 0),
+            ("Age", "string", 0),
+        ]),
         "Deployment" => c(&[
             ("Name", "string", 0),
             ("Ready", "string", 0),
@@ -335,6 +348,15 @@ fn row(kind: &str, o: &Value, now: DateTime<Utc>) -> Vec<Value> {
                 json!(age(created(o), now)),
             ]
         }
+        "Secret" => vec![
+            json!(o.pointer("/metadata/name")),
+            json!(o.get("type").and_then(Value::as_str).unwrap_or("Opaque")),
+            json!(o
+                .get("data")
+                .and_then(Value::as_object)
+                .map_or(0, |m| m.len())),
+            json!(age(created(o), now)),
+        ],
         "Deployment" | "ReplicaSet" => workload_row(kind, o, now),
         _ => pod_row(o, now),
     }
