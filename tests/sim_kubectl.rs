@@ -83,9 +83,7 @@ async fn kubectl_conformance() {
     let k = Kubectl { bin, kubeconfig };
 
     // create -f of nodes, ReplicaSets, DaemonSets, PDBs and pods.
-    let out = k
-        .ok(&["create", "-f", &fixture("cluster.yaml"), "--validate=false"])
-        .await;
+    let out = k.ok(&["create", "-f", &fixture("cluster.yaml")]).await;
     for want in [
         "node/n1 created",
         "replicaset.apps/web created",
@@ -94,8 +92,7 @@ async fn kubectl_conformance() {
     ] {
         assert!(out.contains(want), "missing {want:?} in {out}");
     }
-    k.ok(&["create", "-f", &fixture("pods.yaml"), "--validate=false"])
-        .await;
+    k.ok(&["create", "-f", &fixture("pods.yaml")]).await;
 
     // get in every output form.
     let wide = k.ok(&["get", "nodes", "-o", "wide"]).await;
@@ -284,8 +281,7 @@ async fn kubectl_over_tls() {
         bin: bin.clone(),
         kubeconfig,
     };
-    k.ok(&["create", "-f", &fixture("cluster.yaml"), "--validate=false"])
-        .await;
+    k.ok(&["create", "-f", &fixture("cluster.yaml")]).await;
     let nodes = k.json(&["get", "nodes"]).await;
     assert_eq!(nodes["items"].as_array().unwrap().len(), 2, "{nodes}");
     k.ok(&["label", "node", "n1", "tls=yes"]).await;

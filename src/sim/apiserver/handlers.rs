@@ -17,7 +17,8 @@ use super::patch::{self, PatchType};
 use super::resources::{self, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::store::{DeleteOptions, EventType, Filter, Key, WatchEvent, WatchFrom, WriteTarget};
-use super::Sim;
+use super::validation::{self, Mode};
+use super::{openapi, protobuf, Sim};
 
 /// Largest accepted request body.
 pub const BODY_LIMIT: usize = 3 * 1024 * 1024;
@@ -34,6 +35,7 @@ struct Target {
 
 enum Route {
     Json(Value),
+    RawJson(Bytes),
     Text(&'static str),
     Resource(Target),
 }
@@ -68,6 +70,7 @@ async fn handle(sim: &Arc<Sim>, req: Request) -> ApiResult<Response> {
     let route = route(&path, &sim.server_addr())?;
     let target = match route {
         Route::Json(v) => return Ok(json_response(StatusCode::OK, &v)),
+        Route::RawJson(b) => return Ok(raw_json_response(StatusCode::OK, b)),
         Route::Text(t) => return Ok((StatusCode::OK, t).into_response()),
         Route::Resource(t) => t,
     };
@@ -131,6 +134,11 @@ fn route(path: &str, server: &str) -> ApiResult<Route> {
         ["apis", g, v, rest @ ..] => target(g, v, rest)
             .map(Route::Resource)
             .ok_or_else(not_found),
+        ["openapi", "v3"] => Ok(Route::Json(openapi::get().index())),
+        ["openapi", "v3", rest @ ..] => openapi::get()
+            .document(&rest.join("/"))
+            .map(Route::RawJson)
+            .ok_or_else(not_found),
         _ => Err(not_found()),
     }
 }
@@ -140,6 +148,14 @@ fn target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
         let res = resources::find(group, version, plural)?;
         if res.namespaced == ns.is_empty() && !(res.namespaced && name.is_none()) {
             return None;
+        }
+        // Unknown subresources are 404, as on kube-apiserver (kubectl reads 404 as "not served").
+        match sub.copied() {
+            None => {}
+            Some("status") if res.has_status => {}
+            Some("eviction") if res.plural == "pods" && res.group.is_empty() => {}
+            Some("scale") if resources::has_scale(res) => {}
+            Some(_) => return None,
         }
         Some(Target {
             res,
@@ -203,9 +219,13 @@ async fn dispatch(
             Ok(json_response(StatusCode::CREATED, &review))
         }
         ("POST", None, None) => {
-            let obj = parse_body(headers, body)?;
+            let mut obj = parse_body(headers, body)?;
+            let warnings = admit(res, &mut obj, None, query)?;
             let created = sim.store.txn(|tx| tx.create(res, &t.ns, obj))?;
-            Ok(json_response(StatusCode::CREATED, &created))
+            Ok(with_warnings(
+                json_response(StatusCode::CREATED, &created),
+                &warnings,
+            ))
         }
         ("POST", Some(name), Some("eviction")) if res.kind == "Pod" => {
             let ev = parse_body(headers, body)?;
@@ -215,26 +235,34 @@ async fn dispatch(
             Ok(json_response(StatusCode::CREATED, &status))
         }
         ("PUT", Some(name), sub @ (None | Some("status"))) => {
-            let obj = parse_body(headers, body)?;
+            let mut obj = parse_body(headers, body)?;
             let target = if sub.is_some() {
                 WriteTarget::Status
             } else {
                 WriteTarget::Main
             };
+            let old = sim.store.get(res, &t.ns, name);
+            let warnings = admit(res, &mut obj, old.as_deref(), query)?;
             let out = sim
                 .store
                 .txn(|tx| tx.update(res, &t.ns, name, obj, target))?;
-            Ok(json_response(StatusCode::OK, &out))
+            Ok(with_warnings(
+                json_response(StatusCode::OK, &out),
+                &warnings,
+            ))
+        }
+        (m @ ("GET" | "PUT" | "PATCH"), Some(name), Some("scale")) => {
+            scale(sim, m, headers, &t, name, body)
         }
         ("PATCH", Some(name), sub @ (None | Some("status"))) => {
             patch_object(sim, headers, query, &t, name, sub.is_some(), body)
         }
         ("DELETE", Some(name), None) => {
-            let opts = delete_options(query, body)?;
+            let opts = delete_options(query, headers, body)?;
             let out = sim.store.txn(|tx| tx.delete(res, &t.ns, name, &opts))?;
             Ok(json_response(StatusCode::OK, &out))
         }
-        ("DELETE", None, None) => delete_collection(sim, res, &t.ns, query, body),
+        ("DELETE", None, None) => delete_collection(sim, res, &t.ns, query, headers, body),
         (m, _, sub) => Err(ApiError::method_not_allowed(format!(
             "{m} is not supported on {}{}",
             res.qualified(),
@@ -255,7 +283,42 @@ fn parse_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
+    if protobuf::is_protobuf(ct) {
+        if body.is_empty() {
+            return Err(ApiError::bad_request("the request body is empty"));
+        }
+        return protobuf::decode(body).map_err(|e| ApiError::bad_request(e.to_string()));
+    }
     parse_doc(ct.contains("yaml"), body)
+}
+
+/// Server-side field validation of a write (`fieldValidation`); returns the warnings to send.
+/// An object of another kind is left to the store, which refuses it.
+fn admit(
+    res: &ResourceDef,
+    obj: &mut Value,
+    before: Option<&Value>,
+    q: &HashMap<String, String>,
+) -> ApiResult<Vec<String>> {
+    let mode = Mode::parse(q.get("fieldValidation").map(String::as_str))?;
+    if obj
+        .get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|k| k != res.kind)
+    {
+        return Ok(Vec::new());
+    }
+    validation::admit(openapi::get(), res, obj, before, mode)
+}
+
+/// Adds a `Warning` header per warning (kubectl prints them as `Warning: ...`).
+fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
+    for w in validation::warning_headers(warnings) {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&w) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
 }
 
 fn parse_doc(yaml: bool, body: &Bytes) -> ApiResult<Value> {
@@ -397,26 +460,127 @@ fn patch_object(
                 obj["metadata"] = json!({});
             }
             obj["metadata"]["name"] = json!(name);
+            let warnings = admit(res, &mut obj, None, q)?;
             let created = sim.store.txn(|tx| tx.create(res, &t.ns, obj))?;
-            return Ok(json_response(StatusCode::CREATED, &created));
+            return Ok(with_warnings(
+                json_response(StatusCode::CREATED, &created),
+                &warnings,
+            ));
         }
     }
+    let mut warnings = Vec::new();
     let out = sim.store.txn(|tx| {
         tx.modify(res, &t.ns, name, target, |old| {
-            patch::apply(kind, old, &doc).map_err(|e| match e {
+            let mut new = patch::apply(kind, old, &doc).map_err(|e| match e {
                 patch::PatchError::Malformed { .. } => ApiError::bad_request(e.to_string()),
                 patch::PatchError::DoesNotApply { .. } => {
                     ApiError::new(422, "Invalid", e.to_string())
                 }
-            })
+            })?;
+            warnings = admit(res, &mut new, Some(old), q)?;
+            Ok(new)
         })
     })?;
-    Ok(json_response(StatusCode::OK, &out))
+    Ok(with_warnings(
+        json_response(StatusCode::OK, &out),
+        &warnings,
+    ))
 }
 
-fn delete_options(q: &HashMap<String, String>, body: &Bytes) -> ApiResult<DeleteOptions> {
+/// The `autoscaling/v1` Scale of a Deployment or ReplicaSet.
+fn scale_of(obj: &Value) -> Value {
+    let mut sel: Vec<String> = obj
+        .pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    sel.sort();
+    let meta = |f: &str| obj.pointer(&format!("/metadata/{f}")).cloned();
+    json!({"kind": "Scale", "apiVersion": "autoscaling/v1",
+        "metadata": {"name": meta("name"), "namespace": meta("namespace"), "uid": meta("uid"),
+            "resourceVersion": meta("resourceVersion"), "creationTimestamp": meta("creationTimestamp")},
+        "spec": {"replicas": obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1)},
+        "status": {"replicas": obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0),
+            "selector": sel.join(",")}})
+}
+
+/// `GET`, `PUT` and `PATCH` of `<deployments|replicasets>/<name>/scale` (what `kubectl scale` uses).
+fn scale(
+    sim: &Arc<Sim>,
+    method: &str,
+    headers: &HeaderMap,
+    t: &Target,
+    name: &str,
+    body: &Bytes,
+) -> ApiResult<Response> {
+    let res = t.res;
+    let current = sim
+        .store
+        .get(res, &t.ns, name)
+        .ok_or_else(|| ApiError::not_found(res, name))?;
+    let desired = match method {
+        "GET" => return Ok(json_response(StatusCode::OK, &scale_of(&current))),
+        "PUT" => parse_body(headers, body)?,
+        _ => {
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            let kind = PatchType::from_content_type(ct).ok_or_else(|| {
+                ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    format!("the body of the request was in an unknown format: {ct:?}"),
+                )
+            })?;
+            let doc = parse_doc(kind == PatchType::Apply, body)?;
+            patch::apply(kind, &scale_of(&current), &doc)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?
+        }
+    };
+    let replicas = desired
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .filter(|r| *r >= 0)
+        .ok_or_else(|| {
+            ApiError::invalid(res, name, "spec.replicas", "must be a non-negative integer")
+        })?;
+    let rv = desired
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .filter(|v| !v.is_empty())
+        .map(str::to_string);
+    let out = sim.store.txn(|tx| {
+        tx.modify(res, &t.ns, name, WriteTarget::Main, |o| {
+            let mut o = o.clone();
+            o["spec"]["replicas"] = json!(replicas);
+            if let Some(rv) = &rv {
+                o["metadata"]["resourceVersion"] = json!(rv);
+            }
+            Ok(o)
+        })
+    })?;
+    Ok(json_response(StatusCode::OK, &scale_of(&out)))
+}
+
+fn delete_options(
+    q: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> ApiResult<DeleteOptions> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
     let b: Value = if body.iter().all(u8::is_ascii_whitespace) {
         json!({})
+    } else if protobuf::is_protobuf(ct) {
+        protobuf::decode(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
     } else {
         serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
@@ -441,10 +605,11 @@ fn delete_collection(
     res: &'static ResourceDef,
     ns: &str,
     q: &HashMap<String, String>,
+    headers: &HeaderMap,
     body: &Bytes,
 ) -> ApiResult<Response> {
     let filter = filter_from(res, ns, q)?;
-    let opts = delete_options(q, body)?;
+    let opts = delete_options(q, headers, body)?;
     let page = sim.store.list(res, &filter, None, None);
     let mut deleted = Vec::new();
     sim.store.txn(|tx| {
@@ -656,9 +821,24 @@ mod tests {
             "namespaced object without namespace"
         );
         assert!(
-            route("/api/v1/namespaces/a/nodes", "x").is_ok(),
-            "namespace subresource path parses"
+            route("/api/v1/namespaces/a/nodes", "x").is_err(),
+            "unknown subresources are 404"
         );
+        assert!(route("/api/v1/namespaces/a/resourcequotas", "x").is_ok());
+        assert!(route("/api/v1/nodes/n1/eviction", "x").is_err());
+        assert!(matches!(route("/openapi/v3", "x"), Ok(Route::Json(_))));
+        assert!(matches!(
+            route("/openapi/v3/apis/apps/v1", "x"),
+            Ok(Route::RawJson(_))
+        ));
+        assert!(route("/openapi/v3/apis/nope/v1", "x").is_err());
+        assert_eq!(
+            r("/apis/apps/v1/namespaces/a/deployments/d/scale")
+                .3
+                .as_deref(),
+            Some("scale")
+        );
+        assert!(route("/apis/apps/v1/namespaces/a/daemonsets/d/scale", "x").is_err());
         assert!(route("/apis/nope/v1/things", "x").is_err());
         assert!(matches!(route("/apis", "x"), Ok(Route::Json(_))));
     }
@@ -706,6 +886,22 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(visible(&ev(Added, "web", None), &other_ns), None);
+    }
+
+    #[test]
+    fn scale_of_a_deployment() {
+        let d = json!({"metadata": {"name": "web", "namespace": "a", "resourceVersion": "7"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"tier": "x", "app": "web"}}},
+            "status": {"replicas": 2}});
+        let s = scale_of(&d);
+        assert_eq!(s["kind"], "Scale");
+        assert_eq!(s["apiVersion"], "autoscaling/v1");
+        assert_eq!(s["spec"]["replicas"], 3);
+        assert_eq!(
+            s["status"],
+            json!({"replicas": 2, "selector": "app=web,tier=x"})
+        );
+        assert_eq!(s["metadata"]["resourceVersion"], "7");
     }
 
     #[test]

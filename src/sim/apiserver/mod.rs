@@ -3,7 +3,8 @@
 //! Layout: [`store`] (objects, resourceVersion, indexes, watch fan-out), [`selectors`] (in `crate::k8s`), [`patch`],
 //! [`resources`] (resource table and discovery), [`handlers`] (HTTP), [`eviction`] (PDB math), [`auth`]
 //! (tokens, TokenReview), [`admin`] (`/sim/v1/`), [`loops`] (simulated kubelet, scheduler, controllers),
-//! [`scenario`] (cluster seeding). See docs/sim.md.
+//! [`scenario`] (cluster seeding), [`openapi`] (`/openapi/v3`) and [`validation`] (`fieldValidation`),
+//! [`protobuf`] (kubectl's protobuf request bodies). See docs/sim.md.
 
 pub mod admin;
 pub mod auth;
@@ -15,7 +16,9 @@ pub mod eviction;
 pub mod handlers;
 pub mod loops;
 pub mod object;
+pub mod openapi;
 pub mod patch;
+pub mod protobuf;
 pub mod resources;
 pub mod scenario;
 pub use crate::k8s::selectors;
@@ -23,6 +26,7 @@ pub mod store;
 mod table;
 pub mod tls;
 pub mod validate;
+pub mod validation;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -95,6 +95,37 @@ pub static RESOURCES: &[ResourceDef] = &[
         true
     ),
     res!(
+        "",
+        "v1",
+        "ConfigMap",
+        "configmaps",
+        "configmap",
+        true,
+        &["cm"],
+        false
+    ),
+    res!("", "v1", "Secret", "secrets", "secret", true, &[], false),
+    res!(
+        "",
+        "v1",
+        "ResourceQuota",
+        "resourcequotas",
+        "resourcequota",
+        true,
+        &["quota"],
+        true
+    ),
+    res!(
+        "",
+        "v1",
+        "LimitRange",
+        "limitranges",
+        "limitrange",
+        true,
+        &["limits"],
+        false
+    ),
+    res!(
         "apps",
         "v1",
         "ReplicaSet",
@@ -192,6 +223,21 @@ pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resourc
     RESOURCES
         .iter()
         .find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// Whether `/scale` (autoscaling/v1 Scale) is a subresource.
+pub fn has_scale(r: &ResourceDef) -> bool {
+    r.group == "apps" && matches!(r.plural, "deployments" | "replicasets")
+}
+
+/// Discovery categories (`kubectl get all`).
+fn categories(r: &ResourceDef) -> &'static [&'static str] {
+    match (r.group, r.plural) {
+        ("", "pods" | "services") | ("apps", "deployments" | "replicasets" | "daemonsets") => {
+            &["all"]
+        }
+        _ => &[],
+    }
 }
 
 /// Looks a resource up by `apiVersion` and `kind`.
@@ -318,8 +364,14 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
         };
         resources.push(
             json!({"name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
-            "kind": r.kind, "verbs": verbs, "shortNames": r.short_names}),
+            "kind": r.kind, "verbs": verbs, "shortNames": r.short_names, "categories": categories(r)}),
         );
+        if has_scale(r) {
+            resources.push(
+                json!({"name": format!("{}/scale", r.plural), "singularName": "", "namespaced": r.namespaced,
+                "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"]}),
+            );
+        }
         if r.has_status {
             resources.push(
                 json!({"name": format!("{}/status", r.plural), "singularName": "",
@@ -382,5 +434,21 @@ mod tests {
             "daemonsets"
         );
         assert_eq!(well_known::pods().index(), 1);
+        let apps = api_resource_list("apps", "v1").unwrap();
+        let names: Vec<&str> = apps["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        assert!(names.contains(&"deployments/scale") && names.contains(&"replicasets/scale"));
+        let deploy = apps["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "deployments")
+            .unwrap();
+        assert_eq!(deploy["categories"], json!(["all"]));
+        assert!(!has_scale(well_known::daemonsets()));
     }
 }

@@ -537,6 +537,11 @@ impl Txn<'_> {
         self.store.clock.stamp()
     }
 
+    /// Current simulated time as a MicroTime (Event `eventTime`).
+    pub fn now_micro(&self) -> String {
+        super::clock::fmt_micro(self.store.clock.now())
+    }
+
     /// One object.
     pub fn get(&self, res: &ResourceDef, ns: &str, name: &str) -> Option<Arc<Value>> {
         self.get_stored(res, ns, name).map(parsed)
@@ -851,6 +856,9 @@ impl Txn<'_> {
         };
         new["apiVersion"] = json!(res.api_version());
         new["kind"] = json!(res.kind);
+        if res.group.is_empty() && res.kind == "Secret" {
+            super::defaults::secret(&mut new);
+        }
         for f in [
             "name",
             "namespace",

@@ -1,5 +1,6 @@
-//! Server-side `Table` rendering for `kubectl get` of nodes and pods (other kinds are answered as
-//! plain JSON, which kubectl prints with its built-in NAME/AGE columns).
+//! Server-side `Table` rendering for `kubectl get` of nodes, pods, events, namespaces,
+//! deployments, replicasets, configmaps and secrets, with kube-apiserver's columns (other kinds are answered
+//! as plain JSON, which kubectl prints with its built-in NAME/AGE columns).
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -13,7 +14,17 @@ pub fn wanted(accept: &str) -> bool {
 
 /// Whether this kind has table columns.
 pub fn supported(kind: &str) -> bool {
-    matches!(kind, "Node" | "Pod")
+    matches!(
+        kind,
+        "Node"
+            | "Pod"
+            | "Event"
+            | "Namespace"
+            | "Deployment"
+            | "ReplicaSet"
+            | "ConfigMap"
+            | "Secret"
+    )
 }
 
 fn col(name: &str, ty: &str, priority: u8) -> Value {
@@ -136,6 +147,221 @@ fn pod_row(p: &Value, now: DateTime<Utc>) -> Vec<Value> {
     ]
 }
 
+fn time_at(o: &Value, ptrs: &[&str]) -> Option<DateTime<Utc>> {
+    ptrs.iter()
+        .filter_map(|p| o.pointer(p).and_then(Value::as_str))
+        .find_map(parse_time)
+}
+
+/// kube-apiserver's event row: LAST SEEN (with `(xN over AGE)`), TYPE, REASON, OBJECT, MESSAGE.
+fn event_row(e: &Value, now: DateTime<Utc>) -> Vec<Value> {
+    let last = time_at(
+        e,
+        &["/series/lastObservedTime", "/lastTimestamp", "/eventTime"],
+    );
+    let first = time_at(e, &["/firstTimestamp", "/eventTime"]).or(last);
+    let count = e.get("count").and_then(Value::as_i64).unwrap_or(1);
+    let mut seen = age(last, now);
+    if count > 1 {
+        seen = format!("{seen} (x{count} over {})", age(first, now));
+    }
+    let s = |ptr: &str| e.pointer(ptr).and_then(Value::as_str).unwrap_or_default();
+    let object = format!(
+        "{}/{}",
+        s("/involvedObject/kind").to_lowercase(),
+        s("/involvedObject/name")
+    );
+    let source = match (s("/source/component"), s("/reportingComponent")) {
+        ("", r) => r,
+        (c, _) => c,
+    };
+    vec![
+        json!(seen),
+        json!(s("/type")),
+        json!(s("/reason")),
+        json!(object),
+        json!(s("/involvedObject/fieldPath")),
+        json!(source),
+        json!(s("/message").trim()),
+        json!(age(first, now)),
+        json!(count),
+        json!(s("/metadata/name")),
+    ]
+}
+
+fn int_at(o: &Value, ptr: &str) -> i64 {
+    o.pointer(ptr).and_then(Value::as_i64).unwrap_or(0)
+}
+
+fn containers_images(o: &Value) -> (String, String) {
+    let cs = o
+        .pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let names: Vec<&str> = cs.iter().filter_map(|c| c["name"].as_str()).collect();
+    let images: Vec<&str> = cs.iter().filter_map(|c| c["image"].as_str()).collect();
+    (names.join(","), images.join(","))
+}
+
+fn selector(o: &Value) -> String {
+    let mut parts: Vec<String> = o
+        .pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    parts.sort();
+    parts.join(",")
+}
+
+fn workload_row(kind: &str, o: &Value, now: DateTime<Utc>) -> Vec<Value> {
+    let (containers, images) = containers_images(o);
+    let name = json!(o.pointer("/metadata/name"));
+    let desired = o
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let ready = int_at(o, "/status/readyReplicas");
+    let head = if kind == "Deployment" {
+        vec![
+            name,
+            json!(format!("{ready}/{desired}")),
+            json!(int_at(o, "/status/updatedReplicas")),
+            json!(int_at(o, "/status/availableReplicas")),
+        ]
+    } else {
+        vec![
+            name,
+            json!(desired),
+            json!(int_at(o, "/status/replicas")),
+            json!(ready),
+        ]
+    };
+    let mut row = head;
+    row.extend([
+        json!(age(created(o), now)),
+        json!(containers),
+        json!(images),
+        json!(selector(o)),
+    ]);
+    row
+}
+
+fn columns(kind: &str) -> Vec<Value> {
+    let c = |specs: &[(&str, &str, u8)]| specs.iter().map(|(n, t, p)| col(n, t, *p)).collect();
+    match kind {
+        "Node" => c(&[
+            ("Name", "string", 0),
+            ("Status", "string", 0),
+            ("Roles", "string", 0),
+            ("Age", "string", 0),
+            ("Version", "string", 0),
+            ("Internal-IP", "string", 1),
+            ("External-IP", "string", 1),
+            ("OS-Image", "string", 1),
+            ("Kernel-Version", "string", 1),
+            ("Container-Runtime", "string", 1),
+        ]),
+        "Event" => c(&[
+            ("Last Seen", "string", 0),
+            ("Type", "string", 0),
+            ("Reason", "string", 0),
+            ("Object", "string", 0),
+            ("Subobject", "string", 1),
+            ("Source", "string", 1),
+            ("Message", "string", 0),
+            ("First Seen", "string", 1),
+            ("Count", "integer", 1),
+            ("Name", "string", 1),
+        ]),
+        "Namespace" => c(&[
+            ("Name", "string", 0),
+            ("Status", "string", 0),
+            ("Age", "string", 0),
+        ]),
+        "ConfigMap" => c(&[
+            ("Name", "string", 0),
+            ("Data", "integer", 0),
+            ("Age", "string", 0),
+        ]),
+        "Secret" => c(&[
+            ("Name", "string", 0),
+            ("Type", "string", 0),
+            ("Data", "integer", 0),
+            ("Age", "string", 0),
+        ]),
+        "Deployment" => c(&[
+            ("Name", "string", 0),
+            ("Ready", "string", 0),
+            ("Up-to-date", "integer", 0),
+            ("Available", "integer", 0),
+            ("Age", "string", 0),
+            ("Containers", "string", 1),
+            ("Images", "string", 1),
+            ("Selector", "string", 1),
+        ]),
+        "ReplicaSet" => c(&[
+            ("Name", "string", 0),
+            ("Desired", "integer", 0),
+            ("Current", "integer", 0),
+            ("Ready", "integer", 0),
+            ("Age", "string", 0),
+            ("Containers", "string", 1),
+            ("Images", "string", 1),
+            ("Selector", "string", 1),
+        ]),
+        _ => c(&[
+            ("Name", "string", 0),
+            ("Ready", "string", 0),
+            ("Status", "string", 0),
+            ("Restarts", "integer", 0),
+            ("Age", "string", 0),
+            ("IP", "string", 1),
+            ("Node", "string", 1),
+            ("Nominated Node", "string", 1),
+            ("Readiness Gates", "string", 1),
+        ]),
+    }
+}
+
+fn row(kind: &str, o: &Value, now: DateTime<Utc>) -> Vec<Value> {
+    match kind {
+        "Node" => node_row(o, now),
+        "Event" => event_row(o, now),
+        "Namespace" => vec![
+            json!(o.pointer("/metadata/name")),
+            json!(o
+                .pointer("/status/phase")
+                .and_then(Value::as_str)
+                .unwrap_or("Active")),
+            json!(age(created(o), now)),
+        ],
+        "ConfigMap" => {
+            let n = |f: &str| o.get(f).and_then(Value::as_object).map_or(0, |m| m.len());
+            vec![
+                json!(o.pointer("/metadata/name")),
+                json!(n("data") + n("binaryData")),
+                json!(age(created(o), now)),
+            ]
+        }
+        "Secret" => vec![
+            json!(o.pointer("/metadata/name")),
+            json!(o.get("type").and_then(Value::as_str).unwrap_or("Opaque")),
+            json!(o
+                .get("data")
+                .and_then(Value::as_object)
+                .map_or(0, |m| m.len())),
+            json!(age(created(o), now)),
+        ],
+        "Deployment" | "ReplicaSet" => workload_row(kind, o, now),
+        _ => pod_row(o, now),
+    }
+}
+
 /// Renders objects of `kind` as a `meta.k8s.io/v1` Table (row objects are PartialObjectMetadata).
 pub fn render<'a>(
     kind: &str,
@@ -143,40 +369,14 @@ pub fn render<'a>(
     list_meta: Value,
     now: DateTime<Utc>,
 ) -> Value {
-    let columns = match kind {
-        "Node" => vec![
-            col("Name", "string", 0),
-            col("Status", "string", 0),
-            col("Roles", "string", 0),
-            col("Age", "string", 0),
-            col("Version", "string", 0),
-            col("Internal-IP", "string", 1),
-            col("External-IP", "string", 1),
-            col("OS-Image", "string", 1),
-            col("Kernel-Version", "string", 1),
-            col("Container-Runtime", "string", 1),
-        ],
-        _ => vec![
-            col("Name", "string", 0),
-            col("Ready", "string", 0),
-            col("Status", "string", 0),
-            col("Restarts", "integer", 0),
-            col("Age", "string", 0),
-            col("IP", "string", 1),
-            col("Node", "string", 1),
-            col("Nominated Node", "string", 1),
-            col("Readiness Gates", "string", 1),
-        ],
-    };
     let rows: Vec<Value> = items
         .map(|o| {
-            let cells = if kind == "Node" { node_row(o, now) } else { pod_row(o, now) };
-            json!({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+            json!({"cells": row(kind, o, now), "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
                 "metadata": o.get("metadata").cloned().unwrap_or(json!({}))}})
         })
         .collect();
     json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": list_meta,
-        "columnDefinitions": columns, "rows": rows})
+        "columnDefinitions": columns(kind), "rows": rows})
 }
 
 #[cfg(test)]
@@ -203,5 +403,24 @@ mod tests {
         assert!(wanted(
             "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
         ));
+        let e = json!({"metadata": {"name": "web.1"}, "involvedObject": {"kind": "Pod", "name": "web"},
+            "reason": "Scheduled", "type": "Normal", "message": "Successfully assigned",
+            "eventTime": "2026-01-01T00:58:00.000000Z", "count": 3, "source": {"component": "default-scheduler"}});
+        let t = render("Event", [&e].into_iter(), json!({}), now);
+        let cells = &t["rows"][0]["cells"];
+        assert_eq!(cells[0], "2m0s (x3 over 2m0s)");
+        assert_eq!(cells[3], "pod/web");
+        assert_eq!(cells[5], "default-scheduler");
+        let d = json!({"metadata": {"name": "d"}, "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "d"}},
+            "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}},
+            "status": {"readyReplicas": 2, "updatedReplicas": 3, "availableReplicas": 2}});
+        let t = render("Deployment", [&d].into_iter(), json!({}), now);
+        assert_eq!(t["rows"][0]["cells"][1], "2/3");
+        assert_eq!(t["rows"][0]["cells"][7], "app=d");
+        let cm = json!({"metadata": {"name": "c"}, "data": {"a": "1", "b": "2"}});
+        assert_eq!(
+            render("ConfigMap", [&cm].into_iter(), json!({}), now)["rows"][0]["cells"][1],
+            2
+        );
     }
 }

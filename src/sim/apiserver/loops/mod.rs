@@ -6,6 +6,7 @@
 pub mod kubelet;
 pub mod lifecycle;
 pub mod provisioner;
+pub mod recorder;
 pub mod scheduler;
 pub mod workloads;
 

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
+use super::recorder::{record, About};
 use super::{condition_status, cpu_millis, name_of, tolerates};
 use crate::sim::apiserver::resources::well_known;
 use crate::sim::apiserver::store::{Filter, WriteTarget};
@@ -128,7 +129,7 @@ pub fn tick(sim: &Sim) {
         let node_name = name_of(node).to_string();
         let ns = pod["metadata"]["namespace"].as_str().unwrap_or_default();
         let bound = sim.store.txn(|t| {
-            t.modify(well_known::pods(), ns, name_of(pod), WriteTarget::Internal, |p| {
+            let r = t.modify(well_known::pods(), ns, name_of(pod), WriteTarget::Internal, |p| {
                 let mut p = p.clone();
                 p["spec"]["nodeName"] = json!(node_name);
                 if !p.get("status").is_some_and(Value::is_object) {
@@ -136,7 +137,13 @@ pub fn tick(sim: &Sim) {
                 }
                 p["status"]["conditions"] = json!([{"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp}]);
                 Ok(p)
-            })
+            });
+            if let Ok(p) = &r {
+                let about = About { obj: p, kind: "Pod", api_version: "v1" };
+                let note = format!("Successfully assigned {ns}/{} to {node_name}", name_of(p));
+                record(t, about, "default-scheduler", "Binding", "Scheduled", note);
+            }
+            r
         });
         if bound.is_ok() {
             let u = usage.entry(node_name).or_default();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use super::recorder::{record, About};
 use super::{name_of, ns_of, tolerates, uid_of};
 use crate::sim::apiserver::eviction::pod_healthy;
 use crate::sim::apiserver::resources::{well_known, ResourceDef};
@@ -99,15 +100,22 @@ pub fn replicasets(sim: &Sim) {
         let have = i64::try_from(pods.len()).unwrap_or(i64::MAX);
         let ready = i64::try_from(pods.iter().filter(|p| pod_healthy(p)).count()).unwrap_or(0);
         sim.store.txn(|t| {
+            let about = About { obj: &rs, kind: "ReplicaSet", api_version: "apps/v1" };
             for _ in have..want {
-                let _ = t.create(well_known::pods(), ns_of(&rs), pod_from_template(&rs, "ReplicaSet"));
+                if let Ok(p) = t.create(well_known::pods(), ns_of(&rs), pod_from_template(&rs, "ReplicaSet")) {
+                    let note = format!("Created pod: {}", name_of(&p));
+                    record(t, about, "replicaset-controller", "Create", "SuccessfulCreate", note);
+                }
             }
             if have > want {
                 let mut victims = pods.clone();
                 // Unscheduled and unready pods go first.
                 victims.sort_by_key(|p| (p.pointer("/spec/nodeName").is_some(), pod_healthy(p)));
                 for p in victims.iter().take(usize::try_from(have - want).unwrap_or(0)) {
-                    let _ = t.delete(well_known::pods(), ns_of(p), name_of(p), &DeleteOptions::default());
+                    if t.delete(well_known::pods(), ns_of(p), name_of(p), &DeleteOptions::default()).is_ok() {
+                        let note = format!("Deleted pod: {}", name_of(p));
+                        record(t, about, "replicaset-controller", "Delete", "SuccessfulDelete", note);
+                    }
                 }
             }
             set_status(t, well_known::replicasets(), &rs,
@@ -143,6 +151,12 @@ pub fn deployments(sim: &Sim) {
             .filter(|r| controller_uid(r) == Some(uid_of(&d)))
             .collect();
         sim.store.txn(|t| {
+            let about = About { obj: &d, kind: "Deployment", api_version: "apps/v1" };
+            let scaled = |t: &mut Txn<'_>, rs: &str, from: i64, to: i64| {
+                let dir = if to > from { "up" } else { "down" };
+                let note = format!("Scaled {dir} replica set {rs} from {from} to {to}");
+                record(t, about, "deployment-controller", "Scale", "ScalingReplicaSet", note);
+            };
             let current = owned.iter().find(|r| name_of(r) == rs_name);
             match current {
                 None => {
@@ -153,24 +167,34 @@ pub fn deployments(sim: &Sim) {
                     let rs = json!({"metadata": {"name": rs_name, "labels": template["metadata"]["labels"],
                             "ownerReferences": owner_ref("Deployment", &d)},
                         "spec": {"replicas": want, "selector": selector, "template": template}});
-                    let _ = t.create(well_known::replicasets(), ns_of(&d), rs);
+                    if t.create(well_known::replicasets(), ns_of(&d), rs).is_ok() {
+                        scaled(t, &rs_name, 0, want);
+                    }
                 }
                 Some(rs) if rs.pointer("/spec/replicas").and_then(Value::as_i64) != Some(want) => {
-                    let _ = t.modify(well_known::replicasets(), ns_of(rs), name_of(rs), WriteTarget::Internal, |r| {
+                    let from = rs.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+                    let r = t.modify(well_known::replicasets(), ns_of(rs), name_of(rs), WriteTarget::Internal, |r| {
                         let mut r = r.clone();
                         r["spec"]["replicas"] = json!(want);
                         Ok(r)
                     });
+                    if r.is_ok() {
+                        scaled(t, name_of(rs), from, want);
+                    }
                 }
                 Some(_) => {}
             }
             for old in owned.iter().filter(|r| name_of(r) != rs_name) {
-                if old.pointer("/spec/replicas").and_then(Value::as_i64) != Some(0) {
-                    let _ = t.modify(well_known::replicasets(), ns_of(old), name_of(old), WriteTarget::Internal, |r| {
+                let from = old.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+                if from != 0 {
+                    let r = t.modify(well_known::replicasets(), ns_of(old), name_of(old), WriteTarget::Internal, |r| {
                         let mut r = r.clone();
                         r["spec"]["replicas"] = json!(0);
                         Ok(r)
                     });
+                    if r.is_ok() {
+                        scaled(t, name_of(old), from, 0);
+                    }
                 }
             }
             let ready: i64 = owned.iter().filter_map(|r| r.pointer("/status/readyReplicas").and_then(Value::as_i64)).sum();
@@ -228,7 +252,11 @@ pub fn daemonsets(sim: &Sim) {
             for n in eligible.iter().filter(|n| !placed.contains(name_of(n))) {
                 let mut pod = template.clone();
                 pod["spec"]["nodeName"] = json!(name_of(n));
-                let _ = t.create(well_known::pods(), ns_of(&ds), pod);
+                if let Ok(p) = t.create(well_known::pods(), ns_of(&ds), pod) {
+                    let about = About { obj: &ds, kind: "DaemonSet", api_version: "apps/v1" };
+                    let note = format!("Created pod: {}", name_of(&p));
+                    record(t, about, "daemonset-controller", "Create", "SuccessfulCreate", note);
+                }
             }
             set_status(t, well_known::daemonsets(), &ds, json!({"desiredNumberScheduled": eligible.len(),
                 "currentNumberScheduled": placed.len(), "numberReady": ready, "numberAvailable": ready,
