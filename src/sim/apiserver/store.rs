@@ -1154,7 +1154,7 @@ mod tests {
                 )
             })
             .unwrap_err();
-        assert_eq!((dotted.code, &*dotted.reason), (422, "Invalid"));
+        assert_eq!((dotted.code, dotted.reason), (422, "Invalid"));
         assert!(
             dotted.message.contains("metadata.generateName"),
             "{}",
