@@ -28,22 +28,12 @@ kind: ServiceAccount
 metadata: {name: drain-operator, namespace: bench}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: nodekeeper-drain-operator}
-rules:
-  - {apiGroups: [""], resources: [nodes], verbs: [get, list, patch]}
-  - {apiGroups: [""], resources: [pods], verbs: [get, list, watch, delete]}
-  - {apiGroups: [""], resources: [pods/eviction], verbs: [create]}
-  - {apiGroups: [apps], resources: [daemonsets, replicasets, statefulsets], verbs: [get]}
-  - {apiGroups: [policy], resources: [poddisruptionbudgets], verbs: [list]}
-  - {apiGroups: [storage.k8s.io], resources: [volumeattachments], verbs: [list]}
----
-apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
 metadata: {name: drain-operator}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodekeeper-drain-operator}
 subjects: [{kind: ServiceAccount, name: drain-operator, namespace: bench}]
 EOF
+k apply -f "$REPO/tests/fixtures/drain-operator-role.yaml" >/dev/null
 TOKEN=$(k -n bench create token drain-operator --duration=2h)
 OP="$DIR/operator.kubeconfig"
 cat >"$OP" <<EOF

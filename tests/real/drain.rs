@@ -50,18 +50,7 @@ subjects: [{{kind: ServiceAccount, name: drain-operator, namespace: {ns}}}]
 }
 
 /// What a person running `nodekeeper drain` or `kubectl drain` needs (docs/drain.md).
-pub const DRAIN_OPERATOR_ROLE: &str = r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: nodekeeper-drain-operator}
-rules:
-  - {apiGroups: [""], resources: [nodes], verbs: [get, list, patch]}
-  - {apiGroups: [""], resources: [pods], verbs: [get, list, watch, delete]}
-  - {apiGroups: [""], resources: [pods/eviction], verbs: [create]}
-  - {apiGroups: [apps], resources: [daemonsets, replicasets, statefulsets], verbs: [get]}
-  - {apiGroups: [policy], resources: [poddisruptionbudgets], verbs: [list]}
-  - {apiGroups: [storage.k8s.io], resources: [volumeattachments], verbs: [list]}
-"#;
+pub const DRAIN_OPERATOR_ROLE: &str = include_str!("../fixtures/drain-operator-role.yaml");
 
 /// `kubectl apply -f -` of `yaml` as the admin.
 pub fn apply(c: &Cluster, yaml: &str) {

@@ -20,6 +20,8 @@ use crate::support::*;
 const NODE: &str = "ha-0";
 const SPARE: &str = "ha-spare";
 const NS_APP: &str = "failover";
+/// The one Lease both controllers contend for.
+const LEASE: &str = "nodekeeper-failover";
 
 /// A loopback HTTP server that records every replacement request it is sent.
 pub async fn webhook_receiver() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
@@ -107,33 +109,16 @@ async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once()
     let (url, requests) = webhook_receiver().await;
     let config = |id: &str| {
         controller_toml(dir.path(), id, |t| {
-            let c = t["controller"].as_table_mut().unwrap();
-            c["leader"]
+            t["controller"]["leader"]
                 .as_table_mut()
                 .unwrap()
-                .insert("lease_name".into(), "nodekeeper-failover".into());
-            let mut p = toml::Table::new();
-            p.insert("kind".into(), "webhook".into());
-            p.insert("url".into(), url.clone().into());
-            p.insert("secret".into(), "failover-test-secret".into());
-            c.insert("provider".into(), p.into());
+                .insert("lease_name".into(), LEASE.into());
+            webhook_provider(t, &url);
         })
     };
     let (cfg_a, cfg_b) = (config("ha-a"), config("ha-b"));
     let mut a = ControllerProc::start(c, &cfg_a, "ha-a").await;
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin.clone(), NS);
-    let holder = || async {
-        leases
-            .get_opt("nodekeeper-failover")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec?.holder_identity)
-    };
-    wait_until(Duration::from_secs(20), "ha-a leads", || async {
-        holder().await.as_deref() == Some("ha-a")
-    })
-    .await;
+    wait_leading(&admin, LEASE, "ha-a").await;
     let b = ControllerProc::start(c, &cfg_b, "ha-b").await;
 
     // The agent on ha-0 reports the preemption to the leader.
@@ -174,10 +159,7 @@ async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once()
     a.child.start_kill().unwrap();
     let _ = a.child.wait().await;
 
-    wait_until(Duration::from_secs(20), "ha-b leads", || async {
-        holder().await.as_deref() == Some("ha-b")
-    })
-    .await;
+    wait_leading(&admin, LEASE, "ha-b").await;
     // Room for the evicted pods' replacements: the PDB allows the next eviction, one at a time.
     nodes.uncordon(SPARE).await.unwrap();
     wait_until(

@@ -71,13 +71,7 @@ async fn a_bound_agent_token_reports_for_its_own_node_only() {
         1,
         &[("NodekeeperDiskPressure", ConditionStatus::False)],
     );
-    let (code, body) = ctl::post(
-        &https,
-        running.addr,
-        Some(&token_a),
-        &serde_json::to_value(&r).unwrap(),
-    )
-    .await;
+    let (code, body) = post_report(&https, running.addr, &token_a, &r).await;
     assert_eq!(code, 200, "{body}");
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_until(Duration::from_secs(10), "the condition on id-a", || {
@@ -96,37 +90,19 @@ async fn a_bound_agent_token_reports_for_its_own_node_only() {
         1,
         &[("NodekeeperDiskPressure", ConditionStatus::True)],
     );
-    let (code, body) = ctl::post(
-        &https,
-        running.addr,
-        Some(&token_a),
-        &serde_json::to_value(&r).unwrap(),
-    )
-    .await;
+    let (code, body) = post_report(&https, running.addr, &token_a, &r).await;
     assert_eq!(code, 403, "{body}");
     assert!(ctl::conditions(&nodes, "id-b").await.is_empty());
 
     // A token of the right account but the API server's audience: refused by the real TokenReview.
     let wrong_aud = sa_token(&admin, NS, AGENT_SA, None, Some((&pod_a, &uid_a))).await;
     let r = ctl::report("id-a", 2, &[]);
-    let (code, body) = ctl::post(
-        &https,
-        running.addr,
-        Some(&wrong_aud),
-        &serde_json::to_value(&r).unwrap(),
-    )
-    .await;
+    let (code, body) = post_report(&https, running.addr, &wrong_aud, &r).await;
     assert_eq!(code, 401, "{body}");
 
     // The controller's own account (right audience, wrong identity): refused.
     let ctl_tok = sa_token(&admin, NS, CONTROLLER_SA, Some(REPORT_AUDIENCE), None).await;
-    let (code, body) = ctl::post(
-        &https,
-        running.addr,
-        Some(&ctl_tok),
-        &serde_json::to_value(&r).unwrap(),
-    )
-    .await;
+    let (code, body) = post_report(&https, running.addr, &ctl_tok, &r).await;
     assert!(code == 403 || code == 401, "{code} {body}");
     running.stop().await;
 }

@@ -46,17 +46,7 @@ async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready() 
 
     // The agent reports (the controller writes its heartbeat condition); no Cilium yet: label stays.
     let nodes: Api<Node> = Api::all(admin.clone());
-    wait_until(
-        Duration::from_secs(30),
-        "the agent's first report on lm-0",
-        || async {
-            crate::ctl::conditions(&nodes, NODE)
-                .await
-                .keys()
-                .any(|k| k.starts_with("Nodekeeper"))
-        },
-    )
-    .await;
+    wait_first_report(&nodes, NODE).await;
     assert!(
         has_label(&nodes.get(NODE).await.unwrap()),
         "removed before Cilium was Ready"

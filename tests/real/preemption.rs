@@ -125,16 +125,7 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once()
 
     let dir = tempfile::tempdir().unwrap();
     let (url, requests) = crate::failover::webhook_receiver().await;
-    let config = controller_toml(dir.path(), "preempt", |t| {
-        let mut p = toml::Table::new();
-        p.insert("kind".into(), "webhook".into());
-        p.insert("url".into(), url.clone().into());
-        p.insert("secret".into(), "preempt-test-secret".into());
-        t["controller"]
-            .as_table_mut()
-            .unwrap()
-            .insert("provider".into(), p.into());
-    });
+    let config = controller_toml(dir.path(), "preempt", |t| webhook_provider(t, &url));
     let ctl = ControllerProc::start(c, &config, "preempt").await;
     let imds =
         nodekeeper::sim::imds::ImdsEmulator::start(Cloud::Oci, "127.0.0.1:0".parse().unwrap())
@@ -155,17 +146,7 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once()
         s.insert("oci".into(), oci.into());
     })
     .await;
-    wait_until(
-        Duration::from_secs(30),
-        "the agent's first report",
-        || async {
-            crate::ctl::conditions(&nodes, NODE)
-                .await
-                .keys()
-                .any(|k| k.starts_with("Nodekeeper"))
-        },
-    )
-    .await;
+    wait_first_report(&nodes, NODE).await;
 
     // Reclaimed in 45 s: the drain deadline is 30 s from now (safety margin 15 s).
     imds.preempt(Duration::from_secs(45));
@@ -331,18 +312,7 @@ async fn oci_events_deliveries_taint_and_cordon_once_stored() {
     });
     let ctl = ControllerProc::start(c, &config, "oci-events").await;
     let https = crate::ctl::https(&dir.path().join("ca.pem"), ctl.addr);
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin.clone(), NS);
-    wait_until(Duration::from_secs(20), "leading", || async {
-        leases
-            .get_opt("nodekeeper-oci-events")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec?.holder_identity)
-            .as_deref()
-            == Some("oci-events")
-    })
-    .await;
+    wait_leading(&admin, "nodekeeper-oci-events", "oci-events").await;
 
     // A watch that stamps when each node is first seen tainted and cordoned.
     let seen: std::sync::Arc<

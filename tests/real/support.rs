@@ -651,3 +651,68 @@ pub async fn start_shipped_agent(
     std::fs::create_dir_all(&root).unwrap();
     crate::agent_proc::Agent::start_with_env(&cfg, &root, crate::agent_proc::NO_BUS, &env_refs)
 }
+
+/// Who holds the Lease `name` of the release namespace now.
+pub async fn lease_holder(admin: &kube::Client, name: &str) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin.clone(), NS);
+    leases
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()?
+        .spec?
+        .holder_identity
+}
+
+/// Waits until `identity` holds the Lease `name`.
+pub async fn wait_leading(admin: &kube::Client, name: &str, identity: &str) {
+    wait_until(
+        Duration::from_secs(20),
+        &format!("{identity} holds Lease {name}"),
+        || async { lease_holder(admin, name).await.as_deref() == Some(identity) },
+    )
+    .await;
+}
+
+/// `[controller.provider]` = the webhook provider posting to `url` (a loopback receiver of the test).
+pub fn webhook_provider(t: &mut toml::Table, url: &str) {
+    let mut p = toml::Table::new();
+    p.insert("kind".into(), "webhook".into());
+    p.insert("url".into(), url.into());
+    p.insert("secret".into(), "nodekeeper-test-webhook-secret".into());
+    t["controller"]
+        .as_table_mut()
+        .unwrap()
+        .insert("provider".into(), p.into());
+}
+
+/// Waits until the controller wrote the first of the agent's conditions on `node` (its first report).
+pub async fn wait_first_report(nodes: &Api<Node>, node: &str) {
+    wait_until(
+        Duration::from_secs(30),
+        &format!("the agent's first report on {node}"),
+        || async {
+            crate::ctl::conditions(nodes, node)
+                .await
+                .keys()
+                .any(|k| k.starts_with("Nodekeeper"))
+        },
+    )
+    .await;
+}
+
+/// POSTs `report` to the controller at `addr` with `token`: (status, body).
+pub async fn post_report(
+    https: &nodekeeper::agent::reporter::HttpsClient,
+    addr: std::net::SocketAddr,
+    token: &str,
+    report: &nodekeeper::report::NodeReport,
+) -> (u16, serde_json::Value) {
+    crate::ctl::post(
+        https,
+        addr,
+        Some(token),
+        &serde_json::to_value(report).unwrap(),
+    )
+    .await
+}
