@@ -42,15 +42,11 @@ subjects: [{{kind: ServiceAccount, name: drain-operator, namespace: {ns}}}]
 "#
         ),
     );
-    apply(c, DRAIN_OPERATOR_ROLE);
     let token = sa_token(admin, ns, "drain-operator", None, None).await;
     let path = dir.join("operator.kubeconfig");
     c.write_token_kubeconfig(&path, &token);
     path
 }
-
-/// What a person running `nodekeeper drain` or `kubectl drain` needs (docs/drain.md).
-pub const DRAIN_OPERATOR_ROLE: &str = include_str!("../fixtures/drain-operator-role.yaml");
 
 /// `kubectl apply -f -` of `yaml` as the admin.
 pub fn apply(c: &Cluster, yaml: &str) {

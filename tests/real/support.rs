@@ -136,7 +136,19 @@ fn install_manifests(c: &Cluster) {
         .collect();
     let file = c.dir.join("manifests.yaml");
     std::fs::write(&file, docs.join("\n---\n")).unwrap();
-    let out = kubectl(c, &["apply", "-f", file.to_str().unwrap()]);
+    // Also the drain operator's ClusterRole (docs/drain.md), once: tests applying it at the same time
+    // would race (`kubectl apply` creates when it reads nothing; the second create is AlreadyExists).
+    let role = repo().join("tests/fixtures/drain-operator-role.yaml");
+    let out = kubectl(
+        c,
+        &[
+            "apply",
+            "-f",
+            file.to_str().unwrap(),
+            "-f",
+            role.to_str().unwrap(),
+        ],
+    );
     assert!(
         out.status.success(),
         "kubectl apply of the shipped manifests failed: {}",
