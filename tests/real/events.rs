@@ -57,12 +57,17 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events() {
         detected_at: now,
         detail: Default::default(),
     }];
-    // The leader may take a moment: a follower answers 503 and the agent resends.
-    let body = serde_json::to_value(&report).unwrap();
+    // The leader may take a moment: a follower answers 503 and the agent resends — with its next
+    // sequence number, as the agent does (the same sequence again is a replay, ignored).
+    wait_leading(&admin, "nodekeeper-events", "events").await;
+    let sequence = std::sync::atomic::AtomicU64::new(1);
     let acked = wait_for(Duration::from_secs(30), "the notice acknowledged", || {
-        let (https, body, token) = (&https, &body, &token);
+        let mut r = report.clone();
+        r.sequence = sequence.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (https, token) = (&https, &token);
         async move {
-            let (code, resp) = ctl::post(https, ctl_proc.addr, Some(token), body).await;
+            let (code, resp) = post_report(https, ctl_proc.addr, token, &r).await;
+            eprintln!("report {}: {code} {resp}", r.sequence);
             (code == 200
                 && resp["acknowledged_events"]
                     .to_string()
