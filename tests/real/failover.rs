@@ -134,14 +134,25 @@ async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once()
     let https = crate::ctl::https(&dir.path().join("ca.pem"), a.addr);
     let mut report = crate::ctl::report(NODE, 1, &[]);
     report.events = vec![preemption(chrono::Utc::now())];
-    let (code, resp) = crate::ctl::post(
-        &https,
-        a.addr,
-        Some(&token),
-        &serde_json::to_value(&report).unwrap(),
+
+    // Resent with the next sequence, as the agent does, until the leader takes it (its own leader flag
+    // follows its Lease write by a moment: a 503 before that).
+    let sequence = std::sync::atomic::AtomicU64::new(1);
+    wait_for(
+        Duration::from_secs(10),
+        "the leader accepts the report",
+        || {
+            let mut r = report.clone();
+            r.sequence = sequence.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (https, token) = (&https, &token);
+            async move {
+                let (code, resp) = post_report(https, a.addr, token, &r).await;
+                eprintln!("report {}: {code} {resp}", r.sequence);
+                (code == 200).then_some(())
+            }
+        },
     )
     .await;
-    assert_eq!(code, 200, "{resp}");
 
     // Mid-drain: one pod evicted and gone, the PDB holding the other five (the Node says so); the
     // leader dies there without releasing its Lease.
