@@ -34,15 +34,7 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events() {
     let config = controller_toml(dir.path(), "events", |_| {});
     let ctl_proc = ControllerProc::start(c, &config, "events").await;
 
-    let (pod, uid) = agent_pod_on(&admin, NODE).await;
-    let token = sa_token(
-        &admin,
-        NS,
-        AGENT_SA,
-        Some(REPORT_AUDIENCE),
-        Some((&pod, &uid)),
-    )
-    .await;
+    let token = agent_report_token(&admin, NODE).await;
     let https = ctl::https(&dir.path().join("ca.pem"), ctl_proc.addr);
     let now = chrono::Utc::now();
     let mut report = ctl::report(NODE, 1, &[]);
@@ -57,23 +49,12 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events() {
         detected_at: now,
         detail: Default::default(),
     }];
-    // The leader may take a moment: a follower answers 503 and the agent resends — with its next
-    // sequence number, as the agent does (the same sequence again is a replay, ignored).
+    // The leader may take a moment: a follower answers 503 and the agent resends.
     wait_leading(&admin, "nodekeeper-events", "events").await;
-    let sequence = std::sync::atomic::AtomicU64::new(1);
-    let acked = wait_for(Duration::from_secs(30), "the notice acknowledged", || {
-        let mut r = report.clone();
-        r.sequence = sequence.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (https, token) = (&https, &token);
-        async move {
-            let (code, resp) = post_report(https, ctl_proc.addr, token, &r).await;
-            eprintln!("report {}: {code} {resp}", r.sequence);
-            (code == 200
-                && resp["acknowledged_events"]
-                    .to_string()
-                    .contains("oci-preempt-1"))
-            .then_some(resp)
-        }
+    let acked = report_until(&https, ctl_proc.addr, &token, &report, |resp| {
+        resp["acknowledged_events"]
+            .to_string()
+            .contains("oci-preempt-1")
     })
     .await;
     eprintln!("report answer: {acked}");

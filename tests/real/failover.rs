@@ -122,37 +122,13 @@ async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once()
     let b = ControllerProc::start(c, &cfg_b, "ha-b").await;
 
     // The agent on ha-0 reports the preemption to the leader.
-    let (pod, uid) = agent_pod_on(&admin, NODE).await;
-    let token = sa_token(
-        &admin,
-        NS,
-        AGENT_SA,
-        Some(REPORT_AUDIENCE),
-        Some((&pod, &uid)),
-    )
-    .await;
+    let token = agent_report_token(&admin, NODE).await;
     let https = crate::ctl::https(&dir.path().join("ca.pem"), a.addr);
     let mut report = crate::ctl::report(NODE, 1, &[]);
     report.events = vec![preemption(chrono::Utc::now())];
 
-    // Resent with the next sequence, as the agent does, until the leader takes it (its own leader flag
-    // follows its Lease write by a moment: a 503 before that).
-    let sequence = std::sync::atomic::AtomicU64::new(1);
-    wait_for(
-        Duration::from_secs(10),
-        "the leader accepts the report",
-        || {
-            let mut r = report.clone();
-            r.sequence = sequence.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let (https, token) = (&https, &token);
-            async move {
-                let (code, resp) = post_report(https, a.addr, token, &r).await;
-                eprintln!("report {}: {code} {resp}", r.sequence);
-                (code == 200).then_some(())
-            }
-        },
-    )
-    .await;
+    // Until the leader takes it (a 503 can come before its own flag follows its Lease write).
+    report_until(&https, a.addr, &token, &report, |_| true).await;
 
     // Mid-drain: one pod evicted and gone, the PDB holding the other five (the Node says so); the
     // leader dies there without releasing its Lease.

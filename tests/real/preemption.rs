@@ -350,22 +350,23 @@ async fn oci_events_deliveries_taint_and_cordon_once_stored() {
                       "additionalDetails": { "preemptionAction": "TERMINATE" } }
         })
     };
-    let path = format!("/v1/oci-events/{token}");
+    let url = crate::ctl::url(ctl.addr, &format!("/v1/oci-events/{token}"));
+    let deliver = |node: &str| {
+        let body = serde_json::to_vec(&delivery(node)).unwrap();
+        let (https, url) = (&https, &url);
+        async move {
+            let headers = [("content-type", "application/json")];
+            https
+                .request("POST", url, None, &headers, Some(body))
+                .await
+                .unwrap()
+                .0
+        }
+    };
     let mut sent = Vec::new();
     for n in &names {
         let t0 = tokio::time::Instant::now();
-        let body = serde_json::to_vec(&delivery(n)).unwrap();
-        let (code, _) = https
-            .request(
-                "POST",
-                &crate::ctl::url(ctl.addr, &path),
-                None,
-                &[("content-type", "application/json")],
-                Some(body),
-            )
-            .await
-            .unwrap();
-        assert_eq!(code, 200, "delivery for {n}");
+        assert_eq!(deliver(n).await, 200, "delivery for {n}");
         sent.push((n.clone(), t0, t0.elapsed()));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -392,18 +393,7 @@ async fn oci_events_deliveries_taint_and_cordon_once_stored() {
     let api: Api<Node> = Api::all(admin.clone());
     let before = api.get(&names[0]).await.unwrap();
     let before = annotation(&before, keys::INTERRUPTION).map(str::to_string);
-    let body = serde_json::to_vec(&delivery(&names[0])).unwrap();
-    let (code, _) = https
-        .request(
-            "POST",
-            &crate::ctl::url(ctl.addr, &path),
-            None,
-            &[("content-type", "application/json")],
-            Some(body),
-        )
-        .await
-        .unwrap();
-    assert_eq!(code, 200);
+    assert_eq!(deliver(&names[0]).await, 200, "redelivery");
     let n = api.get(&names[0]).await.unwrap();
     assert!(
         before

@@ -728,3 +728,41 @@ pub async fn post_report(
     )
     .await
 }
+
+/// A token for the controller's report API as the agent on `node` holds it: the agent ServiceAccount,
+/// audience `nodekeeper`, bound to the shipped DaemonSet's pod there.
+pub async fn agent_report_token(admin: &kube::Client, node: &str) -> String {
+    let (pod, uid) = agent_pod_on(admin, node).await;
+    sa_token(
+        admin,
+        NS,
+        AGENT_SA,
+        Some(REPORT_AUDIENCE),
+        Some((&pod, &uid)),
+    )
+    .await
+}
+
+/// Sends `report` until the controller answers 200 and `accepted(answer)`, each time with the next
+/// sequence number, as the agent does (the same sequence again is a replay the controller ignores; a
+/// follower, or a leader whose own flag has not yet followed its Lease write, answers 503).
+pub async fn report_until(
+    https: &nodekeeper::agent::reporter::HttpsClient,
+    addr: std::net::SocketAddr,
+    token: &str,
+    report: &nodekeeper::report::NodeReport,
+    accepted: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let sequence = std::sync::atomic::AtomicU64::new(report.sequence);
+    wait_for(Duration::from_secs(30), "the report taken", || {
+        let mut r = report.clone();
+        r.sequence = sequence.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let accepted = &accepted;
+        async move {
+            let (code, resp) = post_report(https, addr, token, &r).await;
+            eprintln!("report {}: {code} {resp}", r.sequence);
+            (code == 200 && accepted(&resp)).then_some(resp)
+        }
+    })
+    .await
+}
