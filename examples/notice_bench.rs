@@ -34,7 +34,7 @@ use nodekeeper::agent::sources::Cloud;
 use nodekeeper::controller::engine::EngineOptions;
 use nodekeeper::controller::policy::PolicyConfig;
 use nodekeeper::controller::provider::ProviderConfig;
-use nodekeeper::demo::agents::Agents;
+use nodekeeper::demo::agents::{Agents, SimCredentials};
 use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
 use nodekeeper::sim::oci_events::{envelope, OciEventKind};
 
@@ -126,14 +126,12 @@ async fn polled(
 ) -> Result<Vec<f64>, BoxError> {
     let dir = env.dir.join(cloud.as_str());
     std::fs::create_dir_all(&dir)?;
-    let agents = Agents::new(
-        agent_exe(),
-        dir,
-        env.kubeconfig.clone(),
-        env.controller_url.clone(),
+    let credentials = Arc::new(SimCredentials::new(
         env.cluster.sim.clone(),
-    )
-    .with_source(cloud, poll);
+        env.kubeconfig.clone(),
+    ));
+    let agents = Agents::new(agent_exe(), dir, env.controller_url.clone(), credentials)
+        .with_source(cloud, poll);
     let mut samples = Vec::with_capacity(trials);
     for i in 0..trials {
         let node = format!("{cloud}-{i}");

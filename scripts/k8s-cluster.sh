@@ -5,6 +5,10 @@
 #
 #   scripts/k8s-cluster.sh up DIR [--owner-pid PID]   start everything; returns once all are healthy
 #   scripts/k8s-cluster.sh down DIR                   stop exactly what `up` started (by PID), keep the logs
+#   scripts/k8s-cluster.sh install DIR [FILE…]        apply the shipped manifests (`kubectl kustomize manifests/`,
+#                                                     without the controller Deployment, which the tests and the
+#                                                     demo run themselves, and the Prometheus Operator's objects:
+#                                                     no such CRDs here), then FILEs, with the real kubectl
 #
 # `up` writes DIR/kubeconfig (the harness's admin: O=system:masters — never given to a nodekeeper process),
 # DIR/env (`export KUBECONFIG=…`), DIR/ports, DIR/pids, and one log per component in DIR/logs/.
@@ -14,11 +18,11 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { echo "usage: $0 up DIR [--owner-pid PID] | down DIR" >&2; exit 2; }
+usage() { echo "usage: $0 up DIR [--owner-pid PID] | down DIR | install DIR [FILE…]" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 CMD=$1 DIR=$2; shift 2
 OWNER=""
-while [ $# -gt 0 ]; do
+while [ "$CMD" != install ] && [ $# -gt 0 ]; do
   case $1 in
     --owner-pid) OWNER=${2:?--owner-pid needs a PID}; shift 2 ;;
     *) usage ;;
@@ -27,32 +31,55 @@ done
 
 # stop PIDFILE-lines: SIGTERM each recorded PID (only if it is still the process we started), then SIGKILL.
 down() {
-  local pids="$DIR/pids" line name pid start
+  local pids="$DIR/pids" name pid start
   [ -f "$pids" ] || return 0
   tac "$pids" | while read -r name pid start; do
     if [ "$(proc_start "$pid")" = "$start" ]; then kill -TERM "$pid" 2>/dev/null || true; fi
   done
-  local i
-  for i in $(seq 1 50); do
-    local alive=0
-    while read -r name pid start; do
-      [ "$(proc_start "$pid")" = "$start" ] && alive=1
-    done <"$pids"
-    [ $alive = 0 ] && break
-    sleep 0.1
-  done
+  wait_gone "$pids"
   while read -r name pid start; do
     if [ "$(proc_start "$pid")" = "$start" ]; then kill -KILL "$pid" 2>/dev/null || true; fi
   done <"$pids"
+  wait_gone "$pids"   # SIGKILL is not instant: return only once every process is gone
   mv -f "$pids" "$pids.stopped"
 }
 
-# proc_start PID: the process's start time in clock ticks (field 22 of /proc/PID/stat), "" if gone. Guards
-# against a recycled PID: we only signal a PID whose start time is the one we recorded.
-proc_start() { awk '{print $22}' "/proc/$1/stat" 2>/dev/null || true; }
+# wait_gone PIDFILE: waits up to 5 s until none of its processes runs.
+wait_gone() {
+  local i alive name pid start
+  for i in $(seq 1 50); do
+    alive=0
+    while read -r name pid start; do
+      [ "$(proc_start "$pid")" = "$start" ] && alive=1
+    done <"$1"
+    [ $alive = 0 ] && return 0
+    sleep 0.1
+  done
+}
+
+# proc_start PID: the process's start time in clock ticks (field 22 of /proc/PID/stat), "" if gone or a
+# zombie. Guards against a recycled PID: we only signal a PID whose start time is the one we recorded.
+proc_start() { awk '$3 != "Z" {print $22}' "/proc/$1/stat" 2>/dev/null || true; }
+
+# install DIR [FILE…]: the shipped manifests minus what the cluster cannot or should not run, then FILEs.
+install() {
+  local kubectl="$REPO/.cache/venv/bin/kubectl" out="$DIR/manifests.yaml" extra=() f
+  [ -x "$kubectl" ] || { echo "k8s-cluster: real kubectl not found at $kubectl (run scripts/setup-kubectl.sh)" >&2; exit 1; }
+  [ -f "$DIR/kubeconfig" ] || { echo "k8s-cluster: no cluster at $DIR (run: $0 up $DIR)" >&2; exit 1; }
+  "$kubectl" kustomize "$REPO/manifests" | awk '
+    function flush() { if (doc != "" && !(doc ~ /kind: Deployment/ && doc ~ /name: nodekeeper-controller/) \
+                         && doc !~ /apiVersion: monitoring\.coreos\.com\//) { printf "%s%s", sep, doc; sep = "---\n" }
+                       doc = "" }
+    /^---$/ { flush(); next }
+    { doc = doc $0 "\n" }
+    END { flush() }' >"$out"
+  for f in "$@"; do extra+=(-f "$f"); done
+  "$kubectl" --kubeconfig "$DIR/kubeconfig" apply -f "$out" "${extra[@]}"
+}
 
 case $CMD in
   down) down; exit 0 ;;
+  install) install "$@"; exit 0 ;;
   up) ;;
   *) usage ;;
 esac

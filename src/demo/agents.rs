@@ -1,6 +1,7 @@
 //! The demo's agents: one real `nodekeeper agent` process per node (like the DaemonSet), each
 //! with its own metadata emulator on loopback (OCI unless [`Agents::with_source`] says
-//! otherwise), a token minted by the sim for its node, and a throw-away state directory. New
+//! otherwise), tokens for its node ([`Credentials`]: minted by the sim, or TokenRequest tokens
+//! bound to the DaemonSet's pod on a real cluster), and a throw-away state directory. New
 //! nodes get an agent as they appear; removed nodes lose theirs. `examples/notice_bench.rs`
 //! uses the same supervisor with each cloud.
 
@@ -24,6 +25,14 @@ pub const SERVICE_ACCOUNT: &str = "system:serviceaccount:nodekeeper:nodekeeper-a
 /// Errors starting an agent.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// The node's tokens could not be had.
+    #[error("node {node}: credentials: {message}")]
+    Credentials {
+        /// Node.
+        node: String,
+        /// What failed.
+        message: String,
+    },
     /// A file of the node's directory.
     #[error("node {node}: {path}: {source}")]
     Io {
@@ -34,6 +43,67 @@ pub enum AgentError {
         /// Cause.
         source: std::io::Error,
     },
+}
+
+/// The files an agent authenticates with.
+#[derive(Debug, Clone)]
+pub struct AgentCredentials {
+    /// `[report] token_file`: the token the controller verifies (audience `nodekeeper`).
+    pub token_file: PathBuf,
+    /// `KUBECONFIG` of the agent's own API calls (the label watch).
+    pub kubeconfig: PathBuf,
+}
+
+/// Where agents' credentials come from.
+pub trait Credentials: Send + Sync {
+    /// Writes `node`'s credentials into `dir` (the node's own directory).
+    fn issue<'a>(
+        &'a self,
+        node: &'a str,
+        dir: &'a Path,
+    ) -> futures::future::BoxFuture<'a, Result<AgentCredentials, String>>;
+}
+
+/// Tokens minted by the sim for the node, and the sim's kubeconfig.
+pub struct SimCredentials {
+    sim: Arc<Sim>,
+    kubeconfig: PathBuf,
+}
+
+impl SimCredentials {
+    /// Credentials from `sim`, whose kubeconfig is at `kubeconfig`.
+    pub fn new(sim: Arc<Sim>, kubeconfig: PathBuf) -> Self {
+        SimCredentials { sim, kubeconfig }
+    }
+}
+
+impl Credentials for SimCredentials {
+    fn issue<'a>(
+        &'a self,
+        node: &'a str,
+        dir: &'a Path,
+    ) -> futures::future::BoxFuture<'a, Result<AgentCredentials, String>> {
+        Box::pin(async move {
+            let (token, _) = self.sim.tokens.mint(
+                &self.sim.store.clock,
+                TokenRequest {
+                    pod: format!("nodekeeper-agent-{node}"),
+                    node: node.into(),
+                    audiences: vec!["nodekeeper".into()],
+                    namespace: "nodekeeper".into(),
+                    service_account: "nodekeeper-agent".into(),
+                    expiration_seconds: 24 * 3600,
+                },
+            );
+            let token_file = dir.join("token");
+            std::fs::write(&token_file, token)
+                .map_err(|e| format!("{}: {e}", token_file.display()))?;
+            Ok(AgentCredentials {
+                token_file,
+                kubeconfig: self.kubeconfig.clone(),
+            })
+        })
+    }
 }
 
 /// One node's agent.
@@ -47,9 +117,8 @@ pub struct NodeAgent {
 pub struct Agents {
     exe: PathBuf,
     dir: PathBuf,
-    kubeconfig: PathBuf,
     controller_url: String,
-    sim: Arc<Sim>,
+    credentials: Arc<dyn Credentials>,
     cloud: Cloud,
     poll_interval: Duration,
     running: Mutex<BTreeMap<String, NodeAgent>>,
@@ -61,16 +130,14 @@ impl Agents {
     pub fn new(
         exe: PathBuf,
         dir: PathBuf,
-        kubeconfig: PathBuf,
         controller_url: String,
-        sim: Arc<Sim>,
+        credentials: Arc<dyn Credentials>,
     ) -> Self {
         Agents {
             exe,
             dir,
-            kubeconfig,
             controller_url,
-            sim,
+            credentials,
             cloud: Cloud::Oci,
             poll_interval: Duration::from_millis(500),
             running: Mutex::new(BTreeMap::new()),
@@ -148,26 +215,27 @@ impl Agents {
             .map_err(io(Path::new("<metadata emulator>")))?;
         let ndir = self.dir.join("nodes").join(node);
         std::fs::create_dir_all(&ndir).map_err(io(&ndir))?;
-        let (token, _) = self.sim.tokens.mint(
-            &self.sim.store.clock,
-            TokenRequest {
-                pod: format!("nodekeeper-agent-{node}"),
-                node: node.into(),
-                audiences: vec!["nodekeeper".into()],
-                namespace: "nodekeeper".into(),
-                service_account: "nodekeeper-agent".into(),
-                expiration_seconds: 24 * 3600,
-            },
-        );
-        let token_file = ndir.join("token");
-        std::fs::write(&token_file, token).map_err(io(&token_file))?;
+        let creds = self
+            .credentials
+            .issue(node, &ndir)
+            .await
+            .map_err(|message| AgentError::Credentials {
+                node: node.to_string(),
+                message,
+            })?;
         let cfg = ndir.join("agent.toml");
         let source = Source {
             cloud: self.cloud,
             endpoint: &imds.url(),
             poll_interval: self.poll_interval,
         };
-        let text = agent_toml(node, &source, &self.controller_url, &token_file, &ndir);
+        let text = agent_toml(
+            node,
+            &source,
+            &self.controller_url,
+            &creds.token_file,
+            &ndir,
+        );
         std::fs::write(&cfg, text).map_err(io(&cfg))?;
         let log = ndir.join("agent.log");
         let out = std::fs::File::create(&log).map_err(io(&log))?;
@@ -177,7 +245,7 @@ impl Agents {
             .arg("--config")
             .arg(&cfg)
             .env_clear()
-            .env("KUBECONFIG", &self.kubeconfig)
+            .env("KUBECONFIG", &creds.kubeconfig)
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .stdin(Stdio::null())
             .stdout(out)

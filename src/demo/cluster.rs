@@ -26,7 +26,8 @@ pub fn default_scenario() -> Scenario {
         pool("spot", 3, "spot", true),
         pool("on-demand", 3, "on-demand", false),
     ];
-    let tolerate_spot = |w: &mut Workload| w.tolerate_all = true;
+    // Tolerates the spot pool's taint (not every taint: pods tolerating the drain taint stay).
+    let tolerate_spot = |w: &mut Workload| w.tolerate = vec![PREEMPTIBLE_TAINT.into()];
     let mut web = s.workloads[0].clone();
     web.replicas = 16;
     web.termination_grace_seconds = 2;
@@ -38,7 +39,7 @@ pub fn default_scenario() -> Scenario {
     let mut api = web.clone();
     api.name = "api".into();
     api.replicas = 4;
-    api.tolerate_all = false;
+    api.tolerate.clear();
     api.pdb = Some(PdbSpec {
         min_available: Some(toml::Value::Integer(3)),
         max_unavailable: None,

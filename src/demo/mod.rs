@@ -8,10 +8,14 @@
 //! answered by taint + cordon + tiered drain + replacement, two nodes going NotReady repaired
 //! one at a time under the budget `nodes: "1"` with the held node explained. It exits 0 only
 //! if every expected outcome happened. `--serve` keeps the cluster up for `kubectl` and
-//! `nodekeeper status`. `--snapshot` replays a real cluster's export instead ([`whatif`]).
+//! `nodekeeper status`. `--kubeconfig` plays the same scenario on a real control plane, with
+//! nodekeeper as its ServiceAccounts ([`real`]). `--snapshot` replays a real cluster's export
+//! instead ([`whatif`]).
 
 pub mod agents;
+pub mod backend;
 pub mod cluster;
+pub mod real;
 pub mod script;
 pub mod timeline;
 pub mod whatif;
@@ -38,6 +42,13 @@ pub struct DemoArgs {
     /// of the embedded one (src/demo/controller.toml, seed 000's values).
     #[arg(long)]
     pub controller_config: Option<PathBuf>,
+    /// Play on this real cluster instead of the embedded sim: an admin kubeconfig of an API
+    /// server whose nodes KWOK plays (annotation `kwok.x-k8s.io/node=fake`), with the shipped
+    /// manifests installed (`scripts/demo.sh --real` builds, starts and installs one). The
+    /// admin seeds the scenario and injects faults; the controller and agents run as the
+    /// `nodekeeper-controller` and `nodekeeper-agent` ServiceAccounts.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
     /// Keep the cluster running after the scenario and print its kubeconfig.
     #[arg(long)]
     pub serve: bool,
@@ -52,7 +63,7 @@ pub struct DemoArgs {
     /// What-if replay: a snapshot of a real cluster (`kubectl get nodes,pods,pdb -A -o json`,
     /// or `-o yaml`; several lists may follow each other), seeded as exported, with your
     /// `--controller-config` policy in dry run. Prints what nodekeeper would do to each node.
-    #[arg(long, conflicts_with_all = ["scenario", "serve"])]
+    #[arg(long, conflicts_with_all = ["scenario", "serve", "kubeconfig"])]
     pub snapshot: Option<PathBuf>,
     /// With --snapshot, an event to inject (repeatable): `notready:NODE`,
     /// `preemption:NODE`, also termination, maintenance, rebalance, reboot, redeploy; TARGET
@@ -139,16 +150,30 @@ async fn demo(args: DemoArgs, tmp: PathBuf) -> Result<bool, DemoError> {
         args.speed,
         Box::new(std::io::stdout()),
     ));
-    let opts: SimOptions = cluster::sim_options(scenario);
-    let cluster = TestCluster::start(opts)
-        .await
-        .map_err(|e| DemoError::Start(format!("sim: {e}")))?;
-    let kubeconfig = dir.join("kubeconfig");
-    cluster
-        .write_kubeconfig(&kubeconfig)
-        .map_err(|e| DemoError::Start(format!("{}: {e}", kubeconfig.display())))?;
+    let (backend, kubeconfig) = match &args.kubeconfig {
+        Some(path) => {
+            let real = real::RealCluster::connect(path).await?;
+            tl.raw(&format!(
+                "seeding the scenario into kube-apiserver {} at {} (KWOK plays the kubelets)",
+                real.version, real.server
+            ));
+            real.seed(&scenario, args.step_timeout).await?;
+            (backend::Backend::Real(real), path.clone())
+        }
+        None => {
+            let opts: SimOptions = cluster::sim_options(scenario);
+            let cluster = TestCluster::start(opts)
+                .await
+                .map_err(|e| DemoError::Start(format!("sim: {e}")))?;
+            let kubeconfig = dir.join("kubeconfig");
+            cluster
+                .write_kubeconfig(&kubeconfig)
+                .map_err(|e| DemoError::Start(format!("{}: {e}", kubeconfig.display())))?;
+            (backend::Backend::Sim(cluster), kubeconfig)
+        }
+    };
     let env = script::Env::start(
-        &cluster,
+        Arc::new(backend),
         &config,
         policy,
         exe,

@@ -11,6 +11,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 
 use super::agents::{Agents, SERVICE_ACCOUNT};
+use super::backend::Backend;
 use super::cluster::MIGRATION_LABEL;
 use super::timeline::{Outcome, Timeline};
 use super::{DemoArgs, DemoError};
@@ -19,8 +20,6 @@ use crate::controller::config::ControllerConfig;
 use crate::controller::policy::explain::{Blocker, Held};
 use crate::controller::policy::view::keys;
 use crate::controller::policy::PolicyConfig;
-use crate::controller::provider::ProviderConfig;
-use crate::sim::apiserver::TestCluster;
 
 /// Phases of the scenario, the summary included.
 pub const PHASES: usize = 4;
@@ -28,7 +27,7 @@ pub const PHASES: usize = 4;
 /// The running demo: cluster client, controller, agents.
 pub struct Env {
     client: kube::Client,
-    admin: String,
+    backend: Arc<Backend>,
     controller: Option<crate::controller::Running>,
     agents: Arc<Agents>,
     tl: Arc<Timeline>,
@@ -42,7 +41,7 @@ impl Env {
     /// Starts the controller and the agent supervisor against `cluster`.
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
-        cluster: &TestCluster,
+        backend: Arc<Backend>,
         config: &Config,
         policy: PolicyConfig,
         exe: PathBuf,
@@ -51,15 +50,18 @@ impl Env {
         args: DemoArgs,
         tl: Arc<Timeline>,
     ) -> Result<Env, DemoError> {
-        let client = cluster.client.clone();
-        let ns: Namespace =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": "nodekeeper"}}))
-                .map_err(|e| DemoError::Start(e.to_string()))?;
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .map_err(|e| DemoError::Start(format!("namespace nodekeeper: {e}")))?;
-        let ccfg = controller_config(config.controller.clone());
+        let client = backend.admin();
+        if let Backend::Sim(_) = *backend {
+            let ns: Namespace =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": "nodekeeper"}}))
+                    .map_err(|e| DemoError::Start(e.to_string()))?;
+            Api::<Namespace>::all(client.clone())
+                .create(&PostParams::default(), &ns)
+                .await
+                .map_err(|e| DemoError::Start(format!("namespace nodekeeper: {e}")))?;
+        }
+        let mut ccfg = controller_config(config.controller.clone());
+        ccfg.provider = backend.provider(&ccfg.provider);
         let events_tl = tl.clone();
         let events_client = client.clone();
         let mut tasks = vec![tokio::spawn(async move {
@@ -71,22 +73,22 @@ impl Env {
             .await;
         })];
         let engine = crate::controller::engine::EngineOptions::new(policy.clone());
-        let controller = crate::controller::start_with(client.clone(), &ccfg, Some(engine))
+        let controller_client = backend.controller_client().await?;
+        let controller = crate::controller::start_with(controller_client, &ccfg, Some(engine))
             .await
             .map_err(|e| DemoError::Start(format!("controller: {e}")))?;
         let url = format!("http://{}", controller.addr);
         tl.raw(&format!(
-            "nodekeeper demo: sim API server {}, controller {url}, policy time ×{} (work dir {})",
-            cluster.url,
+            "nodekeeper demo: {}, controller {url}, policy time ×{} (work dir {})",
+            backend.describe(),
             args.speed,
             dir.display()
         ));
         let agents = Arc::new(Agents::new(
             exe,
             dir.clone(),
-            kubeconfig,
             url,
-            cluster.sim.clone(),
+            backend.credentials(&kubeconfig),
         ));
         tasks.push(tokio::spawn(supervise(
             client.clone(),
@@ -95,7 +97,7 @@ impl Env {
         )));
         Ok(Env {
             client,
-            admin: cluster.admin_url(""),
+            backend,
             controller: Some(controller),
             agents,
             tl,
@@ -438,7 +440,7 @@ impl Env {
             self.tl.line(
                 n,
                 "Ready=False",
-                "kubelet reports NotReady (injected through the sim's admin API)",
+                &format!("kubelet reports NotReady ({})", self.backend.fault_path()),
             );
         }
         let tol = self
@@ -504,7 +506,7 @@ impl Env {
             "first node drained and replaced",
             &first,
             &r,
-            "NodeClaim deleted, new node Ready".into(),
+            self.backend.replacement_path().into(),
         );
         let r = self
             .until(t0, || async {
@@ -591,7 +593,7 @@ impl Env {
     }
 
     async fn set_ready(&self, node: &str, status: &str) {
-        if let Err(e) = super::cluster::set_ready(&self.admin, node, status).await {
+        if let Err(e) = self.backend.set_ready(node, status).await {
             self.tl.line(node, "error", &e);
         }
     }
@@ -602,7 +604,8 @@ fn annotation(n: &Node, key: &str) -> Option<String> {
 }
 
 /// The controller configuration of the demo: the user's `[controller]` (if any) with the
-/// demo's listen address, plain HTTP on loopback, the Karpenter provider and short leases.
+/// demo's listen address, plain HTTP on loopback and short leases (the provider is the
+/// backend's choice, [`Backend::provider`]).
 pub fn controller_config(user: Option<ControllerConfig>) -> ControllerConfig {
     let mut c = user.unwrap_or_default();
     c.listen = "127.0.0.1:0".into();
@@ -613,9 +616,6 @@ pub fn controller_config(user: Option<ControllerConfig>) -> ControllerConfig {
     c.namespace = "nodekeeper".into();
     if !c.label_removal_allow.iter().any(|l| l == MIGRATION_LABEL) {
         c.label_removal_allow.push(MIGRATION_LABEL.into());
-    }
-    if c.provider == ProviderConfig::None {
-        c.provider = ProviderConfig::Karpenter;
     }
     c.leader.lease_duration = Duration::from_secs(2);
     c.leader.retry_period = Duration::from_millis(200);

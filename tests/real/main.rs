@@ -14,6 +14,7 @@ mod ctl;
 mod packaging_support;
 mod support;
 
+mod demo;
 mod drain;
 mod events;
 mod failover;

@@ -111,47 +111,21 @@ fn start_cluster() -> Cluster {
     }
 }
 
-/// `kubectl kustomize manifests/` applied as the admin, without the controller Deployment and the
-/// Prometheus Operator's objects (no such CRDs here).
+/// The shipped manifests (`scripts/k8s-cluster.sh install`: `kubectl kustomize manifests/` without the
+/// controller Deployment, which the tests run themselves, and the Prometheus Operator's objects), and
+/// the drain operator's ClusterRole (docs/drain.md), once: tests applying it at the same time would race
+/// (`kubectl apply` creates when it reads nothing; the second create is AlreadyExists).
 fn install_manifests(c: &Cluster) {
-    let rendered = Command::new(kubectl_bin())
-        .args(["kustomize"])
-        .arg(repo().join("manifests"))
+    let out = Command::new(repo().join("scripts/k8s-cluster.sh"))
+        .arg("install")
+        .arg(&c.dir)
+        .arg(repo().join("tests/fixtures/drain-operator-role.yaml"))
         .output()
         .unwrap();
     assert!(
-        rendered.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rendered.stderr)
-    );
-    let text = String::from_utf8(rendered.stdout).unwrap();
-    let docs: Vec<&str> = text
-        .split("\n---\n")
-        .filter(|d| {
-            let skip = (d.contains("kind: Deployment")
-                && d.contains("name: nodekeeper-controller"))
-                || d.contains("apiVersion: monitoring.coreos.com/");
-            !skip
-        })
-        .collect();
-    let file = c.dir.join("manifests.yaml");
-    std::fs::write(&file, docs.join("\n---\n")).unwrap();
-    // Also the drain operator's ClusterRole (docs/drain.md), once: tests applying it at the same time
-    // would race (`kubectl apply` creates when it reads nothing; the second create is AlreadyExists).
-    let role = repo().join("tests/fixtures/drain-operator-role.yaml");
-    let out = kubectl(
-        c,
-        &[
-            "apply",
-            "-f",
-            file.to_str().unwrap(),
-            "-f",
-            role.to_str().unwrap(),
-        ],
-    );
-    assert!(
         out.status.success(),
-        "kubectl apply of the shipped manifests failed: {}",
+        "installing the shipped manifests failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
 }

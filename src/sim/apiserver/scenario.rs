@@ -130,6 +130,11 @@ pub struct Workload {
     /// Tolerate every taint.
     #[serde(default)]
     pub tolerate_all: bool,
+    /// Tolerate the taints with these keys (operator `Exists`, effect `NoSchedule`), e.g. a
+    /// spot pool's: unlike `tolerate_all`, such pods are drained (they do not tolerate the
+    /// drain taint).
+    #[serde(default)]
+    pub tolerate: Vec<String>,
     /// CPU request per pod.
     #[serde(default = "default_request")]
     pub cpu_request: String,
@@ -236,6 +241,7 @@ impl Scenario {
                 kind: "Deployment".into(),
                 node_selector: BTreeMap::new(),
                 tolerate_all: false,
+                tolerate: Vec::new(),
                 cpu_request: default_request(),
                 termination_grace_seconds: 5,
                 pdb: Some(PdbSpec {
@@ -322,6 +328,18 @@ pub fn pod_template(
     cpu: &str,
     grace: i64,
 ) -> Value {
+    pod_template_tolerating(app, node_selector, tolerate_all, &[], cpu, grace)
+}
+
+/// [`pod_template`] that also tolerates the taints keyed `tolerate` (NoSchedule).
+pub fn pod_template_tolerating(
+    app: &str,
+    node_selector: &BTreeMap<String, String>,
+    tolerate_all: bool,
+    tolerate: &[String],
+    cpu: &str,
+    grace: i64,
+) -> Value {
     let mut spec = json!({"containers": [{"name": "main", "image": format!("sim/{app}:1"),
         "resources": {"requests": {"cpu": cpu}}}], "terminationGracePeriodSeconds": grace});
     if !node_selector.is_empty() {
@@ -329,6 +347,12 @@ pub fn pod_template(
     }
     if tolerate_all {
         spec["tolerations"] = toleration_all();
+    } else if !tolerate.is_empty() {
+        let keyed: Vec<Value> = tolerate
+            .iter()
+            .map(|k| json!({"key": k, "operator": "Exists", "effect": "NoSchedule"}))
+            .collect();
+        spec["tolerations"] = json!(keyed);
     }
     json!({"metadata": {"labels": {"app": app}}, "spec": spec})
 }
@@ -403,30 +427,54 @@ pub fn ensure_namespace(sim: &Sim, ns: &str) -> Result<(), ScenarioError> {
     Ok(())
 }
 
-/// Seeds the scenario of `sim.opts` into the store.
-pub fn seed(sim: &Sim) -> Result<(), SimError> {
-    let sc = sim.opts.scenario.clone();
-    let now = sim.store.clock.stamp();
+/// One object of a scenario: its resource, namespace ("" for cluster-scoped) and body.
+pub type SeedObject = (&'static super::resources::ResourceDef, String, Value);
+
+/// The objects of a scenario in creation order: namespaces, the pools' Nodes (Ready, with
+/// capacity; with `nodeclaims`, a NodeClaim each), then each workload (Deployment or ReplicaSet)
+/// and its PDB, then the DaemonSets. The sim seeds them into its store; `nodekeeper demo
+/// --kubeconfig` creates them on a real API server (there KWOK plays the kubelets).
+pub fn objects(sc: &Scenario, now: &str, nodeclaims: bool) -> Vec<SeedObject> {
+    let mut out: Vec<SeedObject> = Vec::new();
+    let mut namespaces: Vec<&str> = Vec::new();
+    for ns in sc
+        .workloads
+        .iter()
+        .map(|w| w.namespace.as_str())
+        .chain(sc.daemonsets.iter().map(|d| d.namespace.as_str()))
+    {
+        if !namespaces.contains(&ns) {
+            namespaces.push(ns);
+            out.push((
+                well_known::namespaces(),
+                String::new(),
+                json!({"metadata": {"name": ns}}),
+            ));
+        }
+    }
     for pool in &sc.pools {
         for i in 0..pool.count {
             let name = format!("{}-{i}", pool.name);
-            create(sim, well_known::nodes(), "", node_object(pool, &name, &now))?;
-            if sim.opts.loops.provisioner {
-                create(
-                    sim,
+            out.push((
+                well_known::nodes(),
+                String::new(),
+                node_object(pool, &name, now),
+            ));
+            if nodeclaims {
+                out.push((
                     well_known::nodeclaims(),
-                    "",
+                    String::new(),
                     nodeclaim_object(pool, &name),
-                )?;
+                ));
             }
         }
     }
     for w in &sc.workloads {
-        ensure_namespace(sim, &w.namespace)?;
-        let template = pod_template(
+        let template = pod_template_tolerating(
             &w.name,
             &w.node_selector,
             w.tolerate_all,
+            &w.tolerate,
             &w.cpu_request,
             w.termination_grace_seconds,
         );
@@ -435,13 +483,12 @@ pub fn seed(sim: &Sim) -> Result<(), SimError> {
         } else {
             well_known::deployments()
         };
-        create(
-            sim,
+        out.push((
             res,
-            &w.namespace,
+            w.namespace.clone(),
             json!({"metadata": {"name": w.name, "labels": {"app": w.name}},
             "spec": {"replicas": w.replicas, "selector": {"matchLabels": {"app": w.name}}, "template": template}}),
-        )?;
+        ));
         if let Some(p) = &w.pdb {
             let mut spec = json!({"selector": {"matchLabels": {"app": w.name}}});
             if let Some(v) = &p.min_available {
@@ -450,24 +497,36 @@ pub fn seed(sim: &Sim) -> Result<(), SimError> {
             if let Some(v) = &p.max_unavailable {
                 spec["maxUnavailable"] = int_or_str(v);
             }
-            create(
-                sim,
+            out.push((
                 well_known::pdbs(),
-                &w.namespace,
+                w.namespace.clone(),
                 json!({"metadata": {"name": format!("{}-pdb", w.name)}, "spec": spec}),
-            )?;
+            ));
         }
     }
     for d in &sc.daemonsets {
-        ensure_namespace(sim, &d.namespace)?;
         let template = pod_template(&d.name, &d.node_selector, d.tolerate_all, "10m", 5);
-        create(
-            sim,
+        out.push((
             well_known::daemonsets(),
-            &d.namespace,
+            d.namespace.clone(),
             json!({"metadata": {"name": d.name, "labels": {"app": d.name}},
             "spec": {"selector": {"matchLabels": {"app": d.name}}, "template": template}}),
-        )?;
+        ));
+    }
+    out
+}
+
+/// Seeds the scenario of `sim.opts` into the store.
+pub fn seed(sim: &Sim) -> Result<(), SimError> {
+    let sc = sim.opts.scenario.clone();
+    let now = sim.store.clock.stamp();
+    for (res, ns, obj) in objects(&sc, &now, sim.opts.loops.provisioner) {
+        if res.kind == "Namespace" {
+            let name = obj.pointer("/metadata/name").and_then(Value::as_str);
+            ensure_namespace(sim, name.unwrap_or_default())?;
+        } else {
+            create(sim, res, &ns, obj)?;
+        }
     }
     seed_filler(sim, &sc)?;
     Ok(())
