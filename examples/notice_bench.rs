@@ -14,7 +14,12 @@
 //!
 //! Each trial uses a fresh node (and agent), so every notice is new to the controller.
 //!
-//! `cargo run --example notice_bench -- [--trials 20] [--poll-ms 1000]` (or
+//! `--kubeconfig FILE` runs it on a real control plane instead of the sim (`scripts/bench-notice.sh
+//! --real` starts one): KWOK nodes, the controller as the `nodekeeper-controller` ServiceAccount,
+//! each agent with tokens bound to the shipped DaemonSet's pod on its node (the demo's
+//! [`nodekeeper::demo::real`] backend).
+//!
+//! `cargo run --example notice_bench -- [--trials 20] [--poll-ms 1000] [--kubeconfig FILE]` (or
 //! `scripts/bench-notice.sh`); the agent binary is `NODEKEEPER_BIN`, else the `nodekeeper` of
 //! the example's own profile under `target/`.
 
@@ -34,7 +39,9 @@ use nodekeeper::agent::sources::Cloud;
 use nodekeeper::controller::engine::EngineOptions;
 use nodekeeper::controller::policy::PolicyConfig;
 use nodekeeper::controller::provider::ProviderConfig;
-use nodekeeper::demo::agents::{Agents, SimCredentials};
+use nodekeeper::demo::agents::Agents;
+use nodekeeper::demo::backend::Backend;
+use nodekeeper::demo::real::RealCluster;
 use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
 use nodekeeper::sim::oci_events::{envelope, OciEventKind};
 
@@ -104,12 +111,16 @@ async fn wait_seen(seen: &Seen, node: &str, t0: Instant) -> Result<f64, BoxError
     }
 }
 
+/// A Ready node (on a real cluster KWOK plays its kubelet: the annotation).
 async fn add_node(client: &kube::Client, name: &str, provider_id: &str) -> Result<(), BoxError> {
     let since = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
     let n: Node = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "labels": {"karpenter.sh/nodepool": "bench"}},
+        "metadata": {"name": name, "labels": {"karpenter.sh/nodepool": "bench"},
+            "annotations": {"kwok.x-k8s.io/node": "fake"}},
         "spec": {"providerID": provider_id},
-        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+        "status": {"capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"},
+            "allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
             "lastHeartbeatTime": since, "lastTransitionTime": since}]}}))?;
     Api::<Node>::all(client.clone())
         .create(&PostParams::default(), &n)
@@ -126,17 +137,14 @@ async fn polled(
 ) -> Result<Vec<f64>, BoxError> {
     let dir = env.dir.join(cloud.as_str());
     std::fs::create_dir_all(&dir)?;
-    let credentials = Arc::new(SimCredentials::new(
-        env.cluster.sim.clone(),
-        env.kubeconfig.clone(),
-    ));
+    let credentials = env.cluster.credentials(&env.kubeconfig);
     let agents = Agents::new(agent_exe(), dir, env.controller_url.clone(), credentials)
         .with_source(cloud, poll);
     let mut samples = Vec::with_capacity(trials);
     for i in 0..trials {
         let node = format!("{cloud}-{i}");
         add_node(
-            &env.cluster.client,
+            &env.admin,
             &node,
             &format!("{cloud}://bench-{cloud}-{i}"),
         )
@@ -169,7 +177,7 @@ async fn pushed(trials: usize, env: &BenchEnv) -> Result<Vec<f64>, BoxError> {
     let ocid = |i: usize| format!("ocid1.instance.oc1.phx.benchpush{i}");
     for i in 0..trials {
         add_node(
-            &env.cluster.client,
+            &env.admin,
             &format!("push-{i}"),
             &format!("oci://{}", ocid(i)),
         )
@@ -199,7 +207,8 @@ async fn pushed(trials: usize, env: &BenchEnv) -> Result<Vec<f64>, BoxError> {
 }
 
 struct BenchEnv {
-    cluster: TestCluster,
+    cluster: Backend,
+    admin: kube::Client,
     dir: PathBuf,
     kubeconfig: PathBuf,
     controller_url: String,
@@ -219,16 +228,28 @@ async fn main() -> Result<(), BoxError> {
         .into());
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cluster = TestCluster::start(SimOptions::bare()).await?;
-    let ns: k8s_openapi::api::core::v1::Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "nodekeeper"}}))?;
-    Api::all(cluster.client.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
     let dir = std::env::temp_dir().join(format!("nk-notice-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let kubeconfig = dir.join("kubeconfig");
-    cluster.write_kubeconfig(&kubeconfig)?;
+    let (cluster, kubeconfig) = match string_arg("--kubeconfig") {
+        Some(path) => {
+            let real = RealCluster::connect(std::path::Path::new(&path))
+                .await
+                .map_err(|e| e.to_string())?;
+            (Backend::Real(real), PathBuf::from(path))
+        }
+        None => {
+            let cluster = TestCluster::start(SimOptions::bare()).await?;
+            let ns: k8s_openapi::api::core::v1::Namespace =
+                serde_json::from_value(serde_json::json!({"metadata": {"name": "nodekeeper"}}))?;
+            Api::all(cluster.client.clone())
+                .create(&PostParams::default(), &ns)
+                .await?;
+            let kubeconfig = dir.join("kubeconfig");
+            cluster.write_kubeconfig(&kubeconfig)?;
+            (Backend::Sim(cluster), kubeconfig)
+        }
+    };
+    let admin = cluster.admin();
 
     // The demo's controller settings (plain HTTP on loopback, the agents' service account),
     // no replacement provider, OCI Events on; the default policy (preemption → drain_replace).
@@ -237,8 +258,8 @@ async fn main() -> Result<(), BoxError> {
     cfg.oci_events.enabled = true;
     cfg.oci_events.token = nodekeeper::config::Secret::new(OCI_TOKEN);
     let engine = EngineOptions::new(PolicyConfig::default());
-    let ctl =
-        nodekeeper::controller::start_with(cluster.client.clone(), &cfg, Some(engine)).await?;
+    let client = cluster.controller_client().await.map_err(|e| e.to_string())?;
+    let ctl = nodekeeper::controller::start_with(client, &cfg, Some(engine)).await?;
     let start = Instant::now();
     while !*ctl.app.leader.borrow() {
         if start.elapsed() > Duration::from_secs(30) {
@@ -246,10 +267,12 @@ async fn main() -> Result<(), BoxError> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let seen = watch_cordons(cluster.client.clone());
+    let seen = watch_cordons(admin.clone());
+    println!("cluster: {}", cluster.describe());
     let env = BenchEnv {
         controller_url: format!("http://{}", ctl.addr),
         cluster,
+        admin: admin.clone(),
         dir: dir.clone(),
         kubeconfig,
         seen,
@@ -288,6 +311,20 @@ async fn main() -> Result<(), BoxError> {
         );
     }
     ctl.stop().await;
+    // The bench's nodes (a real cluster outlives the run).
+    let nodes: Api<Node> = Api::all(admin);
+    let lp = kube::api::ListParams::default().labels("karpenter.sh/nodepool=bench");
+    let _ = nodes
+        .delete_collection(&Default::default(), &lp)
+        .await;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// The value of `--name VALUE`, if given.
+fn string_arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }

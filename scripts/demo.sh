@@ -26,21 +26,11 @@ if [ -z "$BIN" ]; then
 fi
 [ $real = 1 ] || exec "$BIN" demo "${args[@]}"
 
-log "real kubectl (scripts/setup-kubectl.sh)"
-"$REPO/scripts/setup-kubectl.sh" >/dev/null
-log "control plane binaries (scripts/setup-k8s.sh: built once, then cached)"
-"$REPO/scripts/setup-k8s.sh" >/dev/null
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/nodekeeper-demo-real.XXXXXX")
-CLUSTER="$WORK/cluster"
-log "cluster up: $CLUSTER (logs in $CLUSTER/logs)"
-"$REPO/scripts/k8s-cluster.sh" up "$CLUSTER" --owner-pid $$
-trap '"$REPO/scripts/k8s-cluster.sh" down "$CLUSTER"' EXIT
-log "shipped manifests (kubectl kustomize manifests/ | kubectl apply)"
-"$REPO/scripts/k8s-cluster.sh" install "$CLUSTER" >"$CLUSTER/logs/install.log" ||
-  { cat "$CLUSTER/logs/install.log" >&2; exit 1; }
-log "nodekeeper demo --kubeconfig $CLUSTER/kubeconfig"
+real_cluster "$WORK/cluster"
+log "nodekeeper demo --kubeconfig $REAL_KUBECONFIG"
 set +e
-"$BIN" demo --kubeconfig "$CLUSTER/kubeconfig" --dir "$WORK/demo" "${args[@]}"
+"$BIN" demo --kubeconfig "$REAL_KUBECONFIG" --dir "$WORK/demo" "${args[@]}"
 rc=$?
 set -e
 echo "work directory (cluster logs, agent configs and logs): $WORK" >&2
