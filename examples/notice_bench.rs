@@ -143,12 +143,7 @@ async fn polled(
     let mut samples = Vec::with_capacity(trials);
     for i in 0..trials {
         let node = format!("{cloud}-{i}");
-        add_node(
-            &env.admin,
-            &node,
-            &format!("{cloud}://bench-{cloud}-{i}"),
-        )
-        .await?;
+        add_node(&env.admin, &node, &format!("{cloud}://bench-{cloud}-{i}")).await?;
         agents.sync(std::slice::from_ref(&node)).await?;
         // Up and polling: the first metadata answers are in, the first report sent.
         let up = Instant::now();
@@ -258,7 +253,10 @@ async fn main() -> Result<(), BoxError> {
     cfg.oci_events.enabled = true;
     cfg.oci_events.token = nodekeeper::config::Secret::new(OCI_TOKEN);
     let engine = EngineOptions::new(PolicyConfig::default());
-    let client = cluster.controller_client().await.map_err(|e| e.to_string())?;
+    let client = cluster
+        .controller_client()
+        .await
+        .map_err(|e| e.to_string())?;
     let ctl = nodekeeper::controller::start_with(client, &cfg, Some(engine)).await?;
     let start = Instant::now();
     while !*ctl.app.leader.borrow() {
@@ -314,9 +312,7 @@ async fn main() -> Result<(), BoxError> {
     // The bench's nodes (a real cluster outlives the run).
     let nodes: Api<Node> = Api::all(admin);
     let lp = kube::api::ListParams::default().labels("karpenter.sh/nodepool=bench");
-    let _ = nodes
-        .delete_collection(&Default::default(), &lp)
-        .await;
+    let _ = nodes.delete_collection(&Default::default(), &lp).await;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
