@@ -561,10 +561,11 @@ impl Engine {
         events: broadcast::Receiver<(String, NodeEvent)>,
         cancel: CancellationToken,
     ) {
-        tokio::spawn(
-            self.clone()
-                .take_notices(leader.clone(), events, cancel.clone()),
-        );
+        let mut notices = tokio::spawn(self.clone().take_notices(
+            leader.clone(),
+            events,
+            cancel.clone(),
+        ));
         let mut tick = tokio::time::interval(self.cfg.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut was_leader = false;
@@ -572,6 +573,18 @@ impl Engine {
             let due = self.until_due();
             let changed = tokio::select! {
                 _ = cancel.cancelled() => break,
+                // The notice intake is part of the engine: if it ends, so does the engine (and a
+                // panic there is the engine's, for the controller's supervisor to report).
+                r = &mut notices => {
+                    self.drains.stop_all();
+                    if let Err(e) = r {
+                        if e.is_panic() {
+                            std::panic::resume_unwind(e.into_panic());
+                        }
+                    }
+                    tracing::error!("the engine's notice intake ended");
+                    return;
+                }
                 _ = tick.tick() => false,
                 _ = self.wake.notified() => true,
                 _ = leader.changed() => false,

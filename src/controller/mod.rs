@@ -25,6 +25,7 @@ pub mod policy;
 pub mod provider;
 pub mod server;
 pub mod status;
+pub mod supervise;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -75,17 +76,50 @@ pub struct Running {
     pub app: Arc<App>,
     /// Cancel to stop everything (the Lease is released).
     pub cancel: CancellationToken,
-    /// Finishes after the Lease was released.
-    pub election: tokio::task::JoinHandle<()>,
+    /// Finishes after the Lease was released (taken once it ended).
+    election: Option<tokio::task::JoinHandle<()>>,
     /// The disruption engine, when started with one.
     pub engine: Option<Arc<engine::Engine>>,
+    /// The node watch, node maintenance, engine and report server, supervised.
+    tasks: supervise::Tasks,
 }
 
 impl Running {
-    /// Stops the controller and waits for the Lease release.
-    pub async fn stop(self) {
+    /// Waits until a task the controller cannot live without ends (the leader election among
+    /// them), marks `/livez` failed with it and returns it. Pending while all run; meant to be
+    /// raced against the shutdown signal, then followed by [`Running::stop`].
+    pub async fn failed(&mut self) -> supervise::TaskDied {
+        let died = match self.election.as_mut() {
+            Some(election) => tokio::select! {
+                died = self.tasks.first_exit() => died,
+                r = election => supervise::TaskDied {
+                    task: "leader election",
+                    how: match r {
+                        Ok(()) => "returned".into(),
+                        Err(e) if e.is_panic() => format!("panicked: {}", supervise::panic_message(e.into_panic())),
+                        Err(_) => "was cancelled".into(),
+                    },
+                },
+            },
+            None => self.tasks.first_exit().await,
+        };
+        if died.task == "leader election" {
+            self.election = None;
+        }
+        let _ = self.app.dead.set(died.to_string());
+        died
+    }
+
+    /// Stops the controller: every task ends (drains stop), and the Lease is released.
+    pub async fn stop(mut self) {
         self.cancel.cancel();
-        let _ = self.election.await;
+        if let Some(e) = &self.engine {
+            e.drains().stop_all();
+        }
+        self.tasks.drain(Duration::from_secs(5)).await;
+        if let Some(election) = self.election.take() {
+            let _ = election.await;
+        }
     }
 }
 
@@ -124,9 +158,10 @@ pub async fn start_with(
         watcher(nodes, watcher::Config::default()).default_backoff(),
     )
     .applied_objects();
+    let mut tasks = supervise::Tasks::default();
     let c1 = cancel.clone();
     let w1 = wake.clone();
-    tokio::spawn(async move {
+    tasks.spawn("node watch", async move {
         let mut s = std::pin::pin!(stream);
         loop {
             tokio::select! {
@@ -163,7 +198,10 @@ pub async fn start_with(
         recorder.clone(),
     );
     let period = (cfg.staleness / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
-    tokio::spawn(states.clone().run_maintenance(period, cancel.clone()));
+    tasks.spawn(
+        "node maintenance",
+        states.clone().run_maintenance(period, cancel.clone()),
+    );
     let oci = cfg
         .oci_events
         .enabled
@@ -187,7 +225,10 @@ pub async fn start_with(
             };
             let e = parts.build(opts)?;
             let events = states.subscribe_events();
-            tokio::spawn(e.clone().run(leader_rx.clone(), events, cancel.clone()));
+            tasks.spawn(
+                "engine",
+                e.clone().run(leader_rx.clone(), events, cancel.clone()),
+            );
             Some(e)
         }
         None => None,
@@ -210,6 +251,7 @@ pub async fn start_with(
         forbidden: Default::default(),
         unauthenticated: Default::default(),
         connections: Default::default(),
+        dead: Default::default(),
     });
     let a2 = app.clone();
     tokio::spawn(async move {
@@ -242,7 +284,7 @@ pub async fn start_with(
         Ok(n) => tracing::debug!(open_files = n, "open-files limit"),
         Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-files limit"),
     }
-    let addr = server::serve_with_limits(
+    let (addr, serving) = server::bind(
         &cfg.listen,
         router,
         tls,
@@ -251,13 +293,15 @@ pub async fn start_with(
         cancel.clone(),
     )
     .await?;
+    tasks.spawn("report server", serving);
     tracing::info!(%addr, identity = %id, "controller listening");
     Ok(Running {
         addr,
         app,
         cancel,
-        election,
+        election: Some(election),
         engine,
+        tasks,
     })
 }
 
@@ -344,15 +388,30 @@ pub fn run(path: &Path, env: &crate::config::Env) -> u8 {
             let mut opts = engine::EngineOptions::new(policy);
             // Drains handle 429 themselves (a PDB refusal must be seen, not retried for minutes).
             opts.drain_client = Some(drain::client(kcfg).map_err(ControllerError::Client)?);
-            let running = start_with(client, &cfg, Some(opts)).await?;
-            while !*signals.shutdown.borrow() {
-                if signals.shutdown.changed().await.is_err() {
-                    break;
+            let mut running = start_with(client, &cfg, Some(opts)).await?;
+            let shutdown = async {
+                while !*signals.shutdown.borrow() {
+                    if signals.shutdown.changed().await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let died = tokio::select! {
+                _ = shutdown => None,
+                died = running.failed() => Some(died),
+            };
+            match died {
+                None => {
+                    tracing::info!("stopping: releasing the lease");
+                    running.stop().await;
+                    Ok(())
+                }
+                Some(died) => {
+                    tracing::error!(task = died.task, how = %died.how, "a controller task died: releasing the lease and exiting");
+                    running.stop().await;
+                    Err(died.into())
                 }
             }
-            tracing::info!("stopping: releasing the lease");
-            running.stop().await;
-            Ok(())
         }
         .await;
         match result {

@@ -2,6 +2,7 @@
 //! endpoint, over HTTPS (rustls, certificate and key from files) or, when configured explicitly,
 //! plain HTTP.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -65,6 +66,8 @@ pub struct App {
     pub unauthenticated: AtomicU64,
     /// Open and refused connections of the report API (`/metrics`).
     pub connections: Arc<ConnectionStats>,
+    /// Set when a task the controller cannot live without died: `/livez` then fails with it.
+    pub dead: std::sync::OnceLock<String>,
 }
 
 /// Connection counts of [`serve_with_limits`], for `/metrics`.
@@ -98,7 +101,7 @@ impl Drop for OpenConnection {
 pub fn router(app: Arc<App>, max_body: usize) -> Router {
     let mut r = Router::new()
         .route("/v1/reports", post(report))
-        .route("/livez", get(|| async { "ok" }))
+        .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics));
     if let Some(oci) = &app.oci {
@@ -165,6 +168,13 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) ->
             Json(resp).into_response()
         }
         Err(e) => err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn livez(State(app): State<Arc<App>>) -> Response {
+    match app.dead.get() {
+        None => "ok".into_response(),
+        Some(why) => err(StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
 
@@ -270,7 +280,7 @@ impl Default for ServeLimits {
 }
 
 /// Binds `addr` and serves `router` (over TLS when `tls` is set) until `cancel`, within
-/// `limits`, counting connections into `stats`.
+/// `limits`, counting connections into `stats`, on a task of its own.
 pub async fn serve_with_limits(
     addr: &str,
     router: Router,
@@ -279,6 +289,27 @@ pub async fn serve_with_limits(
     stats: Arc<ConnectionStats>,
     cancel: CancellationToken,
 ) -> Result<std::net::SocketAddr, ServerError> {
+    let (local, serving) = bind(addr, router, tls, limits, stats, cancel).await?;
+    tokio::spawn(serving);
+    Ok(local)
+}
+
+/// [`serve_with_limits`] without the task: binds, and returns the address and the accept loop
+/// for the caller to run (the controller supervises it).
+pub async fn bind(
+    addr: &str,
+    router: Router,
+    tls: Option<rustls::ServerConfig>,
+    limits: ServeLimits,
+    stats: Arc<ConnectionStats>,
+    cancel: CancellationToken,
+) -> Result<
+    (
+        std::net::SocketAddr,
+        impl Future<Output = ()> + Send + 'static,
+    ),
+    ServerError,
+> {
     stats
         .max
         .store(limits.max_connections as u64, Ordering::Relaxed);
@@ -299,10 +330,10 @@ pub async fn serve_with_limits(
         },
     ));
     let acceptor = tls.map(|cfg| tokio_rustls::TlsAcceptor::from(Arc::new(cfg)));
-    tokio::spawn(accept_loop(
-        listener, router, acceptor, limits, stats, cancel,
-    ));
-    Ok(local)
+    Ok((
+        local,
+        accept_loop(listener, router, acceptor, limits, stats, cancel),
+    ))
 }
 
 /// Raises this process's soft limit of open files to its hard limit (as the Go runtime does at

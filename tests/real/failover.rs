@@ -43,7 +43,7 @@ pub async fn webhook_receiver() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) 
     (url, seen)
 }
 
-fn preemption(now: chrono::DateTime<chrono::Utc>) -> NodeEvent {
+pub fn preemption(now: chrono::DateTime<chrono::Utc>) -> NodeEvent {
     NodeEvent {
         version: NODE_EVENT_VERSION,
         id: "ha-preempt-1".into(),

@@ -24,4 +24,5 @@ mod preemption;
 mod privilege;
 mod rbac;
 mod repair;
+mod supervised;
 mod whatif;

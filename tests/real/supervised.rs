@@ -1,0 +1,203 @@
+//! A supervised controller on the real control plane: the leader's engine panics mid-drain (a fault
+//! injected through its clock, the engine's one test seam), the replica says which task died, marks
+//! `/livez` failed, gives up its Lease and stops its drain; the standby (the real binary) takes the
+//! Lease within the lease duration + 1 s, finishes the drain, and the replacement is asked for once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use nodekeeper::controller::engine::{Clock, EngineOptions, SystemClock};
+use nodekeeper::controller::policy::view::keys;
+use nodekeeper::controller::policy::PolicyConfig;
+use serde_json::json;
+
+use crate::drain::{create_json, workload_pods};
+use crate::failover::{preemption, webhook_receiver};
+use crate::support::*;
+
+const NODE: &str = "sv-0";
+const SPARE: &str = "sv-spare";
+const NS_APP: &str = "supervised";
+const LEASE: &str = "nodekeeper-supervised";
+/// `[controller.leader] lease_duration` of `support::controller_toml`.
+const LEASE_DURATION: Duration = Duration::from_secs(3);
+
+/// Wall time until armed; then every reading panics (as a bug in the engine would).
+struct FaultClock(Arc<AtomicBool>);
+
+impl Clock for FaultClock {
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        if self.0.load(Ordering::Relaxed) {
+            panic!("injected fault: the engine's clock");
+        }
+        SystemClock.now()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drain() {
+    init_tracing();
+    let _one_engine = exclusive().await;
+    let c = cluster();
+    let admin = c.admin().await;
+    let labels = |n: &str| json!({ "karpenter.sh/nodepool": "sv-pool", "supervised-test": "yes", "kubernetes.io/hostname": n });
+    let _nodes = create_nodes(
+        &admin,
+        &[
+            kwok_node(NODE, labels(NODE)),
+            kwok_node(SPARE, labels(SPARE)),
+        ],
+    )
+    .await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes.cordon(SPARE).await.unwrap();
+    crate::drain::apply(
+        c,
+        &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS_APP}}}\n"),
+    );
+    let mut web = crate::drain::deployment(NS_APP, "web", NODE, 6);
+    web["spec"]["template"]["spec"]["nodeSelector"] = json!({ "supervised-test": "yes" });
+    web["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(3);
+    create_json(
+        &admin,
+        NS_APP,
+        &[
+            web,
+            json!({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": { "name": "web", "namespace": NS_APP },
+                "spec": { "maxUnavailable": 1, "selector": { "matchLabels": { "app": "web" } } }
+            }),
+        ],
+    )
+    .await;
+    wait_until(Duration::from_secs(60), "6 Ready pods on sv-0", || async {
+        workload_pods(&admin, NODE).await == (6, 6)
+    })
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (url, requests) = webhook_receiver().await;
+    let config = |id: &str| {
+        controller_toml(dir.path(), id, |t| {
+            t["controller"]["leader"]
+                .as_table_mut()
+                .unwrap()
+                .insert("lease_name".into(), LEASE.into());
+            webhook_provider(t, &url);
+        })
+    };
+
+    // Both configs first: each call writes the test's serving certificate anew.
+    let (cfg_a, cfg_b) = (config("sv-a"), config("sv-b"));
+    // Replica A in-process (the library the binary runs), as the controller ServiceAccount.
+    let loaded =
+        nodekeeper::config::Config::load(&cfg_a, &nodekeeper::config::Env::default()).unwrap();
+    let ccfg = loaded.config.controller.clone().unwrap();
+    let token = sa_token(&admin, NS, CONTROLLER_SA, None, None).await;
+    let kc_path = dir.path().join("sv-a.kubeconfig");
+    c.write_token_kubeconfig(&kc_path, &token);
+    let kcfg = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(&kc_path).unwrap(),
+        &KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let fault = Arc::new(AtomicBool::new(false));
+    let mut opts = EngineOptions::new(PolicyConfig::from_config(&loaded.config));
+    opts.clock = Arc::new(FaultClock(fault.clone()));
+    opts.drain_client = Some(nodekeeper::controller::drain::client(kcfg.clone()).unwrap());
+    let mut a = nodekeeper::controller::start_with(
+        kube::Client::try_from(kcfg).unwrap(),
+        &ccfg,
+        Some(opts),
+    )
+    .await
+    .unwrap();
+    wait_leading(&admin, LEASE, "sv-a").await;
+    // Replica B: the real binary, standing by.
+    let b = ControllerProc::start(c, &cfg_b, "sv-b").await;
+
+    let token = agent_report_token(&admin, NODE).await;
+    let https = crate::ctl::https(&dir.path().join("ca.pem"), a.addr);
+    let mut report = crate::ctl::report(NODE, 1, &[]);
+    report.events = vec![preemption(chrono::Utc::now())];
+    report_until(&https, a.addr, &token, &report, |_| true).await;
+    wait_for(
+        Duration::from_secs(60),
+        "A's drain held by the PDB after one eviction",
+        || async {
+            let n = nodes.get(NODE).await.ok()?;
+            let b = annotation(&n, keys::BLOCKED)?.to_string();
+            (b.contains("supervised/web") && workload_pods(&admin, NODE).await.0 == 5).then_some(())
+        },
+    )
+    .await;
+
+    // The fault: A's engine panics at its next reconcile.
+    fault.store(true, Ordering::Relaxed);
+    let died = tokio::time::timeout(Duration::from_secs(10), a.failed())
+        .await
+        .expect("the supervisor saw the engine die");
+    let t_died = Instant::now();
+    assert_eq!(died.task, "engine", "{died}");
+    assert!(died.how.contains("injected fault"), "{died}");
+    let (code, body) = crate::ctl::get(&https, a.addr, "/livez").await.unwrap();
+    assert_eq!(code, 503, "/livez fails once a task died: {body}");
+    assert!(body.contains("engine"), "{body}");
+    // What `nodekeeper controller` does next: stop everything, release the Lease (then exit 1).
+    a.stop().await;
+
+    wait_leading(&admin, LEASE, "sv-b").await;
+    let took = t_died.elapsed();
+    eprintln!("the standby led {took:?} after the engine died");
+    assert!(
+        took <= LEASE_DURATION + Duration::from_secs(1),
+        "the standby led {took:?} after the engine died"
+    );
+    nodes.uncordon(SPARE).await.unwrap();
+    wait_until(
+        Duration::from_secs(90),
+        "the drain finished by sv-b",
+        || async { workload_pods(&admin, NODE).await.0 == 0 },
+    )
+    .await;
+    assert_eq!(
+        workload_pods(&admin, SPARE).await.0,
+        6,
+        "the workload moved"
+    );
+    let https_b = crate::ctl::https(&dir.path().join("ca.pem"), b.addr);
+    let reconciles = || async {
+        let (_, text) = crate::ctl::get(&https_b, b.addr, "/metrics").await.unwrap();
+        metric(&text, "nodekeeper_engine_reconciles_total")
+    };
+    let before = reconciles().await;
+    wait_until(
+        Duration::from_secs(20),
+        "three more reconciles by sv-b",
+        || async { reconciles().await >= before + 3.0 },
+    )
+    .await;
+    let ids: std::collections::BTreeSet<String> = requests
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r["request_id"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        ids.len(),
+        1,
+        "one replacement: {:?}",
+        requests.lock().unwrap()
+    );
+    assert_eq!(b.forbidden_lines(), Vec::<String>::new(), "sv-b hit a 403");
+    b.stop().await;
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .delete(NS_APP, &Default::default())
+        .await;
+}
