@@ -101,7 +101,7 @@ budgets = [{{ nodes = "100%" }}]
         .spawn()
         .unwrap_or_else(|e| panic!("{exe}: {e}"));
     let pid = child.id().expect("pid");
-    let http = reqwest::Client::new();
+    let http = nodekeeper::http::client().unwrap();
     let start = Instant::now();
     loop {
         let ok = http
@@ -353,7 +353,7 @@ async fn notice_to_cordon(
         .await
         .expect("watch never listed the nodes")
         .expect("watch task ended");
-    let http = reqwest::Client::new();
+    let http = nodekeeper::http::client().unwrap();
     let mut sent: HashMap<String, Instant> = HashMap::new();
     for (i, node) in chosen.into_iter().enumerate() {
         let body = nodekeeper::sim::oci_events::envelope(

@@ -168,7 +168,7 @@ async fn polled(
 
 /// OCI Events: POST to the controller, a fresh node per trial.
 async fn pushed(trials: usize, env: &BenchEnv) -> Result<Vec<f64>, BoxError> {
-    let http = reqwest::Client::new();
+    let http = nodekeeper::http::client().unwrap();
     let ocid = |i: usize| format!("ocid1.instance.oc1.phx.benchpush{i}");
     for i in 0..trials {
         add_node(

@@ -195,20 +195,7 @@ where
     }
 }
 
-/// `outer: inner: innermost`
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let msg = c.to_string();
-        if !s.contains(&msg) {
-            s.push_str(": ");
-            s.push_str(&msg);
-        }
-        cur = c.source();
-    }
-    s
-}
+pub use crate::telemetry::error_chain;
 
 /// Loads a configuration for a command; on failure prints every diagnostic and returns the exit code.
 pub fn load_config(path: &std::path::Path, env: &Env) -> Result<Loaded, u8> {

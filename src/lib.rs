@@ -17,6 +17,7 @@ pub mod controller;
 pub mod demo;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod http;
 pub mod k8s;
 pub mod report;
 pub mod shutdown;

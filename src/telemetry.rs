@@ -53,6 +53,21 @@ where
     }
 }
 
+/// `outer: inner: innermost` (each source once: a message already part of the text is skipped).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let msg = c.to_string();
+        if !s.contains(&msg) {
+            s.push_str(": ");
+            s.push_str(&msg);
+        }
+        cur = c.source();
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};

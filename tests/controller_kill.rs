@@ -155,7 +155,7 @@ async fn preempt_via_oci_events(c: &TestCluster, port: u16, node: &str) {
         .await
         .unwrap();
     let body = nodekeeper::sim::oci_events::envelope(OciEventKind::Preemption, &ocid(node), "");
-    let http = reqwest::Client::new();
+    let http = nodekeeper::http::client().unwrap();
     let end = Instant::now() + Duration::from_secs(20);
     loop {
         let r = http

@@ -296,7 +296,10 @@ async fn preemption_taints_cordons_drains_in_tiers_and_replaces_once() {
         "{evs:?}"
     );
     // The metrics endpoint shows the engine's series.
-    let text = reqwest::get(format!("http://{}/metrics", ctl.addr))
+    let text = nodekeeper::http::client()
+        .unwrap()
+        .get(format!("http://{}/metrics", ctl.addr))
+        .send()
         .await
         .unwrap()
         .text()

@@ -69,7 +69,10 @@ async fn preemption_actions_are_notified() {
         seen.lock().unwrap().iter().all(|p| p.node == "spot-0"),
         "only the preempted node is acted on"
     );
-    let metrics = reqwest::get(format!("http://{}/metrics", ctl.addr))
+    let metrics = nodekeeper::http::client()
+        .unwrap()
+        .get(format!("http://{}/metrics", ctl.addr))
+        .send()
         .await
         .unwrap()
         .text()

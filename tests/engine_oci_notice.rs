@@ -39,7 +39,8 @@ fn config(id: &str) -> ControllerConfig {
 
 /// POSTs a preemption notice for `node` to `ctl`: (status, Retry-After, body).
 async fn post(ctl: &Running, node: &str) -> (u16, Option<String>, serde_json::Value) {
-    let r = reqwest::Client::new()
+    let r = nodekeeper::http::client()
+        .unwrap()
         .post(format!("http://{}/v1/oci-events/{TOKEN}", ctl.addr))
         .json(&envelope(OciEventKind::Preemption, &ocid(node), ""))
         .send()
@@ -60,7 +61,7 @@ async fn tainted(c: &TestCluster, name: &str) -> bool {
 }
 
 async fn faults(c: &TestCluster, spec: Option<serde_json::Value>) {
-    let http = reqwest::Client::new();
+    let http = nodekeeper::http::client().unwrap();
     let url = c.admin_url("faults");
     let r = match spec {
         Some(s) => http.put(url).json(&s).send().await.unwrap(),

@@ -261,7 +261,10 @@ budgets = [{ nodes = "100%" }]
         assert_eq!(cond.reason.as_deref(), Some("RepairShortCircuited"));
         assert!(cond.message.unwrap().contains("2 of 5"));
     }
-    let text = reqwest::get(format!("http://{}/metrics", ctl.addr))
+    let text = nodekeeper::http::client()
+        .unwrap()
+        .get(format!("http://{}/metrics", ctl.addr))
+        .send()
         .await
         .unwrap()
         .text()

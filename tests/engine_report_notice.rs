@@ -26,7 +26,8 @@ const TAINT: &str = "nodekeeper.io/interruption";
 /// POSTs `report` with `token` as the agent does; the response and how long it took.
 async fn send(ctl: &Running, token: &str, report: &NodeReport) -> (ReportResponse, Duration) {
     let t0 = Instant::now();
-    let r = reqwest::Client::new()
+    let r = nodekeeper::http::client()
+        .unwrap()
         .post(format!("http://{}/v1/reports", ctl.addr))
         .bearer_auth(token)
         .json(report)

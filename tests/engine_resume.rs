@@ -270,6 +270,7 @@ async fn webhook_is_called_once_across_a_restart_mid_drain() {
         let mut cfg = controller_config(id);
         cfg.provider = ProviderConfig::Webhook(WebhookConfig {
             url: url.clone(),
+            ca_file: None,
             secret: "webhook-secret".into(),
             timeout: Duration::from_secs(2),
             max_attempts: 3,

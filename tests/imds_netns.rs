@@ -99,7 +99,11 @@ async fn inner_sources_at_169_254_169_254() {
         assert!(report.events.is_empty());
 
         let mut src = build(cloud, &cfg).unwrap();
-        let admin = reqwest::Client::builder().no_proxy().build().unwrap();
+        let admin = nodekeeper::http::plain_builder()
+            .unwrap()
+            .no_proxy()
+            .build()
+            .unwrap();
         let r = admin
             .post("http://169.254.169.254/admin/preempt")
             .body("{}")

@@ -305,7 +305,11 @@ async fn gcp_long_polls_report_changes_quickly() {
     let admin = format!("{}/admin/preempt", emu.url());
     let inject = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let c = reqwest::Client::builder().no_proxy().build().unwrap();
+        let c = nodekeeper::http::plain_builder()
+            .unwrap()
+            .no_proxy()
+            .build()
+            .unwrap();
         let r = c
             .post(admin)
             .body(r#"{"in_secs":30}"#)
@@ -454,7 +458,11 @@ async fn driver_forwards_events_and_stops() {
 /// The emulators enforce each cloud's access rules.
 #[tokio::test]
 async fn emulators_enforce_access_rules() {
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let http = nodekeeper::http::plain_builder()
+        .unwrap()
+        .no_proxy()
+        .build()
+        .unwrap();
     let status =
         |r: reqwest::RequestBuilder| async move { r.send().await.unwrap().status().as_u16() };
 
@@ -585,7 +593,11 @@ async fn emulators_enforce_access_rules() {
 /// The admin API refuses bad requests and survives extreme values.
 #[tokio::test]
 async fn admin_api_rejects_bad_input() {
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let http = nodekeeper::http::plain_builder()
+        .unwrap()
+        .no_proxy()
+        .build()
+        .unwrap();
     let emu = emulator(Cloud::Aws).await;
     let post =
         |p: &str, b: &'static str| http.post(format!("{}/admin/{p}", emu.url())).body(b).send();

@@ -305,7 +305,7 @@ fn config_is_validated_with_locations_and_the_secret_is_redacted() {
     let e = load(
         r#"
 [[controller.notify]]
-url = "https://hooks.example/x"
+url = "ftp://hooks.example/x"
 template = "{node} {bogus}"
 queue_size = 0
 max_attempts = 0
@@ -317,7 +317,7 @@ events = []
     )
     .unwrap_err();
     for want in [
-        "c.toml:6:7: error: scheme `https` is not supported",
+        "c.toml:6:7: error: scheme `ftp` is not supported",
         "c.toml:7:12: error: unknown placeholder {bogus}",
         "c.toml:8:14: error: must be at least 1",
         "c.toml:9:16: error: must be at least 1",

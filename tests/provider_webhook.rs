@@ -70,6 +70,7 @@ async fn serve(r: Arc<Receiver>) -> String {
 fn config(url: String, secret: &str) -> WebhookConfig {
     WebhookConfig {
         url,
+        ca_file: None,
         secret: secret.into(),
         timeout: Duration::from_secs(2),
         max_attempts: 4,
@@ -182,8 +183,20 @@ fn signature_matches_a_known_vector() {
 fn config_validation() {
     let ok = ProviderConfig::Webhook(config("http://127.0.0.1:8080/x".into(), "k"));
     assert!(ok.validate().is_empty());
+    let https = ProviderConfig::Webhook(config("https://hooks.example.com/x".into(), "k"));
+    assert!(https.validate().is_empty(), "https is fine");
+    let plain = ProviderConfig::Webhook(config("http://hooks.example.com/x".into(), "k"));
+    let d = plain.validate();
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(
+        d[0].severity,
+        nodekeeper::config::Severity::Warning,
+        "{d:?}"
+    );
+    assert!(d[0].message.contains("in the clear"), "{d:?}");
     let bad = ProviderConfig::Webhook(WebhookConfig {
-        url: "https://example.invalid/x".into(),
+        url: "ftp://example.invalid/x".into(),
+        ca_file: None,
         secret: String::new().into(),
         timeout: Duration::ZERO,
         max_attempts: 0,
@@ -191,7 +204,7 @@ fn config_validation() {
     });
     let d = bad.validate();
     assert_eq!(d.len(), 4, "{d:?}");
-    assert!(d[0].message.contains("https"));
+    assert!(d[0].message.contains("ftp"), "{d:?}");
     assert!(ProviderConfig::None.validate().is_empty());
     assert!(ProviderConfig::Karpenter.validate().is_empty());
 }
@@ -233,4 +246,83 @@ fn backoff_is_exponential_jittered_and_capped() {
             "{big:?}"
         );
     }
+}
+
+/// A receiver behind TLS with a certificate of a private CA (written into `dir`): (url, CA file).
+async fn serve_tls(r: Arc<Receiver>, dir: &std::path::Path) -> (String, std::path::PathBuf) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let (ca_file, crt, pem) = (dir.join("ca.pem"), dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    std::fs::write(&crt, cert.pem()).unwrap();
+    std::fs::write(&pem, key.serialize_pem()).unwrap();
+    let tls = nodekeeper::controller::server::tls_config(&crt, &pem).unwrap();
+    let app = Router::new().route("/replace", post(handle)).with_state(r);
+    let (addr, serving) = nodekeeper::controller::server::bind(
+        "127.0.0.1:0",
+        app,
+        Some(tls),
+        Default::default(),
+        Default::default(),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(serving);
+    (
+        format!("https://localhost:{}/replace", addr.port()),
+        ca_file,
+    )
+}
+
+#[tokio::test]
+async fn https_receiver_with_a_private_ca_gets_the_signed_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(Receiver::default());
+    let (url, ca) = serve_tls(r.clone(), dir.path()).await;
+    let mut cfg = config(url, SECRET);
+    cfg.ca_file = Some(ca);
+    let w = Webhook::new(cfg).unwrap();
+    let t = w.request_replacement(&request()).await.unwrap();
+    assert_eq!(t.provider, "webhook");
+    assert_eq!(r.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(r.bad_signatures.load(Ordering::SeqCst), 0);
+    assert_eq!(r.bodies.lock().unwrap()[0]["node"], "general-1");
+}
+
+#[tokio::test]
+async fn https_receiver_of_an_unknown_ca_is_refused_and_never_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(Receiver::default());
+    let (url, _ca) = serve_tls(r.clone(), dir.path()).await;
+    let mut cfg = config(url, SECRET);
+    cfg.max_attempts = 1;
+    let w = Webhook::new(cfg).unwrap();
+    let e = w.request_replacement(&request()).await.unwrap_err();
+    let text = format!("{e} {:?}", e);
+    assert!(
+        text.to_lowercase().contains("certificate") || text.contains("UnknownIssuer"),
+        "{text}"
+    );
+    assert_eq!(r.calls.load(Ordering::SeqCst), 0, "no request got through");
+}
+
+#[test]
+fn a_bad_ca_file_is_a_setup_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("empty.pem");
+    std::fs::write(&ca, "not a certificate").unwrap();
+    let mut cfg = config("https://localhost:1/x".into(), SECRET);
+    cfg.ca_file = Some(ca.clone());
+    let e = Webhook::new(cfg).unwrap_err().to_string();
+    assert!(e.contains(&ca.display().to_string()), "{e}");
+    assert!(e.contains("no certificate"), "{e}");
 }

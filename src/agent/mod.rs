@@ -9,6 +9,7 @@
 
 pub mod checks;
 pub mod crio;
+pub mod fsops;
 pub mod host;
 pub mod labels;
 pub mod once;
@@ -537,7 +538,7 @@ async fn apply_crio(config: &Config, opts: &AgentOptions, st: &mut AgentState) {
         ),
         Ok(()) => tracing::debug!("CRI-O drop-ins unchanged"),
         Err(e) => {
-            tracing::error!(error = %crate::cli::error_chain(e), rolled_back = report.rolled_back, "CRI-O apply failed")
+            tracing::error!(error = %crate::telemetry::error_chain(e), rolled_back = report.rolled_back, "CRI-O apply failed")
         }
     }
     st.set_crio(crio_config_hash(config), &report, &result, Utc::now());

@@ -179,6 +179,9 @@ pub enum ReporterError {
         /// Cause.
         source: std::io::Error,
     },
+    /// A durable write of a state file failed (names the file and the step).
+    #[error(transparent)]
+    Write(#[from] crate::agent::fsops::FsError),
 }
 
 /// Delivers reports; see the module docs.
@@ -444,9 +447,8 @@ fn store_json<T: Serialize>(path: &Path, v: &T) -> Result<(), ReporterError> {
         source,
     };
     let text = serde_json::to_vec(v).map_err(|e| st(std::io::Error::other(e)))?;
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(st)?;
-    std::fs::rename(&tmp, path).map_err(st)
+    let dir = path.parent().unwrap_or(Path::new("."));
+    Ok(crate::agent::fsops::atomic_write(path, &text, dir)?)
 }
 
 type Inner = hyper_util::client::legacy::Client<
@@ -541,7 +543,7 @@ impl HttpsClient {
                 .inner
                 .request(req)
                 .await
-                .map_err(|e| terr(crate::cli::error_chain(&e)))?;
+                .map_err(|e| terr(crate::telemetry::error_chain(&e)))?;
             let status = resp.status().as_u16();
             let bytes = resp
                 .into_body()
@@ -558,36 +560,23 @@ impl HttpsClient {
 }
 
 fn system_tls() -> Result<rustls::ClientConfig, ReporterError> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(c);
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let b = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ReporterError::Transport {
-            url: String::new(),
-            why: format!("TLS setup: {e}"),
-        })?;
-    Ok(b.with_root_certificates(roots).with_no_client_auth())
+    crate::http::client_tls(None).map_err(|e| ReporterError::Transport {
+        url: String::new(),
+        why: e.to_string(),
+    })
 }
 
 fn pinned_tls(ca: &Path, name: Option<&str>) -> Result<rustls::ClientConfig, ReporterError> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, ServerName};
+    use rustls_pki_types::ServerName;
     let ca_err = |why: String| ReporterError::Ca {
         path: ca.to_path_buf(),
         why,
     };
     let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca).map_err(|e| ca_err(e.to_string()))? {
-        roots
-            .add(c.map_err(|e| ca_err(e.to_string()))?)
-            .map_err(|e| ca_err(e.to_string()))?;
-    }
-    if roots.is_empty() {
-        return Err(ca_err("no certificate in the file".into()));
-    }
+    crate::http::add_ca_file(&mut roots, ca).map_err(|e| match e {
+        crate::http::TlsError::CaFile { why, .. } => ca_err(why),
+        other => ca_err(other.to_string()),
+    })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
         Arc::new(roots),
@@ -703,6 +692,12 @@ mod tests {
             report.command_results.is_empty(),
             "run by this process: the agent loop reports the real result"
         );
+        let left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "every write renamed into place: {left:?}");
         let mut again = Reporter::new(cfg, dir.path()).unwrap();
         let ids: Vec<&str> = again.queued().map(|e| e.id.as_str()).collect();
         assert_eq!(ids, vec!["b", "c"], "queue reloaded from state_dir");

@@ -70,8 +70,11 @@ impl Phase {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NotifyConfig {
-    /// `http://` URL to POST to.
+    /// `https://` (or `http://`) URL to POST to.
     pub url: String,
+    /// A PEM CA file trusted besides the system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Which phases are sent (default: all three).
     #[serde(default = "all_phases")]
     pub events: Vec<Phase>,
@@ -122,6 +125,7 @@ impl NotifyConfig {
     pub fn new(url: &str) -> Self {
         NotifyConfig {
             url: url.to_string(),
+            ca_file: None,
             events: all_phases(),
             template: None,
             content_type: None,
@@ -379,6 +383,14 @@ pub enum NotifyError {
         /// Cause.
         source: reqwest::Error,
     },
+    /// The TLS setup of a target (its `ca_file`) failed.
+    #[error("{target}: {source}")]
+    Tls {
+        /// Target name.
+        target: String,
+        /// Cause.
+        source: crate::http::TlsError,
+    },
     /// The template of a target is invalid (validation should have caught it).
     #[error("{target}: template: {message}")]
     Template {
@@ -433,7 +445,11 @@ struct Target {
 impl Target {
     fn new(index: usize, cfg: &NotifyConfig) -> Result<Self, NotifyError> {
         let name = target_name(index, &cfg.url);
-        let http = reqwest::Client::builder()
+        let http = crate::http::builder(cfg.ca_file.as_deref())
+            .map_err(|e| NotifyError::Tls {
+                target: name.clone(),
+                source: e,
+            })?
             .timeout(cfg.timeout)
             .build()
             .map_err(|source| NotifyError::Client {
@@ -689,7 +705,11 @@ async fn attempt(t: &Target, q: &Queued, body: &[u8]) -> Attempt {
             Attempt::Permanent(format!("{} answered {}", t.name, r.status()))
         }
         Ok(r) => Attempt::Retry(format!("{} answered {}", t.name, r.status())),
-        Err(e) => Attempt::Retry(format!("POST {}: {}", t.name, e.without_url())),
+        Err(e) => Attempt::Retry(format!(
+            "POST {}: {}",
+            t.name,
+            crate::telemetry::error_chain(&e.without_url())
+        )),
     }
 }
 

@@ -569,7 +569,7 @@ pub fn main(args: StatusArgs) -> u8 {
             EXIT_OK
         }
         Err(e) => {
-            eprintln!("error: {}", crate::cli::error_chain(&e));
+            eprintln!("error: {}", crate::telemetry::error_chain(&e));
             EXIT_ERROR
         }
     }

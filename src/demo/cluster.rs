@@ -104,7 +104,8 @@ pub async fn set_ready(admin: &str, node: &str, status: &str) -> Result<(), Stri
         "message": "container runtime network not ready (injected by nodekeeper demo)"});
     let url = format!("{admin}nodes/{node}/conditions");
     let fail = |e: String| format!("cannot set Ready={status} on {node}: {e}");
-    let resp = reqwest::Client::new()
+    let resp = crate::http::client()
+        .map_err(|e| fail(e.to_string()))?
         .post(&url)
         .json(&body)
         .send()

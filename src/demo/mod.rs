@@ -130,7 +130,7 @@ async fn demo(args: DemoArgs, tmp: PathBuf) -> Result<bool, DemoError> {
     }
     let scenario = match &args.scenario {
         Some(p) => crate::sim::apiserver::scenario::Scenario::load(p)
-            .map_err(|e| DemoError::Invalid(crate::cli::error_chain(&e)))?,
+            .map_err(|e| DemoError::Invalid(crate::telemetry::error_chain(&e)))?,
         None => cluster::default_scenario(),
     };
     let (config, policy) = cluster::policy(args.controller_config.as_deref(), args.speed)

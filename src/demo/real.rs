@@ -191,6 +191,7 @@ impl RealCluster {
         ProviderConfig::Webhook(WebhookConfig {
             url: self.cloud.url.clone(),
             secret: WEBHOOK_SECRET.into(),
+            ca_file: None,
             timeout: Duration::from_secs(5),
             max_attempts: 3,
             backoff: Duration::from_millis(200),

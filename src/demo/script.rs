@@ -328,7 +328,7 @@ impl Env {
                 self.tl.line(
                     "(throw-away root)",
                     "CRI-O apply failed",
-                    &crate::cli::error_chain(e),
+                    &crate::telemetry::error_chain(e),
                 );
             }
             restarts.push((

@@ -240,7 +240,7 @@ pub async fn events_about(c: &TestCluster, node: &str) -> Vec<(String, String)> 
 
 /// Pins a node condition through the sim's admin API.
 pub async fn pin_condition(c: &TestCluster, node: &str, type_: &str, status: &str) {
-    let r = reqwest::Client::new()
+    let r = nodekeeper::http::client().unwrap()
         .post(c.admin_url(&format!("nodes/{node}/conditions")))
         .json(&serde_json::json!({"type": type_, "status": status, "reason": "Test", "message": "pinned by the test"}))
         .send()

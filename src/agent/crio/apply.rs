@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::fsops::{self, FsError};
 use super::state::{digest, under_root, Pending, State, StateError, StatePaths};
+use crate::agent::fsops::{self, FsError};
 use crate::agent::host::systemd::{SystemdError, UnitManager, UnitStatus};
 use crate::config::{CrioConfig, DropIn};
 
@@ -280,7 +280,7 @@ where
     };
     let result = apply_inner(cfg, opts, connect, &mut report).await;
     if let Err(e) = &result {
-        report.error = Some(crate::cli::error_chain(e));
+        report.error = Some(crate::telemetry::error_chain(e));
     }
     (report, result)
 }

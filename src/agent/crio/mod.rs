@@ -7,6 +7,5 @@
 //! - [`fsops`]: atomic file operations.
 
 pub mod apply;
-pub mod fsops;
 pub mod lint;
 pub mod state;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::fsops::{self, FsError};
+use crate::agent::fsops::{self, FsError};
 
 /// Schema version of the state file.
 pub const STATE_VERSION: u32 = 1;

@@ -74,7 +74,8 @@ pub struct Http {
 impl Http {
     /// A client for `base` (e.g. `http://169.254.169.254`) with a per-request `timeout`.
     pub fn new(base: &str, timeout: Duration) -> Result<Self, SourceError> {
-        let client = reqwest::Client::builder()
+        let client = crate::http::plain_builder()
+            .map_err(|e| SourceError::Config(format!("cannot build HTTP client for {base}: {e}")))?
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(timeout)
@@ -125,7 +126,7 @@ impl Http {
     async fn exchange(&self, req: reqwest::Request, url: &str) -> Result<Response, SourceError> {
         let transport = |e: reqwest::Error| SourceError::Transport {
             url: url.to_string(),
-            message: crate::cli::error_chain(&e),
+            message: crate::telemetry::error_chain(&e),
         };
         let mut resp = self.client.execute(req).await.map_err(transport)?;
         let status = resp.status().as_u16();

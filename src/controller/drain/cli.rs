@@ -132,7 +132,7 @@ async fn run(args: DrainArgs) -> u8 {
 }
 
 fn failure(output: Output, e: &DrainError) -> u8 {
-    let msg = Some(crate::cli::error_chain(e));
+    let msg = Some(crate::telemetry::error_chain(e));
     match e {
         DrainError::TimedOut {
             blocker, report, ..

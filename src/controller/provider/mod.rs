@@ -174,11 +174,19 @@ pub trait NodeProvider: Send + Sync {
 /// The error of a webhook URL that is not a plain `http://` URL (providers and notifications).
 pub fn check_http_url(url: &str, path: Vec<crate::config::PathSeg>) -> Option<Diagnostic> {
     match reqwest::Url::parse(url) {
-        Ok(u) if u.scheme() == "http" => None,
+        Ok(u) if u.scheme() == "https" => None,
+        Ok(u) if u.scheme() == "http" && is_loopback(&u) => None,
+        Ok(u) if u.scheme() == "http" => Some(Diagnostic::warning(
+            path,
+            format!(
+                "plain `http://` to {}: the body (and its signature) crosses the network in the clear; use `https://`",
+                u.host_str().unwrap_or_default()
+            ),
+        )),
         Ok(u) => Some(Diagnostic::error(
             path,
             format!(
-                "scheme `{}` is not supported: only plain `http://` (no TLS in this build)",
+                "scheme `{}` is not supported: `https://` (or `http://`)",
                 u.scheme()
             ),
         )),
@@ -187,6 +195,16 @@ pub fn check_http_url(url: &str, path: Vec<crate::config::PathSeg>) -> Option<Di
             format!("`{url}` is not a URL: {e}"),
         )),
     }
+}
+
+fn is_loopback(u: &reqwest::Url) -> bool {
+    let host = u.host_str().unwrap_or_default();
+    host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|a| a.is_loopback())
 }
 
 /// Whether `n` has the condition `Ready=True`.
@@ -301,10 +319,13 @@ pub enum ProviderConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// `http://` URL to POST to (no TLS support in this build).
+    /// `https://` (or `http://`) URL to POST to.
     pub url: String,
     /// HMAC-SHA256 key for `X-Nodekeeper-Signature`; never logged.
     pub secret: crate::config::Secret,
+    /// A PEM CA file trusted besides the system's roots (a private CA of the receiver).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Timeout of one attempt.
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,

@@ -4,7 +4,8 @@
 //! 2xx = accepted; 4xx = permanent error; 5xx, timeouts and connection errors are retried with
 //! jittered exponential backoff, up to `max_attempts`. The `request_id` travels in the body and in
 //! the `Idempotency-Key` header so the receiver can de-duplicate; this process also never POSTs an
-//! id it already got accepted. Plain HTTP only (no TLS in this build). The secret is never logged.
+//! id it already got accepted. `https://` (system roots plus `ca_file`) or plain `http://`
+//! (`validate` warns unless the host is loopback). The secret is never logged.
 //! The receiver launches the node; readiness is not reported back by this provider
 //! (`replacement_ready` answers `None`), the controller's startup timeout covers it.
 
@@ -67,13 +68,15 @@ impl std::fmt::Debug for Webhook {
 impl Webhook {
     /// A provider for `cfg`.
     pub fn new(cfg: WebhookConfig) -> Result<Self, SetupError> {
-        let http = reqwest::Client::builder()
+        let setup = |message: String| SetupError {
+            provider: NAME,
+            message: format!("building the HTTP client for {}: {message}", cfg.url),
+        };
+        let http = crate::http::builder(cfg.ca_file.as_deref())
+            .map_err(|e| setup(e.to_string()))?
             .timeout(cfg.timeout)
             .build()
-            .map_err(|e| SetupError {
-                provider: NAME,
-                message: format!("building the HTTP client for {}: {e}", cfg.url),
-            })?;
+            .map_err(|e| setup(e.to_string()))?;
         Ok(Self {
             cfg,
             http,
@@ -110,7 +113,11 @@ impl Webhook {
                 ))
             }
             Ok(r) => Attempt::Retry(format!("{} answered {}", self.cfg.url, r.status())),
-            Err(e) => Attempt::Retry(format!("POST {}: {e}", self.cfg.url)),
+            Err(e) => Attempt::Retry(format!(
+                "POST {}: {}",
+                self.cfg.url,
+                crate::telemetry::error_chain(&e)
+            )),
         }
     }
 

@@ -89,7 +89,7 @@ fn controller_config(user: Option<ControllerConfig>) -> ControllerConfig {
 /// Runs the replay; `Ok(false)` when the dry run changed an object (a bug worth exit 1).
 pub async fn run(args: &DemoArgs, path: &Path) -> Result<bool, DemoError> {
     let invalid = |e: String| DemoError::Invalid(e);
-    let snap = Snapshot::load(path).map_err(|e| invalid(crate::cli::error_chain(&e)))?;
+    let snap = Snapshot::load(path).map_err(|e| invalid(crate::telemetry::error_chain(&e)))?;
     let (config, mut policy) = super::cluster::policy(args.controller_config.as_deref(), 1.0)
         .map_err(|e| invalid(e.to_string()))?;
     policy.controller.dry_run = true;

@@ -1,6 +1,8 @@
-//! File operations for the drop-in directory: every change lands by `rename(2)` of a fully
-//! written, fsynced temp file that lives **outside** the drop-in directory (CRI-O loads every
-//! regular file in it, whatever its name), followed by an fsync of the directory.
+//! The agent's durable file writes (CRI-O drop-ins and state, the reporter's event queue): every
+//! change lands by `rename(2)` of a fully written, fsynced temp file, followed by an fsync of the
+//! directory, so a power-off (an OCI preemption is one) leaves the old or the new file, never a
+//! partial one. For drop-ins the temp file lives **outside** the drop-in directory (CRI-O loads
+//! every regular file in it, whatever its name).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
