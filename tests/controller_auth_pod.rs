@@ -1,4 +1,4 @@
-//! Authorization through the pod binding (issue #5): a token that carries no node name is tied to
+//! Authorization through the pod binding: a token that carries no node name is tied to
 //! its node by looking up the pod named in `authentication.kubernetes.io/pod-name` and taking its
 //! `spec.nodeName`. Against `nodekeeper sim` over real TLS with sim-minted tokens.
 

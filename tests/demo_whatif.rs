@@ -3,7 +3,7 @@
 //! sim (scripts/whatif-snapshot.sh): six nodes in pools `spot` and `on-demand`, `web` (PDB
 //! maxUnavailable 1), `api` (minAvailable 3) and `data/db` (2 replicas on on-demand-0 and
 //! on-demand-1, PDB minAvailable 2: allows no disruption). The binary replays it with the demo's
-//! policy (seed 000: Ready=False 600 s, budget nodes "1" per pool, max_unhealthy 50%) in dry run.
+//! policy (the OKE + KPO one: Ready=False 600 s, budget nodes "1" per pool, max_unhealthy 50%) in dry run.
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};

@@ -1,4 +1,4 @@
-//! API faults: with the sim injecting 5xx, 429, latency and periodic watch drops (issue #8's
+//! API faults: with the sim injecting 5xx, 429, latency and periodic watch drops (the fault plan:
 //! 10 % 5xx, 5 % 429, 1 s latency, drops every 10 s, scaled down by `SCALE` for CI), the agent's
 //! label cleaning (`agent::labels::watch`, direct mode) and the controller's node-state layer
 //! (real agent reporters → report API over TLS → Node conditions) converge, without a panic.

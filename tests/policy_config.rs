@@ -1,5 +1,5 @@
 //! Policy configuration: both repair-policy forms (nodekeeper's and KPO's, incl. the exact
-//! seed-000 values), Karpenter budgets as users write them (seed 000/001), validation with
+//! the values OKE + KPO users run), Karpenter budgets as users write them (NodePool examples), validation with
 //! located diagnostics.
 
 use std::path::Path;
@@ -49,7 +49,7 @@ fn kpo_json_repair_policies_parse_as_is() {
 }
 
 #[test]
-fn seed000_helm_values_parse_as_is() {
+fn kpo_helm_values_parse_as_is() {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Settings {
@@ -68,7 +68,7 @@ fn seed000_helm_values_parse_as_is() {
         settings: Settings,
         nodepools: std::collections::BTreeMap<String, Pool>,
     }
-    let v: Values = serde_yaml::from_str(&fixture("seed000_shared_values.yaml")).unwrap();
+    let v: Values = serde_yaml::from_str(&fixture("kpo_shared_values.yaml")).unwrap();
     assert_eq!(v.settings.repair_policies, vec![ready_false_10m()]);
     for name in ["shared-spot", "shared-on-demand"] {
         assert_eq!(
@@ -79,12 +79,12 @@ fn seed000_helm_values_parse_as_is() {
 }
 
 #[test]
-fn seed001_karpenter_budgets_parse_and_evaluate_in_utc() {
+fn nodepool_budgets_parse_and_evaluate_in_utc() {
     #[derive(serde::Deserialize)]
     struct B {
         budgets: Vec<Budget>,
     }
-    let b: B = serde_yaml::from_str(&fixture("seed001_budgets.yaml")).unwrap();
+    let b: B = serde_yaml::from_str(&fixture("nodepool_budgets.yaml")).unwrap();
     assert_eq!(b.budgets.len(), 3);
     assert_eq!(b.budgets[1].nodes, Quantity::Percent(5));
     assert_eq!(b.budgets[1].duration, Some(Duration::from_secs(14 * 3600)));

@@ -284,7 +284,7 @@ pub struct Source<'a> {
 
 /// The agent configuration of one demo node: metadata from its emulator (for OCI with the
 /// emulator's preemption path polled), reports to the controller over loopback, the migration
-/// label rule of seed 000 §7, host checks that touch nothing (no systemd, no kernel log, no
+/// label rule OKE users run after a Cilium migration, host checks that touch nothing (no systemd, no kernel log, no
 /// logind: the demo runs on your machine, not on a node).
 pub fn agent_toml(
     node: &str,

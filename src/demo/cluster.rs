@@ -1,6 +1,6 @@
 //! The demo's cluster: the sim with two node pools (spot and on-demand, the OKE preemptible
 //! taint on spot), workloads with PDBs, a Cilium-like DaemonSet, and the controller's policy
-//! (seed 000's values, durations divided by the demo's speed).
+//! (the values OKE + KPO users run, durations divided by the demo's speed).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,7 +14,7 @@ use crate::sim::apiserver::SimOptions;
 
 /// The taint OKE puts on preemptible (spot) nodes.
 pub const PREEMPTIBLE_TAINT: &str = "oci.oraclecloud.com/oke-is-preemptible";
-/// The migration label the agents clean (seed 000 §7).
+/// The migration label the agents clean (what OKE leaves after a Cilium migration).
 pub const MIGRATION_LABEL: &str = "last-migration-failure";
 /// The embedded controller configuration (see the file for what it mirrors).
 pub const CONTROLLER_TOML: &str = include_str!("controller.toml");

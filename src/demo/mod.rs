@@ -1,7 +1,7 @@
 //! `nodekeeper demo`: the whole loop on an embedded cluster, with no cloud.
 //!
 //! One process starts the sim API server with a mixed OKE-like cluster ([`cluster`]), the
-//! controller (in-process, with seed 000's policy on a scaled clock), and one real
+//! controller (in-process, with a typical OKE + KPO policy on a scaled clock), and one real
 //! `nodekeeper agent` process per node against its own OCI metadata emulator ([`agents`]). It
 //! then plays a scripted scenario ([`script`]) and prints a live timeline ([`timeline`]): the
 //! migration label cleaned once Cilium is Ready, CRI-O drop-ins applied, a preemption notice
@@ -39,7 +39,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub scenario: Option<PathBuf>,
     /// Your controller configuration (its [repair], [budgets], [interruption] sections) instead
-    /// of the embedded one (src/demo/controller.toml, seed 000's values).
+    /// of the embedded one (src/demo/controller.toml, typical OKE + KPO values).
     #[arg(long)]
     pub controller_config: Option<PathBuf>,
     /// Play on this real cluster instead of the embedded sim: an admin kubeconfig of an API

@@ -1,7 +1,7 @@
 //! `nodekeeper sim oci-event`: posts an OCI Events envelope (as an OCI Notifications HTTPS
 //! subscription would deliver it) to the controller, for tests and the demo.
 //!
-//! Envelopes follow the samples in cloud-metadata.md §2: the instance OCID is `data.resourceId`
+//! Envelopes follow OCI's documented Events samples: the instance OCID is `data.resourceId`
 //! for preemption and `data.additionalDetails.instanceId` for maintenance.
 
 use std::path::PathBuf;
