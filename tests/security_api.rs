@@ -505,7 +505,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
 /// cannot exhaust file descriptors), and a slot frees up as soon as a held connection goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_limit_are_closed_at_once() {
-    use nodekeeper::controller::server::{serve_with_limits, ConnectionStats, ServeLimits};
+    use nodekeeper::controller::server::{bind, ConnectionStats, ServeLimits};
     let limits = ServeLimits {
         max_connections: 8,
         ..ServeLimits::default()
@@ -513,7 +513,7 @@ async fn connections_beyond_the_limit_are_closed_at_once() {
     let router = axum::Router::new().route("/livez", axum::routing::get(|| async { "ok" }));
     let cancel = tokio_util::sync::CancellationToken::new();
     let stats = std::sync::Arc::new(ConnectionStats::default());
-    let addr = serve_with_limits(
+    let (addr, serving) = bind(
         "127.0.0.1:0",
         router,
         None,
@@ -523,6 +523,7 @@ async fn connections_beyond_the_limit_are_closed_at_once() {
     )
     .await
     .unwrap();
+    tokio::spawn(serving);
     let mut held = Vec::new();
     for _ in 0..limits.max_connections {
         held.push(tokio::net::TcpStream::connect(addr).await.unwrap());

@@ -70,7 +70,7 @@ pub struct App {
     pub dead: std::sync::OnceLock<String>,
 }
 
-/// Connection counts of [`serve_with_limits`], for `/metrics`.
+/// Connection counts of [`bind`]'s server, for `/metrics`.
 #[derive(Debug, Default)]
 pub struct ConnectionStats {
     /// Connections open now.
@@ -279,23 +279,9 @@ impl Default for ServeLimits {
     }
 }
 
-/// Binds `addr` and serves `router` (over TLS when `tls` is set) until `cancel`, within
-/// `limits`, counting connections into `stats`, on a task of its own.
-pub async fn serve_with_limits(
-    addr: &str,
-    router: Router,
-    tls: Option<rustls::ServerConfig>,
-    limits: ServeLimits,
-    stats: Arc<ConnectionStats>,
-    cancel: CancellationToken,
-) -> Result<std::net::SocketAddr, ServerError> {
-    let (local, serving) = bind(addr, router, tls, limits, stats, cancel).await?;
-    tokio::spawn(serving);
-    Ok(local)
-}
-
-/// [`serve_with_limits`] without the task: binds, and returns the address and the accept loop
-/// for the caller to run (the controller supervises it).
+/// Binds `addr` to serve `router` (over TLS when `tls` is set) until `cancel`, within `limits`,
+/// counting connections into `stats`; returns the address and the accept loop for the caller to
+/// run (the controller supervises it).
 pub async fn bind(
     addr: &str,
     router: Router,

@@ -306,11 +306,6 @@ impl RealCluster {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-
-    /// Replacements the cloud stand-in launched.
-    pub fn launched(&self) -> usize {
-        self.cloud.launched.load(Ordering::Relaxed)
-    }
 }
 
 impl Credentials for RealCluster {
@@ -396,7 +391,6 @@ fn phase(p: &Pod) -> Option<&str> {
 /// terminates the old instance (deletes its Node) once nothing but DaemonSet pods is left on it.
 pub struct Cloud {
     url: String,
-    launched: Arc<AtomicUsize>,
 }
 
 impl Cloud {
@@ -408,8 +402,7 @@ impl Cloud {
             .local_addr()
             .map_err(|e| start_err(format!("cloud stand-in: {e}")))?;
         let seen: Arc<tokio::sync::Mutex<BTreeMap<String, ()>>> = Arc::default();
-        let launched = Arc::new(AtomicUsize::new(0));
-        let counter = launched.clone();
+        let counter = Arc::new(AtomicUsize::new(0));
         let app = axum::Router::new().route(
             "/replace",
             axum::routing::post(move |body: axum::Json<Value>| {
@@ -431,7 +424,6 @@ impl Cloud {
         });
         Ok(Cloud {
             url: format!("http://{addr}/replace"),
-            launched,
         })
     }
 }

@@ -57,66 +57,133 @@ pub fn preemption(now: chrono::DateTime<chrono::Utc>) -> NodeEvent {
     }
 }
 
+/// Two nodes `<p>-0` and `<p>-spare` of one NodePool, the spare cordoned; Deployment `web` (6 pods, grace 3 s)
+/// on `<p>-0` with a PDB `maxUnavailable: 1` in namespace `ns`; a webhook receiver; controller configs that
+/// contend for `lease` and replace through the receiver. The nodes go when this drops.
+pub struct HaSetup {
+    pub dir: tempfile::TempDir,
+    pub url: String,
+    pub requests: Arc<Mutex<Vec<serde_json::Value>>>,
+    lease: String,
+    _nodes: NodesGuard,
+}
+
+impl HaSetup {
+    pub async fn start(
+        c: &Cluster,
+        admin: &kube::Client,
+        p: &str,
+        ns: &str,
+        lease: &str,
+    ) -> HaSetup {
+        let (node, spare) = (format!("{p}-0"), format!("{p}-spare"));
+        let selector = format!("{p}-test");
+        let labels = |n: &str| json!({ "karpenter.sh/nodepool": format!("{p}-pool"), selector.clone(): "yes", "kubernetes.io/hostname": n });
+        let guard = create_nodes(
+            admin,
+            &[
+                kwok_node(&node, labels(&node)),
+                kwok_node(&spare, labels(&spare)),
+            ],
+        )
+        .await;
+        // Everything starts on the first node: the spare is cordoned until the workload runs.
+        Api::<Node>::all(admin.clone())
+            .cordon(&spare)
+            .await
+            .unwrap();
+        crate::drain::apply(
+            c,
+            &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"),
+        );
+        let mut web = crate::drain::deployment(ns, "web", &node, 6);
+        web["spec"]["template"]["spec"]["nodeSelector"] = json!({ selector.clone(): "yes" });
+        web["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(3);
+        create_json(
+            admin,
+            ns,
+            &[
+                web,
+                json!({
+                    "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                    "metadata": { "name": "web", "namespace": ns },
+                    "spec": { "maxUnavailable": 1, "selector": { "matchLabels": { "app": "web" } } }
+                }),
+            ],
+        )
+        .await;
+        wait_until(
+            Duration::from_secs(60),
+            &format!("6 Ready pods on {node}"),
+            || async { workload_pods(admin, &node).await == (6, 6) },
+        )
+        .await;
+        let (url, requests) = webhook_receiver().await;
+        HaSetup {
+            dir: tempfile::tempdir().unwrap(),
+            url,
+            requests,
+            lease: lease.to_string(),
+            _nodes: guard,
+        }
+    }
+
+    /// The config of replica `id` (each call writes the test's serving certificate anew: make every
+    /// replica's config before starting the first).
+    pub fn config(&self, id: &str) -> std::path::PathBuf {
+        controller_toml(self.dir.path(), id, |t| {
+            t["controller"]["leader"]
+                .as_table_mut()
+                .unwrap()
+                .insert("lease_name".into(), self.lease.clone().into());
+            webhook_provider(t, &self.url);
+        })
+    }
+
+    /// Gives the standby `b` three more reconciles to (wrongly) ask again, then checks that exactly one
+    /// replacement was asked for, for `node`, and that `b` never hit a 403.
+    pub async fn one_replacement_by(&self, b: &ControllerProc, node: &str) {
+        let https = crate::ctl::https(&self.dir.path().join("ca.pem"), b.addr);
+        let reconciles = || async {
+            let (_, text) = crate::ctl::get(&https, b.addr, "/metrics").await.unwrap();
+            metric(&text, "nodekeeper_engine_reconciles_total")
+        };
+        let before = reconciles().await;
+        wait_until(
+            Duration::from_secs(20),
+            "three more reconciles by the standby",
+            || async { reconciles().await >= before + 3.0 },
+        )
+        .await;
+        let requests = self.requests.lock().unwrap().clone();
+        let ids: std::collections::BTreeSet<&str> = requests
+            .iter()
+            .filter_map(|r| r["request_id"].as_str())
+            .collect();
+        assert_eq!(
+            ids.len(),
+            1,
+            "exactly one replacement asked for: {requests:?}"
+        );
+        assert_eq!(requests[0]["node"], node);
+        assert_eq!(
+            b.forbidden_lines(),
+            Vec::<String>::new(),
+            "the standby hit a 403"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once() {
     init_tracing();
     let _one_engine = exclusive().await;
     let c = cluster();
     let admin = c.admin().await;
-    let group = json!({ "karpenter.sh/nodepool": "ha-pool", "failover-test": "yes" });
-    let labels = |n: &str| {
-        let mut l = group.clone();
-        l["kubernetes.io/hostname"] = n.into();
-        l
-    };
-    let _nodes = create_nodes(
-        &admin,
-        &[
-            kwok_node(NODE, labels(NODE)),
-            kwok_node(SPARE, labels(SPARE)),
-        ],
-    )
-    .await;
+    let ha = HaSetup::start(c, &admin, "ha", NS_APP, LEASE).await;
     let nodes: Api<Node> = Api::all(admin.clone());
-    // Everything starts on ha-0: the spare is cordoned until the workload runs.
-    nodes.cordon(SPARE).await.unwrap();
-    crate::drain::apply(
-        c,
-        &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS_APP}}}\n"),
-    );
-    let mut web = crate::drain::deployment(NS_APP, "web", NODE, 6);
-    web["spec"]["template"]["spec"]["nodeSelector"] = json!({ "failover-test": "yes" });
-    web["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(3);
-    create_json(
-        &admin,
-        NS_APP,
-        &[
-            web,
-            json!({
-                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                "metadata": { "name": "web", "namespace": NS_APP },
-                "spec": { "maxUnavailable": 1, "selector": { "matchLabels": { "app": "web" } } }
-            }),
-        ],
-    )
-    .await;
-    wait_until(Duration::from_secs(60), "6 Ready pods on ha-0", || async {
-        workload_pods(&admin, NODE).await == (6, 6)
-    })
-    .await;
-
-    let dir = tempfile::tempdir().unwrap();
-    let (url, requests) = webhook_receiver().await;
-    let config = |id: &str| {
-        controller_toml(dir.path(), id, |t| {
-            t["controller"]["leader"]
-                .as_table_mut()
-                .unwrap()
-                .insert("lease_name".into(), LEASE.into());
-            webhook_provider(t, &url);
-        })
-    };
-    let (cfg_a, cfg_b) = (config("ha-a"), config("ha-b"));
+    let dir = &ha.dir;
+    let (cfg_a, cfg_b) = (ha.config("ha-a"), ha.config("ha-b"));
     let mut a = ControllerProc::start(c, &cfg_a, "ha-a").await;
     wait_leading(&admin, LEASE, "ha-a").await;
     let b = ControllerProc::start(c, &cfg_b, "ha-b").await;
@@ -176,37 +243,7 @@ async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once()
         annotation(&n, keys::REPLACEMENT_REQUESTED).is_some(),
         "replacement recorded on the Node"
     );
-    // Give ha-b three more reconciles to (wrongly) ask again before counting: it must not.
-    let https_b = crate::ctl::https(&dir.path().join("ca.pem"), b.addr);
-    let reconciles = || async {
-        let (_, text) = crate::ctl::get(&https_b, b.addr, "/metrics").await.unwrap();
-        metric(&text, "nodekeeper_engine_reconciles_total")
-    };
-    let before = reconciles().await;
-    wait_until(
-        Duration::from_secs(20),
-        "three more reconciles by ha-b",
-        || async { reconciles().await >= before + 3.0 },
-    )
-    .await;
-    let ids: std::collections::BTreeSet<String> = requests
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r["request_id"].as_str().unwrap_or_default().to_string())
-        .collect();
-    assert_eq!(
-        ids.len(),
-        1,
-        "exactly one replacement asked for: {:?}",
-        requests.lock().unwrap()
-    );
-    assert_eq!(requests.lock().unwrap()[0]["node"], NODE);
-    assert_eq!(
-        b.forbidden_lines(),
-        Vec::<String>::new(),
-        "the standby hit a 403"
-    );
+    ha.one_replacement_by(&b, NODE).await;
     b.stop().await;
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
         .delete(NS_APP, &Default::default())

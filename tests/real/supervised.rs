@@ -13,10 +13,9 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use nodekeeper::controller::engine::{Clock, EngineOptions, SystemClock};
 use nodekeeper::controller::policy::view::keys;
 use nodekeeper::controller::policy::PolicyConfig;
-use serde_json::json;
 
-use crate::drain::{create_json, workload_pods};
-use crate::failover::{preemption, webhook_receiver};
+use crate::drain::workload_pods;
+use crate::failover::preemption;
 use crate::support::*;
 
 const NODE: &str = "sv-0";
@@ -44,55 +43,11 @@ async fn a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drai
     let _one_engine = exclusive().await;
     let c = cluster();
     let admin = c.admin().await;
-    let labels = |n: &str| json!({ "karpenter.sh/nodepool": "sv-pool", "supervised-test": "yes", "kubernetes.io/hostname": n });
-    let _nodes = create_nodes(
-        &admin,
-        &[
-            kwok_node(NODE, labels(NODE)),
-            kwok_node(SPARE, labels(SPARE)),
-        ],
-    )
-    .await;
+    let ha = crate::failover::HaSetup::start(c, &admin, "sv", NS_APP, LEASE).await;
     let nodes: Api<Node> = Api::all(admin.clone());
-    nodes.cordon(SPARE).await.unwrap();
-    crate::drain::apply(
-        c,
-        &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NS_APP}}}\n"),
-    );
-    let mut web = crate::drain::deployment(NS_APP, "web", NODE, 6);
-    web["spec"]["template"]["spec"]["nodeSelector"] = json!({ "supervised-test": "yes" });
-    web["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(3);
-    create_json(
-        &admin,
-        NS_APP,
-        &[
-            web,
-            json!({
-                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                "metadata": { "name": "web", "namespace": NS_APP },
-                "spec": { "maxUnavailable": 1, "selector": { "matchLabels": { "app": "web" } } }
-            }),
-        ],
-    )
-    .await;
-    wait_until(Duration::from_secs(60), "6 Ready pods on sv-0", || async {
-        workload_pods(&admin, NODE).await == (6, 6)
-    })
-    .await;
+    let dir = &ha.dir;
+    let config = |id: &str| ha.config(id);
 
-    let dir = tempfile::tempdir().unwrap();
-    let (url, requests) = webhook_receiver().await;
-    let config = |id: &str| {
-        controller_toml(dir.path(), id, |t| {
-            t["controller"]["leader"]
-                .as_table_mut()
-                .unwrap()
-                .insert("lease_name".into(), LEASE.into());
-            webhook_provider(t, &url);
-        })
-    };
-
-    // Both configs first: each call writes the test's serving certificate anew.
     let (cfg_a, cfg_b) = (config("sv-a"), config("sv-b"));
     // Replica A in-process (the library the binary runs), as the controller ServiceAccount.
     let loaded =
@@ -171,31 +126,7 @@ async fn a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drai
         6,
         "the workload moved"
     );
-    let https_b = crate::ctl::https(&dir.path().join("ca.pem"), b.addr);
-    let reconciles = || async {
-        let (_, text) = crate::ctl::get(&https_b, b.addr, "/metrics").await.unwrap();
-        metric(&text, "nodekeeper_engine_reconciles_total")
-    };
-    let before = reconciles().await;
-    wait_until(
-        Duration::from_secs(20),
-        "three more reconciles by sv-b",
-        || async { reconciles().await >= before + 3.0 },
-    )
-    .await;
-    let ids: std::collections::BTreeSet<String> = requests
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r["request_id"].as_str().unwrap_or_default().to_string())
-        .collect();
-    assert_eq!(
-        ids.len(),
-        1,
-        "one replacement: {:?}",
-        requests.lock().unwrap()
-    );
-    assert_eq!(b.forbidden_lines(), Vec::<String>::new(), "sv-b hit a 403");
+    ha.one_replacement_by(&b, NODE).await;
     b.stop().await;
     let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
         .delete(NS_APP, &Default::default())
