@@ -11,6 +11,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod agent;
+pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod controller;

@@ -359,9 +359,11 @@ impl Reporter {
     }
 
     fn backoff(&self, failures: u32) -> Duration {
-        let base = Duration::from_millis(500).saturating_mul(1u32 << failures.min(16));
-        let capped = base.min(self.cfg.backoff_max);
-        capped.mul_f64(rand::rng().random_range(0.5..=1.0))
+        crate::backoff::delay(
+            Duration::from_millis(500),
+            self.cfg.backoff_max,
+            failures.saturating_add(1),
+        )
     }
 
     /// Runs until `shutdown`; see the module docs.

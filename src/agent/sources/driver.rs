@@ -3,46 +3,11 @@
 
 use std::time::Duration;
 
-use rand::Rng;
 use tokio::sync::{mpsc, watch};
 
 use super::{EventSource, NodeEvent, SourceError};
 
-/// Jittered exponential backoff: each delay is uniform in `[d/2, d]`, `d` doubling from `base`
-/// up to `max`.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    base: Duration,
-    max: Duration,
-    current: Duration,
-}
-
-impl Backoff {
-    /// A backoff starting at `base`, capped at `max`.
-    pub fn new(base: Duration, max: Duration) -> Self {
-        Self {
-            base,
-            max: max.max(base),
-            current: base,
-        }
-    }
-    /// The starting delay.
-    pub fn base(&self) -> Duration {
-        self.base
-    }
-    /// The next delay (and doubles the following one).
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.current;
-        self.current = (self.current * 2).min(self.max);
-        let lo = d / 2;
-        let span = (d - lo).as_micros() as u64;
-        lo + Duration::from_micros(rand::rng().random_range(0..=span))
-    }
-    /// Back to `base` after a success.
-    pub fn reset(&mut self) {
-        self.current = self.base;
-    }
-}
+pub use crate::backoff::Backoff;
 
 /// What a running source reports.
 #[derive(Debug)]
@@ -105,31 +70,5 @@ pub async fn run(
             _ = tokio::time::sleep(delay) => {}
             _ = stop.changed() => return,
         }
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_caps() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(400));
-        let d1 = b.next_delay();
-        assert!(
-            d1 >= Duration::from_millis(50) && d1 <= Duration::from_millis(100),
-            "{d1:?}"
-        );
-        let d2 = b.next_delay();
-        assert!(
-            d2 >= Duration::from_millis(100) && d2 <= Duration::from_millis(200),
-            "{d2:?}"
-        );
-        for _ in 0..5 {
-            assert!(b.next_delay() <= Duration::from_millis(400));
-        }
-        b.reset();
-        assert!(b.next_delay() <= Duration::from_millis(100));
     }
 }

@@ -11,7 +11,6 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::core::Status;
 use kube::Client;
-use rand::Rng;
 use serde_json::json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -685,12 +684,7 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
     }
 }
 
-/// Jittered exponential backoff: `initial × 2^(attempt−1)` capped at `max`, then a random 50–100 %.
-pub fn backoff(initial: Duration, max: Duration, attempt: u32) -> Duration {
-    let exp = initial.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
-    let base = exp.min(max);
-    base.mul_f64(rand::rng().random_range(0.5..=1.0))
-}
+pub use crate::backoff::delay as backoff;
 
 /// The pod's terminationGracePeriodSeconds (default 30).
 fn pod_grace(pod: &Pod) -> u32 {
@@ -990,23 +984,6 @@ mod tests {
                 ),
                 "{code}"
             );
-        }
-    }
-
-    #[test]
-    fn backoff_grows_jittered_and_capped() {
-        let i = Duration::from_millis(100);
-        let m = Duration::from_secs(10);
-        for _ in 0..50 {
-            let b1 = backoff(i, m, 1);
-            assert!(b1 >= Duration::from_millis(50) && b1 <= i, "{b1:?}");
-            let b4 = backoff(i, m, 4);
-            assert!(
-                b4 >= Duration::from_millis(400) && b4 <= Duration::from_millis(800),
-                "{b4:?}"
-            );
-            let b30 = backoff(i, m, 30);
-            assert!(b30 >= Duration::from_secs(5) && b30 <= m, "{b30:?}");
         }
     }
 }

@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Node;
-use rand::Rng;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -240,11 +239,9 @@ pub fn new_ready_node(
         .find(|name| *name != t.node && !t.existing_nodes.contains(name))
 }
 
-/// Delay before retry `n` (1-based): `base * 2^(n-1)`, capped at 30 s, times a jitter in [0.5, 1.5).
+/// Delay before retry `n` (1-based): [`crate::backoff::delay`] from `base`, capped at 30 s.
 pub fn backoff(base: Duration, n: u32) -> Duration {
-    let exp = base.saturating_mul(1u32 << (n.max(1) - 1).min(16));
-    let capped = exp.min(Duration::from_secs(30));
-    capped.mul_f64(rand::rng().random_range(0.5..1.5))
+    crate::backoff::delay(base, Duration::from_secs(30), n)
 }
 
 /// The outcome of one attempt of an HTTP provider call.
