@@ -69,7 +69,10 @@ mod tests {
             assert!(b4 >= MS(400) && b4 <= MS(800), "{b4:?}");
             let capped = delay(MS(100), MS(10_000), 40);
             assert!(capped >= MS(5_000) && capped <= MS(10_000), "{capped:?}");
-            assert!(delay(MS(100), MS(10_000), 0) <= MS(100), "0 counts as the first");
+            assert!(
+                delay(MS(100), MS(10_000), 0) <= MS(100),
+                "0 counts as the first"
+            );
         }
     }
 

@@ -402,8 +402,7 @@ impl NodeStates {
                 });
             }
             tracing::debug!(node, attempt, error = %source, "node status write failed; retrying");
-            let pause =
-                WRITE_RETRY_BASE.mul_f64(f64::from(attempt) * rand::random_range(0.5..=1.5));
+            let pause = crate::backoff::delay(WRITE_RETRY_BASE, WRITE_RETRY_BASE * 4, attempt);
             tokio::time::sleep(pause).await;
         }
     }

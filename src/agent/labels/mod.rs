@@ -269,11 +269,9 @@ impl Retry {
             return;
         }
         self.failures = self.failures.saturating_add(1);
-        let base = Self::BASE
-            .saturating_mul(1 << self.failures.min(8))
-            .min(Self::MAX);
-        let jitter = rand::Rng::random_range(&mut rand::rng(), 0.5..=1.0);
-        self.at = Some(tokio::time::Instant::now() + base.mul_f64(jitter));
+        // The first retry waits 2 × BASE, as before the shared rule (src/backoff.rs).
+        let delay = crate::backoff::delay(Self::BASE, Self::MAX, self.failures.saturating_add(1));
+        self.at = Some(tokio::time::Instant::now() + delay);
     }
 
     /// Resolves when a retry is due; never while none is scheduled.

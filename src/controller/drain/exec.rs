@@ -518,7 +518,7 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
                 let b = blocker::from_refusal(&key, ns, &status, &names);
                 tracing::debug!(node = %self.opts.node, pod = %key, code = status.code, blocker = %b, "eviction refused");
                 if let Some(t) = self.tracks.get_mut(&uid(pod)) {
-                    t.blocker = Some(b);
+                    keep_reason(&mut t.blocker, b);
                 }
                 Ok(false)
             }
@@ -734,6 +734,16 @@ async fn after_conflict(api: &Api<Pod>, pod: &Pod, conflict: Box<Status>) -> Out
     }
 }
 
+/// Records `new` as why the pod is still there, unless it is an API error or throttling (a
+/// timeout near the deadline, a 5xx) and a policy (a PDB) refused the pod before: that says
+/// nothing new, and the PDB stays the reason the drain reports (and its exit code).
+fn keep_reason(current: &mut Option<Blocker>, new: Blocker) {
+    let policy_before = current.as_ref().is_some_and(|b| b.reason.is_policy());
+    if new.reason.is_policy() || !policy_before {
+        *current = Some(new);
+    }
+}
+
 /// [`classify`], looking at the pod again after a 409 (`api` is the pod's namespace).
 async fn outcome(api: &Api<Pod>, pod: &Pod, r: Result<(), kube::Error>) -> Outcome {
     match classify(r) {
@@ -794,6 +804,40 @@ async fn force_delete(api: &Api<Pod>, pod: &Pod, grace: u32) -> Outcome {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    #[test]
+    fn a_timeout_after_a_pdb_refusal_keeps_the_pdb_as_the_reason() {
+        let b = |reason, pdb: Option<&str>| Blocker {
+            pod: "ns/p".into(),
+            pdb: pdb.map(str::to_string),
+            reason,
+            message: String::new(),
+        };
+        let mut cur = None;
+        keep_reason(&mut cur, b(BlockReason::ApiError, None));
+        assert_eq!(
+            cur.as_ref().unwrap().reason,
+            BlockReason::ApiError,
+            "nothing better known"
+        );
+        keep_reason(
+            &mut cur,
+            b(BlockReason::PodDisruptionBudget, Some("ns/pdb")),
+        );
+        keep_reason(&mut cur, b(BlockReason::ApiError, None));
+        keep_reason(&mut cur, b(BlockReason::Throttled, None));
+        let kept = cur.clone().unwrap();
+        assert_eq!(
+            (kept.reason, kept.pdb.as_deref()),
+            (BlockReason::PodDisruptionBudget, Some("ns/pdb"))
+        );
+        keep_reason(&mut cur, b(BlockReason::DoNotDisrupt, None));
+        assert_eq!(
+            cur.unwrap().reason,
+            BlockReason::DoNotDisrupt,
+            "a newer policy replaces it"
+        );
+    }
+
     use super::*;
     use std::sync::{Arc, Mutex};
 
