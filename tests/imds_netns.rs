@@ -20,10 +20,10 @@ const INNER: &str = "inner_sources_at_169_254_169_254";
 
 #[test]
 fn sources_at_the_real_address_in_a_netns() {
-    if !netns::is_root() {
-        eprintln!("SKIPPED sources_at_the_real_address_in_a_netns: needs root for `unshare -n` (not root here)");
-        return;
-    }
+    assert!(
+        netns::is_root(),
+        "needs root for `unshare -n`: run as root, as CI does, or `--skip sources_at_the_real_address_in_a_netns`"
+    );
     let stdout = netns::run_inner(INNER);
     assert!(stdout.contains("netns: all four clouds ok"), "{stdout}");
 }

@@ -40,9 +40,7 @@ fn build_rpm(dir: &Path) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rpm_has_the_units_and_scripts_and_boots_with_the_oneshot_before_crio() {
-    if !require_root("rpm_has_the_units_and_scripts_and_boots_with_the_oneshot_before_crio") {
-        return;
-    }
+    require_root("rpm_has_the_units_and_scripts_and_boots_with_the_oneshot_before_crio");
     let rpm = rpm_cli();
     let dir = tempfile::Builder::new()
         .prefix("nk-rpm-")

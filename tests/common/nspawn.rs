@@ -30,13 +30,13 @@ const CGROUP_HIERARCHIES: [&str; 3] = [
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
-/// True when running as root; otherwise prints a loud skip message naming `test`.
-pub fn require_root(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("\n!!!!! SKIPPED {test}: needs root (systemd-nspawn, debootstrap) !!!!!\n");
-    false
+/// Fails `test` unless running as root: a missing prerequisite is a failure, never a silent pass
+/// (CI runs as root; as another user, leave these tests out with `--skip`).
+pub fn require_root(test: &str) {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "{test} needs root (systemd-nspawn, debootstrap): run as root, as CI does, or leave it out with `--skip {test}`"
+    );
 }
 
 /// Build (once, cached) the rootfs and return its path.
@@ -73,11 +73,10 @@ pub struct NspawnNode {
 
 impl NspawnNode {
     /// Boot a container named after `name` (made unique) and wait until its systemd reports
-    /// `SystemState` `running`. Returns `None` (after a loud message) when not root.
+    /// `SystemState` `running`; fails the test when not root ([`require_root`]). `None` only where
+    /// a caller's own `?` chain wants an `Option`.
     pub async fn boot(name: &str) -> Option<NspawnNode> {
-        if !require_root(name) {
-            return None;
-        }
+        require_root(name);
         let rootfs = rootfs();
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let machine = format!("nk-{name}-{}-{n}", std::process::id());
