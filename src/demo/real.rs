@@ -11,7 +11,7 @@
 //! Replacements go to the webhook provider, answered by [`Cloud`], a stand-in for the cloud:
 //! it launches a new KWOK node in the pool at once and terminates the old one once drained.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -401,7 +401,7 @@ impl Cloud {
         let addr = listener
             .local_addr()
             .map_err(|e| start_err(format!("cloud stand-in: {e}")))?;
-        let seen: Arc<tokio::sync::Mutex<BTreeMap<String, ()>>> = Arc::default();
+        let seen: Arc<tokio::sync::Mutex<BTreeSet<String>>> = Arc::default();
         let counter = Arc::new(AtomicUsize::new(0));
         let app = axum::Router::new().route(
             "/replace",
@@ -410,7 +410,7 @@ impl Cloud {
                 async move {
                     let id = body["request_id"].as_str().unwrap_or_default().to_string();
                     let node = body["node"].as_str().unwrap_or_default().to_string();
-                    if seen.lock().await.insert(id, ()).is_none() {
+                    if seen.lock().await.insert(id) {
                         tokio::spawn(replace(admin, node, counter));
                     }
                     "accepted"
@@ -494,12 +494,9 @@ async fn replace(admin: kube::Client, old: String, counter: Arc<AtomicUsize>) {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(600) {
         let drained = pods.list(&lp).await.is_ok_and(|l| {
-            l.items.iter().all(|p| {
-                p.metadata
-                    .owner_references
-                    .as_ref()
-                    .is_some_and(|o| o.iter().any(|o| o.kind == "DaemonSet"))
-            })
+            l.items
+                .iter()
+                .all(crate::controller::drain::select::is_daemonset)
         });
         if drained {
             break;
