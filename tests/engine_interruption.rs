@@ -2,6 +2,10 @@
 //! ~110 pods (PDB-protected ones and DaemonSets among them) → taint + cordon + LB label in one
 //! write, the drain in tiers before the deadline, one replacement through the karpenter
 //! provider (the sim's provisioner launches a new Ready node).
+//!
+//! Sim only: drives a 110-pod node at a scaled clock through the sim's Karpenter-like loop (no
+//! Karpenter on the real cluster yet); the tiered preemption drain runs on both in `tests/e2e`
+//! (`preemption`).
 #![allow(clippy::unwrap_used)]
 
 mod engine_support;
@@ -88,12 +92,15 @@ fn scenario() -> Scenario {
     }
 }
 
-/// `n` pods bound to spot-0 covered by PDB `guarded-pdb` (maxUnavailable 1): their evictions
-/// are admitted one at a time.
+/// `n` pods of ReplicaSet `guarded` bound to spot-0, covered by PDB `guarded-pdb` (maxUnavailable
+/// 1): their evictions are admitted one at a time, each once the ReplicaSet's replacement (scheduled
+/// on the general pool) is Ready — the disruption controller counts the ReplicaSet's scale, as the
+/// real one does (bare pods under `maxUnavailable` would allow no eviction at all).
 async fn guarded_pods(c: &kube_sim::TestCluster, n: usize) {
+    use k8s_openapi::api::apps::v1::ReplicaSet;
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-    use kube::api::PostParams;
+    use kube::api::{Patch, PatchParams, PostParams};
     let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "guarded-pdb", "namespace": "default"},
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
@@ -102,15 +109,35 @@ async fn guarded_pods(c: &kube_sim::TestCluster, n: usize) {
         .create(&PostParams::default(), &pdb)
         .await
         .unwrap();
+    // The ReplicaSet first at 0 replicas, its pods placed on spot-0 by hand, then scaled to n: it
+    // owns them and creates nothing until one is evicted.
+    let rss: Api<ReplicaSet> = Api::namespaced(c.client.clone(), "default");
+    let rs: ReplicaSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "guarded"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "guarded"}},
+            "template": {"metadata": {"labels": {"app": "guarded"}},
+                "spec": {"terminationGracePeriodSeconds": 2,
+                    "containers": [{"name": "c", "image": "registry.example/guarded:1"}]}}}}))
+    .unwrap();
+    let rs = rss.create(&PostParams::default(), &rs).await.unwrap();
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
     for i in 0..n {
         let p: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("guarded-{i}"), "labels": {"app": "guarded"}},
+            "metadata": {"name": format!("guarded-{i}"), "labels": {"app": "guarded"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "guarded",
+                    "uid": rs.metadata.uid, "controller": true, "blockOwnerDeletion": true}]},
             "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 2,
                 "containers": [{"name": "c", "image": "registry.example/guarded:1"}]}}))
         .unwrap();
         pods.create(&PostParams::default(), &p).await.unwrap();
     }
+    rss.patch(
+        "guarded",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": n}})),
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,9 @@
 //! annotation and the provider call) is asked again with the same idempotency key; a node that
 //! failed within its first minute, before a restart, is still repaired (its "seen Ready" is on
 //! the Node), not replaced as a failed launch.
+//!
+//! Sim only: stops a controller at chosen points with the sim's scaled clock; the restart mid-drain
+//! runs on both in `tests/e2e` (`failover`, `supervised`).
 #![allow(clippy::unwrap_used)]
 
 mod engine_support;
@@ -126,12 +129,14 @@ async fn restarted_controller_resumes_the_drain_without_a_second_replacement() {
         },
     )
     .await;
-    // The PDB is relaxed: the resumed drain finishes; the hold is lifted.
+    // The PDB is relaxed: the resumed drain finishes; the hold is lifted. (`maxUnavailable: 1`
+    // would not do: a bare pod has no controller scale, so the disruption controller expects 0
+    // pods and allows nothing; an integer `minAvailable` counts the pods themselves.)
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(c.client.clone(), "default");
     pdbs.patch(
         "stuck-pdb",
         &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"maxUnavailable": 1}})),
+        &Patch::Merge(serde_json::json!({"spec": {"maxUnavailable": null, "minAvailable": 0}})),
     )
     .await
     .unwrap();

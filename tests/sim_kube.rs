@@ -778,3 +778,164 @@ async fn recorder_events_show_up_as_core_events() {
     assert_eq!(e.message.as_deref(), Some("cordoned for repair"));
     assert_eq!(e.count, Some(2));
 }
+
+/// `POST serviceaccounts/NAME/token` as kube-apiserver serves it: 404 for a missing account or
+/// pod, 409 for a pod uid that does not match, and a token bound to a pod names the pod and its
+/// node in TokenReview (an unbound one names neither).
+#[tokio::test]
+async fn token_request_binds_to_the_pod_and_its_node() {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let c = bare().await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(c.client.clone(), "default");
+    let request = |pod: Option<(&str, &str)>| {
+        let mut spec = json!({"audiences": ["nodekeeper"], "expirationSeconds": 600});
+        if let Some((name, uid)) = pod {
+            spec["boundObjectRef"] =
+                json!({"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid});
+        }
+        serde_json::from_value::<TokenRequest>(json!({"spec": spec})).unwrap()
+    };
+    let pp = PostParams::default();
+    let (code, _) = api_code(
+        accounts
+            .create_token_request("agent", &pp, &request(None))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 404, "no such ServiceAccount");
+    accounts
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": "agent"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pod = Api::<Pod>::namespaced(c.client.clone(), "default")
+        .create(&pp, &ready_pod("agent-x", "agent", "n7"))
+        .await
+        .unwrap();
+    let uid = pod.metadata.uid.unwrap();
+    for (name, id, want) in [("nope", uid.as_str(), 404), ("agent-x", "other-uid", 409)] {
+        let (code, msg) = api_code(
+            accounts
+                .create_token_request("agent", &pp, &request(Some((name, id))))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(code, want, "{name}/{id}: {msg}");
+    }
+    let bound = accounts
+        .create_token_request("agent", &pp, &request(Some(("agent-x", &uid))))
+        .await
+        .unwrap();
+    let e = review_extra(&c, bound.status.unwrap().token).await;
+    assert_eq!(e["authentication.kubernetes.io/pod-name"], ["agent-x"]);
+    assert_eq!(e["authentication.kubernetes.io/node-name"], ["n7"]);
+    let unbound = accounts
+        .create_token_request("agent", &pp, &request(None))
+        .await
+        .unwrap();
+    let e = review_extra(&c, unbound.status.unwrap().token).await;
+    assert!(
+        !e.contains_key("authentication.kubernetes.io/node-name"),
+        "{e:?}"
+    );
+}
+
+/// TokenReview of `token` (audience `nodekeeper`): authenticated as `default/agent`; its `extra`.
+async fn review_extra(
+    c: &TestCluster,
+    token: String,
+) -> std::collections::BTreeMap<String, Vec<String>> {
+    let r: TokenReview =
+        serde_json::from_value(json!({"spec": {"token": token, "audiences": ["nodekeeper"]}}))
+            .unwrap();
+    let st = Api::<TokenReview>::all(c.client.clone())
+        .create(&PostParams::default(), &r)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(st.authenticated, Some(true));
+    let user = st.user.unwrap();
+    assert_eq!(
+        user.username.as_deref(),
+        Some("system:serviceaccount:default:agent")
+    );
+    user.extra.unwrap_or_default()
+}
+
+/// With the loops on, the eviction subresource decides from the status the disruption loop wrote
+/// and spends it at once: of a Deployment's 3 pods under `maxUnavailable: 1`, one eviction passes
+/// and the next, sent straight after (before any replacement is Ready), is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_spend_the_status_the_disruption_loop_wrote() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let c = TestCluster::start(SimOptions {
+        time_scale: 10.0,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let pp = PostParams::default();
+    Api::<Node>::all(c.client.clone())
+        .create(&pp, &node("n1"))
+        .await
+        .unwrap();
+    let deploy: Deployment = serde_json::from_value(json!({"metadata": {"name": "web"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "c", "image": "x"}]}}}}))
+    .unwrap();
+    Api::<Deployment>::namespaced(c.client.clone(), "default")
+        .create(&pp, &deploy)
+        .await
+        .unwrap();
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({"metadata": {"name": "web"},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}}))
+    .unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(c.client.clone(), "default");
+    pdbs.create(&pp, &pdb).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let end = tokio::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let s = pdbs.get("web").await.unwrap().status;
+        if let Some(s) = s.filter(|s| s.disruptions_allowed == 1 && s.current_healthy == 3) {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the disruption loop never wrote 3 healthy, 1 allowed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!((status.expected_pods, status.desired_healthy), (3, 2));
+    assert_eq!(status.observed_generation, Some(1));
+    let names: Vec<String> = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    pods.evict(&names[0], &EvictParams::default())
+        .await
+        .unwrap();
+    let (code, msg) = api_code(
+        pods.evict(&names[1], &EvictParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 429, "{msg}");
+    assert_eq!(
+        pdbs.get("web")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .disruptions_allowed,
+        0
+    );
+}

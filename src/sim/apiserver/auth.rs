@@ -124,15 +124,21 @@ impl Tokens {
                 "error": "invalid bearer token, token audiences is invalid for the target audiences"});
         }
         let r = &minted.req;
+        let mut extra = json!({
+            "authentication.kubernetes.io/credential-id": [format!("JTI={}", &token[token.len().saturating_sub(8)..])]
+        });
+        // A token bound to no pod (TokenRequest without boundObjectRef) names none, as on kube-apiserver.
+        if !r.pod.is_empty() {
+            extra["authentication.kubernetes.io/pod-name"] = json!([r.pod]);
+        }
+        if !r.node.is_empty() {
+            extra["authentication.kubernetes.io/node-name"] = json!([r.node]);
+        }
         json!({"authenticated": true, "audiences": audiences, "user": {
         "username": format!("system:serviceaccount:{}:{}", r.namespace, r.service_account),
         "uid": format!("sim-sa-{}-{}", r.namespace, r.service_account),
         "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{}", r.namespace), "system:authenticated"],
-        "extra": {
-            "authentication.kubernetes.io/pod-name": [r.pod],
-            "authentication.kubernetes.io/node-name": [r.node],
-            "authentication.kubernetes.io/credential-id": [format!("JTI={}", &token[token.len().saturating_sub(8)..])]
-        }}})
+        "extra": extra}})
     }
 }
 

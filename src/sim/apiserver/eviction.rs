@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::error::{ApiError, ApiResult};
 use super::resources::well_known;
 use super::selectors::LabelSelector;
-use super::store::{DeleteOptions, Txn};
+use super::store::{DeleteOptions, Txn, WriteTarget};
 
 /// Whether a pod is Ready and not terminating (a "healthy" pod for PDBs).
 pub fn pod_healthy(pod: &Value) -> bool {
@@ -71,14 +71,44 @@ pub fn budget(pdb: &Value, pods: &[Arc<Value>]) -> Result<Budget, String> {
     })
 }
 
-/// Decides whether evicting `pod` is allowed by `pdb` (given the PDB's matching pods).
-pub fn check(pdb: &Value, pod: &Value, pods: &[Arc<Value>]) -> Result<(), ApiError> {
+/// Whether the disruption controller has written the PDB's status for its current generation.
+fn observed(pdb: &Value) -> bool {
+    let generation = pdb.pointer("/metadata/generation").and_then(Value::as_i64);
+    generation.is_some()
+        && pdb
+            .pointer("/status/observedGeneration")
+            .and_then(Value::as_i64)
+            == generation
+}
+
+/// Decides whether evicting `pod` is allowed by `pdb` (given the PDB's matching pods), as the
+/// eviction subresource does: from the status the disruption controller wrote
+/// ([`crate::sim::apiserver::loops::disruption`]) once it observed the PDB's generation; before that
+/// (a PDB the loop has not seen yet, or the sim runs without loops), from the same arithmetic over
+/// the pods at hand. `Ok(true)`: allowed and it spends one disruption (the caller records it in the
+/// status); `Ok(false)`: allowed without spending (an unready pod).
+pub fn check(pdb: &Value, pod: &Value, pods: &[Arc<Value>]) -> Result<bool, ApiError> {
     let name = pdb
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let b = budget(pdb, pods)
-        .map_err(|e| ApiError::internal(format!("PodDisruptionBudget {name}: {e}")))?;
+    let from_status = observed(pdb);
+    let b = if from_status {
+        let n = |f: &str| {
+            pdb.pointer(&format!("/status/{f}"))
+                .and_then(Value::as_i64)
+                .unwrap_or(0)
+        };
+        Budget {
+            expected: n("expectedPods"),
+            current_healthy: n("currentHealthy"),
+            desired_healthy: n("desiredHealthy"),
+            disruptions_allowed: n("disruptionsAllowed"),
+        }
+    } else {
+        budget(pdb, pods)
+            .map_err(|e| ApiError::internal(format!("PodDisruptionBudget {name}: {e}")))?
+    };
     let always = pdb
         .pointer("/spec/unhealthyPodEvictionPolicy")
         .and_then(Value::as_str)
@@ -86,11 +116,13 @@ pub fn check(pdb: &Value, pod: &Value, pods: &[Arc<Value>]) -> Result<(), ApiErr
     // An unready pod goes without spending the budget when the policy says AlwaysAllow or the
     // budget is met and non-zero (`CurrentHealthy >= DesiredHealthy && DesiredHealthy > 0`);
     // otherwise it needs a disruption like a ready pod.
-    let allowed = b.disruptions_allowed > 0
-        || (!pod_healthy(pod)
-            && (always || (b.current_healthy >= b.desired_healthy && b.desired_healthy > 0)));
-    if allowed {
-        return Ok(());
+    if !pod_healthy(pod)
+        && (always || (b.current_healthy >= b.desired_healthy && b.desired_healthy > 0))
+    {
+        return Ok(false);
+    }
+    if b.disruptions_allowed > 0 {
+        return Ok(from_status);
     }
     let cause = format!(
         "The disruption budget {name} needs {} healthy pods and has {} currently",
@@ -102,6 +134,37 @@ pub fn check(pdb: &Value, pod: &Value, pods: &[Arc<Value>]) -> Result<(), ApiErr
         format!("Cannot evict pod as it would violate the pod's disruption budget. {cause}"),
     )
     .with_details(json!({"causes": [{"reason": "DisruptionBudget", "message": cause}]})))
+}
+
+/// Spends one of the PDB's disruptions on `pod` (`checkAndDecrement`): `disruptionsAllowed` − 1 and
+/// the pod in `disruptedPods`, so the next eviction sees it before the controller's next pass.
+fn spend(t: &mut Txn<'_>, pdb: &Value, pod: &str) -> ApiResult<()> {
+    let now = t.now();
+    let ns = pdb
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let name = pdb
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    t.modify(well_known::pdbs(), ns, name, WriteTarget::Internal, |o| {
+        let mut o = o.clone();
+        let left = o
+            .pointer("/status/disruptionsAllowed")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        o["status"]["disruptionsAllowed"] = json!((left - 1).max(0));
+        if !o["status"]
+            .get("disruptedPods")
+            .is_some_and(Value::is_object)
+        {
+            o["status"]["disruptedPods"] = json!({});
+        }
+        o["status"]["disruptedPods"][pod] = json!(now);
+        Ok(o)
+    })
+    .map(|_| ())
 }
 
 /// `deleteOptions.dryRun` of an Eviction: `true` for `["All"]` (nothing is deleted), an error for
@@ -163,9 +226,13 @@ pub fn evict(t: &mut Txn<'_>, ns: &str, name: &str, body: &Value) -> ApiResult<V
         .unwrap_or_default();
     let skip_pdb = pod.pointer("/metadata/deletionTimestamp").is_some()
         || matches!(phase, "Succeeded" | "Failed" | "Pending");
+    let dry = dry_run(body)?;
+    let mut spends = None;
     if !skip_pdb {
         if let Some(pdb) = governing_pdb(&pod, t.list(well_known::pdbs(), Some(ns)))? {
-            check(&pdb, &pod, &covered_by(&pdb, t.list(pods, Some(ns))))?;
+            if check(&pdb, &pod, &covered_by(&pdb, t.list(pods, Some(ns))))? {
+                spends = Some(pdb);
+            }
         }
     }
     let grace = body
@@ -175,7 +242,7 @@ pub fn evict(t: &mut Txn<'_>, ns: &str, name: &str, body: &Value) -> ApiResult<V
         .pointer("/deleteOptions/preconditions/uid")
         .and_then(Value::as_str)
         .map(str::to_string);
-    if dry_run(body)? {
+    if dry {
         // A dry-run delete still checks its preconditions.
         if uid
             .as_deref()
@@ -197,6 +264,9 @@ pub fn evict(t: &mut Txn<'_>, ns: &str, name: &str, body: &Value) -> ApiResult<V
             resource_version: None,
         },
     )?;
+    if let Some(pdb) = spends {
+        spend(t, &pdb, name)?;
+    }
     Ok(
         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
     )

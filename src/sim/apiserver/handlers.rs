@@ -154,6 +154,7 @@ fn target(group: &str, version: &str, rest: &[&str]) -> Option<Target> {
             None => {}
             Some("status") if res.has_status => {}
             Some("eviction") if res.plural == "pods" && res.group.is_empty() => {}
+            Some("token") if res.plural == "serviceaccounts" && res.group.is_empty() => {}
             Some("scale") if resources::has_scale(res) => {}
             Some(_) => return None,
         }
@@ -234,6 +235,11 @@ async fn dispatch(
                 .txn(|tx| super::eviction::evict(tx, &t.ns, name, &ev))?;
             Ok(json_response(StatusCode::CREATED, &status))
         }
+        ("POST", Some(name), Some("token")) if res.kind == "ServiceAccount" => {
+            let req = parse_body(headers, body)?;
+            let out = token_request(sim, &t.ns, name, &req)?;
+            Ok(json_response(StatusCode::CREATED, &out))
+        }
         ("PUT", Some(name), sub @ (None | Some("status"))) => {
             let mut obj = parse_body(headers, body)?;
             let target = if sub.is_some() {
@@ -276,6 +282,85 @@ fn as_table(headers: &HeaderMap) -> bool {
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(super::table::wanted)
+}
+
+/// `POST …/serviceaccounts/{sa}/token` (TokenRequest): a token of an existing ServiceAccount, bound to
+/// a pod of its namespace (and so to the pod's node) when `spec.boundObjectRef` names one, as
+/// kube-apiserver mints them; TokenReview then returns the pod and node as `user.extra`.
+fn token_request(sim: &Sim, ns: &str, sa: &str, req: &Value) -> ApiResult<Value> {
+    let accounts = resources::well_known::service_accounts();
+    if sim.store.get(accounts, ns, sa).is_none() {
+        return Err(ApiError::not_found(accounts, sa));
+    }
+    let spec = req.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let (mut pod, mut node) = (String::new(), String::new());
+    if let Some(bound) = spec.get("boundObjectRef").filter(|b| !b.is_null()) {
+        let kind = bound
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let name = bound
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if kind != "Pod" {
+            return Err(ApiError::bad_request(format!(
+                "cannot bind token to object of kind {kind:?}: the sim binds to pods only"
+            )));
+        }
+        let pods = resources::well_known::pods();
+        let obj = sim
+            .store
+            .get(pods, ns, name)
+            .ok_or_else(|| ApiError::not_found(pods, name))?;
+        let uid = obj.pointer("/metadata/uid").and_then(Value::as_str);
+        if let Some(want) = bound.get("uid").and_then(Value::as_str) {
+            if uid != Some(want) {
+                return Err(ApiError::conflict(
+                    pods,
+                    name,
+                    &format!("the UID in the bound object reference ({want}) does not match the UID in record. The object might have been deleted and then recreated"),
+                ));
+            }
+        }
+        pod = name.to_string();
+        node = obj
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+    }
+    let audiences = spec
+        .get("audiences")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let expiration_seconds = spec
+        .get("expirationSeconds")
+        .and_then(Value::as_i64)
+        .unwrap_or(3600);
+    let (token, expires) = sim.tokens.mint(
+        &sim.store.clock,
+        super::auth::TokenRequest {
+            pod,
+            node,
+            audiences,
+            namespace: ns.to_string(),
+            service_account: sa.to_string(),
+            expiration_seconds,
+        },
+    );
+    let mut spec = spec;
+    spec["expirationSeconds"] = json!(expiration_seconds);
+    Ok(
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "metadata": {"name": sa, "namespace": ns, "creationTimestamp": null},
+        "spec": spec, "status": {"token": token, "expirationTimestamp": expires}}),
+    )
 }
 
 fn parse_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {

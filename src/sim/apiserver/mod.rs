@@ -380,6 +380,9 @@ pub struct ApiserverArgs {
     /// Start empty (no default scenario).
     #[arg(long)]
     pub empty: bool,
+    /// Exit once the process with this PID is gone (a test harness that owns this server).
+    #[arg(long)]
+    pub owner_pid: Option<i32>,
 }
 
 /// `nodekeeper sim apiserver`.
@@ -417,10 +420,27 @@ pub async fn run_apiserver(
     tracing::info!(%url, nodes = sim.store.count(resources::well_known::nodes()),
         pods = sim.store.count(resources::well_known::pods()), "sim apiserver ready");
     let mut signals = crate::shutdown::install()?;
-    while !*signals.shutdown.borrow() {
-        if signals.shutdown.changed().await.is_err() {
-            break;
+    let owner_gone = async {
+        match args.owner_pid {
+            // Signal 0 checks that the process exists without signalling it.
+            Some(pid) => {
+                while nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok() {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                tracing::info!(pid, "owner process gone; stopping");
+            }
+            None => std::future::pending().await,
         }
+    };
+    tokio::select! {
+        _ = async {
+            while !*signals.shutdown.borrow() {
+                if signals.shutdown.changed().await.is_err() {
+                    break;
+                }
+            }
+        } => {}
+        _ = owner_gone => {}
     }
     cancel.cancel();
     Ok(0)

@@ -258,8 +258,9 @@ fn operations(gv_path: &str, r: &ResourceDef, schema: &str, paths: &mut Map<Stri
 #[cfg(feature = "full")]
 fn kind_schemas() -> (Map<String, Value>, HashMap<usize, String>) {
     use k8s_openapi::api::{
-        apps::v1 as apps, authentication::v1 as authn, coordination::v1 as coordination,
-        core::v1 as core, events::v1 as events, policy::v1 as policy, storage::v1 as storage,
+        admissionregistration::v1 as admission, apps::v1 as apps, authentication::v1 as authn,
+        coordination::v1 as coordination, core::v1 as core, events::v1 as events,
+        policy::v1 as policy, rbac::v1 as rbac, storage::v1 as storage,
     };
     use k8s_openapi::schemars::{generate::SchemaSettings, JsonSchema};
 
@@ -287,9 +288,17 @@ fn kind_schemas() -> (Map<String, Value>, HashMap<usize, String>) {
             ("", "Secret") => core::Secret,
             ("", "ResourceQuota") => core::ResourceQuota,
             ("", "LimitRange") => core::LimitRange,
+            ("", "ServiceAccount") => core::ServiceAccount,
+            ("rbac.authorization.k8s.io", "Role") => rbac::Role,
+            ("rbac.authorization.k8s.io", "RoleBinding") => rbac::RoleBinding,
+            ("rbac.authorization.k8s.io", "ClusterRole") => rbac::ClusterRole,
+            ("rbac.authorization.k8s.io", "ClusterRoleBinding") => rbac::ClusterRoleBinding,
+            ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy") => admission::ValidatingAdmissionPolicy,
+            ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding") => admission::ValidatingAdmissionPolicyBinding,
             ("apps", "ReplicaSet") => apps::ReplicaSet,
             ("apps", "Deployment") => apps::Deployment,
             ("apps", "DaemonSet") => apps::DaemonSet,
+            ("apps", "StatefulSet") => apps::StatefulSet,
             ("policy", "PodDisruptionBudget") => policy::PodDisruptionBudget,
             ("coordination.k8s.io", "Lease") => coordination::Lease,
             ("events.k8s.io", "Event") => events::Event,

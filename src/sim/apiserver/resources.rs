@@ -126,6 +126,16 @@ pub static RESOURCES: &[ResourceDef] = &[
         false
     ),
     res!(
+        "",
+        "v1",
+        "ServiceAccount",
+        "serviceaccounts",
+        "serviceaccount",
+        true,
+        &["sa"],
+        false
+    ),
+    res!(
         "apps",
         "v1",
         "ReplicaSet",
@@ -153,6 +163,16 @@ pub static RESOURCES: &[ResourceDef] = &[
         "daemonset",
         true,
         &["ds"],
+        true
+    ),
+    res!(
+        "apps",
+        "v1",
+        "StatefulSet",
+        "statefulsets",
+        "statefulset",
+        true,
+        &["sts"],
         true
     ),
     res!(
@@ -206,6 +226,68 @@ pub static RESOURCES: &[ResourceDef] = &[
         &[],
         true
     ),
+    // Stored so the shipped manifests install; the sim neither authorizes nor admits by them
+    // (docs/sim.md, fidelity).
+    res!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "Role",
+        "roles",
+        "role",
+        true,
+        &[],
+        false
+    ),
+    res!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "RoleBinding",
+        "rolebindings",
+        "rolebinding",
+        true,
+        &[],
+        false
+    ),
+    res!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRole",
+        "clusterroles",
+        "clusterrole",
+        false,
+        &[],
+        false
+    ),
+    res!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+        "clusterrolebinding",
+        false,
+        &[],
+        false
+    ),
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicy",
+        false,
+        &[],
+        true
+    ),
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        "validatingadmissionpolicybinding",
+        false,
+        &[],
+        false
+    ),
     res!(
         "karpenter.sh",
         "v1",
@@ -227,15 +309,14 @@ pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resourc
 
 /// Whether `/scale` (autoscaling/v1 Scale) is a subresource.
 pub fn has_scale(r: &ResourceDef) -> bool {
-    r.group == "apps" && matches!(r.plural, "deployments" | "replicasets")
+    r.group == "apps" && matches!(r.plural, "deployments" | "replicasets" | "statefulsets")
 }
 
 /// Discovery categories (`kubectl get all`).
 fn categories(r: &ResourceDef) -> &'static [&'static str] {
     match (r.group, r.plural) {
-        ("", "pods" | "services") | ("apps", "deployments" | "replicasets" | "daemonsets") => {
-            &["all"]
-        }
+        ("", "pods" | "services")
+        | ("apps", "deployments" | "replicasets" | "daemonsets" | "statefulsets") => &["all"],
         _ => &[],
     }
 }
@@ -263,6 +344,10 @@ pub mod well_known {
     pub fn pods() -> &'static ResourceDef {
         get("", "pods")
     }
+    /// core/v1 serviceaccounts.
+    pub fn service_accounts() -> &'static ResourceDef {
+        get("", "serviceaccounts")
+    }
     /// core/v1 namespaces.
     pub fn namespaces() -> &'static ResourceDef {
         get("", "namespaces")
@@ -286,6 +371,10 @@ pub mod well_known {
     /// apps/v1 daemonsets.
     pub fn daemonsets() -> &'static ResourceDef {
         get("apps", "daemonsets")
+    }
+    /// apps/v1 statefulsets.
+    pub fn statefulsets() -> &'static ResourceDef {
+        get("apps", "statefulsets")
     }
     /// policy/v1 poddisruptionbudgets.
     pub fn pdbs() -> &'static ResourceDef {
@@ -378,6 +467,12 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
                 "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]}),
             );
         }
+        if r.plural == "serviceaccounts" && r.group.is_empty() {
+            resources.push(
+                json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true,
+                "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest", "verbs": ["create"]}),
+            );
+        }
         if r.plural == "pods" && r.group.is_empty() {
             resources.push(
                 json!({"name": "pods/eviction", "singularName": "", "namespaced": true,
@@ -408,10 +503,12 @@ mod tests {
         assert_eq!(well_known::nodes().kind, "Node");
         assert_eq!(well_known::pods().kind, "Pod");
         assert_eq!(well_known::namespaces().kind, "Namespace");
+        assert_eq!(well_known::service_accounts().kind, "ServiceAccount");
         assert_eq!(well_known::events().group, "");
         assert_eq!(well_known::replicasets().kind, "ReplicaSet");
         assert_eq!(well_known::deployments().kind, "Deployment");
         assert_eq!(well_known::daemonsets().kind, "DaemonSet");
+        assert_eq!(well_known::statefulsets().kind, "StatefulSet");
         assert_eq!(well_known::pdbs().kind, "PodDisruptionBudget");
         assert_eq!(well_known::leases().kind, "Lease");
         assert_eq!(well_known::nodeclaims().kind, "NodeClaim");

@@ -1,5 +1,6 @@
-//! Node lifecycle: Ready → Unknown (plus unreachable taints) after missed Lease heartbeats, taints
-//! removed when the node is Ready again; pod GC for pods bound to nodes that no longer exist.
+//! Node lifecycle: Ready → Unknown (plus unreachable taints) after missed Lease heartbeats, not-ready
+//! taints on a node whose kubelet posts Ready=False, taints removed when the node is Ready again; pod
+//! GC for pods bound to nodes that no longer exist.
 
 use std::collections::HashSet;
 
@@ -13,6 +14,9 @@ use crate::sim::apiserver::Sim;
 
 /// Taint key set on nodes whose kubelet stopped posting status.
 pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+/// Taint key set on nodes whose kubelet posts Ready=False (kube-controller-manager's
+/// TaintNodesByCondition and NoExecute passes).
+pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
 
 /// One pass.
 pub fn tick(sim: &Sim, o: &LoopOptions) {
@@ -36,11 +40,17 @@ pub fn tick(sim: &Sim, o: &LoopOptions) {
             .and_then(parse_time);
         let stale = renewed.is_some_and(|r| now - r > grace);
         let ready = condition_status(node, "Ready");
-        let tainted = has_unreachable(node);
         if stale && ready != Some("Unknown") {
             mark_unknown(sim, &name, &fmt_time(now));
-        } else if !stale && ready == Some("True") && tainted {
-            set_unreachable_taints(sim, &name, false);
+        } else if !stale {
+            let want = match ready {
+                Some("False") => Some(NOT_READY),
+                Some("True") => None,
+                _ => continue,
+            };
+            if tainted_with(node) != want {
+                set_taints(sim, &name, want);
+            }
         }
     }
     let orphans: Vec<(String, String)> = sim
@@ -60,10 +70,12 @@ pub fn tick(sim: &Sim, o: &LoopOptions) {
     }
 }
 
-fn has_unreachable(node: &Value) -> bool {
-    node.pointer("/spec/taints")
-        .and_then(Value::as_array)
-        .is_some_and(|ts| ts.iter().any(|t| t["key"] == UNREACHABLE))
+/// Which of the lifecycle's taint keys the node carries.
+fn tainted_with(node: &Value) -> Option<&'static str> {
+    let ts = node.pointer("/spec/taints").and_then(Value::as_array)?;
+    [UNREACHABLE, NOT_READY]
+        .into_iter()
+        .find(|k| ts.iter().any(|t| t["key"] == *k))
 }
 
 /// The conditions the node-lifecycle controller owns once the kubelet stops posting status
@@ -77,7 +89,7 @@ fn mark_unknown(sim: &Sim, name: &str, stamp: &str) {
         t.modify(well_known::nodes(), "", name, WriteTarget::Internal, |n| {
             let mut n = n.clone();
             mark_unknown_conditions(&mut n, stamp);
-            add_taints(&mut n, true);
+            add_taints(&mut n, Some(UNREACHABLE));
             Ok(n)
         })
     });
@@ -116,26 +128,27 @@ pub fn mark_unknown_conditions(n: &mut Value, stamp: &str) {
     }
 }
 
-fn set_unreachable_taints(sim: &Sim, name: &str, on: bool) {
+fn set_taints(sim: &Sim, name: &str, key: Option<&str>) {
     let _ = sim.store.txn(|t| {
         t.modify(well_known::nodes(), "", name, WriteTarget::Internal, |n| {
             let mut n = n.clone();
-            add_taints(&mut n, on);
+            add_taints(&mut n, key);
             Ok(n)
         })
     });
 }
 
-fn add_taints(n: &mut Value, on: bool) {
+/// Replaces the lifecycle's taints by `key`'s NoSchedule and NoExecute pair (none: removes them).
+fn add_taints(n: &mut Value, key: Option<&str>) {
     let mut taints: Vec<Value> = n
         .pointer("/spec/taints")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    taints.retain(|t| t["key"] != UNREACHABLE);
-    if on {
-        taints.push(json!({"key": UNREACHABLE, "effect": "NoSchedule"}));
-        taints.push(json!({"key": UNREACHABLE, "effect": "NoExecute"}));
+    taints.retain(|t| t["key"] != UNREACHABLE && t["key"] != NOT_READY);
+    if let Some(key) = key {
+        taints.push(json!({"key": key, "effect": "NoSchedule"}));
+        taints.push(json!({"key": key, "effect": "NoExecute"}));
     }
     if !n.get("spec").is_some_and(Value::is_object) {
         n["spec"] = json!({});

@@ -3,6 +3,7 @@
 //! Each loop is a task ticking in real time and reading simulated time from the store clock, so a
 //! time scale of 60 makes a 40 s node-monitor grace period pass in under a second.
 
+pub mod disruption;
 pub mod kubelet;
 pub mod lifecycle;
 pub mod provisioner;
@@ -29,7 +30,8 @@ pub struct LoopOptions {
     pub lifecycle: bool,
     /// Scheduler.
     pub scheduler: bool,
-    /// ReplicaSet, Deployment, DaemonSet controllers and owner garbage collection.
+    /// ReplicaSet, Deployment, DaemonSet, StatefulSet and disruption controllers and owner garbage
+    /// collection.
     pub controllers: bool,
     /// Karpenter-like NodeClaim provisioner.
     pub provisioner: bool,
@@ -107,7 +109,9 @@ pub fn spawn(sim: Arc<Sim>, cancel: CancellationToken) {
             workloads::deployments(s);
             workloads::replicasets(s);
             workloads::daemonsets(s);
+            workloads::statefulsets(s);
             workloads::garbage_collect(s);
+            disruption::tick(s);
             last = Some(inputs);
         });
     }

@@ -1,4 +1,5 @@
-//! ReplicaSet, Deployment and DaemonSet controllers, and owner-reference garbage collection.
+//! ReplicaSet, Deployment, DaemonSet and StatefulSet controllers, and owner-reference garbage
+//! collection.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -14,8 +15,10 @@ use crate::sim::apiserver::store::{DeleteOptions, Filter, Txn, WriteTarget};
 use crate::sim::apiserver::Sim;
 
 /// The resources the controllers read (a pass whose inputs did not change can be skipped).
-pub const INPUTS: [fn() -> &'static ResourceDef; 5] = [
+pub const INPUTS: [fn() -> &'static ResourceDef; 7] = [
     well_known::pods,
+    well_known::statefulsets,
+    well_known::pdbs,
     well_known::replicasets,
     well_known::deployments,
     well_known::daemonsets,
@@ -265,6 +268,106 @@ pub fn daemonsets(sim: &Sim) {
     }
 }
 
+/// StatefulSets (`podManagementPolicy: OrderedReady`, the default): pod `<name>-<ordinal>` for each
+/// ordinal below `spec.replicas`, created one at a time and each only once every lower ordinal is
+/// Running and Ready (an evicted pod comes back under its own name once it is gone); ordinals at or
+/// above `replicas` are deleted highest first, one at a time.
+pub fn statefulsets(sim: &Sim) {
+    let by_owner = pods_by_owner(sim);
+    for ss in all(sim, well_known::statefulsets()) {
+        if ss.pointer("/metadata/deletionTimestamp").is_some() {
+            continue;
+        }
+        let want = ss
+            .pointer("/spec/replicas")
+            .and_then(Value::as_i64)
+            .unwrap_or(1)
+            .max(0);
+        let name = name_of(&ss).to_string();
+        let ordinal = |p: &Value| {
+            name_of(p)
+                .strip_prefix(&format!("{name}-"))
+                .and_then(|o| o.parse::<i64>().ok())
+        };
+        let pods = by_owner.get(uid_of(&ss)).cloned().unwrap_or_default();
+        let ready = i64::try_from(pods.iter().filter(|p| pod_healthy(p)).count()).unwrap_or(0);
+        let have = i64::try_from(pods.len()).unwrap_or(i64::MAX);
+        sim.store.txn(|t| {
+            let about = About {
+                obj: &ss,
+                kind: "StatefulSet",
+                api_version: "apps/v1",
+            };
+            let excess = pods
+                .iter()
+                .filter(|p| ordinal(p).is_some_and(|o| o >= want))
+                .max_by_key(|p| ordinal(p));
+            if let Some(p) = excess {
+                if t.delete(
+                    well_known::pods(),
+                    ns_of(p),
+                    name_of(p),
+                    &DeleteOptions::default(),
+                )
+                .is_ok()
+                {
+                    let note =
+                        format!("delete Pod {} in StatefulSet {name} successful", name_of(p));
+                    record(
+                        t,
+                        about,
+                        "statefulset-controller",
+                        "Delete",
+                        "SuccessfulDelete",
+                        note,
+                    );
+                }
+            } else {
+                for i in 0..want {
+                    let pod_name = format!("{name}-{i}");
+                    match t.get(well_known::pods(), ns_of(&ss), &pod_name) {
+                        Some(p) if pod_healthy(&p) => continue,
+                        // Starting, unready or terminating: the next ordinal waits for it.
+                        Some(_) => break,
+                        None => {
+                            let mut pod = pod_from_template(&ss, "StatefulSet");
+                            if let Some(m) = pod["metadata"].as_object_mut() {
+                                m.remove("generateName");
+                            }
+                            pod["metadata"]["name"] = json!(pod_name);
+                            pod["metadata"]["labels"]["statefulset.kubernetes.io/pod-name"] =
+                                json!(pod_name);
+                            pod["metadata"]["labels"]["apps.kubernetes.io/pod-index"] =
+                                json!(i.to_string());
+                            if t.create(well_known::pods(), ns_of(&ss), pod).is_ok() {
+                                let note = format!(
+                                    "create Pod {pod_name} in StatefulSet {name} successful"
+                                );
+                                record(
+                                    t,
+                                    about,
+                                    "statefulset-controller",
+                                    "Create",
+                                    "SuccessfulCreate",
+                                    note,
+                                );
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+            set_status(
+                t,
+                well_known::statefulsets(),
+                &ss,
+                json!({"replicas": have, "readyReplicas": ready,
+                "availableReplicas": ready, "currentReplicas": have, "updatedReplicas": have}),
+            );
+        });
+    }
+}
+
 /// Garbage collection: pods and ReplicaSets whose controller owner is gone are deleted.
 pub fn garbage_collect(sim: &Sim) {
     let mut uids: HashSet<String> = HashSet::new();
@@ -272,6 +375,7 @@ pub fn garbage_collect(sim: &Sim) {
         well_known::replicasets(),
         well_known::deployments(),
         well_known::daemonsets(),
+        well_known::statefulsets(),
     ] {
         uids.extend(all(sim, res).iter().map(|o| uid_of(o).to_string()));
     }
@@ -287,7 +391,7 @@ pub fn garbage_collect(sim: &Sim) {
                     rs.iter().any(|r| {
                         matches!(
                             r["kind"].as_str(),
-                            Some("ReplicaSet" | "Deployment" | "DaemonSet")
+                            Some("ReplicaSet" | "Deployment" | "DaemonSet" | "StatefulSet")
                         ) && r["uid"].as_str().is_some_and(|u| !uids.contains(u))
                     })
                 })
