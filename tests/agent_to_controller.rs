@@ -4,6 +4,9 @@
 //! the sim, a fixed one flips it back after a config reload, and SIGTERM ends the agent cleanly.
 //!
 //! The agent never probes a metadata service (`[sources] cloud = "none"`) and gets no system bus.
+//!
+//! Sim only: the agent's checks and reload with sim-minted tokens; the shipped agent as its
+//! DaemonSet's pod runs on both in `tests/e2e` (`labels`).
 
 mod agent_proc;
 mod ctl;

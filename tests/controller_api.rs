@@ -1,4 +1,7 @@
 //! The report API against `nodekeeper sim` over real TLS with sim-minted tokens.
+//!
+//! Sim only: sim-minted tokens at a chosen expiry; real bound tokens run on both in `tests/e2e`
+//! (`identity`).
 
 mod ctl;
 

@@ -3,6 +3,8 @@
 //! node it serves. The former fixed limit of 1,024 connections left every agent beyond it refused
 //! for as long as the first ones stayed connected; the limit is now `[controller]
 //! max_connections` (default 16,384) and the open-files limit is raised to match.
+//!
+//! Sim only: thousands of loopback connections to one replica; no cluster behaviour is involved.
 #![allow(clippy::unwrap_used)]
 
 mod ctl;

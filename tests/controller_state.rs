@@ -1,4 +1,7 @@
 //! Node-state layer, scale, staleness, restarts, OCI Events and leader failover against the sim.
+//!
+//! Sim only: scale and staleness at a scaled clock; the node-state conditions run on both in
+//! `tests/e2e` (`labels`, `events`).
 
 mod ctl;
 

@@ -4,6 +4,9 @@
 //! maxUnavailable 1), `api` (minAvailable 3) and `data/db` (2 replicas on on-demand-0 and
 //! on-demand-1, PDB minAvailable 2: allows no disruption). The binary replays it with the demo's
 //! policy (the OKE + KPO one: Ready=False 600 s, budget nodes "1" per pool, max_unhealthy 50%) in dry run.
+//!
+//! Sim only: replays a recorded fixture; a live export of either backend runs in `tests/e2e`
+//! (`whatif`).
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};

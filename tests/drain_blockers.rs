@@ -2,6 +2,9 @@
 //! PDB allows), several PDBs (500), do-not-disrupt annotations (and the interruption override),
 //! force-delete at the deadline with grace clamped to the time left, VolumeAttachments, a
 //! terminating namespace (403 waited for), cancellation.
+//!
+//! Sim only: uses the sim's fault hooks and a terminating namespace held open; the PDB-blocked
+//! drain runs on both in `tests/e2e` (`drain`).
 #![allow(clippy::unwrap_used)]
 
 mod drain_support;

@@ -1,4 +1,7 @@
 //! `nodekeeper drain` end to end: the real binary against the sim through a kubeconfig the sim writes.
+//!
+//! Sim only: exit codes for fault cases the sim injects; the binary against both runs in
+//! `tests/e2e` (`drain`).
 #![allow(clippy::unwrap_used)]
 
 mod drain_support;

@@ -1,6 +1,9 @@
 //! The drain against the full simulated cluster (time scale 20): kubelets finish graceful termination,
 //! the scheduler and ReplicaSet controller replace evicted pods elsewhere, the PDB admits one disruption
 //! at a time, the DaemonSet controller recreates DaemonSet pods on the cordoned node.
+//!
+//! Sim only: at time scale 20; the same drain runs on both at real time in `tests/e2e` (`drain`,
+//! `preemption`).
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;

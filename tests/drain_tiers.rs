@@ -1,6 +1,9 @@
 //! The drain engine against the sim over HTTP (real kube-rs): a 110-pod node drained in tiers,
 //! PDB-protected pods evicted as the budget allows, skipped pods left alone, other nodes untouched,
 //! dry-run changing nothing.
+//!
+//! Sim only: a bare API server without loops, to see every eviction; the 110-pod drain runs on both
+//! in `tests/e2e` (`drain`).
 #![allow(clippy::unwrap_used)]
 
 mod drain_support;

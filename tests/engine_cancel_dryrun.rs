@@ -1,5 +1,8 @@
 //! The engine on the default simulated cluster: a withdrawn notice undoes only what nodekeeper
 //! did (an admin cordon stays), and dry-run changes nothing on Nodes but records Events.
+//!
+//! Sim only: needs the default sim scenario and its scaled clock; the cordon/taint/drain path runs
+//! on both in `tests/e2e` (`events`, `preemption`).
 #![allow(clippy::unwrap_used)]
 
 mod engine_support;

@@ -1,5 +1,8 @@
 //! The engine's actions reach the configured webhook (`[[controller.notify]]`): a preemption's
 //! drain and replacement are announced to a local receiver, and `/metrics` counts them.
+//!
+//! Sim only: at a scaled clock through the sim's Karpenter-like loop; webhook delivery over HTTPS
+//! is proved by `notify_webhook`, the preemption path on both by `tests/e2e` (`preemption`).
 #![allow(clippy::unwrap_used)]
 
 mod engine_support;

@@ -3,6 +3,9 @@
 //! cordon), so a delivery answered 2xx is never lost; a replica that cannot store it (a
 //! follower, or an API server refusing every write) answers 503 and OCI Notifications retries;
 //! a redelivery is idempotent.
+//!
+//! Sim only: uses the sim's fault injection (an API server refusing every write); OCI Events
+//! delivery runs on both in `tests/e2e` (`preemption::oci_events_…`).
 #![allow(clippy::unwrap_used)]
 
 mod engine_support;

@@ -2,6 +2,9 @@
 //! nodes of a group with budget `nodes = "1"` → the first is drained and replaced while the
 //! second is held (naming the budget) until the first is gone; a window closed in
 //! Asia/Shanghai but open in UTC holds; more than 20 % unhealthy short-circuits repairs.
+//!
+//! Sim only: a 600 s toleration and an Asia/Shanghai cron window need the sim's scaled clock; the
+//! budget-of-one repair runs on both in `tests/e2e` (`repair`).
 #![allow(clippy::unwrap_used)]
 
 mod ctl;

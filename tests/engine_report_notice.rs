@@ -3,6 +3,9 @@
 //! interruption annotation, written in the same patch as the taint and the cordon — or once what
 //! the Node stores accounts for it. A notice that cannot be stored yet (a rebalance configured to
 //! drain, waiting for its budget) stays unacknowledged, so the agent resends it.
+//!
+//! Sim only: uses the sim's scaled clock and a budget held for minutes; report delivery and
+//! acknowledgement run on both in `tests/e2e` (`events`, `identity`).
 #![allow(clippy::unwrap_used)]
 
 mod ctl;

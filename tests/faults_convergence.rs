@@ -7,6 +7,8 @@
 //! ratio (no timed assertions on shared CI machines).
 //!
 //! `NODEKEEPER_FAULT_SCALE=1` runs the unscaled faults (the long variant).
+//!
+//! Sim only: the sim's fault plan (5xx, 429, latency, watch drops) has no real equivalent.
 
 mod ctl;
 

@@ -1,5 +1,8 @@
 //! Migration-label rules against the API stand-in over HTTP with the real kube-rs client: the
 //! label goes only when this node's Cilium pod is Ready, only from this node.
+//!
+//! Sim only: the label watch across the sim's dropped watches and compaction; the shipped rule runs
+//! on both in `tests/e2e` (`labels`).
 
 mod agent_proc;
 

@@ -1,6 +1,9 @@
 //! `nodekeeper status` end to end: the real binary against the sim, through a kubeconfig, on
 //! nodes carrying the annotations the policy writes (built with `policy::view::keys` and
 //! `explain::Held::encode`).
+//!
+//! Sim only: nodes annotated by hand for every state the policy writes; `nodekeeper status` on a
+//! live repair runs on both in `tests/e2e` (`repair`).
 #![allow(clippy::unwrap_used)]
 
 mod policy_support;

@@ -1,5 +1,5 @@
-//! Repair on the real control plane: the kubelets of two nodes of one NodePool post Ready=False
-//! (kube-controller-manager's node-lifecycle controller taints them not-ready); the shipped controller config with budget `nodes: "1"` repairs one and holds the other, and
+//! Repair, on both backends: the kubelets of two nodes of one NodePool post Ready=False (the
+//! node-lifecycle controller taints them not-ready); the shipped controller config with budget `nodes: "1"` repairs one and holds the other, and
 //! `nodekeeper status` (the real binary, as a read-only operator) explains the hold.
 
 use std::time::Duration;
@@ -14,11 +14,10 @@ use crate::support::*;
 const POOL: &str = "rp-pool";
 const NODES: [&str; 4] = ["rp-0", "rp-1", "rp-2", "rp-3"];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn budget_of_one_repairs_one_unknown_node_and_explains_the_other() {
+on_both!(budget_of_one_repairs_one_unknown_node_and_explains_the_other);
+async fn budget_of_one_repairs_one_unknown_node_and_explains_the_other(c: &'static Cluster) {
     init_tracing();
-    let _one_engine = exclusive().await;
-    let c = cluster();
+    let _one_engine = c.exclusive().await;
     let admin = c.admin().await;
     let nodes: Vec<Node> = NODES
         .iter()
@@ -29,7 +28,7 @@ async fn budget_of_one_repairs_one_unknown_node_and_explains_the_other() {
             )
         })
         .collect();
-    let _nodes = create_nodes(&admin, &nodes).await;
+    let _nodes = c.create_nodes(&nodes).await;
 
     let dir = tempfile::tempdir().unwrap();
     // The shipped policy ([repair] drain → replace, Ready=False, budgets nodes "1" per NodePool) with a
@@ -64,8 +63,8 @@ toleration = "3s""#,
         })
         .await;
     }
-    kubelet_reports_not_ready(&admin, NODES[0]).await;
-    kubelet_reports_not_ready(&admin, NODES[1]).await;
+    c.kubelet_reports_not_ready(NODES[0]).await;
+    c.kubelet_reports_not_ready(NODES[1]).await;
 
     // One is repaired, the other held by the budget.
     let (repairing, held) = wait_for(Duration::from_secs(60), "one repairing, one held", || {
@@ -91,7 +90,7 @@ toleration = "3s""#,
         .is_some_and(|ts| ts.iter().any(|t| t.key == "node.kubernetes.io/not-ready"));
     assert!(
         kcm_taint,
-        "kube-controller-manager tainted the NotReady node"
+        "the node-lifecycle controller tainted the NotReady node"
     );
     assert!(unschedulable(&repairing), "the repaired node is cordoned");
     assert!(!unschedulable(&held), "a held node is not cordoned");

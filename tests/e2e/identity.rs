@@ -30,19 +30,16 @@ pub fn shipped_controller_config(dir: &std::path::Path) -> ControllerConfig {
     c
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bound_agent_token_reports_for_its_own_node_only() {
+on_both!(a_bound_agent_token_reports_for_its_own_node_only);
+async fn a_bound_agent_token_reports_for_its_own_node_only(c: &'static Cluster) {
     init_tracing();
-    let c = cluster();
     let admin = c.admin().await;
-    let _nodes = create_nodes(
-        &admin,
-        &[
+    let _nodes = c
+        .create_nodes(&[
             kwok_node("id-a", serde_json::json!({})),
             kwok_node("id-b", serde_json::json!({})),
-        ],
-    )
-    .await;
+        ])
+        .await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = shipped_controller_config(dir.path());
     let ctl_client = controller_client(c).await;

@@ -70,7 +70,7 @@ pub struct HaSetup {
 
 impl HaSetup {
     pub async fn start(
-        c: &Cluster,
+        c: &'static Cluster,
         admin: &kube::Client,
         p: &str,
         ns: &str,
@@ -79,14 +79,12 @@ impl HaSetup {
         let (node, spare) = (format!("{p}-0"), format!("{p}-spare"));
         let selector = format!("{p}-test");
         let labels = |n: &str| json!({ "karpenter.sh/nodepool": format!("{p}-pool"), selector.clone(): "yes", "kubernetes.io/hostname": n });
-        let guard = create_nodes(
-            admin,
-            &[
+        let guard = c
+            .create_nodes(&[
                 kwok_node(&node, labels(&node)),
                 kwok_node(&spare, labels(&spare)),
-            ],
-        )
-        .await;
+            ])
+            .await;
         // Everything starts on the first node: the spare is cordoned until the workload runs.
         Api::<Node>::all(admin.clone())
             .cordon(&spare)
@@ -174,11 +172,12 @@ impl HaSetup {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once() {
+on_both!(the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once);
+async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once(
+    c: &'static Cluster,
+) {
     init_tracing();
-    let _one_engine = exclusive().await;
-    let c = cluster();
+    let _one_engine = c.exclusive().await;
     let admin = c.admin().await;
     let ha = HaSetup::start(c, &admin, "ha", NS_APP, LEASE).await;
     let nodes: Api<Node> = Api::all(admin.clone());

@@ -131,9 +131,14 @@ pub async fn workload_pods(admin: &kube::Client, node: &str) -> (usize, usize) {
 }
 
 /// Two nodes with 10 Deployments × 11 replicas each, all Ready.
-async fn two_loaded_nodes(admin: &kube::Client, a: &str, b: &str) -> NodesGuard {
+async fn two_loaded_nodes(
+    c: &'static Cluster,
+    admin: &kube::Client,
+    a: &str,
+    b: &str,
+) -> NodesGuard {
     let nodes = [a, b].map(|n| kwok_node(n, json!({ "kubernetes.io/hostname": n })));
-    let guard = create_nodes(admin, &nodes).await;
+    let guard = c.create_nodes(&nodes).await;
     for n in [a, b] {
         let objs: Vec<_> = (0..10)
             .map(|i| deployment(TEST_NS, &format!("{n}-app{i}"), n, 11))
@@ -172,14 +177,13 @@ fn nodekeeper_drain(kubeconfig: &Path, node: &str, extra: &[&str]) -> std::proce
     c
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nodekeeper_drain_and_kubectl_drain_empty_identical_nodes() {
+on_both!(nodekeeper_drain_and_kubectl_drain_empty_identical_nodes);
+async fn nodekeeper_drain_and_kubectl_drain_empty_identical_nodes(c: &'static Cluster) {
     init_tracing();
-    let c = cluster();
     let admin = c.admin().await;
     let dir = tempfile::tempdir().unwrap();
     let kc = operator_kubeconfig(c, &admin, TEST_NS, dir.path()).await;
-    let _nodes = two_loaded_nodes(&admin, "dr-nk", "dr-kc").await;
+    let _nodes = two_loaded_nodes(c, &admin, "dr-nk", "dr-kc").await;
 
     let (code, _, _, nk) =
         run(nodekeeper_drain(&kc, "dr-nk", &["--timeout", "120s"]).arg("--skip-volume-wait"));
@@ -208,22 +212,19 @@ async fn nodekeeper_drain_and_kubectl_drain_empty_identical_nodes() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drain_blocked_by_a_pdb_names_the_pod_and_the_budget() {
+on_both!(a_drain_blocked_by_a_pdb_names_the_pod_and_the_budget);
+async fn a_drain_blocked_by_a_pdb_names_the_pod_and_the_budget(c: &'static Cluster) {
     init_tracing();
-    let c = cluster();
     let admin = c.admin().await;
     let dir = tempfile::tempdir().unwrap();
     let ns = "drain-blocked";
     let kc = operator_kubeconfig(c, &admin, ns, dir.path()).await;
-    let _nodes = create_nodes(
-        &admin,
-        &[kwok_node(
+    let _nodes = c
+        .create_nodes(&[kwok_node(
             "dr-blk",
             json!({ "kubernetes.io/hostname": "dr-blk" }),
-        )],
-    )
-    .await;
+        )])
+        .await;
     create_json(
         &admin,
         ns,

@@ -81,21 +81,20 @@ async fn pods_of(admin: &kube::Client, node: &str, app: &str) -> Vec<Pod> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once() {
+on_both!(an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once);
+async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once(
+    c: &'static Cluster,
+) {
     init_tracing();
-    let _one_engine = exclusive().await;
-    let c = cluster();
+    let _one_engine = c.exclusive().await;
     let admin = c.admin().await;
     let labels = |n: &str| json!({ "karpenter.sh/nodepool": "pe-pool", "preempt-test": "yes", "kubernetes.io/hostname": n });
-    let _nodes = create_nodes(
-        &admin,
-        &[
+    let _nodes = c
+        .create_nodes(&[
             kwok_node(NODE, labels(NODE)),
             kwok_node(SPARE, labels(SPARE)),
-        ],
-    )
-    .await;
+        ])
+        .await;
     let nodes: Api<Node> = Api::all(admin.clone());
     nodes.cordon(SPARE).await.unwrap();
     apply(
@@ -271,18 +270,17 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once()
         .await;
 }
 
+on_both!(oci_events_deliveries_taint_and_cordon_once_stored);
 /// An OCI Events delivery (OCI Notifications' HTTPS POST of a Compute "instance preemption action"
 /// event, written here from Oracle's event reference, not from nodekeeper's code) for each of several
 /// nodes: the controller answers 2xx only once the Node stores the notice, taint and cordon are then
 /// visible to a watch, and a redelivery changes nothing. Prints POST → taint latencies (a figure for
 /// docs/benchmarks.md, not an assertion).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oci_events_deliveries_taint_and_cordon_once_stored() {
+async fn oci_events_deliveries_taint_and_cordon_once_stored(c: &'static Cluster) {
     use futures::StreamExt;
     use kube::runtime::{watcher, WatchStreamExt};
     init_tracing();
-    let _one_engine = exclusive().await;
-    let c = cluster();
+    let _one_engine = c.exclusive().await;
     let admin = c.admin().await;
     const N: usize = 10;
     let names: Vec<String> = (0..N).map(|i| format!("oe-{i}")).collect();
@@ -297,7 +295,7 @@ async fn oci_events_deliveries_taint_and_cordon_once_stored() {
             node
         })
         .collect();
-    let _nodes = create_nodes(&admin, &nodes).await;
+    let _nodes = c.create_nodes(&nodes).await;
     let dir = tempfile::tempdir().unwrap();
     let token = "oci-events-test-token-0123456789";
     let config = controller_toml(dir.path(), "oci-events", |t| {

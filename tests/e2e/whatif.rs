@@ -14,19 +14,18 @@ use crate::support::*;
 const NODE: &str = "wf-0";
 const APP: &str = "whatif";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_snapshot_forecast_uses_the_pdb_status_the_disruption_controller_wrote() {
+on_both!(a_snapshot_forecast_uses_the_pdb_status_the_disruption_controller_wrote);
+async fn a_snapshot_forecast_uses_the_pdb_status_the_disruption_controller_wrote(
+    c: &'static Cluster,
+) {
     init_tracing();
-    let c = cluster();
     let admin = c.admin().await;
-    let _nodes = create_nodes(
-        &admin,
-        &[kwok_node(
+    let _nodes = c
+        .create_nodes(&[kwok_node(
             NODE,
             json!({ "kubernetes.io/hostname": NODE, "karpenter.sh/nodepool": "wf-pool" }),
-        )],
-    )
-    .await;
+        )])
+        .await;
     apply(
         c,
         &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {APP}}}\n"),

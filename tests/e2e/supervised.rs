@@ -37,11 +37,12 @@ impl Clock for FaultClock {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drain() {
+on_both!(a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drain);
+async fn a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drain(
+    c: &'static Cluster,
+) {
     init_tracing();
-    let _one_engine = exclusive().await;
-    let c = cluster();
+    let _one_engine = c.exclusive().await;
     let admin = c.admin().await;
     let ha = crate::failover::HaSetup::start(c, &admin, "sv", NS_APP, LEASE).await;
     let nodes: Api<Node> = Api::all(admin.clone());

@@ -16,20 +16,17 @@ use crate::support::*;
 const NODE: &str = "ev-0";
 const TAINT: &str = "nodekeeper.io/interruption";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events() {
+on_both!(a_preemption_notice_cordons_and_kubectl_describe_lists_the_events);
+async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events(c: &'static Cluster) {
     init_tracing();
-    let _one_engine = exclusive().await;
-    let c = cluster();
+    let _one_engine = c.exclusive().await;
     let admin = c.admin().await;
-    let _nodes = create_nodes(
-        &admin,
-        &[kwok_node(
+    let _nodes = c
+        .create_nodes(&[kwok_node(
             NODE,
             json!({ "karpenter.sh/nodepool": "ev-pool", "kubernetes.io/hostname": NODE }),
-        )],
-    )
-    .await;
+        )])
+        .await;
     let dir = tempfile::tempdir().unwrap();
     let config = controller_toml(dir.path(), "events", |_| {});
     let ctl_proc = ControllerProc::start(c, &config, "events").await;

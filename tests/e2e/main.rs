@@ -1,4 +1,4 @@
-//! nodekeeper on a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+//! nodekeeper end to end on a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
 //! kube-scheduler and KWOK, built from Go modules), as the shipped ServiceAccounts: RBAC, the
 //! ValidatingAdmissionPolicy, TokenRequest/TokenReview and the disruption controller are the real ones.
 //! One cluster serves the whole binary (`support::cluster()`); each test uses nodes of its own.
@@ -6,13 +6,15 @@
 //! (scripts/setup-kubectl.sh); a missing prerequisite fails the test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[macro_use]
+mod support;
+
 #[path = "../agent_proc/mod.rs"]
 mod agent_proc;
 #[path = "../ctl/mod.rs"]
 mod ctl;
 #[path = "../packaging_support/mod.rs"]
 mod packaging_support;
-mod support;
 
 mod demo;
 mod drain;

@@ -30,11 +30,9 @@ async fn the_agent_cannot_write_nodes_and_the_admission_policy_keeps_it_to_its_o
     init_tracing();
     let c = cluster();
     let admin = c.admin().await;
-    let _nodes = create_nodes(
-        &admin,
-        &[kwok_node("pv-0", json!({})), kwok_node("pv-1", json!({}))],
-    )
-    .await;
+    let _nodes = c
+        .create_nodes(&[kwok_node("pv-0", json!({})), kwok_node("pv-1", json!({}))])
+        .await;
     let (pod, uid) = agent_pod_on(&admin, "pv-0").await;
     let token = sa_token(&admin, NS, AGENT_SA, None, Some((&pod, &uid))).await;
     let agent = c.client_with_token(&token).await;

@@ -23,21 +23,18 @@ fn has_label(n: &Node) -> bool {
         .is_some_and(|l| l.contains_key(LABEL))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready() {
+on_both!(the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready);
+async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready(c: &'static Cluster) {
     init_tracing();
-    let _one_engine = exclusive().await;
-    let c = cluster();
+    let _one_engine = c.exclusive().await;
     let admin = c.admin().await;
     let labels = |n: &str| json!({ LABEL: "get_kubesvc_failure", "kubernetes.io/hostname": n });
-    let _nodes = create_nodes(
-        &admin,
-        &[
+    let _nodes = c
+        .create_nodes(&[
             kwok_node(NODE, labels(NODE)),
             kwok_node(OTHER, labels(OTHER)),
-        ],
-    )
-    .await;
+        ])
+        .await;
     let dir = tempfile::tempdir().unwrap();
     let config = controller_toml(dir.path(), "labels", |_| {});
     let ctl = ControllerProc::start(c, &config, "labels").await;

@@ -1,11 +1,15 @@
-//! The real control plane for the `real` test binary: one cluster per test process, started by
-//! `scripts/k8s-cluster.sh up` (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK,
-//! built from Go modules by scripts/setup-k8s.sh) and stopped by its owner watcher when the process exits.
+//! The two clusters of the `e2e` test binary, behind one interface ([`Cluster`]): the real control
+//! plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, KWOK, built from Go modules by
+//! scripts/setup-k8s.sh and started by `scripts/k8s-cluster.sh up`) and the sim (`nodekeeper sim
+//! apiserver --tls`, the demo's cluster, with its kubelet, scheduler and workload loops at real time).
+//! One of each per test process, started on first use and stopped when the process exits; every
+//! scenario written with [`on_both!`] runs on each (`NAME::sim`, `NAME::real`).
 //!
-//! The shipped manifests (`kubectl kustomize manifests/`) are installed once, minus the controller
-//! Deployment (the tests run the controller as a process of their own). nodekeeper's code in these tests
-//! authenticates only with ServiceAccount tokens minted by TokenRequest, never as `system:masters`: the
-//! harness's admin credential sets up the cluster and reads results.
+//! The shipped manifests (`kubectl kustomize manifests/`) are installed once into each, minus the
+//! controller Deployment (the tests run the controller as a process of their own). nodekeeper's code in
+//! these tests authenticates only with ServiceAccount tokens minted by TokenRequest, never as
+//! `system:masters`: the harness's admin credential sets up the cluster and reads results. (The sim
+//! stores RBAC objects and the admission policy but enforces neither: the tests of those are real-only.)
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
@@ -48,22 +52,52 @@ pub fn init_tracing() {
         .try_init();
 }
 
-/// The running cluster: where its files are.
+/// Which API server a [`Cluster`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `nodekeeper sim apiserver`: the sim's loops play kubelets, scheduler and workload controllers.
+    Sim,
+    /// kube-apiserver with kube-controller-manager, kube-scheduler and KWOK.
+    Real,
+}
+
+/// A running cluster: where its files are (`dir/kubeconfig` is the admin's, `dir/pki/ca.crt` its CA).
 pub struct Cluster {
+    pub backend: Backend,
     pub dir: PathBuf,
     pub kubeconfig: PathBuf,
     pub server: String,
     pub ca_pem: Vec<u8>,
 }
 
-static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+/// Runs the scenario `async fn NAME(c: &'static Cluster)` once on each backend, as the tests
+/// `NAME::sim` and `NAME::real`.
+macro_rules! on_both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sim() {
+                super::$name($crate::support::sim()).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn real() {
+                super::$name($crate::support::cluster()).await
+            }
+        }
+    };
+}
 
-/// The process's cluster, started (and the manifests installed) on first use. A failure to start is a
-/// test failure naming the component and its log, never a skip.
-pub fn cluster() -> &'static Cluster {
-    let c = CLUSTER.get_or_init(|| {
-        // One try per process: the other tests fail with the same message instead of retrying.
-        std::panic::catch_unwind(start_cluster).map_err(|e| {
+static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+static SIM: OnceLock<Result<Cluster, String>> = OnceLock::new();
+
+/// One try per process: the other tests fail with the same message instead of retrying. A failure
+/// to start is a test failure naming the component and its log, never a skip.
+fn once(
+    cell: &'static OnceLock<Result<Cluster, String>>,
+    start: fn() -> Cluster,
+) -> &'static Cluster {
+    let c = cell.get_or_init(|| {
+        std::panic::catch_unwind(start).map_err(|e| {
             e.downcast_ref::<String>()
                 .cloned()
                 .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
@@ -76,39 +110,125 @@ pub fn cluster() -> &'static Cluster {
     }
 }
 
+/// The process's real control plane, started (and the manifests installed) on first use.
+pub fn cluster() -> &'static Cluster {
+    once(&CLUSTER, start_cluster)
+}
+
+/// The process's sim, started (and the manifests installed) on first use.
+pub fn sim() -> &'static Cluster {
+    once(&SIM, start_sim)
+}
+
 fn start_cluster() -> Cluster {
-    {
-        let dir = std::env::temp_dir().join(format!("nodekeeper-real-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut up = Command::new(repo().join("scripts/k8s-cluster.sh"));
-        up.arg("up").arg(&dir);
-        // NODEKEEPER_REAL_KEEP=1 leaves the cluster running after the tests, for a look with kubectl
-        // (`scripts/k8s-cluster.sh down DIR` stops it); otherwise it stops when this process exits.
-        if std::env::var_os("NODEKEEPER_REAL_KEEP").is_none() {
-            up.arg("--owner-pid").arg(std::process::id().to_string());
-        }
-        let out = up.output().expect("run scripts/k8s-cluster.sh");
-        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-        assert!(
-            out.status.success(),
-            "scripts/k8s-cluster.sh up {} failed (logs in {}/logs)",
-            dir.display(),
-            dir.display()
-        );
-        let ports = std::fs::read_to_string(dir.join("ports")).unwrap();
-        let api = ports
-            .lines()
-            .find_map(|l| l.strip_prefix("kube-apiserver="))
-            .expect("kube-apiserver port");
-        let c = Cluster {
-            kubeconfig: dir.join("kubeconfig"),
-            server: format!("https://127.0.0.1:{api}"),
-            ca_pem: std::fs::read(dir.join("pki/ca.crt")).unwrap(),
-            dir,
-        };
-        install_manifests(&c);
-        c
+    let dir = std::env::temp_dir().join(format!("nodekeeper-real-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut up = Command::new(repo().join("scripts/k8s-cluster.sh"));
+    up.arg("up").arg(&dir);
+    // NODEKEEPER_REAL_KEEP=1 leaves the cluster running after the tests, for a look with kubectl
+    // (`scripts/k8s-cluster.sh down DIR` stops it); otherwise it stops when this process exits.
+    if std::env::var_os("NODEKEEPER_REAL_KEEP").is_none() {
+        up.arg("--owner-pid").arg(std::process::id().to_string());
     }
+    let out = up.output().expect("run scripts/k8s-cluster.sh");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "scripts/k8s-cluster.sh up {} failed (logs in {}/logs)",
+        dir.display(),
+        dir.display()
+    );
+    let ports = std::fs::read_to_string(dir.join("ports")).unwrap();
+    let api = ports
+        .lines()
+        .find_map(|l| l.strip_prefix("kube-apiserver="))
+        .expect("kube-apiserver port");
+    let c = Cluster {
+        backend: Backend::Real,
+        kubeconfig: dir.join("kubeconfig"),
+        server: format!("https://127.0.0.1:{api}"),
+        ca_pem: std::fs::read(dir.join("pki/ca.crt")).unwrap(),
+        dir,
+    };
+    install_manifests(&c);
+    c
+}
+
+/// `nodekeeper sim apiserver --tls`, which exits once this test process is gone (`--owner-pid`).
+fn start_sim() -> Cluster {
+    use std::io::BufRead;
+    let dir = std::env::temp_dir().join(format!("nodekeeper-sim-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("pki")).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let log = std::fs::File::create(dir.join("sim.log")).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nodekeeper"));
+    cmd.args([
+        "sim",
+        "apiserver",
+        "--tls",
+        "--empty",
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .arg("--owner-pid")
+    .arg(std::process::id().to_string())
+    .arg("--kubeconfig-out")
+    .arg(&kubeconfig)
+    .env("NODEKEEPER_LOG_LEVEL", "warn")
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(log);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("sim-owner".into())
+        .spawn(move || {
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(Err(format!("cannot start nodekeeper sim apiserver: {e}")));
+                    return;
+                }
+            };
+            let stdout = child.stdout.take().unwrap();
+            let mut lines = std::io::BufReader::new(stdout).lines();
+            let url = lines.find_map(|l| {
+                l.ok()?
+                    .strip_prefix("nodekeeper sim apiserver listening on ")
+                    .map(str::to_string)
+            });
+            let _ = tx.send(
+                url.ok_or_else(|| "nodekeeper sim apiserver exited before listening".to_string()),
+            );
+            // Keep reading: a full pipe would block the sim.
+            for _ in lines {}
+            let _ = child.wait();
+        })
+        .unwrap();
+    let server = rx
+        .recv()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e} (log: {})", dir.join("sim.log").display()));
+    let kc = Kubeconfig::read_from(&kubeconfig).unwrap();
+    let ca_b64 = kc.clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.certificate_authority_data.clone())
+        .expect("the sim's kubeconfig names its CA");
+    use base64::Engine;
+    let ca_pem = base64::engine::general_purpose::STANDARD
+        .decode(ca_b64)
+        .unwrap();
+    std::fs::write(dir.join("pki/ca.crt"), &ca_pem).unwrap();
+    let c = Cluster {
+        backend: Backend::Sim,
+        kubeconfig,
+        server,
+        ca_pem,
+        dir,
+    };
+    install_manifests(&c);
+    c
 }
 
 /// The shipped manifests (`scripts/k8s-cluster.sh install`: `kubectl kustomize manifests/` without the
@@ -247,42 +367,107 @@ pub fn kwok_node(name: &str, labels: serde_json::Value) -> Node {
 /// Deletes its nodes when dropped (the test passed or panicked), so no engine of a later test acts on
 /// them. Deleting a Node lets the pod garbage collector remove its pods.
 #[must_use = "the nodes are deleted when this is dropped"]
-pub struct NodesGuard(Vec<String>);
+pub struct NodesGuard(Vec<String>, &'static Cluster);
 
 impl Drop for NodesGuard {
     fn drop(&mut self) {
-        let Some(Ok(c)) = CLUSTER.get() else { return };
         let mut args = vec!["delete", "node", "--wait=false", "--ignore-not-found"];
         args.extend(self.0.iter().map(String::as_str));
-        let _ = kubectl(c, &args);
+        let _ = kubectl(self.1, &args);
     }
 }
 
-/// Creates the KWOK nodes and waits until each is Ready; they are deleted when the guard drops.
-pub async fn create_nodes(admin: &kube::Client, nodes: &[Node]) -> NodesGuard {
-    let api: Api<Node> = Api::all(admin.clone());
-    for n in nodes {
-        api.create(&PostParams::default(), n).await.unwrap();
-    }
-    for n in nodes {
-        let name = n.metadata.name.clone().unwrap();
-        wait_until(
-            Duration::from_secs(30),
-            &format!("node {name} Ready"),
-            || {
-                let api = api.clone();
-                let name = name.clone();
-                async move { api.get(&name).await.map(|n| is_ready(&n)).unwrap_or(false) }
-            },
+impl Cluster {
+    /// Creates the nodes (KWOK's on the real cluster; the sim's kubelets play every node) and waits
+    /// until each is Ready; they are deleted when the guard drops.
+    pub async fn create_nodes(&'static self, nodes: &[Node]) -> NodesGuard {
+        let api: Api<Node> = Api::all(self.admin().await);
+        for n in nodes {
+            api.create(&PostParams::default(), n).await.unwrap();
+        }
+        for n in nodes {
+            let name = n.metadata.name.clone().unwrap();
+            wait_until(
+                Duration::from_secs(30),
+                &format!("node {name} Ready"),
+                || {
+                    let api = api.clone();
+                    let name = name.clone();
+                    async move { api.get(&name).await.map(|n| is_ready(&n)).unwrap_or(false) }
+                },
+            )
+            .await;
+        }
+        NodesGuard(
+            nodes
+                .iter()
+                .filter_map(|n| n.metadata.name.clone())
+                .collect(),
+            self,
         )
-        .await;
     }
-    NodesGuard(
-        nodes
-            .iter()
-            .filter_map(|n| n.metadata.name.clone())
-            .collect(),
-    )
+
+    /// The node's kubelet posts Ready=False (its container runtime is down), as a real kubelet does.
+    ///
+    /// Real: the label `nodekeeper.test/kubelet` keeps KWOK from re-initializing the node to Ready
+    /// (the stages of scripts/setup-k8s.sh), then the status is patched; kube-controller-manager then
+    /// taints it `node.kubernetes.io/not-ready`. (A dead kubelet, Ready=Unknown, cannot be had per node:
+    /// KWOK 0.8.0 keeps renewing the Lease of every node it ever managed.) Sim: its admin hook pins the
+    /// condition, so its kubelet loop keeps posting it.
+    pub async fn kubelet_reports_not_ready(&self, node: &str) {
+        let admin = self.admin().await;
+        match self.backend {
+            Backend::Sim => {
+                let body = serde_json::json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                    "message": "container runtime network not ready: NetworkReady=false"});
+                let req = http::Request::post(format!("/sim/v1/nodes/{node}/conditions"))
+                    .header("content-type", "application/json")
+                    .body(serde_json::to_vec(&body).unwrap())
+                    .unwrap();
+                let _: serde_json::Value =
+                    admin.request(req).await.expect("the sim's condition hook");
+            }
+            Backend::Real => {
+                let api: Api<Node> = Api::all(admin);
+                let label = serde_json::json!({ "metadata": { "labels": { "nodekeeper.test/kubelet": "not-ready" } } });
+                api.patch(
+                    node,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&label),
+                )
+                .await
+                .unwrap();
+                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let status = serde_json::json!({ "status": { "conditions": [{
+                    "type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                    "message": "container runtime network not ready: NetworkReady=false",
+                    "lastHeartbeatTime": now, "lastTransitionTime": now
+                }] } });
+                api.patch_status(
+                    node,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Strategic(&status),
+                )
+                .await
+                .unwrap();
+            }
+        }
+    }
+
+    /// Tests whose controller runs the disruption engine act on every Node of their cluster: they
+    /// take this lock, so one engine runs at a time per cluster, and delete their nodes when done.
+    pub async fn exclusive(&self) -> tokio::sync::MutexGuard<'static, ()> {
+        static REAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        static SIM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        match self.backend {
+            Backend::Real => REAL.lock().await,
+            Backend::Sim => SIM.lock().await,
+        }
+    }
+
+    pub fn is_real(&self) -> bool {
+        self.backend == Backend::Real
+    }
 }
 
 pub fn is_ready(n: &Node) -> bool {
@@ -499,44 +684,6 @@ pub fn unschedulable(n: &Node) -> bool {
         .as_ref()
         .and_then(|s| s.unschedulable)
         .unwrap_or(false)
-}
-
-/// The node's kubelet posts Ready=False (its container runtime is down), as a real kubelet does; the
-/// label `nodekeeper.test/kubelet` keeps KWOK from re-initializing the node to Ready (the stages of
-/// scripts/setup-k8s.sh). kube-controller-manager then taints it `node.kubernetes.io/not-ready`.
-/// (A dead kubelet, Ready=Unknown, cannot be had per node: KWOK 0.8.0 keeps renewing the Lease of every
-/// node it ever managed.)
-pub async fn kubelet_reports_not_ready(admin: &kube::Client, node: &str) {
-    let api: Api<Node> = Api::all(admin.clone());
-    let label =
-        serde_json::json!({ "metadata": { "labels": { "nodekeeper.test/kubelet": "not-ready" } } });
-    api.patch(
-        node,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(&label),
-    )
-    .await
-    .unwrap();
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let status = serde_json::json!({ "status": { "conditions": [{
-        "type": "Ready", "status": "False", "reason": "KubeletNotReady",
-        "message": "container runtime network not ready: NetworkReady=false",
-        "lastHeartbeatTime": now, "lastTransitionTime": now
-    }] } });
-    api.patch_status(
-        node,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Strategic(&status),
-    )
-    .await
-    .unwrap();
-}
-
-/// Tests whose controller runs the disruption engine act on every Node of the shared cluster: they
-/// take this lock, so one engine runs at a time, and delete their nodes when done.
-pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
-    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    LOCK.lock().await
 }
 
 /// The value of an unlabelled Prometheus sample `name` in a text exposition (0 when absent).
