@@ -92,49 +92,46 @@ fn scenario() -> Scenario {
     }
 }
 
-/// `n` pods of ReplicaSet `guarded` bound to spot-0, covered by PDB `guarded-pdb` (maxUnavailable
-/// 1): their evictions are admitted one at a time, each once the ReplicaSet's replacement (scheduled
-/// on the general pool) is Ready — the disruption controller counts the ReplicaSet's scale, as the
-/// real one does (bare pods under `maxUnavailable` would allow no eviction at all).
+/// ReplicaSet `guarded` of `n` pods on spot-0, covered by PDB `guarded-pdb` (maxUnavailable 2):
+/// their evictions are admitted two at a time, each once the ReplicaSet's replacement (scheduled on
+/// the general pool) is Ready — the disruption controller counts the ReplicaSet's scale, as the real
+/// one does (bare pods under `maxUnavailable` would allow no eviction at all). The template pins the
+/// pods to the spot pool until they run there, then no longer, so replacements go elsewhere.
 async fn guarded_pods(c: &kube_sim::TestCluster, n: usize) {
     use k8s_openapi::api::apps::v1::ReplicaSet;
-    use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use kube::api::{Patch, PatchParams, PostParams};
     let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "guarded-pdb", "namespace": "default"},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}))
+        "spec": {"maxUnavailable": 2, "selector": {"matchLabels": {"app": "guarded"}}}}))
     .unwrap();
     Api::namespaced(c.client.clone(), "default")
         .create(&PostParams::default(), &pdb)
         .await
         .unwrap();
-    // The ReplicaSet first at 0 replicas, its pods placed on spot-0 by hand, then scaled to n: it
-    // owns them and creates nothing until one is evicted.
     let rss: Api<ReplicaSet> = Api::namespaced(c.client.clone(), "default");
     let rs: ReplicaSet = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "guarded"},
-        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "guarded"}},
+        "spec": {"replicas": n, "selector": {"matchLabels": {"app": "guarded"}},
             "template": {"metadata": {"labels": {"app": "guarded"}},
                 "spec": {"terminationGracePeriodSeconds": 2,
+                    "nodeSelector": {"karpenter.sh/nodepool": "spot"},
                     "containers": [{"name": "c", "image": "registry.example/guarded:1"}]}}}}))
     .unwrap();
-    let rs = rss.create(&PostParams::default(), &rs).await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
-    for i in 0..n {
-        let p: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": format!("guarded-{i}"), "labels": {"app": "guarded"},
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "guarded",
-                    "uid": rs.metadata.uid, "controller": true, "blockOwnerDeletion": true}]},
-            "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 2,
-                "containers": [{"name": "c", "image": "registry.example/guarded:1"}]}}))
-        .unwrap();
-        pods.create(&PostParams::default(), &p).await.unwrap();
-    }
+    rss.create(&PostParams::default(), &rs).await.unwrap();
+    wait_until(Duration::from_secs(30), "guarded pods running", || async {
+        running_on(c, NODE).await >= 110
+    })
+    .await;
     rss.patch(
         "guarded",
         &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"replicas": n}})),
+        &Patch::Json::<()>(
+            serde_json::from_value(serde_json::json!([
+                {"op": "remove", "path": "/spec/template/spec/nodeSelector"}
+            ]))
+            .unwrap(),
+        ),
     )
     .await
     .unwrap();
@@ -144,7 +141,7 @@ async fn guarded_pods(c: &kube_sim::TestCluster, n: usize) {
 async fn preemption_taints_cordons_drains_in_tiers_and_replaces_once() {
     let mut l = loops();
     // The instance goes away after its notice time, not at the NodeClaim deletion.
-    l.terminate_delay = Duration::from_secs(150);
+    l.terminate_delay = Duration::from_secs(330);
     l.launch_delay = Duration::from_secs(20);
     let c = cluster(20.0, scenario(), l).await;
     wait_until(
@@ -154,10 +151,6 @@ async fn preemption_taints_cordons_drains_in_tiers_and_replaces_once() {
     )
     .await;
     guarded_pods(&c, 6).await;
-    wait_until(Duration::from_secs(30), "guarded pods running", || async {
-        running_on(&c, NODE).await >= 110
-    })
-    .await;
     let before = pods_on(&c, NODE).await.len();
     let web_before = pods_on(&c, NODE)
         .await
@@ -178,7 +171,7 @@ async fn preemption_taints_cordons_drains_in_tiers_and_replaces_once() {
     let engine = ctl.engine.clone().unwrap();
 
     let now = c.sim.store.clock.now();
-    let at = now + chrono::Duration::seconds(120);
+    let at = now + chrono::Duration::seconds(300);
     let ev = notice("spot-itn-1", EventKind::Preemption, Some(at), now);
     let t0 = std::time::Instant::now();
     assert!(ctl.app.states.ingest_event(NODE, ev).await);
@@ -269,7 +262,7 @@ async fn preemption_taints_cordons_drains_in_tiers_and_replaces_once() {
         Some(accepted.as_str())
     );
     // The instance goes away at its time; the provisioner launches a replacement that turns Ready.
-    c.sim.store.clock.advance(Duration::from_secs(150));
+    c.sim.store.clock.advance(Duration::from_secs(330));
     wait_until(
         Duration::from_secs(20),
         "a Ready replacement node",
