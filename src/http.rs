@@ -3,7 +3,7 @@
 //! given, the certificates of a CA file. Nothing depends on a process-wide rustls provider.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
@@ -27,11 +27,25 @@ pub enum TlsError {
     Build(#[from] reqwest::Error),
 }
 
+/// The system's root certificates, read once per process: every client built after the first
+/// (a webhook, a notification target, a reload of either) reuses them instead of walking the
+/// platform's certificate files again. A certificate that cannot be read is logged once.
+fn system_roots() -> &'static [CertificateDer<'static>] {
+    static ROOTS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for e in &found.errors {
+            tracing::warn!(error = %e, "reading the system's root certificates");
+        }
+        found.certs
+    })
+}
+
 /// A rustls client configuration trusting the system's roots and the certificates in `ca_file`.
 pub fn client_tls(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(c);
+    for c in system_roots() {
+        let _ = roots.add(c.clone());
     }
     if let Some(path) = ca_file {
         add_ca_file(&mut roots, path)?;
@@ -81,4 +95,12 @@ pub fn plain_builder() -> Result<reqwest::ClientBuilder, TlsError> {
 /// A client with [`builder`]'s trust and reqwest's defaults (the demo, tests, benchmarks).
 pub fn client() -> Result<reqwest::Client, TlsError> {
     Ok(builder(None)?.build()?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_system_roots_are_read_once_per_process() {
+        assert!(std::ptr::eq(super::system_roots(), super::system_roots()));
+    }
 }
