@@ -5,6 +5,7 @@ use std::sync::Mutex;
 
 use base64::Engine;
 use chrono::{DateTime, Utc};
+use k8s_openapi::api::authentication::v1::TokenReviewSpec;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -77,20 +78,13 @@ impl Tokens {
 
     /// Answers a TokenReview request body with the full TokenReview (spec + status).
     pub fn review(&self, clock: &SimClock, body: &Value) -> Value {
-        let token = body
-            .pointer("/spec/token")
-            .and_then(Value::as_str)
+        // A malformed spec reviews as an empty one: not authenticated.
+        let spec: TokenReviewSpec = body
+            .get("spec")
+            .and_then(|s| serde_json::from_value(s.clone()).ok())
             .unwrap_or_default();
-        let wanted: Vec<String> = body
-            .pointer("/spec/audiences")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let status = self.status(clock, token, &wanted);
+        let token = spec.token.as_deref().unwrap_or_default();
+        let status = self.status(clock, token, spec.audiences.as_deref().unwrap_or_default());
         let mut out = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
             "metadata": {"creationTimestamp": null}, "spec": body.get("spec").cloned().unwrap_or(json!({})),
             "status": status});

@@ -288,21 +288,18 @@ fn as_table(headers: &HeaderMap) -> bool {
 /// a pod of its namespace (and so to the pod's node) when `spec.boundObjectRef` names one, as
 /// kube-apiserver mints them; TokenReview then returns the pod and node as `user.extra`.
 fn token_request(sim: &Sim, ns: &str, sa: &str, req: &Value) -> ApiResult<Value> {
+    use k8s_openapi::api::authentication::v1::TokenRequestSpec;
     let accounts = resources::well_known::service_accounts();
     if sim.store.get(accounts, ns, sa).is_none() {
         return Err(ApiError::not_found(accounts, sa));
     }
-    let spec = req.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let mut spec: TokenRequestSpec =
+        serde_json::from_value(req.get("spec").cloned().unwrap_or_else(|| json!({})))
+            .map_err(|e| ApiError::bad_request(format!("TokenRequest spec: {e}")))?;
     let (mut pod, mut node) = (String::new(), String::new());
-    if let Some(bound) = spec.get("boundObjectRef").filter(|b| !b.is_null()) {
-        let kind = bound
-            .get("kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let name = bound
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+    if let Some(bound) = &spec.bound_object_ref {
+        let kind = bound.kind.as_deref().unwrap_or_default();
+        let name = bound.name.as_deref().unwrap_or_default();
         if kind != "Pod" {
             return Err(ApiError::bad_request(format!(
                 "cannot bind token to object of kind {kind:?}: the sim binds to pods only"
@@ -314,7 +311,7 @@ fn token_request(sim: &Sim, ns: &str, sa: &str, req: &Value) -> ApiResult<Value>
             .get(pods, ns, name)
             .ok_or_else(|| ApiError::not_found(pods, name))?;
         let uid = obj.pointer("/metadata/uid").and_then(Value::as_str);
-        if let Some(want) = bound.get("uid").and_then(Value::as_str) {
+        if let Some(want) = bound.uid.as_deref() {
             if uid != Some(want) {
                 return Err(ApiError::conflict(
                     pods,
@@ -330,32 +327,18 @@ fn token_request(sim: &Sim, ns: &str, sa: &str, req: &Value) -> ApiResult<Value>
             .unwrap_or_default()
             .to_string();
     }
-    let audiences = spec
-        .get("audiences")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let expiration_seconds = spec
-        .get("expirationSeconds")
-        .and_then(Value::as_i64)
-        .unwrap_or(3600);
+    let expiration_seconds = *spec.expiration_seconds.get_or_insert(3600);
     let (token, expires) = sim.tokens.mint(
         &sim.store.clock,
         super::auth::TokenRequest {
             pod,
             node,
-            audiences,
+            audiences: spec.audiences.clone(),
             namespace: ns.to_string(),
             service_account: sa.to_string(),
             expiration_seconds,
         },
     );
-    let mut spec = spec;
-    spec["expirationSeconds"] = json!(expiration_seconds);
     Ok(
         json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
         "metadata": {"name": sa, "namespace": ns, "creationTimestamp": null},

@@ -30,23 +30,28 @@ const DELETION_TIMEOUT: chrono::Duration = chrono::Duration::minutes(2);
 
 /// One pass over every PDB.
 pub fn tick(sim: &Sim) {
-    let now = sim.store.clock.now();
     let all = |res| sim.store.list(res, &Filter::default(), None, None).items;
-    let pods = all(well_known::pods());
+    let pdbs = all(well_known::pdbs());
+    // Most clusters of a scale run have no PDB: then no pod is read at all.
+    if pdbs.is_empty() {
+        return;
+    }
+    let now = sim.store.clock.now();
+    let mut pods_in: HashMap<String, Vec<Arc<Value>>> = HashMap::new();
+    for p in all(well_known::pods()) {
+        pods_in.entry(ns_of(&p).to_string()).or_default().push(p);
+    }
     let scales = Scales::new(
         &all(well_known::replicasets()),
         &all(well_known::deployments()),
         &all(well_known::statefulsets()),
     );
-    for pdb in all(well_known::pdbs()) {
+    for pdb in pdbs {
         if pdb.pointer("/metadata/deletionTimestamp").is_some() {
             continue;
         }
         let ns = ns_of(&pdb);
-        let mine = covered_by(
-            &pdb,
-            pods.iter().filter(|p| ns_of(p) == ns).cloned().collect(),
-        );
+        let mine = covered_by(&pdb, pods_in.get(ns).cloned().unwrap_or_default());
         let mine: Vec<&Value> = mine.iter().map(|p| p.as_ref()).collect();
         let status = status(&pdb, &mine, &scales, now);
         if pdb.get("status") == Some(&status) {
