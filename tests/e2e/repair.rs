@@ -73,9 +73,13 @@ toleration = "3s""#,
             let a = api.get(NODES[0]).await.ok()?;
             let b = api.get(NODES[1]).await.ok()?;
             let state = |n: &Node| annotation(n, keys::STATE).map(str::to_string);
+            // The hold's annotation and its NodekeeperHeld condition are two writes: wait for both.
+            let held = |n: &Node| {
+                annotation(n, keys::BLOCKED).is_some() && condition(n, "NodekeeperHeld").is_some()
+            };
             match (state(&a).as_deref(), state(&b).as_deref()) {
-                (Some("repairing"), _) if annotation(&b, keys::BLOCKED).is_some() => Some((a, b)),
-                (_, Some("repairing")) if annotation(&a, keys::BLOCKED).is_some() => Some((b, a)),
+                (Some("repairing"), _) if held(&b) => Some((a, b)),
+                (_, Some("repairing")) if held(&a) => Some((b, a)),
                 _ => None,
             }
         }
