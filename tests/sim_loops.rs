@@ -261,10 +261,20 @@ async fn deleting_a_nodeclaim_replaces_the_node() {
 async fn eviction_is_graceful_and_the_pdb_waits_for_the_replacement() {
     let c = fast_cluster().await;
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
-    eventually("4 ready web pods", 15, || async {
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(c.client.clone(), "default");
+    // The eviction decides from the PDB's status, as on a real cluster: wait until the disruption
+    // loop has counted the Ready pods, not only until they are Ready.
+    let counted = || async {
         ready_web_pods(&pods).await.len() == 4
-    })
-    .await;
+            && pdbs
+                .get("web-pdb")
+                .await
+                .unwrap()
+                .status
+                .is_some_and(|s| s.current_healthy == 4)
+    };
+    eventually("4 ready web pods, counted by the PDB", 15, counted).await;
     let victims = ready_web_pods(&pods).await;
     let first = victims[0].metadata.name.clone().unwrap();
     let second = victims[1].metadata.name.clone().unwrap();
@@ -283,10 +293,7 @@ async fn eviction_is_graceful_and_the_pdb_waits_for_the_replacement() {
         pods.get_opt(&first).await.unwrap().is_none()
     })
     .await;
-    eventually("replacement ready", 15, || async {
-        ready_web_pods(&pods).await.len() == 4
-    })
-    .await;
+    eventually("replacement ready, counted by the PDB", 15, counted).await;
     pods.evict(&second, &EvictParams::default()).await.unwrap();
 }
 
