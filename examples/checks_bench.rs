@@ -12,14 +12,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nodekeeper::agent::checks::config::ChecksConfig;
-use nodekeeper::agent::checks::disk::DiskCheck;
-use nodekeeper::agent::checks::kmsg::KmsgCheck;
-use nodekeeper::agent::checks::memory::MemoryCheck;
-use nodekeeper::agent::checks::pids::PidsCheck;
-use nodekeeper::agent::checks::systemd_unit::SystemdUnitCheck;
-use nodekeeper::agent::checks::{Checks, HealthCheck, HostRoot};
-use nodekeeper::agent::host::systemd::Systemd;
+use nodekeeper_core::agent::checks::config::ChecksConfig;
+use nodekeeper_core::agent::checks::disk::DiskCheck;
+use nodekeeper_core::agent::checks::kmsg::KmsgCheck;
+use nodekeeper_core::agent::checks::memory::MemoryCheck;
+use nodekeeper_core::agent::checks::pids::PidsCheck;
+use nodekeeper_core::agent::checks::systemd_unit::SystemdUnitCheck;
+use nodekeeper_core::agent::checks::{Checks, HealthCheck, HostRoot};
+use nodekeeper_core::agent::host::systemd::Systemd;
 
 /// utime + stime of this process, in seconds (clock ticks of 10 ms).
 fn cpu_seconds() -> f64 {

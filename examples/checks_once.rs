@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use nodekeeper::agent::checks::Checks;
-use nodekeeper::config::{Config, Env};
+use nodekeeper_core::agent::checks::Checks;
+use nodekeeper_core::config::{Config, Env};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {

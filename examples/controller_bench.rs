@@ -24,11 +24,11 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
-use nodekeeper::agent::checks::{CheckResult, ConditionStatus};
-use nodekeeper::agent::reporter::HttpsClient;
-use nodekeeper::controller::config::ControllerConfig;
-use nodekeeper::report::{NodeReport, REPORT_VERSION};
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_core::agent::checks::{CheckResult, ConditionStatus};
+use nodekeeper_core::agent::reporter::HttpsClient;
+use nodekeeper_core::controller::config::ControllerConfig;
+use nodekeeper_core::report::{NodeReport, REPORT_VERSION};
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 
 const SA: &str = "system:serviceaccount:nodekeeper:nodekeeper-agent";
 const NAME: &str = "nodekeeper-controller.nodekeeper.svc";
@@ -65,7 +65,7 @@ fn report(node: &str, seq: u64, status: ConditionStatus) -> Vec<u8> {
 /// The child of phase 3: `--hold N --port P --ca FILE`: N agents' clients, one `GET /livez` each,
 /// prints `held N` and keeps them (answering the server's HTTP/2 pings) until killed.
 async fn hold(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let _ = nodekeeper::controller::server::raise_open_files_limit();
+    let _ = nodekeeper_core::controller::server::raise_open_files_limit();
     let port = arg("--port", 0);
     let args: Vec<String> = std::env::args().collect();
     let ca = args
@@ -214,7 +214,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         ..Default::default()
     };
     cfg.leader.retry_period = Duration::from_millis(200);
-    let ctl = nodekeeper::controller::start(cluster.client.clone(), &cfg).await?;
+    let ctl = nodekeeper_core::controller::start(cluster.client.clone(), &cfg).await?;
     while !(ctl.app.ready.load(Ordering::Relaxed) && *ctl.app.leader.borrow()) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

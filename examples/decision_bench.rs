@@ -22,9 +22,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
-use nodekeeper::sim::apiserver::loops::LoopOptions;
-use nodekeeper::sim::apiserver::scenario::Scenario;
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_sim::apiserver::loops::LoopOptions;
+use nodekeeper_sim::apiserver::scenario::Scenario;
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
@@ -101,7 +101,7 @@ budgets = [{{ nodes = "100%" }}]
         .spawn()
         .unwrap_or_else(|e| panic!("{exe}: {e}"));
     let pid = child.id().expect("pid");
-    let http = nodekeeper::http::client().unwrap();
+    let http = nodekeeper_core::http::client().unwrap();
     let start = Instant::now();
     loop {
         let ok = http
@@ -353,11 +353,11 @@ async fn notice_to_cordon(
         .await
         .expect("watch never listed the nodes")
         .expect("watch task ended");
-    let http = nodekeeper::http::client().unwrap();
+    let http = nodekeeper_core::http::client().unwrap();
     let mut sent: HashMap<String, Instant> = HashMap::new();
     for (i, node) in chosen.into_iter().enumerate() {
-        let body = nodekeeper::sim::oci_events::envelope(
-            nodekeeper::sim::oci_events::OciEventKind::Preemption,
+        let body = nodekeeper_sim::oci_events::envelope(
+            nodekeeper_sim::oci_events::OciEventKind::Preemption,
             &ocid(&node),
             "",
         );

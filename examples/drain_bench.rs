@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use nodekeeper::sim::apiserver::resources::well_known;
-use nodekeeper::sim::apiserver::scenario::running_status;
-use nodekeeper::sim::apiserver::store::WriteTarget;
-use nodekeeper::sim::apiserver::{Sim, SimOptions, TestCluster};
+use nodekeeper_sim::apiserver::resources::well_known;
+use nodekeeper_sim::apiserver::scenario::running_status;
+use nodekeeper_sim::apiserver::store::WriteTarget;
+use nodekeeper_sim::apiserver::{Sim, SimOptions, TestCluster};
 use serde_json::{json, Value};
 
 #[derive(Parser)]
@@ -48,7 +48,7 @@ const FINALIZER: &str = "bench.nodekeeper.io/kubelet";
 
 fn create(
     sim: &Sim,
-    res: &'static nodekeeper::sim::apiserver::resources::ResourceDef,
+    res: &'static nodekeeper_sim::apiserver::resources::ResourceDef,
     ns: &str,
     obj: Value,
 ) -> Value {

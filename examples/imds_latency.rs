@@ -11,10 +11,10 @@
 
 use std::time::{Duration, Instant};
 
-use nodekeeper::agent::sources::config::{NoticeKind, OciPollPath};
-use nodekeeper::agent::sources::driver::{run, SourceMessage};
-use nodekeeper::agent::sources::{build, Cloud, EventKind, SourcesConfig};
-use nodekeeper::sim::imds::{oci as emu_oci, CancelWhat, ImdsEmulator};
+use nodekeeper_core::agent::sources::config::{NoticeKind, OciPollPath};
+use nodekeeper_core::agent::sources::driver::{run, SourceMessage};
+use nodekeeper_core::agent::sources::{build, Cloud, EventKind, SourcesConfig};
+use nodekeeper_sim::imds::{oci as emu_oci, CancelWhat, ImdsEmulator};
 use tokio::sync::{mpsc, watch};
 
 fn config(url: &str) -> SourcesConfig {

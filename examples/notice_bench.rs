@@ -17,7 +17,7 @@
 //! `--kubeconfig FILE` runs it on a real control plane instead of the sim (`scripts/bench-notice.sh
 //! --real` starts one): KWOK nodes, the controller as the `nodekeeper-controller` ServiceAccount,
 //! each agent with tokens bound to the shipped DaemonSet's pod on its node (the demo's
-//! [`nodekeeper::demo::real`] backend).
+//! [`nodekeeper_sim::demo::real`] backend).
 //!
 //! `cargo run --example notice_bench -- [--trials 20] [--poll-ms 1000] [--kubeconfig FILE]` (or
 //! `scripts/bench-notice.sh`); the agent binary is `NODEKEEPER_BIN`, else the `nodekeeper` of
@@ -35,15 +35,15 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
-use nodekeeper::agent::sources::Cloud;
-use nodekeeper::controller::engine::EngineOptions;
-use nodekeeper::controller::policy::PolicyConfig;
-use nodekeeper::controller::provider::ProviderConfig;
-use nodekeeper::demo::agents::Agents;
-use nodekeeper::demo::backend::Backend;
-use nodekeeper::demo::real::RealCluster;
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
-use nodekeeper::sim::oci_events::{envelope, OciEventKind};
+use nodekeeper_core::agent::sources::Cloud;
+use nodekeeper_core::controller::engine::EngineOptions;
+use nodekeeper_core::controller::policy::PolicyConfig;
+use nodekeeper_core::controller::provider::ProviderConfig;
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_sim::demo::agents::Agents;
+use nodekeeper_sim::demo::backend::Backend;
+use nodekeeper_sim::demo::real::RealCluster;
+use nodekeeper_sim::oci_events::{envelope, OciEventKind};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -168,7 +168,7 @@ async fn polled(
 
 /// OCI Events: POST to the controller, a fresh node per trial.
 async fn pushed(trials: usize, env: &BenchEnv) -> Result<Vec<f64>, BoxError> {
-    let http = nodekeeper::http::client().unwrap();
+    let http = nodekeeper_core::http::client().unwrap();
     let ocid = |i: usize| format!("ocid1.instance.oc1.phx.benchpush{i}");
     for i in 0..trials {
         add_node(
@@ -248,16 +248,16 @@ async fn main() -> Result<(), BoxError> {
 
     // The demo's controller settings (plain HTTP on loopback, the agents' service account),
     // no replacement provider, OCI Events on; the default policy (preemption → drain_replace).
-    let mut cfg = nodekeeper::demo::script::controller_config(None);
+    let mut cfg = nodekeeper_sim::demo::script::controller_config(None);
     cfg.provider = ProviderConfig::None;
     cfg.oci_events.enabled = true;
-    cfg.oci_events.token = nodekeeper::config::Secret::new(OCI_TOKEN);
+    cfg.oci_events.token = nodekeeper_core::config::Secret::new(OCI_TOKEN);
     let engine = EngineOptions::new(PolicyConfig::default());
     let client = cluster
         .controller_client()
         .await
         .map_err(|e| e.to_string())?;
-    let ctl = nodekeeper::controller::start_with(client, &cfg, Some(engine)).await?;
+    let ctl = nodekeeper_core::controller::start_with(client, &cfg, Some(engine)).await?;
     let start = Instant::now();
     while !*ctl.app.leader.borrow() {
         if start.elapsed() > Duration::from_secs(30) {

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
-use nodekeeper::sim::apiserver::resources::well_known;
-use nodekeeper::sim::apiserver::scenario::Scenario;
-use nodekeeper::sim::apiserver::store::WriteTarget;
-use nodekeeper::sim::apiserver::{loops::LoopOptions, SimOptions, TestCluster};
+use nodekeeper_sim::apiserver::resources::well_known;
+use nodekeeper_sim::apiserver::scenario::Scenario;
+use nodekeeper_sim::apiserver::store::WriteTarget;
+use nodekeeper_sim::apiserver::{loops::LoopOptions, SimOptions, TestCluster};
 use serde_json::json;
 
 fn rss_mib() -> f64 {

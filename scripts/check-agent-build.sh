@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the agent build (`--no-default-features`, README "Builds"): it has the agent's commands
-# and none of the others, and the controller, sim and demo code is really gone from the binary
-# (that is what makes it smaller in memory). Run by scripts/test.sh after `cargo test`; the debug
+# and none of the others, and the controller, sim and demo code is not even compiled (cargo tree)
+# and gone from the binary (that is what makes it smaller in memory). Run by scripts/test.sh after `cargo test`; the debug
 # build reuses the test build's dependencies, so only nodekeeper itself is compiled again.
 . "$(dirname "$0")/lib.sh"
 cd "$REPO"
@@ -51,12 +51,21 @@ types = {c["condition_type"] for c in r["conditions"]}
 assert {"NodekeeperMemoryPressure", "NodekeeperPIDPressure"} <= types, types
 assert r["node"] == "n1" and "agent build" in r["agent_version"], r
 PY
-# The linker dropped what no agent command reaches (symbols of the full build's modules).
+# The agent build compiles no controller, sim or demo code: neither the stand-ins crate nor the
+# controller's own dependencies are in its dependency tree...
+cargo tree --locked -p nodekeeper --no-default-features -e normal --prefix none >"$T/tree"
+grep -q "^nodekeeper-core " "$T/tree" || fail "no nodekeeper-core in the agent build's tree (cargo tree broken?)"
+for crate in nodekeeper-sim axum cron chrono-tz hmac rcgen serde_yaml prost; do
+  if grep -q "^$crate " "$T/tree"; then
+    fail "the agent build depends on $crate"
+  fi
+done
+# ...and its binary holds none of their symbols.
 nm -C "$NK" >"$T/symbols"
-grep -q "nodekeeper::agent::" "$T/symbols" || fail "no nodekeeper::agent code at all (nm broken?)"
-for module in controller::engine controller::server sim::apiserver demo::; do
-  if grep -q "nodekeeper::$module" "$T/symbols"; then
-    fail "the agent build still holds nodekeeper::$module code"
+grep -q "nodekeeper_core::agent::" "$T/symbols" || fail "no nodekeeper_core::agent code at all (nm broken?)"
+for module in nodekeeper_core::controller:: nodekeeper_sim::; do
+  if grep -q "$module" "$T/symbols"; then
+    fail "the agent build still holds $module code"
   fi
 done
 log "agent build: ok ($(size -A "$NK" | awk '$1==".text" {print $2}') bytes of .text in debug)"

@@ -4,5 +4,5 @@
 "$REPO/scripts/setup.sh"
 cd "$REPO"
 log "cargo test"
-cargo test --locked --all-targets "$@" -- --test-threads="${NODEKEEPER_TEST_THREADS:-4}"
+cargo test --locked --workspace --all-targets "$@" -- --test-threads="${NODEKEEPER_TEST_THREADS:-4}"
 "$REPO/scripts/check-agent-build.sh"

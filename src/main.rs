@@ -1,3 +1,8 @@
+//! The `nodekeeper` binary: the only place with argument parsing, runtimes, printing and exit
+//! codes. The product is `nodekeeper-core`; the stand-ins (sim, demo) are `nodekeeper-sim`.
+
+mod cli;
+
 fn main() -> std::process::ExitCode {
-    nodekeeper::cli::main()
+    cli::main()
 }

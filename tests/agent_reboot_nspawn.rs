@@ -28,8 +28,8 @@ use std::time::Duration;
 use agent_proc::{free_port, report_toml, Agent};
 use common::nspawn::NspawnNode;
 use ctl::*;
-use nodekeeper::agent::host::systemd::Systemd;
-use nodekeeper::report::AgentCommand;
+use nodekeeper_core::agent::host::systemd::Systemd;
+use nodekeeper_core::report::AgentCommand;
 
 const NODE: &str = "n0";
 

@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use nodekeeper::agent::checks::config::{ByteSize, RuleKind};
-use nodekeeper::config::{Config, ConfigError, Env};
+use nodekeeper_core::agent::checks::config::{ByteSize, RuleKind};
+use nodekeeper_core::config::{Config, ConfigError, Env};
 
-fn load(text: &str) -> Result<nodekeeper::config::Loaded, ConfigError> {
+fn load(text: &str) -> Result<nodekeeper_core::config::Loaded, ConfigError> {
     Config::load_str(Path::new("c.toml"), text, &Env::default(), &|| None)
 }
 

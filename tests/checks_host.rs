@@ -5,19 +5,19 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nodekeeper::agent::checks::config::{
+use nodekeeper_core::agent::checks::config::{
     ByteSize, ChecksConfig, DiskConfig, KmsgConfig, MemoryConfig, PidsConfig, SystemdConfig,
 };
-use nodekeeper::agent::checks::debounce::FlapConfig;
-use nodekeeper::agent::checks::disk::{stat_path, DiskCheck, PathState};
-use nodekeeper::agent::checks::memory::MemoryCheck;
-use nodekeeper::agent::checks::pids::PidsCheck;
-use nodekeeper::agent::checks::{CheckError, Checks, ConditionStatus, HealthCheck, HostRoot};
+use nodekeeper_core::agent::checks::debounce::FlapConfig;
+use nodekeeper_core::agent::checks::disk::{stat_path, DiskCheck, PathState};
+use nodekeeper_core::agent::checks::memory::MemoryCheck;
+use nodekeeper_core::agent::checks::pids::PidsCheck;
+use nodekeeper_core::agent::checks::{CheckError, Checks, ConditionStatus, HealthCheck, HostRoot};
 
 fn find<'a>(
-    round: &'a nodekeeper::agent::checks::Round,
+    round: &'a nodekeeper_core::agent::checks::Round,
     t: &str,
-) -> &'a nodekeeper::agent::checks::CheckResult {
+) -> &'a nodekeeper_core::agent::checks::CheckResult {
     round
         .conditions
         .iter()
@@ -88,7 +88,7 @@ async fn memory_on_this_machine_is_sane() {
     let r = &out.conditions[0];
     assert_ne!(r.status, ConditionStatus::Unknown);
     let text = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let m = nodekeeper::agent::checks::memory::parse_meminfo(&text).unwrap();
+    let m = nodekeeper_core::agent::checks::memory::parse_meminfo(&text).unwrap();
     assert!(m.total > 64 << 20, "total {} bytes", m.total);
     assert!(m.available > 0 && m.available <= m.total, "{m:?}");
     assert!(r.message.starts_with("MemAvailable "), "{}", r.message);
@@ -377,7 +377,7 @@ async fn a_hung_check_times_out() {
         fn condition_types(&self) -> Vec<String> {
             vec!["HangCondition".into()]
         }
-        fn check(&mut self) -> nodekeeper::agent::checks::CheckFuture<'_> {
+        fn check(&mut self) -> nodekeeper_core::agent::checks::CheckFuture<'_> {
             Box::pin(async {
                 std::future::pending::<()>().await;
                 unreachable!()

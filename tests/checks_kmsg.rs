@@ -6,12 +6,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nodekeeper::agent::checks::config::{
+use nodekeeper_core::agent::checks::config::{
     ChecksConfig, DiskConfig, KmsgConfig, KmsgRule, MemoryConfig, PidsConfig, RuleKind,
     SystemdConfig,
 };
-use nodekeeper::agent::checks::kmsg::KmsgCheck;
-use nodekeeper::agent::checks::{
+use nodekeeper_core::agent::checks::kmsg::KmsgCheck;
+use nodekeeper_core::agent::checks::{
     CheckError, CheckOutput, Checks, ConditionStatus, EventSeverity, HealthCheck,
 };
 

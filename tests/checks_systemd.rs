@@ -5,14 +5,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nodekeeper::agent::checks::config::{
+use nodekeeper_core::agent::checks::config::{
     ChecksConfig, DiskConfig, KmsgConfig, MemoryConfig, PidsConfig, SystemdConfig,
 };
-use nodekeeper::agent::checks::debounce::FlapConfig;
-use nodekeeper::agent::checks::systemd_unit::SystemdUnitCheck;
-use nodekeeper::agent::checks::{CheckOutput, Checks, ConditionStatus, HealthCheck};
-use nodekeeper::agent::host::fake::FakeUnitManager;
-use nodekeeper::agent::host::systemd::{RestartOutcome, SystemdError, UnitManager, UnitStatus};
+use nodekeeper_core::agent::checks::debounce::FlapConfig;
+use nodekeeper_core::agent::checks::systemd_unit::SystemdUnitCheck;
+use nodekeeper_core::agent::checks::{CheckOutput, Checks, ConditionStatus, HealthCheck};
+use nodekeeper_core::agent::host::fake::FakeUnitManager;
+use nodekeeper_core::agent::host::systemd::{
+    RestartOutcome, SystemdError, UnitManager, UnitStatus,
+};
 
 fn status(active: &str, sub: &str, n_restarts: u32) -> UnitStatus {
     UnitStatus {

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::nspawn::NspawnNode;
-use nodekeeper::agent::checks::config::{SystemdConfig, UnitCheckConfig};
-use nodekeeper::agent::checks::systemd_unit::SystemdUnitCheck;
-use nodekeeper::agent::checks::{CheckOutput, ConditionStatus, HealthCheck};
-use nodekeeper::agent::host::systemd::Systemd;
+use nodekeeper_core::agent::checks::config::{SystemdConfig, UnitCheckConfig};
+use nodekeeper_core::agent::checks::systemd_unit::SystemdUnitCheck;
+use nodekeeper_core::agent::checks::{CheckOutput, ConditionStatus, HealthCheck};
+use nodekeeper_core::agent::host::systemd::Systemd;
 
 fn cond(out: &CheckOutput, t: &str) -> (ConditionStatus, String, String) {
     let c = out

@@ -8,7 +8,7 @@ mod ctl;
 use std::time::Duration;
 
 use ctl::*;
-use nodekeeper::agent::checks::ConditionStatus::{False, True};
+use nodekeeper_core::agent::checks::ConditionStatus::{False, True};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -141,11 +141,11 @@ async fn authn_authz_replay_and_conditions() {
         ],
     );
     lr.label_removals = vec![
-        nodekeeper::report::LabelRemoval {
+        nodekeeper_core::report::LabelRemoval {
             label: "last-migration-failure".into(),
             reason: "cilium Ready".into(),
         },
-        nodekeeper::report::LabelRemoval {
+        nodekeeper_core::report::LabelRemoval {
             label: "keep".into(),
             reason: "not allowed".into(),
         },

@@ -13,8 +13,8 @@ use ctl::*;
 use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use nodekeeper::agent::checks::ConditionStatus::True;
-use nodekeeper::agent::reporter::HttpsClient;
+use nodekeeper_core::agent::checks::ConditionStatus::True;
+use nodekeeper_core::agent::reporter::HttpsClient;
 
 /// A token bound to `pod` only: the sim's `node` field is left empty.
 async fn pod_token(env: &Env, pod: &str) -> String {

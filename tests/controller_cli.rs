@@ -43,7 +43,8 @@ async fn binary_serves_leads_and_releases_on_sigterm() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        !text.contains("a-very-secret-oci-token") && text.contains(nodekeeper::config::REDACTED),
+        !text.contains("a-very-secret-oci-token")
+            && text.contains(nodekeeper_core::config::REDACTED),
         "{text}"
     );
 
@@ -82,7 +83,7 @@ async fn binary_serves_leads_and_releases_on_sigterm() {
         1,
         &[(
             "NodekeeperDiskPressure",
-            nodekeeper::agent::checks::ConditionStatus::True,
+            nodekeeper_core::agent::checks::ConditionStatus::True,
         )],
     );
     assert_eq!(

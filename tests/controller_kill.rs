@@ -34,15 +34,15 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
-use nodekeeper::agent::reporter::{Reporter, ReporterConfig, EVENTS_FILE};
-use nodekeeper::agent::sources::{Cloud, EventKind, NodeEvent};
-use nodekeeper::controller::policy::view::keys;
-use nodekeeper::controller::provider::karpenter::{nodeclaim_resource, REQUEST_ANNOTATION};
-use nodekeeper::sim::apiserver::loops::LoopOptions;
-use nodekeeper::sim::apiserver::resources::well_known;
-use nodekeeper::sim::apiserver::scenario::Scenario;
-use nodekeeper::sim::apiserver::TestCluster;
-use nodekeeper::sim::oci_events::OciEventKind;
+use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig, EVENTS_FILE};
+use nodekeeper_core::agent::sources::{Cloud, EventKind, NodeEvent};
+use nodekeeper_core::controller::policy::view::keys;
+use nodekeeper_core::controller::provider::karpenter::{nodeclaim_resource, REQUEST_ANNOTATION};
+use nodekeeper_sim::apiserver::loops::LoopOptions;
+use nodekeeper_sim::apiserver::resources::well_known;
+use nodekeeper_sim::apiserver::scenario::Scenario;
+use nodekeeper_sim::apiserver::TestCluster;
+use nodekeeper_sim::oci_events::OciEventKind;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::process::{Child, Command};
@@ -157,8 +157,8 @@ async fn preempt_via_oci_events(c: &TestCluster, port: u16, node: &str) {
         .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    let body = nodekeeper::sim::oci_events::envelope(OciEventKind::Preemption, &ocid(node), "");
-    let http = nodekeeper::http::client().unwrap();
+    let body = nodekeeper_sim::oci_events::envelope(OciEventKind::Preemption, &ocid(node), "");
+    let http = nodekeeper_core::http::client().unwrap();
     let end = Instant::now() + Duration::from_secs(20);
     loop {
         let r = http

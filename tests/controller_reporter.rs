@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ctl::*;
-use nodekeeper::agent::checks::ConditionStatus::{False, True};
-use nodekeeper::agent::reporter::{Reporter, ReporterConfig};
-use nodekeeper::agent::sources::{Cloud, EventKind, NodeEvent};
-use nodekeeper::report::AgentCommand;
+use nodekeeper_core::agent::checks::ConditionStatus::{False, True};
+use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
+use nodekeeper_core::agent::sources::{Cloud, EventKind, NodeEvent};
+use nodekeeper_core::report::AgentCommand;
 use tokio::sync::{mpsc, watch};
 
 fn event(id: &str) -> NodeEvent {
@@ -124,7 +124,7 @@ async fn degraded_mode_buffers_and_flushes() {
 
     // It comes back: everything is delivered, once.
     // Subscribe before it can accept anything, then wait until it leads.
-    let b = nodekeeper::controller::start(env.cluster.client.clone(), &cfg)
+    let b = nodekeeper_core::controller::start(env.cluster.client.clone(), &cfg)
         .await
         .unwrap();
     let mut events_b = b.app.states.subscribe_events();

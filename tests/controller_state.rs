@@ -9,14 +9,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ctl::*;
-use nodekeeper::agent::checks::ConditionStatus::{False, True};
+use nodekeeper_core::agent::checks::ConditionStatus::{False, True};
 use serde_json::json;
 
 /// The Events in `default` (where the controller records every Node Event).
 async fn node_events(env: &Env) -> Vec<k8s_openapi::api::events::v1::Event> {
     let evs: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::namespaced(
         env.cluster.client.clone(),
-        nodekeeper::controller::events::NODE_EVENT_NAMESPACE,
+        nodekeeper_core::controller::events::NODE_EVENT_NAMESPACE,
     );
     evs.list(&Default::default()).await.unwrap().items
 }
@@ -105,10 +105,10 @@ async fn silent_agent_goes_unknown_and_recovers() {
     for (n, t) in [("n0", &t0), ("n1", &t1)] {
         let mut r = report(n, 1, &[("NodekeeperDiskPressure", False)]);
         // A free-form reason from the agent's rules: sanitised into a valid Event reason.
-        r.check_events = vec![nodekeeper::agent::checks::CheckEvent {
+        r.check_events = vec![nodekeeper_core::agent::checks::CheckEvent {
             reason: "kernel: task hung".into(),
             message: "INFO: task jbd2 blocked for more than 120 seconds".into(),
-            severity: nodekeeper::agent::checks::EventSeverity::Warning,
+            severity: nodekeeper_core::agent::checks::EventSeverity::Warning,
         }];
         assert_eq!(
             post(&http, c.addr, Some(t), &serde_json::to_value(&r).unwrap())
@@ -246,7 +246,7 @@ async fn oci_preemption_reaches_the_right_node() {
     let env = Env::new(3).await;
     let mut cfg = env.config();
     cfg.oci_events.enabled = true;
-    cfg.oci_events.token = nodekeeper::controller::config::Secret::new("s3cret-s3cret-s3cret");
+    cfg.oci_events.token = nodekeeper_core::controller::config::Secret::new("s3cret-s3cret-s3cret");
     // Confirmation target: a loopback server that records the GET.
     let hits = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let h2 = hits.clone();
@@ -311,7 +311,10 @@ async fn oci_preemption_reaches_the_right_node() {
         .unwrap()
         .unwrap();
     assert_eq!(node, "n2");
-    assert_eq!(got.kind, nodekeeper::agent::sources::EventKind::Preemption);
+    assert_eq!(
+        got.kind,
+        nodekeeper_core::agent::sources::EventKind::Preemption
+    );
     // A redelivery is deduplicated.
     assert_eq!(
         send("/v1/oci-events", ev, Some("s3cret-s3cret-s3cret")).await,
@@ -354,7 +357,10 @@ async fn oci_preemption_reaches_the_right_node() {
         .unwrap();
     assert_eq!(
         (node.as_str(), got.kind),
-        ("n1", nodekeeper::agent::sources::EventKind::Maintenance)
+        (
+            "n1",
+            nodekeeper_core::agent::sources::EventKind::Maintenance
+        )
     );
     assert!(got.not_before.is_some());
 
@@ -389,7 +395,7 @@ async fn leader_failover_exactly_one_writer() {
         *a.app.leader.borrow() && !*b.app.leader.borrow(),
         "exactly one leader"
     );
-    let writes = |r: &nodekeeper::controller::Running| {
+    let writes = |r: &nodekeeper_core::controller::Running| {
         r.app.states.counters.node_writes.load(Ordering::Relaxed)
     };
     // Both accept reports; only the leader writes.

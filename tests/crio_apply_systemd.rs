@@ -17,7 +17,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::nspawn::NspawnNode;
-use nodekeeper::agent::host::systemd::{Systemd, UnitManager};
+use nodekeeper_core::agent::host::systemd::{Systemd, UnitManager};
 use rand::{Rng, SeedableRng};
 
 const NK: &str = env!("CARGO_BIN_EXE_nodekeeper");
@@ -110,7 +110,7 @@ impl Env {
         read_dir(&self.node.dropin_dir())
     }
 
-    async fn crio(&self) -> nodekeeper::agent::host::systemd::UnitStatus {
+    async fn crio(&self) -> nodekeeper_core::agent::host::systemd::UnitStatus {
         let systemd = Systemd::connect_address(&self.node.bus_address())
             .await
             .unwrap();

@@ -367,8 +367,8 @@ fn bad_snapshots_are_named_with_file_and_line_or_item() {
 async fn fresh_kubectl_export_replays() {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::{Api, ListParams};
-    use nodekeeper::sim::apiserver::scenario::Scenario;
-    use nodekeeper::sim::apiserver::TestCluster;
+    use nodekeeper_sim::apiserver::scenario::Scenario;
+    use nodekeeper_sim::apiserver::TestCluster;
 
     let kubectl = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/venv/bin/kubectl");
     assert!(
@@ -377,7 +377,7 @@ async fn fresh_kubectl_export_replays() {
         kubectl.display()
     );
     let toml = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/whatif/cluster.toml");
-    let opts = nodekeeper::demo::cluster::sim_options(Scenario::load(&toml).unwrap());
+    let opts = nodekeeper_sim::demo::cluster::sim_options(Scenario::load(&toml).unwrap());
     let cluster = TestCluster::start(opts).await.unwrap();
     let pods: Api<Pod> = Api::all(cluster.client.clone());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drain_support::*;
-use nodekeeper::controller::drain::{
+use nodekeeper_core::controller::drain::{
     self, BlockReason, DrainError, DrainOptions, DrainProgress, OnTimeout,
 };
-use nodekeeper::sim::apiserver::resources::well_known;
+use nodekeeper_sim::apiserver::resources::well_known;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -198,7 +198,7 @@ fn kubelet(c: &drain_support::Cluster) -> (tokio::task::JoinHandle<()>, Graces) 
                         "default",
                         &name,
                         np,
-                        nodekeeper::sim::apiserver::store::WriteTarget::Main,
+                        nodekeeper_sim::apiserver::store::WriteTarget::Main,
                     )
                 });
             }
@@ -357,7 +357,7 @@ async fn a_terminating_namespace_is_waited_for_not_fatal() {
     let sim = c.sim.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = nodekeeper::sim::apiserver::store::DeleteOptions {
+        let now = nodekeeper_sim::apiserver::store::DeleteOptions {
             grace_seconds: Some(0),
             ..Default::default()
         };

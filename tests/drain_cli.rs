@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use drain_support::*;
-use nodekeeper::sim::apiserver::resources::well_known;
+use nodekeeper_sim::apiserver::resources::well_known;
 use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Command;

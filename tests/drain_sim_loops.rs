@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
-use nodekeeper::controller::drain::{self, select::SkipReason, BlockReason, DrainOptions, Tier};
-use nodekeeper::sim::apiserver::scenario::{DaemonSetSpec, PdbSpec, Scenario};
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_core::controller::drain::{
+    self, select::SkipReason, BlockReason, DrainOptions, Tier,
+};
+use nodekeeper_sim::apiserver::scenario::{DaemonSetSpec, PdbSpec, Scenario};
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 use tokio_util::sync::CancellationToken;
 
 fn running_on(pods: &[Pod], node: &str, app: &str) -> usize {

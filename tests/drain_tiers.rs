@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drain_support::*;
-use nodekeeper::controller::drain::{self, BlockReason, DrainOptions, DrainProgress, Tier};
+use nodekeeper_core::controller::drain::{self, BlockReason, DrainOptions, DrainProgress, Tier};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +175,7 @@ async fn recreated_daemonset_pods_do_not_loop() {
         sim2.store
             .txn(|t| {
                 t.delete(
-                    nodekeeper::sim::apiserver::resources::well_known::pdbs(),
+                    nodekeeper_sim::apiserver::resources::well_known::pdbs(),
                     "default",
                     "crit-pdb",
                     &Default::default(),
@@ -193,7 +193,7 @@ async fn recreated_daemonset_pods_do_not_loop() {
                 .store
                 .txn(|t| {
                     t.list(
-                        nodekeeper::sim::apiserver::resources::well_known::pods(),
+                        nodekeeper_sim::apiserver::resources::well_known::pods(),
                         Some("kube-system"),
                     )
                 })
@@ -204,10 +204,10 @@ async fn recreated_daemonset_pods_do_not_loop() {
                 let obj = serde_json::json!({"metadata": {"name": format!("logs-new-{n}"), "labels": {"app": "logs"},
                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "logs", "uid": "uid-logs", "controller": true}]},
                     "spec": {"nodeName": "n1", "containers": [{"name": "main", "image": "x"}]},
-                    "status": nodekeeper::sim::apiserver::scenario::running_status(&tc.store.clock.stamp())});
+                    "status": nodekeeper_sim::apiserver::scenario::running_status(&tc.store.clock.stamp())});
                 let _ = tc.store.txn(|t| {
                     t.create(
-                        nodekeeper::sim::apiserver::resources::well_known::pods(),
+                        nodekeeper_sim::apiserver::resources::well_known::pods(),
                         "kube-system",
                         obj,
                     )

@@ -12,19 +12,19 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use nodekeeper::agent::sources::EventKind;
-use nodekeeper::controller::metrics::ActionResult;
-use nodekeeper::controller::policy::view::keys;
-use nodekeeper::controller::policy::PolicyConfig;
-use nodekeeper::controller::provider::fake::FakeProvider;
-use nodekeeper::sim::apiserver::scenario::Scenario;
+use nodekeeper_core::agent::sources::EventKind;
+use nodekeeper_core::controller::metrics::ActionResult;
+use nodekeeper_core::controller::policy::view::keys;
+use nodekeeper_core::controller::policy::PolicyConfig;
+use nodekeeper_core::controller::provider::fake::FakeProvider;
+use nodekeeper_sim::apiserver::scenario::Scenario;
 
 use engine_support::*;
 
 const LB: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 const TAINT: &str = "nodekeeper.io/interruption";
 
-async fn settled() -> nodekeeper::sim::apiserver::TestCluster {
+async fn settled() -> nodekeeper_sim::apiserver::TestCluster {
     let c = cluster(20.0, Scenario::default_mixed(), loops()).await;
     wait_until(Duration::from_secs(20), "web pods running", || async {
         let mut n = 0;

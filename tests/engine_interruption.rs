@@ -16,18 +16,18 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::core::DynamicObject;
-use nodekeeper::agent::sources::EventKind;
-use nodekeeper::controller::actions::REPLACEMENT_ACCEPTED;
-use nodekeeper::controller::drain::Tier;
-use nodekeeper::controller::metrics::ActionResult;
-use nodekeeper::controller::policy::view::keys;
-use nodekeeper::controller::policy::PolicyConfig;
-use nodekeeper::controller::provider::karpenter::{nodeclaim_resource, REQUEST_ANNOTATION};
-use nodekeeper::controller::provider::ProviderConfig;
-use nodekeeper::sim::apiserver::scenario::{DaemonSetSpec, PdbSpec, Pool, Scenario, Workload};
+use nodekeeper_core::agent::sources::EventKind;
+use nodekeeper_core::controller::actions::REPLACEMENT_ACCEPTED;
+use nodekeeper_core::controller::drain::Tier;
+use nodekeeper_core::controller::metrics::ActionResult;
+use nodekeeper_core::controller::policy::view::keys;
+use nodekeeper_core::controller::policy::PolicyConfig;
+use nodekeeper_core::controller::provider::karpenter::{nodeclaim_resource, REQUEST_ANNOTATION};
+use nodekeeper_core::controller::provider::ProviderConfig;
+use nodekeeper_sim::apiserver::scenario::{DaemonSetSpec, PdbSpec, Pool, Scenario, Workload};
 
 use engine_support::*;
-use nodekeeper::sim::apiserver as kube_sim;
+use nodekeeper_sim::apiserver as kube_sim;
 
 const NODE: &str = "spot-0";
 const LB: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
@@ -204,7 +204,7 @@ async fn preemption_taints_cordons_drains_in_tiers_and_replaces_once() {
     let deadline = at - chrono::Duration::seconds(15);
     wait_until(Duration::from_secs(30), "drain completed", || async {
         engine.drains().view(NODE).phase
-            == nodekeeper::controller::policy::view::DrainPhase::Completed
+            == nodekeeper_core::controller::policy::view::DrainPhase::Completed
     })
     .await;
     let done_at = c.sim.store.clock.now();
@@ -316,7 +316,7 @@ async fn preemption_taints_cordons_drains_in_tiers_and_replaces_once() {
         "{evs:?}"
     );
     // The metrics endpoint shows the engine's series.
-    let text = nodekeeper::http::client()
+    let text = nodekeeper_core::http::client()
         .unwrap()
         .get(format!("http://{}/metrics", ctl.addr))
         .send()

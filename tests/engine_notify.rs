@@ -14,11 +14,11 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
 use axum::Router;
-use nodekeeper::agent::sources::EventKind;
-use nodekeeper::controller::notify::{NotifyConfig, Payload};
-use nodekeeper::controller::policy::PolicyConfig;
-use nodekeeper::controller::provider::fake::FakeProvider;
-use nodekeeper::sim::apiserver::scenario::Scenario;
+use nodekeeper_core::agent::sources::EventKind;
+use nodekeeper_core::controller::notify::{NotifyConfig, Payload};
+use nodekeeper_core::controller::policy::PolicyConfig;
+use nodekeeper_core::controller::provider::fake::FakeProvider;
+use nodekeeper_sim::apiserver::scenario::Scenario;
 
 use engine_support::*;
 
@@ -72,7 +72,7 @@ async fn preemption_actions_are_notified() {
         seen.lock().unwrap().iter().all(|p| p.node == "spot-0"),
         "only the preempted node is acted on"
     );
-    let metrics = nodekeeper::http::client()
+    let metrics = nodekeeper_core::http::client()
         .unwrap()
         .get(format!("http://{}/metrics", ctl.addr))
         .send()

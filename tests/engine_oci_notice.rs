@@ -14,14 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams};
-use nodekeeper::controller::config::ControllerConfig;
-use nodekeeper::controller::policy::view::keys;
-use nodekeeper::controller::policy::PolicyConfig;
-use nodekeeper::controller::provider::fake::FakeProvider;
-use nodekeeper::controller::Running;
-use nodekeeper::sim::apiserver::scenario::Scenario;
-use nodekeeper::sim::apiserver::TestCluster;
-use nodekeeper::sim::oci_events::{envelope, OciEventKind};
+use nodekeeper_core::controller::config::ControllerConfig;
+use nodekeeper_core::controller::policy::view::keys;
+use nodekeeper_core::controller::policy::PolicyConfig;
+use nodekeeper_core::controller::provider::fake::FakeProvider;
+use nodekeeper_core::controller::Running;
+use nodekeeper_sim::apiserver::scenario::Scenario;
+use nodekeeper_sim::apiserver::TestCluster;
+use nodekeeper_sim::oci_events::{envelope, OciEventKind};
 
 use engine_support::*;
 
@@ -42,7 +42,7 @@ fn config(id: &str) -> ControllerConfig {
 
 /// POSTs a preemption notice for `node` to `ctl`: (status, Retry-After, body).
 async fn post(ctl: &Running, node: &str) -> (u16, Option<String>, serde_json::Value) {
-    let r = nodekeeper::http::client()
+    let r = nodekeeper_core::http::client()
         .unwrap()
         .post(format!("http://{}/v1/oci-events/{TOKEN}", ctl.addr))
         .json(&envelope(OciEventKind::Preemption, &ocid(node), ""))
@@ -64,7 +64,7 @@ async fn tainted(c: &TestCluster, name: &str) -> bool {
 }
 
 async fn faults(c: &TestCluster, spec: Option<serde_json::Value>) {
-    let http = nodekeeper::http::client().unwrap();
+    let http = nodekeeper_core::http::client().unwrap();
     let url = c.admin_url("faults");
     let r = match spec {
         Some(s) => http.put(url).json(&s).send().await.unwrap(),

@@ -13,12 +13,12 @@ mod engine_support;
 use std::time::Duration;
 
 use chrono::Timelike;
-use nodekeeper::controller::policy::view::keys;
-use nodekeeper::controller::provider::ProviderConfig;
-use nodekeeper::sim::apiserver::scenario::Scenario;
+use nodekeeper_core::controller::policy::view::keys;
+use nodekeeper_core::controller::provider::ProviderConfig;
+use nodekeeper_sim::apiserver::scenario::Scenario;
 
 use engine_support::*;
-use nodekeeper::agent::checks::ConditionStatus;
+use nodekeeper_core::agent::checks::ConditionStatus;
 
 /// One pool `general` of `n` nodes; the default web Deployment (PDB) unless `bare`.
 fn scenario(n: usize, bare: bool) -> Scenario {
@@ -264,7 +264,7 @@ budgets = [{ nodes = "100%" }]
         assert_eq!(cond.reason.as_deref(), Some("RepairShortCircuited"));
         assert!(cond.message.unwrap().contains("2 of 5"));
     }
-    let text = nodekeeper::http::client()
+    let text = nodekeeper_core::http::client()
         .unwrap()
         .get(format!("http://{}/metrics", ctl.addr))
         .send()

@@ -13,13 +13,13 @@ mod engine_support;
 
 use std::time::{Duration, Instant};
 
-use nodekeeper::agent::sources::EventKind;
-use nodekeeper::controller::policy::view::keys;
-use nodekeeper::controller::provider::fake::FakeProvider;
-use nodekeeper::controller::server::REPORT_RECORD_WAIT;
-use nodekeeper::controller::Running;
-use nodekeeper::report::{NodeReport, ReportResponse};
-use nodekeeper::sim::apiserver::scenario::Scenario;
+use nodekeeper_core::agent::sources::EventKind;
+use nodekeeper_core::controller::policy::view::keys;
+use nodekeeper_core::controller::provider::fake::FakeProvider;
+use nodekeeper_core::controller::server::REPORT_RECORD_WAIT;
+use nodekeeper_core::controller::Running;
+use nodekeeper_core::report::{NodeReport, ReportResponse};
+use nodekeeper_sim::apiserver::scenario::Scenario;
 
 use engine_support::*;
 
@@ -29,7 +29,7 @@ const TAINT: &str = "nodekeeper.io/interruption";
 /// POSTs `report` with `token` as the agent does; the response and how long it took.
 async fn send(ctl: &Running, token: &str, report: &NodeReport) -> (ReportResponse, Duration) {
     let t0 = Instant::now();
-    let r = nodekeeper::http::client()
+    let r = nodekeeper_core::http::client()
         .unwrap()
         .post(format!("http://{}/v1/reports", ctl.addr))
         .bearer_auth(token)

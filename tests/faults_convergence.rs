@@ -19,9 +19,9 @@ use std::time::Duration;
 use ctl::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use nodekeeper::agent::checks::ConditionStatus::{self, False, True};
-use nodekeeper::agent::labels::{self, CleanupRule, LabelRemover, LabelsConfig, PatchRemover};
-use nodekeeper::agent::reporter::{HttpsClient, Reporter, ReporterConfig};
+use nodekeeper_core::agent::checks::ConditionStatus::{self, False, True};
+use nodekeeper_core::agent::labels::{self, CleanupRule, LabelRemover, LabelsConfig, PatchRemover};
+use nodekeeper_core::agent::reporter::{HttpsClient, Reporter, ReporterConfig};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -148,15 +148,15 @@ fn rules() -> Vec<labels::Rule> {
 }
 
 struct Agent {
-    report_tx: tokio::sync::watch::Sender<nodekeeper::report::NodeReport>,
-    _events: tokio::sync::mpsc::Sender<nodekeeper::agent::sources::NodeEvent>,
-    _commands: tokio::sync::mpsc::Receiver<nodekeeper::report::AgentCommand>,
+    report_tx: tokio::sync::watch::Sender<nodekeeper_core::report::NodeReport>,
+    _events: tokio::sync::mpsc::Sender<nodekeeper_core::agent::sources::NodeEvent>,
+    _commands: tokio::sync::mpsc::Receiver<nodekeeper_core::report::AgentCommand>,
 }
 
 /// One node's agent: the real reporter (to the controller over TLS) and the label watcher.
 async fn start_agent(
     env: &Env,
-    ctl: &nodekeeper::controller::Running,
+    ctl: &nodekeeper_core::controller::Running,
     node: &str,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) -> Agent {

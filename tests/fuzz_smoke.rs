@@ -1,4 +1,4 @@
-//! CI-sized fuzzing: every target of `nodekeeper::fuzzing` over its seed corpus in
+//! CI-sized fuzzing: every target of `nodekeeper_core::fuzzing` over its seed corpus in
 //! `fuzz/corpus/<target>/` plus thousands of inputs mutated from it by a seeded RNG (bit flips,
 //! splices, dictionary tokens, deep nesting, long runs, truncation, random bytes).
 //!
@@ -10,7 +10,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use nodekeeper::fuzzing::{self, Outcome};
+use nodekeeper_core::fuzzing::{self, Outcome};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -326,8 +326,8 @@ fn config_toml() {
             .join("fuzz/corpus/config_toml")
             .join(f);
         let text = std::fs::read_to_string(&p).unwrap();
-        let env = nodekeeper::config::Env::default();
-        if let Err(e) = nodekeeper::config::Config::load_str(&p, &text, &env, &|| None) {
+        let env = nodekeeper_core::config::Env::default();
+        if let Err(e) = nodekeeper_core::config::Config::load_str(&p, &text, &env, &|| None) {
             panic!("seed {f} must be a valid config: {e}");
         }
         assert_eq!(seed_accepted("config_toml", f).accepted, 1);
@@ -406,11 +406,14 @@ fn regressions() {
          \"result\":\"{}\",\"unit_state\":\"u\",\"at\":\"2026-01-01T00:00:00Z\"}}}}",
         "x".repeat(100_000)
     );
-    let e = nodekeeper::report::parse_body(big.as_bytes()).unwrap_err();
-    assert!(matches!(e, nodekeeper::report::BodyError::Schema(_)), "{e}");
+    let e = nodekeeper_core::report::parse_body(big.as_bytes()).unwrap_err();
+    assert!(
+        matches!(e, nodekeeper_core::report::BodyError::Schema(_)),
+        "{e}"
+    );
     assert!(e.to_string().len() < 400, "{} bytes", e.to_string().len());
     let v = format!("{{\"version\":\"{}\"}}", "9".repeat(10_000));
-    let e = nodekeeper::report::parse_body(v.as_bytes()).unwrap_err();
-    assert!(matches!(e, nodekeeper::report::BodyError::Version(_)));
+    let e = nodekeeper_core::report::parse_body(v.as_bytes()).unwrap_err();
+    assert!(matches!(e, nodekeeper_core::report::BodyError::Version(_)));
     assert!(e.to_string().len() < 200);
 }

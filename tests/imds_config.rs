@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use nodekeeper::agent::sources::config::CloudChoice;
-use nodekeeper::config::{Config, ConfigError, Env};
+use nodekeeper_core::agent::sources::config::CloudChoice;
+use nodekeeper_core::config::{Config, ConfigError, Env};
 
 #[test]
 fn sources_section_defaults_and_overrides() {

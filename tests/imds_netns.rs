@@ -11,8 +11,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nodekeeper::agent::sources::config::{CloudChoice, NoticeKind, OciPollPath};
-use nodekeeper::agent::sources::{build, poll_once, Cloud, EventKind, SourcesConfig};
+use nodekeeper_core::agent::sources::config::{CloudChoice, NoticeKind, OciPollPath};
+use nodekeeper_core::agent::sources::{build, poll_once, Cloud, EventKind, SourcesConfig};
 
 mod netns;
 
@@ -80,7 +80,7 @@ async fn inner_sources_at_169_254_169_254() {
         );
         cfg.gcp.long_poll_timeout = Duration::from_secs(2);
         cfg.oci.poll_paths = vec![OciPollPath {
-            path: nodekeeper::sim::imds::oci::PREEMPT_PATH.to_string(),
+            path: nodekeeper_sim::imds::oci::PREEMPT_PATH.to_string(),
             kind: NoticeKind::Preemption,
         }];
 
@@ -99,7 +99,7 @@ async fn inner_sources_at_169_254_169_254() {
         assert!(report.events.is_empty());
 
         let mut src = build(cloud, &cfg).unwrap();
-        let admin = nodekeeper::http::plain_builder()
+        let admin = nodekeeper_core::http::plain_builder()
             .unwrap()
             .no_proxy()
             .build()

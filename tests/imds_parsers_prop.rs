@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use nodekeeper::agent::sources::{
+use nodekeeper_core::agent::sources::{
     aws, azure, gcp, oci, parse_time, Cloud, EventKind, Notice, NoticeTracker, ParseError,
 };
 use proptest::prelude::*;

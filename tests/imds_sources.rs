@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use nodekeeper::agent::sources::config::{CloudChoice, NoticeKind, OciPollPath};
-use nodekeeper::agent::sources::{
+use nodekeeper_core::agent::sources::config::{CloudChoice, NoticeKind, OciPollPath};
+use nodekeeper_core::agent::sources::{
     aws::AwsSource, azure::AzureSource, gcp::GcpSource, oci::OciSource, Cloud, EventKind,
     EventSource, NodeEvent, PollOutcome, SourceError, SourcesConfig,
 };
-use nodekeeper::sim::imds::{oci as emu_oci, CancelWhat, ImdsEmulator};
+use nodekeeper_sim::imds::{oci as emu_oci, CancelWhat, ImdsEmulator};
 
 async fn emulator(cloud: Cloud) -> ImdsEmulator {
     ImdsEmulator::start(cloud, "127.0.0.1:0".parse().unwrap())
@@ -214,7 +214,7 @@ async fn azure_events_ack_and_cancel() {
     src.ack(&event_id).await.unwrap();
     assert_eq!(emu.acks(), vec![event_id.clone()]);
     // The same through the free function (no running source needed).
-    nodekeeper::agent::sources::azure::ack_event(&config(&emu.url()), &event_id)
+    nodekeeper_core::agent::sources::azure::ack_event(&config(&emu.url()), &event_id)
         .await
         .unwrap();
     assert_eq!(emu.acks().len(), 2);
@@ -305,7 +305,7 @@ async fn gcp_long_polls_report_changes_quickly() {
     let admin = format!("{}/admin/preempt", emu.url());
     let inject = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let c = nodekeeper::http::plain_builder()
+        let c = nodekeeper_core::http::plain_builder()
             .unwrap()
             .no_proxy()
             .build()
@@ -384,11 +384,11 @@ async fn detection_probes_each_cloud() {
         let emu = emulator(cloud).await;
         let mut cfg = config(&emu.url());
         assert_eq!(
-            nodekeeper::agent::sources::detect::probe(&cfg.endpoint, cfg.detect_timeout).await,
+            nodekeeper_core::agent::sources::detect::probe(&cfg.endpoint, cfg.detect_timeout).await,
             Some(cloud)
         );
         cfg.cloud = CloudChoice::Auto;
-        let report = nodekeeper::agent::sources::poll_once(&cfg).await;
+        let report = nodekeeper_core::agent::sources::poll_once(&cfg).await;
         assert_eq!(report.cloud, Some(cloud));
         assert!(report.identity.is_some(), "{cloud}: {:?}", report.errors);
         assert!(report.errors.is_empty(), "{cloud}: {:?}", report.errors);
@@ -397,7 +397,7 @@ async fn detection_probes_each_cloud() {
     let mut cfg = config(&emu.url());
     cfg.cloud = CloudChoice::Oci;
     cfg.oci.poll_paths.clear();
-    let report = nodekeeper::agent::sources::poll_once(&cfg).await;
+    let report = nodekeeper_core::agent::sources::poll_once(&cfg).await;
     assert!(
         report
             .notes
@@ -411,16 +411,16 @@ async fn detection_probes_each_cloud() {
         ..config("http://127.0.0.1:9")
     };
     assert_eq!(
-        nodekeeper::agent::sources::poll_once(&cfg).await.cloud,
+        nodekeeper_core::agent::sources::poll_once(&cfg).await.cloud,
         None
     );
 }
 
 #[tokio::test]
 async fn driver_forwards_events_and_stops() {
-    use nodekeeper::agent::sources::driver::{run, SourceMessage};
+    use nodekeeper_core::agent::sources::driver::{run, SourceMessage};
     let emu = emulator(Cloud::Aws).await;
-    let src = nodekeeper::agent::sources::build(Cloud::Aws, &config(&emu.url())).unwrap();
+    let src = nodekeeper_core::agent::sources::build(Cloud::Aws, &config(&emu.url())).unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::channel(8);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(run(
@@ -458,7 +458,7 @@ async fn driver_forwards_events_and_stops() {
 /// The emulators enforce each cloud's access rules.
 #[tokio::test]
 async fn emulators_enforce_access_rules() {
-    let http = nodekeeper::http::plain_builder()
+    let http = nodekeeper_core::http::plain_builder()
         .unwrap()
         .no_proxy()
         .build()
@@ -593,7 +593,7 @@ async fn emulators_enforce_access_rules() {
 /// The admin API refuses bad requests and survives extreme values.
 #[tokio::test]
 async fn admin_api_rejects_bad_input() {
-    let http = nodekeeper::http::plain_builder()
+    let http = nodekeeper_core::http::plain_builder()
         .unwrap()
         .no_proxy()
         .build()

@@ -12,8 +12,8 @@ use agent_proc::{Agent, NO_BUS};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use nodekeeper::agent::labels::{self, CleanupRule, LabelsConfig, PatchRemover, RemovalMode};
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_core::agent::labels::{self, CleanupRule, LabelsConfig, PatchRemover, RemovalMode};
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 
 fn node(name: &str) -> Node {
     serde_json::from_value(serde_json::json!({

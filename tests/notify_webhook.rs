@@ -11,11 +11,11 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use nodekeeper::config::{Config, Env};
-use nodekeeper::controller::notify::{
+use nodekeeper_core::config::{Config, Env};
+use nodekeeper_core::controller::notify::{
     Notification, Notifier, NotifyConfig, Payload, Phase, EVENT_HEADER,
 };
-use nodekeeper::controller::provider::webhook::SIGNATURE_HEADER;
+use nodekeeper_core::controller::provider::webhook::SIGNATURE_HEADER;
 use tokio::sync::{Notify, Semaphore};
 
 const SECRET: &str = "notify-secret-key";
@@ -290,7 +290,7 @@ async fn no_targets_and_no_runtime() {
 
 const BASE: &str = "[controller]\nlisten = \"127.0.0.1:8443\"\ninsecure_plain_http = true\n";
 
-fn load(extra: &str) -> Result<nodekeeper::config::Loaded, String> {
+fn load(extra: &str) -> Result<nodekeeper_core::config::Loaded, String> {
     Config::load_str(
         std::path::Path::new("c.toml"),
         &format!("{BASE}{extra}"),

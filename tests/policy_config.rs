@@ -5,12 +5,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use nodekeeper::config::{Config, ConfigError, Env, Loaded};
-use nodekeeper::controller::policy::budget::{GroupBudgets, Reason};
-use nodekeeper::controller::policy::config::{
+use nodekeeper_core::config::{Config, ConfigError, Env, Loaded};
+use nodekeeper_core::controller::policy::budget::{GroupBudgets, Reason};
+use nodekeeper_core::controller::policy::config::{
     parse_kpo_repair_policies, Budget, Quantity, RepairPolicy, RepairStep,
 };
-use nodekeeper::controller::policy::PolicyConfig;
+use nodekeeper_core::controller::policy::PolicyConfig;
 
 fn fixture(name: &str) -> String {
     std::fs::read_to_string(format!(
@@ -223,7 +223,7 @@ fn printed_config_round_trips_with_policy() {
 }
 
 mod never_panics {
-    use nodekeeper::controller::policy::budget::Window;
+    use nodekeeper_core::controller::policy::budget::Window;
     use proptest::prelude::*;
 
     proptest! {
@@ -333,7 +333,7 @@ fn kubernetes_names_are_checked_where_they_are_written() {
         [budgets]\ngroup_by = \"node.kubernetes.io/instance-type\"\n[budgets.groups]\n\"\" = [{ nodes = \"1\" }]\n\"shared-spot\" = [{ nodes = \"2\" }]\n";
     let l = load(ok).unwrap();
     assert!(l.warnings.is_empty(), "{:?}", l.warnings);
-    use nodekeeper::agent::sources::EventKind as K;
+    use nodekeeper_core::agent::sources::EventKind as K;
     for k in [
         K::Preemption,
         K::Termination,
@@ -346,14 +346,14 @@ fn kubernetes_names_are_checked_where_they_are_written() {
         K::Cancelled { of: "x".into() },
     ] {
         assert!(
-            nodekeeper::k8s::validation::label_value(k.name()).is_empty(),
+            nodekeeper_core::k8s::validation::label_value(k.name()).is_empty(),
             "taint value {}",
             k.name()
         );
     }
-    for key in nodekeeper::controller::policy::view::keys::ALL {
+    for key in nodekeeper_core::controller::policy::view::keys::ALL {
         assert!(
-            nodekeeper::k8s::validation::qualified_name(key).is_empty(),
+            nodekeeper_core::k8s::validation::qualified_name(key).is_empty(),
             "annotation {key}"
         );
     }

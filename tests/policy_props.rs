@@ -15,14 +15,14 @@ mod policy_support;
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use nodekeeper::controller::policy::budget::{GroupBudgets, Reason};
-use nodekeeper::controller::policy::config::{InterruptionAction, Quantity, RepairStep};
-use nodekeeper::controller::policy::interruption::drain_deadline;
-use nodekeeper::controller::policy::repair::{evaluate, Health};
-use nodekeeper::controller::policy::view::{
+use nodekeeper_core::controller::policy::budget::{GroupBudgets, Reason};
+use nodekeeper_core::controller::policy::config::{InterruptionAction, Quantity, RepairStep};
+use nodekeeper_core::controller::policy::interruption::drain_deadline;
+use nodekeeper_core::controller::policy::repair::{evaluate, Health};
+use nodekeeper_core::controller::policy::view::{
     keys, ClusterView, DrainPhase, NodeView, NoticeKind, PodView, Record, State,
 };
-use nodekeeper::controller::policy::{
+use nodekeeper_core::controller::policy::{
     decide, decide_interruption, group_of, Action, Decision, PolicyConfig,
 };
 use policy_support::*;

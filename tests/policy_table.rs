@@ -3,10 +3,10 @@
 
 mod policy_support;
 
-use nodekeeper::controller::policy::config::{Quantity, RepairStep};
-use nodekeeper::controller::policy::explain::{Blocker, Held};
-use nodekeeper::controller::policy::view::{keys, DrainPhase, NoticeKind, PodView};
-use nodekeeper::controller::policy::{Action, EventType};
+use nodekeeper_core::controller::policy::config::{Quantity, RepairStep};
+use nodekeeper_core::controller::policy::explain::{Blocker, Held};
+use nodekeeper_core::controller::policy::view::{keys, DrainPhase, NoticeKind, PodView};
+use nodekeeper_core::controller::policy::{Action, EventType};
 use policy_support::*;
 
 #[test]
@@ -321,7 +321,7 @@ fn per_reason_budget_does_not_gate_other_reasons() {
     let now = monday();
     let mut c = cfg();
     c.interruption.actions.rebalance =
-        nodekeeper::controller::policy::config::InterruptionAction::Drain;
+        nodekeeper_core::controller::policy::config::InterruptionAction::Drain;
     c.budgets.default = budgets(r#"[{ nodes = "0", reasons = ["repair"] }]"#);
     let mut a = node("a", "", now);
     a.notices
@@ -349,7 +349,7 @@ fn per_reason_budget_does_not_gate_other_reasons() {
 #[test]
 fn short_circuit_holds_repairs_above_max_unhealthy() {
     let now = monday();
-    let mk = |c: &nodekeeper::controller::policy::PolicyConfig| {
+    let mk = |c: &nodekeeper_core::controller::policy::PolicyConfig| {
         let mut nodes: Vec<_> = (0..5).map(|i| node(&format!("n{i}"), "g", now)).collect();
         ready(&mut nodes[0], "False", now - mins(20));
         ready(&mut nodes[1], "False", now - mins(20));
@@ -701,7 +701,7 @@ fn dry_run_produces_the_same_decisions_marked() {
     assert!(!real.is_empty());
     assert!(real.iter().all(|d| !d.dry_run));
     assert!(sim.iter().all(|d| d.dry_run));
-    let strip = |ds: Vec<nodekeeper::controller::policy::Decision>| -> Vec<_> {
+    let strip = |ds: Vec<nodekeeper_core::controller::policy::Decision>| -> Vec<_> {
         ds.into_iter().map(|d| (d.node, d.action)).collect()
     };
     assert_eq!(strip(real), strip(sim));
@@ -709,7 +709,7 @@ fn dry_run_produces_the_same_decisions_marked() {
 
 #[test]
 fn group_status_reports_budget_use_and_short_circuit_per_group() {
-    use nodekeeper::controller::policy::{decide_with_status, GroupStatus};
+    use nodekeeper_core::controller::policy::{decide_with_status, GroupStatus};
     let now = monday();
     let mut c = cfg();
     c.budgets.default = budgets(r#"[{ nodes = "1" }]"#);
@@ -779,8 +779,8 @@ fn absurd_durations_do_not_panic() {
 
 #[test]
 fn fast_path_decides_a_fresh_notice_alone_and_defers_what_a_budget_gates() {
-    use nodekeeper::controller::policy::config::InterruptionAction;
-    use nodekeeper::controller::policy::decide_interruption;
+    use nodekeeper_core::controller::policy::config::InterruptionAction;
+    use nodekeeper_core::controller::policy::decide_interruption;
     let now = monday();
     let mut a = node("a", "spot", now);
     a.notices.push(notice(
@@ -811,7 +811,7 @@ fn fast_path_decides_a_fresh_notice_alone_and_defers_what_a_budget_gates() {
 
 #[test]
 fn a_notice_counts_as_recorded_once_its_annotation_is_stored() {
-    use nodekeeper::controller::policy::interruption::notice_recorded;
+    use nodekeeper_core::controller::policy::interruption::notice_recorded;
     let now = monday();
     let mut a = node("a", "spot", now);
     let pre = notice("ev1", NoticeKind::Preemption, Some(now + mins(5)), now);
@@ -835,7 +835,7 @@ fn a_notice_counts_as_recorded_once_its_annotation_is_stored() {
 
 #[test]
 fn seen_ready_is_written_for_young_ready_nodes_only_and_read_back() {
-    use nodekeeper::controller::policy::view::{became_ready, condition};
+    use nodekeeper_core::controller::policy::view::{became_ready, condition};
     let now = monday();
     let mut young = node("y", "", now);
     young.created_at = now - chrono::Duration::seconds(30);
@@ -861,7 +861,7 @@ fn seen_ready_is_written_for_young_ready_nodes_only_and_read_back() {
 
 #[test]
 fn next_expiry_is_the_earliest_running_toleration_and_decide_starts_the_repair_then() {
-    use nodekeeper::controller::policy::repair::next_expiry;
+    use nodekeeper_core::controller::policy::repair::next_expiry;
     let now = monday();
     let c = cfg(); // Ready=False for 10 minutes
     let mut a = node("a", "", now);

@@ -7,12 +7,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::core::DynamicObject;
-use nodekeeper::controller::provider::karpenter::{
+use nodekeeper_core::controller::provider::karpenter::{
     nodeclaim_resource, Karpenter, REQUEST_ANNOTATION,
 };
-use nodekeeper::controller::provider::{NodeProvider, ProviderError, ReplacementRequest};
-use nodekeeper::sim::apiserver::scenario::Scenario;
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_core::controller::provider::{NodeProvider, ProviderError, ReplacementRequest};
+use nodekeeper_sim::apiserver::scenario::Scenario;
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 
 fn pool_of(n: &Node) -> Option<String> {
     n.metadata

@@ -1,5 +1,5 @@
 //! The oci provider against a local stand-in of the OCI Compute / Container Engine APIs
-//! (`nodekeeper::sim::oci_compute`) that verifies every signature with the public key, and the
+//! (`nodekeeper_sim::oci_compute`) that verifies every signature with the public key, and the
 //! simulated cluster: terminate → one DELETE, old node removed, replacement Ready in the same pool;
 //! asked again (same or fresh provider) → still one; 429 retried; wrong key → 401 → permanent;
 //! node-pool mode; config validation; `kind = "oci"` in the controller. Keys are generated per run
@@ -16,18 +16,18 @@ use std::time::Duration;
 use axum::http::{HeaderMap, Method, Uri};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
-use nodekeeper::agent::sources::EventKind;
-use nodekeeper::controller::policy::PolicyConfig;
-use nodekeeper::controller::provider::oci::{
+use nodekeeper_core::agent::sources::EventKind;
+use nodekeeper_core::controller::policy::PolicyConfig;
+use nodekeeper_core::controller::provider::oci::{
     body_sha256, http_date, signing_plan, Oci, OciConfig, OciMode, OciSigner, SignInput,
     NODE_POOL_ANNOTATION,
 };
-use nodekeeper::controller::provider::{
+use nodekeeper_core::controller::provider::{
     NodeProvider, ProviderConfig, ProviderError, ReplacementRequest, ReplacementTicket,
 };
-use nodekeeper::sim::apiserver::scenario::Scenario;
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
-use nodekeeper::sim::oci_compute::{self, Call, OciCompute, OciComputeOptions};
+use nodekeeper_sim::apiserver::scenario::Scenario;
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_sim::oci_compute::{self, Call, OciCompute, OciComputeOptions};
 
 use engine_support::wait_until;
 
@@ -705,7 +705,7 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
     assert!(!msg.contains(body), "the key material is not in the error");
     // Built through the generic constructor, as the controller does.
     let key = test_key(dir.path(), "ok");
-    let p = nodekeeper::controller::provider::build(
+    let p = nodekeeper_core::controller::provider::build(
         &ProviderConfig::Oci(base(key.pkcs1.clone())),
         c.client.clone(),
     )

@@ -10,8 +10,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use nodekeeper::controller::provider::webhook::{backoff, sign, Webhook, SIGNATURE_HEADER};
-use nodekeeper::controller::provider::{
+use nodekeeper_core::controller::provider::webhook::{backoff, sign, Webhook, SIGNATURE_HEADER};
+use nodekeeper_core::controller::provider::{
     NodeProvider, ProviderConfig, ProviderError, ReplacementRequest, WebhookConfig,
 };
 
@@ -190,7 +190,7 @@ fn config_validation() {
     assert_eq!(d.len(), 1, "{d:?}");
     assert_eq!(
         d[0].severity,
-        nodekeeper::config::Severity::Warning,
+        nodekeeper_core::config::Severity::Warning,
         "{d:?}"
     );
     assert!(d[0].message.contains("in the clear"), "{d:?}");
@@ -230,7 +230,7 @@ fn config_parses_from_toml() {
 #[test]
 fn backoff_is_exponential_jittered_and_capped() {
     for _ in 0..100 {
-        // The one rule (src/backoff.rs): uniform in [d/2, d], d doubling, capped at 30 s.
+        // The one rule (crates/core/src/backoff.rs): uniform in [d/2, d], d doubling, capped at 30 s.
         let b1 = backoff(Duration::from_millis(100), 1);
         assert!(
             b1 >= Duration::from_millis(50) && b1 <= Duration::from_millis(100),
@@ -265,9 +265,9 @@ async fn serve_tls(r: Arc<Receiver>, dir: &std::path::Path) -> (String, std::pat
     std::fs::write(&ca_file, ca.pem()).unwrap();
     std::fs::write(&crt, cert.pem()).unwrap();
     std::fs::write(&pem, key.serialize_pem()).unwrap();
-    let tls = nodekeeper::controller::server::tls_config(&crt, &pem).unwrap();
+    let tls = nodekeeper_core::controller::server::tls_config(&crt, &pem).unwrap();
     let app = Router::new().route("/replace", post(handle)).with_state(r);
-    let (addr, serving) = nodekeeper::controller::server::bind(
+    let (addr, serving) = nodekeeper_core::controller::server::bind(
         "127.0.0.1:0",
         app,
         Some(tls),

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use ctl::*;
-use nodekeeper::agent::checks::ConditionStatus::True;
+use nodekeeper_core::agent::checks::ConditionStatus::True;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -17,7 +17,7 @@ const OCI_TOKEN: &str = "oci-s3cret-token";
 /// Each rejected request is sent this many times: "100 % rejected" is counted, not assumed.
 const TRIES: usize = 10;
 
-fn config(env: &Env) -> nodekeeper::controller::config::ControllerConfig {
+fn config(env: &Env) -> nodekeeper_core::controller::config::ControllerConfig {
     let mut c = env.config();
     c.oci_events.enabled = true;
     c.oci_events.token = OCI_TOKEN.into();
@@ -27,7 +27,7 @@ fn config(env: &Env) -> nodekeeper::controller::config::ControllerConfig {
 
 /// Status codes of `TRIES` identical requests.
 async fn codes(
-    http: &nodekeeper::agent::reporter::HttpsClient,
+    http: &nodekeeper_core::agent::reporter::HttpsClient,
     addr: std::net::SocketAddr,
     token: Option<&str>,
     body: &serde_json::Value,
@@ -47,7 +47,8 @@ async fn mint(env: &Env, node: &str, audience: &str, ttl: i64) -> String {
     let body = json!({"pod": format!("agent-{node}"), "node": node, "audiences": [audience],
         "namespace": "nodekeeper", "serviceAccount": "nodekeeper-agent", "expirationSeconds": ttl});
     let client =
-        nodekeeper::agent::reporter::HttpsClient::new(None, None, Duration::from_secs(10)).unwrap();
+        nodekeeper_core::agent::reporter::HttpsClient::new(None, None, Duration::from_secs(10))
+            .unwrap();
     let (_, bytes) = client
         .request(
             "POST",
@@ -62,7 +63,7 @@ async fn mint(env: &Env, node: &str, audience: &str, ttl: i64) -> String {
     v["token"].as_str().unwrap().to_string()
 }
 
-fn writes(ctl: &nodekeeper::controller::Running) -> u64 {
+fn writes(ctl: &nodekeeper_core::controller::Running) -> u64 {
     ctl.app.states.counters.node_writes.load(Relaxed)
 }
 
@@ -240,7 +241,7 @@ async fn oversized_bodies_and_oci_endpoint_abuse_are_rejected() {
 
     // OCI Events: wrong or missing shared secret (path and header): 401, every time.
     let ev = serde_json::to_vec(
-        &json!({"eventType": nodekeeper::controller::oci_events::PREEMPTION,
+        &json!({"eventType": nodekeeper_core::controller::oci_events::PREEMPTION,
         "data": {"resourceId": "ocid1.instance.oc1.phx.n0"}}),
     )
     .unwrap();
@@ -377,7 +378,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
     const HEADERS: usize = 120;
     const BODIES: usize = 20;
     const SILENT: usize = 60;
-    let limits = nodekeeper::controller::server::ServeLimits::default();
+    let limits = nodekeeper_core::controller::server::ServeLimits::default();
     let env = Env::new(1).await;
     let ctl = env.controller(&config(&env), true).await;
     let t0 = env.token("n0", "nodekeeper").await;
@@ -507,7 +508,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
 /// cannot exhaust file descriptors), and a slot frees up as soon as a held connection goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_limit_are_closed_at_once() {
-    use nodekeeper::controller::server::{bind, ConnectionStats, ServeLimits};
+    use nodekeeper_core::controller::server::{bind, ConnectionStats, ServeLimits};
     let limits = ServeLimits {
         max_connections: 8,
         ..ServeLimits::default()

@@ -17,7 +17,7 @@ use kube::api::{
 };
 use kube::runtime::controller::Action;
 use kube::runtime::{reflector, watcher, Controller, WatchStreamExt};
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 use serde_json::json;
 
 async fn bare() -> TestCluster {
@@ -57,7 +57,7 @@ async fn raw(
     ct: &str,
     body: Vec<u8>,
 ) -> (u16, serde_json::Value) {
-    let client = nodekeeper::sim::apiserver::client_for(url).unwrap();
+    let client = nodekeeper_sim::apiserver::client_for(url).unwrap();
     let req = axum::http::Request::builder()
         .method(method)
         .uri(path)

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Command;
 
@@ -292,7 +292,7 @@ async fn kubectl_over_tls() {
 
     // Without the CA, kubectl must refuse the self-signed server.
     let plain = dir.path().join("no-ca");
-    nodekeeper::sim::apiserver::write_kubeconfig(&plain, &cluster.url).unwrap();
+    nodekeeper_sim::apiserver::write_kubeconfig(&plain, &cluster.url).unwrap();
     let k = Kubectl {
         bin,
         kubeconfig: plain,

@@ -8,8 +8,8 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams};
-use nodekeeper::sim::apiserver::scenario::Scenario;
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_sim::apiserver::scenario::Scenario;
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 use serde_json::{json, Value};
 
 async fn fast_cluster() -> TestCluster {
@@ -124,7 +124,7 @@ async fn missed_heartbeats_make_a_node_unknown_and_recover() {
         c.sim
             .store
             .get(
-                nodekeeper::sim::apiserver::resources::well_known::leases(),
+                nodekeeper_sim::apiserver::resources::well_known::leases(),
                 "kube-node-lease",
                 "general-0",
             )

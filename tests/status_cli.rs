@@ -13,9 +13,9 @@ use std::process::Stdio;
 use chrono::{DateTime, Duration, Utc};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
-use nodekeeper::controller::policy::explain::{Blocker, Held};
-use nodekeeper::controller::policy::view::{keys, NoticeKind, RecordedNotice};
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_core::controller::policy::explain::{Blocker, Held};
+use nodekeeper_core::controller::policy::view::{keys, NoticeKind, RecordedNotice};
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 use serde_json::{json, Value};
 
 struct Out {
@@ -380,7 +380,7 @@ fn errors_exit_1_naming_the_file_or_server_and_usage_exits_2() {
         .unwrap()
         .port();
     let kc = dir.path().join("kc");
-    nodekeeper::sim::apiserver::write_kubeconfig(&kc, &format!("http://127.0.0.1:{port}")).unwrap();
+    nodekeeper_sim::apiserver::write_kubeconfig(&kc, &format!("http://127.0.0.1:{port}")).unwrap();
     let started = std::time::Instant::now();
     let o = status(&["--kubeconfig", kc.to_str().unwrap()]);
     assert_eq!(o.code, 1);
@@ -407,7 +407,7 @@ fn errors_exit_1_naming_the_file_or_server_and_usage_exits_2() {
 /// would; the resulting Nodes go to the sim; `nodekeeper status` must explain them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_explains_what_the_policy_decided() {
-    use nodekeeper::controller::policy::config::Quantity;
+    use nodekeeper_core::controller::policy::config::Quantity;
     use policy_support as ps;
 
     let now = Utc::now();

@@ -15,10 +15,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::nspawn::NspawnNode;
-use nodekeeper::agent::host::logind::{
+use nodekeeper_core::agent::host::logind::{
     Login1ManagerProxy, ShutdownSignal, ShutdownWatcher, WatcherOptions,
 };
-use nodekeeper::agent::host::systemd::{Systemd, UnitManager};
+use nodekeeper_core::agent::host::systemd::{Systemd, UnitManager};
 
 /// Run in a child process (inside the container's PID namespace) by the tests below.
 /// Env: NK_BUS (bus address), NK_MAX_DELAY_MS, NK_ACK_AFTER_MS (absent: never acknowledge).

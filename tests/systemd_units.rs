@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::nspawn::NspawnNode;
-use nodekeeper::agent::host::systemd::{ServiceProxy, Systemd, SystemdError, UnitManager};
+use nodekeeper_core::agent::host::systemd::{ServiceProxy, Systemd, SystemdError, UnitManager};
 
 const CRIO: &str = "crio.service";
 const T: Duration = Duration::from_secs(30);

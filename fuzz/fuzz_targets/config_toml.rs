@@ -1,6 +1,6 @@
-//! `cargo +nightly fuzz run config_toml`: see nodekeeper::fuzzing::config_toml and docs/reliability.md.
+//! `cargo +nightly fuzz run config_toml`: see nodekeeper_core::fuzzing::config_toml and docs/reliability.md.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = nodekeeper::fuzzing::config_toml(data);
+    let _ = nodekeeper_core::fuzzing::config_toml(data);
 });

@@ -1,6 +1,6 @@
-//! `cargo +nightly fuzz run imds_azure`: see nodekeeper::fuzzing::imds_azure and docs/reliability.md.
+//! `cargo +nightly fuzz run imds_azure`: see nodekeeper_core::fuzzing::imds_azure and docs/reliability.md.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = nodekeeper::fuzzing::imds_azure(data);
+    let _ = nodekeeper_core::fuzzing::imds_azure(data);
 });

@@ -1,6 +1,6 @@
-//! `cargo +nightly fuzz run imds_gcp`: see nodekeeper::fuzzing::imds_gcp and docs/reliability.md.
+//! `cargo +nightly fuzz run imds_gcp`: see nodekeeper_core::fuzzing::imds_gcp and docs/reliability.md.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = nodekeeper::fuzzing::imds_gcp(data);
+    let _ = nodekeeper_core::fuzzing::imds_gcp(data);
 });

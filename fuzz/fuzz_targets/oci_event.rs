@@ -1,6 +1,6 @@
-//! `cargo +nightly fuzz run oci_event`: see nodekeeper::fuzzing::oci_event and docs/reliability.md.
+//! `cargo +nightly fuzz run oci_event`: see nodekeeper_core::fuzzing::oci_event and docs/reliability.md.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = nodekeeper::fuzzing::oci_event(data);
+    let _ = nodekeeper_core::fuzzing::oci_event(data);
 });

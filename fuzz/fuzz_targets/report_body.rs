@@ -1,6 +1,6 @@
-//! `cargo +nightly fuzz run report_body`: see nodekeeper::fuzzing::report_body and docs/reliability.md.
+//! `cargo +nightly fuzz run report_body`: see nodekeeper_core::fuzzing::report_body and docs/reliability.md.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = nodekeeper::fuzzing::report_body(data);
+    let _ = nodekeeper_core::fuzzing::report_body(data);
 });

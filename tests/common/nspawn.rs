@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use nodekeeper::agent::host::systemd::Systemd;
+use nodekeeper_core::agent::host::systemd::Systemd;
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
 const POWEROFF_TIMEOUT: Duration = Duration::from_secs(20);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use nodekeeper::agent::host::systemd::Systemd;
+use nodekeeper_core::agent::host::systemd::Systemd;
 
 use super::nspawn::{leader_of, remove_cgroup_tree, rootfs};
 

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
-use nodekeeper::agent::checks::{CheckResult, ConditionStatus};
-use nodekeeper::agent::reporter::HttpsClient;
-use nodekeeper::controller::config::ControllerConfig;
-use nodekeeper::report::{NodeReport, REPORT_VERSION};
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_core::agent::checks::{CheckResult, ConditionStatus};
+use nodekeeper_core::agent::reporter::HttpsClient;
+use nodekeeper_core::controller::config::ControllerConfig;
+use nodekeeper_core::report::{NodeReport, REPORT_VERSION};
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 
 pub const SA: &str = "system:serviceaccount:nodekeeper:nodekeeper-agent";
 pub const SERVER_NAME: &str = "nodekeeper-controller.nodekeeper.svc";
@@ -119,8 +119,8 @@ impl Env {
         &self,
         cfg: &ControllerConfig,
         lead: bool,
-    ) -> nodekeeper::controller::Running {
-        let r = nodekeeper::controller::start(self.cluster.client.clone(), cfg)
+    ) -> nodekeeper_core::controller::Running {
+        let r = nodekeeper_core::controller::start(self.cluster.client.clone(), cfg)
             .await
             .unwrap();
         wait_for(Duration::from_secs(10), || {

@@ -1,17 +1,16 @@
 //! Shared fixtures of the drain tests: nodes, pods (Running/Ready), PDBs seeded into the sim.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use nodekeeper::sim::apiserver::resources::well_known;
-use nodekeeper::sim::apiserver::scenario::running_status;
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_sim::apiserver::resources::well_known;
+use nodekeeper_sim::apiserver::scenario::running_status;
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 use serde_json::{json, Value};
 
 pub type Cluster = TestCluster;
 
 /// The VolumeAttachment resource of the sim.
-pub fn volumeattachments() -> &'static nodekeeper::sim::apiserver::resources::ResourceDef {
-    nodekeeper::sim::apiserver::resources::find("storage.k8s.io", "v1", "volumeattachments")
-        .unwrap()
+pub fn volumeattachments() -> &'static nodekeeper_sim::apiserver::resources::ResourceDef {
+    nodekeeper_sim::apiserver::resources::find("storage.k8s.io", "v1", "volumeattachments").unwrap()
 }
 
 pub async fn cluster() -> TestCluster {
@@ -22,12 +21,12 @@ pub async fn cluster() -> TestCluster {
 pub fn client(c: &TestCluster) -> kube::Client {
     let mut cfg = kube::Config::new(c.url.parse().unwrap());
     cfg.default_namespace = "default".into();
-    nodekeeper::controller::drain::client(cfg).unwrap()
+    nodekeeper_core::controller::drain::client(cfg).unwrap()
 }
 
 pub fn create(
     c: &TestCluster,
-    res: &'static nodekeeper::sim::apiserver::resources::ResourceDef,
+    res: &'static nodekeeper_sim::apiserver::resources::ResourceDef,
     ns: &str,
     obj: Value,
 ) -> Value {

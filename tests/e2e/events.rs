@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use nodekeeper::agent::sources::{EventKind, NodeEvent, NODE_EVENT_VERSION};
-use nodekeeper::controller::policy::view::keys;
+use nodekeeper_core::agent::sources::{EventKind, NodeEvent, NODE_EVENT_VERSION};
+use nodekeeper_core::controller::policy::view::keys;
 use serde_json::json;
 
 use crate::ctl;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use nodekeeper::agent::checks::ConditionStatus;
-use nodekeeper::controller::config::ControllerConfig;
+use nodekeeper_core::agent::checks::ConditionStatus;
+use nodekeeper_core::controller::config::ControllerConfig;
 
 use crate::ctl;
 use crate::support::*;
@@ -43,7 +43,7 @@ async fn a_bound_agent_token_reports_for_its_own_node_only(c: &'static Cluster) 
     let dir = tempfile::tempdir().unwrap();
     let cfg = shipped_controller_config(dir.path());
     let ctl_client = controller_client(c).await;
-    let running = nodekeeper::controller::start(ctl_client, &cfg)
+    let running = nodekeeper_core::controller::start(ctl_client, &cfg)
         .await
         .unwrap();
     ctl::wait_for(Duration::from_secs(20), || {

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use nodekeeper::agent::sources::Cloud;
-use nodekeeper::controller::policy::view::keys;
+use nodekeeper_core::agent::sources::Cloud;
+use nodekeeper_core::controller::policy::view::keys;
 use serde_json::json;
 
 use crate::drain::{apply, create_json, deployment};
@@ -127,7 +127,7 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once(
     let config = controller_toml(dir.path(), "preempt", |t| webhook_provider(t, &url));
     let ctl = ControllerProc::start(c, &config, "preempt").await;
     let imds =
-        nodekeeper::sim::imds::ImdsEmulator::start(Cloud::Oci, "127.0.0.1:0".parse().unwrap())
+        nodekeeper_sim::imds::ImdsEmulator::start(Cloud::Oci, "127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
     let endpoint = imds.url();

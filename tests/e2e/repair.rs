@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use nodekeeper::controller::policy::view::keys;
+use nodekeeper_core::controller::policy::view::keys;
 use serde_json::json;
 
 use crate::support::*;

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use nodekeeper::controller::engine::{Clock, EngineOptions, SystemClock};
-use nodekeeper::controller::policy::view::keys;
-use nodekeeper::controller::policy::PolicyConfig;
+use nodekeeper_core::controller::engine::{Clock, EngineOptions, SystemClock};
+use nodekeeper_core::controller::policy::view::keys;
+use nodekeeper_core::controller::policy::PolicyConfig;
 
 use crate::drain::workload_pods;
 use crate::failover::preemption;
@@ -52,7 +52,8 @@ async fn a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drai
     let (cfg_a, cfg_b) = (config("sv-a"), config("sv-b"));
     // Replica A in-process (the library the binary runs), as the controller ServiceAccount.
     let loaded =
-        nodekeeper::config::Config::load(&cfg_a, &nodekeeper::config::Env::default()).unwrap();
+        nodekeeper_core::config::Config::load(&cfg_a, &nodekeeper_core::config::Env::default())
+            .unwrap();
     let ccfg = loaded.config.controller.clone().unwrap();
     let token = sa_token(&admin, NS, CONTROLLER_SA, None, None).await;
     let kc_path = dir.path().join("sv-a.kubeconfig");
@@ -66,8 +67,8 @@ async fn a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drai
     let fault = Arc::new(AtomicBool::new(false));
     let mut opts = EngineOptions::new(PolicyConfig::from_config(&loaded.config));
     opts.clock = Arc::new(FaultClock(fault.clone()));
-    opts.drain_client = Some(nodekeeper::controller::drain::client(kcfg.clone()).unwrap());
-    let mut a = nodekeeper::controller::start_with(
+    opts.drain_client = Some(nodekeeper_core::controller::drain::client(kcfg.clone()).unwrap());
+    let mut a = nodekeeper_core::controller::start_with(
         kube::Client::try_from(kcfg).unwrap(),
         &ccfg,
         Some(opts),

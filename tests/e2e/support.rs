@@ -836,10 +836,10 @@ pub async fn wait_first_report(nodes: &Api<Node>, node: &str) {
 
 /// POSTs `report` to the controller at `addr` with `token`: (status, body).
 pub async fn post_report(
-    https: &nodekeeper::agent::reporter::HttpsClient,
+    https: &nodekeeper_core::agent::reporter::HttpsClient,
     addr: std::net::SocketAddr,
     token: &str,
-    report: &nodekeeper::report::NodeReport,
+    report: &nodekeeper_core::report::NodeReport,
 ) -> (u16, serde_json::Value) {
     crate::ctl::post(
         https,
@@ -868,10 +868,10 @@ pub async fn agent_report_token(admin: &kube::Client, node: &str) -> String {
 /// sequence number, as the agent does (the same sequence again is a replay the controller ignores; a
 /// follower, or a leader whose own flag has not yet followed its Lease write, answers 503).
 pub async fn report_until(
-    https: &nodekeeper::agent::reporter::HttpsClient,
+    https: &nodekeeper_core::agent::reporter::HttpsClient,
     addr: std::net::SocketAddr,
     token: &str,
-    report: &nodekeeper::report::NodeReport,
+    report: &nodekeeper_core::report::NodeReport,
     accepted: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
     let sequence = std::sync::atomic::AtomicU64::new(report.sequence);

@@ -9,16 +9,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
-use nodekeeper::agent::sources::{EventKind, NodeEvent, NODE_EVENT_VERSION};
-use nodekeeper::controller::config::ControllerConfig;
-use nodekeeper::controller::engine::{Clock, EngineOptions};
-use nodekeeper::controller::policy::PolicyConfig;
-use nodekeeper::controller::provider::NodeProvider;
-use nodekeeper::controller::Running;
-use nodekeeper::sim::apiserver::clock::SimClock;
-use nodekeeper::sim::apiserver::loops::LoopOptions;
-use nodekeeper::sim::apiserver::scenario::Scenario;
-use nodekeeper::sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_core::agent::sources::{EventKind, NodeEvent, NODE_EVENT_VERSION};
+use nodekeeper_core::controller::config::ControllerConfig;
+use nodekeeper_core::controller::engine::{Clock, EngineOptions};
+use nodekeeper_core::controller::policy::PolicyConfig;
+use nodekeeper_core::controller::provider::NodeProvider;
+use nodekeeper_core::controller::Running;
+use nodekeeper_sim::apiserver::clock::SimClock;
+use nodekeeper_sim::apiserver::loops::LoopOptions;
+use nodekeeper_sim::apiserver::scenario::Scenario;
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 
 /// The sim's clock as the engine's clock.
 pub struct SimTime(pub Arc<SimClock>);
@@ -92,7 +92,7 @@ pub async fn start_engine(
     let mut opts = EngineOptions::new(policy);
     opts.clock = Arc::new(SimTime(c.sim.store.clock.clone()));
     opts.provider = provider;
-    nodekeeper::controller::start_with(c.client.clone(), cfg, Some(opts))
+    nodekeeper_core::controller::start_with(c.client.clone(), cfg, Some(opts))
         .await
         .unwrap()
 }
@@ -226,7 +226,7 @@ pub async fn running_on(c: &TestCluster, node: &str) -> usize {
 pub async fn events_about(c: &TestCluster, node: &str) -> Vec<(String, String)> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(
         c.client.clone(),
-        nodekeeper::controller::events::NODE_EVENT_NAMESPACE,
+        nodekeeper_core::controller::events::NODE_EVENT_NAMESPACE,
     );
     api.list(&ListParams::default())
         .await
@@ -240,7 +240,7 @@ pub async fn events_about(c: &TestCluster, node: &str) -> Vec<(String, String)> 
 
 /// Pins a node condition through the sim's admin API.
 pub async fn pin_condition(c: &TestCluster, node: &str, type_: &str, status: &str) {
-    let r = nodekeeper::http::client().unwrap()
+    let r = nodekeeper_core::http::client().unwrap()
         .post(c.admin_url(&format!("nodes/{node}/conditions")))
         .json(&serde_json::json!({"type": type_, "status": status, "reason": "Test", "message": "pinned by the test"}))
         .send()

@@ -387,6 +387,9 @@ pub fn subjects(a: &All) -> BTreeSet<String> {
         .collect()
 }
 
+/// The workspace's source directories: the binary, the product library, the stand-ins.
+pub const SOURCE_DIRS: [&str; 3] = ["src", "crates/core/src", "crates/sim/src"];
+
 /// Files under `dir` (recursively) with the `.rs` extension, relative to the repository.
 pub fn rust_files(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();

@@ -2,10 +2,10 @@
 #![allow(dead_code)]
 
 use chrono::{DateTime, Utc};
-use nodekeeper::controller::policy::view::{
+use nodekeeper_core::controller::policy::view::{
     condition, keys, ClusterView, DrainPhase, NodeView, Notice, NoticeKind,
 };
-use nodekeeper::controller::policy::{decide, Action, Decision, PolicyConfig};
+use nodekeeper_core::controller::policy::{decide, Action, Decision, PolicyConfig};
 
 /// RFC 3339 → UTC.
 pub fn t(s: &str) -> DateTime<Utc> {
@@ -55,7 +55,7 @@ pub fn notice(
 /// Ready=False 10 min policy, drain → replace.
 pub fn cfg() -> PolicyConfig {
     let mut c = PolicyConfig::default();
-    c.repair.policy = nodekeeper::controller::policy::config::parse_kpo_repair_policies(
+    c.repair.policy = nodekeeper_core::controller::policy::config::parse_kpo_repair_policies(
         r#"[{"conditionType":"Ready","conditionStatus":"False","tolerationDuration":600000000000}]"#,
     )
     .unwrap();
@@ -63,10 +63,10 @@ pub fn cfg() -> PolicyConfig {
 }
 
 /// Budgets from inline TOML (`[{ nodes = "1" }]`).
-pub fn budgets(toml_list: &str) -> Vec<nodekeeper::controller::policy::config::Budget> {
+pub fn budgets(toml_list: &str) -> Vec<nodekeeper_core::controller::policy::config::Budget> {
     #[derive(serde::Deserialize)]
     struct W {
-        b: Vec<nodekeeper::controller::policy::config::Budget>,
+        b: Vec<nodekeeper_core::controller::policy::config::Budget>,
     }
     toml::from_str::<W>(&format!("b = {toml_list}")).unwrap().b
 }

@@ -1,0 +1,544 @@
+//! The node agent: one `select!` loop over health-check ticks, metadata-source events, the
+//! shutdown watcher, configuration reloads (SIGHUP or a changed file) and termination signals.
+//! Everything it learns goes into one [`state::AgentState`], published as versioned
+//! [`NodeReport`]s on change.
+//!
+//! - [`crio`]: CRI-O drop-ins (applied at start and on every reload);
+//! - [`checks`]: node health checks; [`sources`]: cloud metadata notices;
+//! - [`host`]: systemd and logind over D-Bus; [`state`]: the report assembly.
+
+pub mod checks;
+pub mod crio;
+pub mod fsops;
+pub mod host;
+pub mod labels;
+pub mod once;
+pub mod reporter;
+pub mod sources;
+pub mod state;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use chrono::Utc;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::agent::checks::Checks;
+use crate::agent::crio::apply::{self, ApplyOptions};
+use crate::agent::host::logind::{Delivered, ShutdownSignal, ShutdownWatcher, WatcherOptions};
+use crate::agent::host::systemd::Systemd;
+use crate::agent::sources::driver::SourceMessage;
+use crate::agent::sources::{EventKind, InstanceIdentity, NodeEvent};
+use crate::agent::state::AgentState;
+use crate::config::{Config, Env, Loaded};
+use crate::report::NodeReport;
+use crate::shutdown::Signals;
+
+/// Options of `nodekeeper agent`.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Prefix for every host path of the CRI-O apply (tests, demo).
+    pub root: Option<PathBuf>,
+}
+
+/// What the background tasks tell the loop.
+#[derive(Debug)]
+enum Input {
+    Source(SourceMessage),
+    Identity(InstanceIdentity),
+    Shutdown(ShutdownSignal),
+    Labels(Vec<crate::report::LabelRemoval>),
+    Command(crate::report::AgentCommand),
+    CommandResult(crate::report::CommandResult),
+}
+
+/// Runs the agent until a termination signal.
+pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Signals) {
+    let path = loaded.path.clone();
+    let mut config = loaded.config;
+    let mut fingerprint = file_fingerprint(&path);
+    let mut st = AgentState::new(node_name(&config), instance_id(), boot_id(&config));
+    tracing::info!(config = %path.display(), version = crate::VERSION, "agent starting");
+    let (in_tx, mut in_rx) = mpsc::channel(256);
+    let mut tasks = Tasks::spawn(&config, in_tx.clone());
+    let mut checks = Checks::from_config(&config.checks);
+    apply_crio(&config, &opts, &mut st).await;
+    let mut check_tick = tokio::time::interval(config.checks.interval);
+    let mut file_tick = tokio::time::interval(config.agent.config_poll_interval);
+    check_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    file_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut events: Vec<NodeEvent> = Vec::new();
+    let mut held: Vec<Delivered> = Vec::new();
+    let mut sink = Sink::start(&config, &opts, in_tx.clone());
+    loop {
+        let reload = tokio::select! {
+            _ = signals.shutdown.changed() => break,
+            Some(()) = signals.reload.recv() => {
+                // Fingerprint first: an edit made after this log line is then always noticed.
+                fingerprint = file_fingerprint(&path);
+                tracing::info!("SIGHUP: reloading configuration");
+                true
+            }
+            _ = file_tick.tick() => {
+                let now = file_fingerprint(&path);
+                let changed = now != fingerprint;
+                if changed {
+                    fingerprint = now;
+                    tracing::info!(config = %path.display(), "configuration file changed: reloading");
+                }
+                changed
+            }
+            _ = check_tick.tick() => {
+                st.apply_round(checks.run_once(Instant::now()).await);
+                false
+            }
+            Some(input) = in_rx.recv() => {
+                match input {
+                    Input::Command(cmd) => execute(cmd, config.sources.clone(), in_tx.clone()),
+                    Input::CommandResult(r) => st.add_command_result(r),
+                    other => on_input(other, &mut st, &mut events, &mut held),
+                }
+                false
+            }
+        };
+        if reload {
+            if let Some(c) = self::reload(&path, &env) {
+                config = c;
+                tasks.stop().await;
+                tasks = Tasks::spawn(&config, in_tx.clone());
+                checks = Checks::from_config(&config.checks);
+                check_tick = tokio::time::interval(config.checks.interval);
+                file_tick = tokio::time::interval(config.agent.config_poll_interval);
+            }
+            apply_crio(&config, &opts, &mut st).await;
+        }
+        if st.changed() || !events.is_empty() {
+            sink.publish(st.report(std::mem::take(&mut events), Utc::now()))
+                .await;
+            // The shutdown report is out (or handed to the reporter, which sends changes within
+            // 200 ms): let the shutdown proceed shortly.
+            let grace = if sink.reporter.is_some() {
+                std::time::Duration::from_secs(1)
+            } else {
+                std::time::Duration::ZERO
+            };
+            for d in held.drain(..) {
+                tokio::spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    d.done();
+                });
+            }
+        }
+    }
+    sink.stop().await;
+    tasks.stop().await;
+    tracing::info!("agent stopped");
+}
+
+fn on_input(
+    input: Input,
+    st: &mut AgentState,
+    events: &mut Vec<NodeEvent>,
+    held: &mut Vec<Delivered>,
+) {
+    match input {
+        Input::Identity(id) => {
+            tracing::info!(instance = %id.instance_id, cloud = ?id.cloud, preemptible = ?id.preemptible, "instance identity");
+            st.set_identity(id);
+        }
+        Input::Source(SourceMessage::Event(e)) => {
+            tracing::warn!(id = %e.id, kind = e.kind.name(), source = %e.source, deadline = ?e.deadline, "node event");
+            events.push(e);
+        }
+        Input::Source(SourceMessage::Error { source, error }) => {
+            tracing::debug!(source, %error, "metadata source error");
+        }
+        Input::Shutdown(ShutdownSignal::ShuttingDown { delivered, .. }) => {
+            let e = NodeEvent::on_node(EventKind::ShuttingDown, "logind", st.boot_id(), Utc::now());
+            tracing::warn!(id = %e.id, "node is shutting down");
+            events.push(e);
+            held.push(delivered);
+        }
+        Input::Shutdown(ShutdownSignal::Cancelled) => {
+            let of =
+                NodeEvent::on_node(EventKind::ShuttingDown, "logind", st.boot_id(), Utc::now()).id;
+            tracing::info!(of = %of, "shutdown cancelled");
+            events.push(NodeEvent::on_node(
+                EventKind::Cancelled { of: of.clone() },
+                "logind",
+                &of,
+                Utc::now(),
+            ));
+        }
+        Input::Shutdown(other) => tracing::debug!(signal = ?other, "shutdown watcher"),
+        Input::Labels(removals) => st.set_label_removals(removals),
+        Input::Command(_) | Input::CommandResult(_) => {} // handled by the loop
+    }
+}
+
+/// Where reports go: always the log; with `[report]`, the controller reporter too (events
+/// separately: it queues and persists them until the controller acknowledges them).
+struct Sink {
+    reporter: Option<(watch::Sender<NodeReport>, mpsc::Sender<NodeEvent>)>,
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Sink {
+    fn start(config: &Config, opts: &AgentOptions, tx: mpsc::Sender<Input>) -> Self {
+        let (stop, stop_rx) = watch::channel(false);
+        let mut sink = Sink {
+            reporter: None,
+            stop,
+            task: None,
+        };
+        let Some(cfg) = config.report.clone() else {
+            return sink;
+        };
+        let state_dir =
+            crate::agent::crio::state::under_root(opts.root.as_deref(), &config.crio.state_dir);
+        let reporter = match crate::agent::reporter::Reporter::new(cfg, &state_dir) {
+            Ok(r) => r,
+            Err(error) => {
+                tracing::error!(%error, "reporter disabled: reports go to the log only");
+                return sink;
+            }
+        };
+        let (report_tx, report_rx) = watch::channel(
+            AgentState::new(node_name(config), String::new(), String::new())
+                .report(vec![], Utc::now()),
+        );
+        let (event_tx, event_rx) = mpsc::channel(256);
+        let (cmd_tx, mut cmd_rx) = mpsc::channel(16);
+        sink.task = Some(tokio::spawn(async move {
+            let forward = async {
+                while let Some(c) = cmd_rx.recv().await {
+                    if tx.send(Input::Command(c)).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            tokio::join!(reporter.run(report_rx, event_rx, cmd_tx, stop_rx), forward);
+        }));
+        sink.reporter = Some((report_tx, event_tx));
+        sink
+    }
+
+    async fn publish(&mut self, mut report: NodeReport) {
+        log_report(&report);
+        if let Some((report_tx, event_tx)) = &self.reporter {
+            for e in std::mem::take(&mut report.events) {
+                if event_tx.send(e).await.is_err() {
+                    tracing::error!("reporter stopped: event not queued");
+                }
+            }
+            let _ = report_tx.send(report);
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        self.reporter = None;
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+/// The longest a controller command may take before it is reported as failed.
+const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs a controller command in the background; its result comes back as an input.
+fn execute(
+    cmd: crate::report::AgentCommand,
+    sources: crate::agent::sources::SourcesConfig,
+    tx: mpsc::Sender<Input>,
+) {
+    use crate::report::{AgentCommand, CommandResult};
+    tokio::spawn(async move {
+        let (id, outcome) = match cmd {
+            AgentCommand::Reboot { id, reason } => {
+                tracing::warn!(%id, %reason, "rebooting on the controller's request");
+                let call = async {
+                    match Systemd::connect_system().await {
+                        Ok(s) => s.reboot().await.map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    }
+                };
+                // A hung bus must not leave the command without a result forever.
+                let r = tokio::time::timeout(COMMAND_TIMEOUT, call)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(format!(
+                            "systemd did not accept reboot.target within {}",
+                            humantime::format_duration(COMMAND_TIMEOUT)
+                        ))
+                    });
+                (id, r.map(|()| "reboot.target started".to_string()))
+            }
+            AgentCommand::AckScheduledEvent { id, event_id } => {
+                let r = crate::agent::sources::azure::ack_event(&sources, &event_id).await;
+                (
+                    id,
+                    r.map(|()| format!("scheduled event {event_id} approved"))
+                        .map_err(|e| e.to_string()),
+                )
+            }
+        };
+        let result = match outcome {
+            Ok(message) => CommandResult {
+                id,
+                ok: true,
+                message,
+            },
+            Err(message) => {
+                tracing::error!(id = %id, %message, "command failed");
+                CommandResult {
+                    id,
+                    ok: false,
+                    message,
+                }
+            }
+        };
+        let _ = tx.send(Input::CommandResult(result)).await;
+    });
+}
+
+/// The log form of a report: a summary at info, the whole report at debug.
+fn log_report(report: &NodeReport) {
+    tracing::info!(
+        sequence = report.sequence,
+        conditions = report.conditions.len(),
+        events = report.events.len(),
+        check_events = report.check_events.len(),
+        problems = report.problems.len(),
+        "node report"
+    );
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        tracing::debug!(report = %serde_json::to_string(report).unwrap_or_default(), "node report (full)");
+    }
+}
+
+/// The background producers: the metadata source and the shutdown watcher.
+struct Tasks {
+    stop: watch::Sender<bool>,
+    set: JoinSet<()>,
+}
+
+impl Tasks {
+    fn spawn(config: &Config, tx: mpsc::Sender<Input>) -> Self {
+        let (stop, _) = watch::channel(false);
+        let mut set = JoinSet::new();
+        let (sources, tx1, stop1) = (config.sources.clone(), tx.clone(), stop.subscribe());
+        set.spawn(async move { run_source(sources, tx1, stop1).await });
+        if config.agent.shutdown_watcher {
+            let options = WatcherOptions {
+                max_delay: config.agent.shutdown_max_delay,
+                ..WatcherOptions::default()
+            };
+            let (tx2, stop2) = (tx.clone(), stop.subscribe());
+            set.spawn(async move { run_shutdown_watcher(options, tx2, stop2).await });
+        }
+        if !config.labels.cleanup.is_empty() {
+            let (labels, node, stop3) =
+                (config.labels.clone(), node_name(config), stop.subscribe());
+            set.spawn(async move { run_label_rules(labels, node, tx, stop3).await });
+        }
+        Self { stop, set }
+    }
+
+    async fn stop(&mut self) {
+        let _ = self.stop.send(true);
+        while self.set.join_next().await.is_some() {}
+    }
+}
+
+async fn run_source(
+    cfg: crate::agent::sources::SourcesConfig,
+    tx: mpsc::Sender<Input>,
+    stop: watch::Receiver<bool>,
+) {
+    let Some(cloud) = crate::agent::sources::detect::resolve(&cfg).await else {
+        tracing::info!("no cloud metadata source (none detected or configured)");
+        return;
+    };
+    let mut source = match crate::agent::sources::build(cloud, &cfg) {
+        Ok(s) => s,
+        Err(error) => {
+            tracing::error!(%cloud, %error, "cannot start the metadata source");
+            return;
+        }
+    };
+    match source.identity().await {
+        Ok(id) => {
+            let _ = tx.send(Input::Identity(id)).await;
+        }
+        Err(error) => tracing::warn!(%cloud, %error, "cannot read the instance identity"),
+    }
+    let (msg_tx, mut msg_rx) = mpsc::channel(64);
+    let driver = crate::agent::sources::driver::run(
+        source,
+        cfg.poll_interval,
+        cfg.max_backoff,
+        msg_tx,
+        stop,
+    );
+    let forward = async {
+        while let Some(m) = msg_rx.recv().await {
+            if tx.send(Input::Source(m)).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::join!(driver, forward);
+}
+
+async fn run_label_rules(
+    cfg: crate::agent::labels::LabelsConfig,
+    node: String,
+    tx: mpsc::Sender<Input>,
+    stop: watch::Receiver<bool>,
+) {
+    use crate::agent::labels::{self, PatchRemover, RemovalMode};
+    let rules = match labels::compile(&cfg) {
+        Ok(r) => r,
+        Err(error) => return tracing::error!(%error, "label rules disabled"),
+    };
+    // In a pod: the service account token under /var/run/secrets/kubernetes.io/serviceaccount/;
+    // elsewhere: KUBECONFIG (kube's own resolution). Rules are configured, so no client is an error.
+    let client = match kube::Client::try_default().await {
+        Ok(c) => c,
+        Err(error) => {
+            return tracing::error!(
+                %error,
+                rules = rules.len(),
+                "label rules disabled: no Kubernetes API client (in a pod: is the service account \
+                 token mounted at /var/run/secrets/kubernetes.io/serviceaccount/?)"
+            )
+        }
+    };
+    let remover = (cfg.mode == RemovalMode::Direct).then(|| PatchRemover::new(client.clone()));
+    let (l_tx, mut l_rx) = mpsc::channel(8);
+    let forward = async {
+        while let Some(r) = l_rx.recv().await {
+            if tx.send(Input::Labels(r)).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::join!(
+        labels::watch(client, node, rules, remover, l_tx, stop),
+        forward
+    );
+}
+
+async fn run_shutdown_watcher(
+    options: WatcherOptions,
+    tx: mpsc::Sender<Input>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let watcher = match ShutdownWatcher::connect_system(options).await {
+        Ok(w) => w,
+        Err(error) => {
+            tracing::warn!(%error, "shutdown watcher unavailable: node shutdowns are not reported ahead");
+            return;
+        }
+    };
+    let (sig_tx, mut sig_rx) = mpsc::channel(8);
+    let forward = async {
+        while let Some(s) = sig_rx.recv().await {
+            if tx.send(Input::Shutdown(s)).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        r = watcher.run(sig_tx) => if let Err(error) = r { tracing::warn!(%error, "shutdown watcher stopped") },
+        _ = forward => {}
+        _ = stop.changed() => {}
+    }
+}
+
+/// `[node] name`, else the host name.
+pub fn node_name(config: &Config) -> String {
+    if !config.node.name.is_empty() {
+        return config.node.name.clone();
+    }
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// The kernel's boot id under the checks' host root (empty if unreadable).
+pub fn boot_id(config: &Config) -> String {
+    let p = config
+        .checks
+        .host_root
+        .join("proc/sys/kernel/random/boot_id");
+    std::fs::read_to_string(p)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn instance_id() -> String {
+    use rand::Rng;
+    hex::encode(rand::rng().random::<[u8; 8]>())
+}
+
+/// Re-reads the configuration; an invalid file is logged and the running configuration kept.
+fn reload(path: &Path, env: &Env) -> Option<Config> {
+    match Config::load(path, env) {
+        Ok(l) => {
+            for w in &l.warnings {
+                tracing::warn!(diagnostic = %w.render(path), "configuration warning");
+            }
+            Some(l.config)
+        }
+        Err(e) => {
+            tracing::error!(config = %path.display(), error = %e, "new configuration is invalid: keeping the running one");
+            None
+        }
+    }
+}
+
+/// Content hash of the config file (None when unreadable), to notice edits and replacements.
+fn file_fingerprint(path: &Path) -> Option<String> {
+    std::fs::read(path)
+        .ok()
+        .map(|b| crate::agent::crio::state::digest(&b))
+}
+
+/// sha256 over the declared drop-ins (name and rendered content), to compare nodes.
+pub fn crio_config_hash(config: &Config) -> String {
+    let mut bytes = Vec::new();
+    for d in &config.crio.dropins {
+        bytes.extend_from_slice(d.name.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(&apply::render(d));
+        bytes.push(0);
+    }
+    crate::agent::crio::state::digest(&bytes)
+}
+
+async fn apply_crio(config: &Config, opts: &AgentOptions, st: &mut AgentState) {
+    let aopts = ApplyOptions {
+        root: opts.root.clone(),
+        dry_run: false,
+    };
+    let (report, result) = apply::apply(&config.crio, &aopts, Systemd::connect_system).await;
+    match &result {
+        Ok(()) if report.changed => tracing::info!(
+            files = report.files.len(),
+            restarted = report.restarted,
+            unit_state = %report.unit_state,
+            "CRI-O drop-ins applied"
+        ),
+        Ok(()) => tracing::debug!("CRI-O drop-ins unchanged"),
+        Err(e) => {
+            tracing::error!(error = %crate::telemetry::error_chain(e), rolled_back = report.rolled_back, "CRI-O apply failed")
+        }
+    }
+    st.set_crio(crio_config_hash(config), &report, &result, Utc::now());
+}

@@ -1,0 +1,848 @@
+//! Typed configuration: read once from a TOML file, overridden by documented `NODEKEEPER_*`
+//! environment variables, validated, and printed without secrets.
+//!
+//! This is the only module that reads the process environment. Everything below it receives
+//! plain values.
+//!
+//! Errors and warnings carry their place in the file (`FILE:LINE:COL: message`), including the
+//! semantic checks that run after parsing: each [`Diagnostic`] names a key path, and the path is
+//! located in the parsed document to find its line and column.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration file. Every section has defaults, so an empty file is valid.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Logging.
+    pub log: LogConfig,
+    /// The node this agent runs on.
+    pub node: NodeConfig,
+    /// Post-bootstrap CRI-O configuration.
+    pub crio: CrioConfig,
+    /// The agent's own behaviour.
+    pub agent: AgentConfig,
+    /// Node health checks.
+    pub checks: crate::agent::checks::ChecksConfig,
+    /// Migration-label rules.
+    pub labels: crate::agent::labels::LabelsConfig,
+    /// Cloud metadata sources (preemption, maintenance and rebalance notices).
+    pub sources: crate::agent::sources::SourcesConfig,
+    /// The controller (`nodekeeper controller`); absent on nodes.
+    #[cfg(feature = "controller")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller: Option<crate::controller::config::ControllerConfig>,
+    /// The agent build has no controller: its sections are accepted as they are, neither
+    /// checked nor printed (the full build's `nodekeeper validate` checks them).
+    #[cfg(not(feature = "controller"))]
+    #[serde(skip_serializing)]
+    pub controller: Option<toml::Value>,
+    /// Reporting to the controller (agent); absent: the agent does not report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<crate::agent::reporter::ReporterConfig>,
+    /// Repair policies, escalation, short-circuit, startup timeout (controller).
+    #[cfg(feature = "controller")]
+    pub repair: crate::controller::policy::config::RepairConfig,
+    /// Disruption budgets per node group (controller).
+    #[cfg(feature = "controller")]
+    pub budgets: crate::controller::policy::config::BudgetsConfig,
+    /// Response to interruption notices (controller).
+    #[cfg(feature = "controller")]
+    pub interruption: crate::controller::policy::config::InterruptionConfig,
+    /// `[repair]` in the agent build: accepted, not checked, not printed.
+    #[cfg(not(feature = "controller"))]
+    #[serde(skip_serializing)]
+    pub repair: Option<toml::Value>,
+    /// `[budgets]` in the agent build: accepted, not checked, not printed.
+    #[cfg(not(feature = "controller"))]
+    #[serde(skip_serializing)]
+    pub budgets: Option<toml::Value>,
+    /// `[interruption]` in the agent build: accepted, not checked, not printed.
+    #[cfg(not(feature = "controller"))]
+    #[serde(skip_serializing)]
+    pub interruption: Option<toml::Value>,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` (default) or `json`.
+    pub format: LogFormat,
+    /// Targets and levels, e.g. `info` or `nodekeeper=debug,info`.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".to_string(),
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[node]`
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// The Kubernetes node name. In a DaemonSet set `NODEKEEPER_NODE_NAME` from `spec.nodeName`;
+    /// empty means the host name.
+    pub name: String,
+}
+
+/// `[agent]`
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// How often the agent checks whether its configuration file changed.
+    #[serde(with = "humantime_serde")]
+    pub config_poll_interval: Duration,
+    /// Hold a systemd-logind delay inhibitor lock and report a node shutdown (how OCI
+    /// preemption arrives on the node: an ACPI shutdown) before it happens.
+    pub shutdown_watcher: bool,
+    /// The longest the agent holds up a shutdown to deliver that report (logind's
+    /// `InhibitDelayMaxSec` bounds it further).
+    #[serde(with = "humantime_serde")]
+    pub shutdown_max_delay: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            config_poll_interval: Duration::from_secs(5),
+            shutdown_watcher: true,
+            shutdown_max_delay: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `[crio]`: drop-ins nodekeeper owns in CRI-O's drop-in directory.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CrioConfig {
+    /// CRI-O's drop-in directory; CRI-O loads every regular file in it.
+    pub dropin_dir: PathBuf,
+    /// The systemd unit restarted after a change.
+    pub unit: String,
+    /// How long a restart may take (job finished and unit active).
+    #[serde(with = "humantime_serde")]
+    pub restart_timeout: Duration,
+    /// Where nodekeeper records which drop-ins it owns, and keeps temp files and backups.
+    /// Must be on the same filesystem as `dropin_dir` for atomic renames.
+    pub state_dir: PathBuf,
+    /// The CRI-O version, when `crio --version` cannot be run (e.g. from a container).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The drop-ins, in any order (CRI-O applies them in file-name order, last wins).
+    #[serde(rename = "dropin")]
+    pub dropins: Vec<DropIn>,
+}
+
+impl Default for CrioConfig {
+    fn default() -> Self {
+        Self {
+            dropin_dir: PathBuf::from("/etc/crio/crio.conf.d"),
+            unit: "crio.service".to_string(),
+            restart_timeout: Duration::from_secs(90),
+            state_dir: PathBuf::from("/var/lib/nodekeeper"),
+            version: None,
+            dropins: Vec::new(),
+        }
+    }
+}
+
+/// `[[crio.dropin]]`: one file; exactly one of `content` or `settings`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DropIn {
+    /// File name, `^[0-9A-Za-z._-]+\.conf$`.
+    pub name: String,
+    /// Raw TOML text written as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// A TOML table rendered to TOML.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<toml::Table>,
+    /// Take over an existing file of this name that nodekeeper did not create (e.g. one written
+    /// by a `postBootstrapInitScript`). Its previous content is backed up for rollback. Without
+    /// it, nodekeeper refuses to touch files it did not create.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopt: bool,
+}
+
+/// How serious a [`Diagnostic`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// The configuration is used, but the user should look.
+    Warning,
+    /// The configuration is refused.
+    Error,
+}
+
+/// One step of a key path inside the document, e.g. `crio` / `dropin` / `1` / `name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathSeg {
+    /// A table key.
+    Key(String),
+    /// An array index.
+    Index(usize),
+}
+
+/// Builds a key path from string keys and indices: `path!["crio", "dropin", 2, "name"]`.
+#[macro_export]
+macro_rules! cfg_path {
+    ($($seg:expr),* $(,)?) => { vec![$($crate::config::PathSeg::from($seg)),*] };
+}
+
+impl From<&str> for PathSeg {
+    fn from(s: &str) -> Self {
+        PathSeg::Key(s.to_string())
+    }
+}
+impl From<String> for PathSeg {
+    fn from(s: String) -> Self {
+        PathSeg::Key(s)
+    }
+}
+impl From<usize> for PathSeg {
+    fn from(i: usize) -> Self {
+        PathSeg::Index(i)
+    }
+}
+
+/// A finding about the configuration, located in the file where possible.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// Error or warning.
+    pub severity: Severity,
+    /// Key path of the offending value (empty: the whole file).
+    pub path: Vec<PathSeg>,
+    /// What is wrong, in words a user can act on.
+    pub message: String,
+    /// 1-based line and column, filled in by `locate`.
+    pub location: Option<(usize, usize)>,
+}
+
+impl Diagnostic {
+    /// An error at `path`.
+    pub fn error(path: Vec<PathSeg>, message: impl Into<String>) -> Self {
+        Self {
+            severity: Severity::Error,
+            path,
+            message: message.into(),
+            location: None,
+        }
+    }
+    /// A warning at `path`.
+    pub fn warning(path: Vec<PathSeg>, message: impl Into<String>) -> Self {
+        Self {
+            severity: Severity::Warning,
+            path,
+            message: message.into(),
+            location: None,
+        }
+    }
+    /// Renders `FILE:LINE:COL: error: message` (or without LINE:COL when it has no location).
+    pub fn render(&self, file: &Path) -> String {
+        let sev = match self.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        let key = display_path(&self.path);
+        let key = if key.is_empty() {
+            String::new()
+        } else {
+            format!(" [{key}]")
+        };
+        match self.location {
+            Some((line, col)) => format!(
+                "{}:{line}:{col}: {sev}: {}{key}",
+                file.display(),
+                self.message
+            ),
+            None => format!("{}: {sev}: {}{key}", file.display(), self.message),
+        }
+    }
+}
+
+/// An error at `path` when the apiserver would refuse `value` as a `what` (a label key, a taint
+/// value, ...): `problems` are the findings of a [`crate::k8s::validation`] check (none: `None`).
+pub fn k8s_value_error(
+    path: Vec<PathSeg>,
+    what: &str,
+    value: &str,
+    problems: Vec<String>,
+) -> Option<Diagnostic> {
+    crate::k8s::validation::check(problems).err().map(|why| {
+        Diagnostic::error(
+            path,
+            format!("`{value}` is not a valid {what} (the API server would refuse it): {why}"),
+        )
+    })
+}
+
+/// `crio.dropin[1].name`
+pub fn display_path(path: &[PathSeg]) -> String {
+    let mut out = String::new();
+    for seg in path {
+        match seg {
+            PathSeg::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            PathSeg::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file was read but is invalid; every finding is listed.
+    #[error("{}", render_all(.path, .diagnostics))]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Errors (and the warnings found alongside them).
+        diagnostics: Vec<Diagnostic>,
+    },
+}
+
+fn render_all(path: &Path, diagnostics: &[Diagnostic]) -> String {
+    diagnostics
+        .iter()
+        .map(|d| d.render(path))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A configuration that passed validation, with the warnings found on the way.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The effective configuration (file + environment overrides).
+    pub config: Config,
+    /// Warnings, located in the file.
+    pub warnings: Vec<Diagnostic>,
+    /// The file it came from.
+    pub path: PathBuf,
+}
+
+/// A snapshot of the `NODEKEEPER_*` environment, taken once at start-up.
+#[derive(Debug, Clone, Default)]
+pub struct Env(BTreeMap<String, String>);
+
+impl Env {
+    /// Reads the process environment. The only place nodekeeper calls `std::env`.
+    pub fn from_process() -> Self {
+        Self(
+            std::env::vars()
+                .filter(|(k, _)| k.starts_with("NODEKEEPER_"))
+                .collect(),
+        )
+    }
+    /// An environment from explicit pairs (tests).
+    pub fn from_pairs<I: IntoIterator<Item = (S, S)>, S: Into<String>>(pairs: I) -> Self {
+        Self(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )
+    }
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+}
+
+/// The documented environment overrides: (variable, key path it overrides).
+pub const ENV_OVERRIDES: &[(&str, &str)] = &[
+    ("NODEKEEPER_LOG_FORMAT", "log.format"),
+    ("NODEKEEPER_LOG_LEVEL", "log.level"),
+    ("NODEKEEPER_NODE_NAME", "node.name"),
+    ("NODEKEEPER_CRIO_DROPIN_DIR", "crio.dropin_dir"),
+    ("NODEKEEPER_CRIO_UNIT", "crio.unit"),
+    ("NODEKEEPER_CRIO_RESTART_TIMEOUT", "crio.restart_timeout"),
+    ("NODEKEEPER_CRIO_STATE_DIR", "crio.state_dir"),
+    ("NODEKEEPER_CRIO_VERSION", "crio.version"),
+];
+
+impl Config {
+    /// Reads, parses, applies environment overrides, and validates `path`.
+    /// The CRI-O version for version-dependent lints is `[crio] version`, else what `crio --version`
+    /// prints, asked only when a drop-in sets a version-gated key (so the no-change path of
+    /// `crio apply` spawns nothing).
+    pub fn load(path: &Path, env: &Env) -> Result<Loaded, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::load_str(path, &text, env, &crate::agent::crio::lint::detect_version)
+    }
+
+    /// As [`Config::load`], from text already read.
+    pub fn load_str(
+        path: &Path,
+        text: &str,
+        env: &Env,
+        detect_crio_version: &dyn Fn() -> Option<String>,
+    ) -> Result<Loaded, ConfigError> {
+        let invalid = |diagnostics| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            diagnostics,
+        };
+        let doc = match parse_document(text) {
+            Ok(doc) => doc,
+            Err(diags) => return Err(invalid(diags)),
+        };
+        let (parsed, mut diags) = deserialize_all(text);
+        let Some(mut config) = parsed else {
+            return Err(invalid(diags));
+        };
+        diags.extend(config.apply_env(env));
+        let version = config.crio.version.clone();
+        let version = match version {
+            Some(v) => Some(v),
+            None if crate::agent::crio::lint::uses_version_gated_keys(&config.crio) => {
+                detect_crio_version()
+            }
+            None => None,
+        };
+        diags.extend(config.validate(version.as_deref()));
+        for d in &mut diags {
+            if d.location.is_none() {
+                d.location = locate(&doc, &d.path).map(|off| line_col(text, off));
+            }
+        }
+        diags.sort_by_key(|d| (std::cmp::Reverse(d.severity), d.location));
+        if diags.iter().any(|d| d.severity == Severity::Error) {
+            return Err(invalid(diags));
+        }
+        Ok(Loaded {
+            config,
+            warnings: diags,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Applies `NODEKEEPER_*` overrides; a bad value is an error naming the variable.
+    fn apply_env(&mut self, env: &Env) -> Vec<Diagnostic> {
+        let mut diags = Vec::new();
+        let mut bad = |var: &str, msg: String| {
+            diags.push(Diagnostic::error(
+                Vec::new(),
+                format!("environment variable {var}: {msg}"),
+            ));
+        };
+        if let Some(v) = env.get("NODEKEEPER_LOG_FORMAT") {
+            match v {
+                "text" => self.log.format = LogFormat::Text,
+                "json" => self.log.format = LogFormat::Json,
+                other => bad(
+                    "NODEKEEPER_LOG_FORMAT",
+                    format!("expected `text` or `json`, got `{other}`"),
+                ),
+            }
+        }
+        if let Some(v) = env.get("NODEKEEPER_LOG_LEVEL") {
+            self.log.level = v.to_string();
+        }
+        if let Some(v) = env.get("NODEKEEPER_NODE_NAME") {
+            self.node.name = v.to_string();
+        }
+        if let Some(v) = env.get("NODEKEEPER_CRIO_DROPIN_DIR") {
+            self.crio.dropin_dir = PathBuf::from(v);
+        }
+        if let Some(v) = env.get("NODEKEEPER_CRIO_UNIT") {
+            self.crio.unit = v.to_string();
+        }
+        if let Some(v) = env.get("NODEKEEPER_CRIO_RESTART_TIMEOUT") {
+            match humantime::parse_duration(v) {
+                Ok(d) => self.crio.restart_timeout = d,
+                Err(e) => bad(
+                    "NODEKEEPER_CRIO_RESTART_TIMEOUT",
+                    format!("`{v}` is not a duration: {e}"),
+                ),
+            }
+        }
+        if let Some(v) = env.get("NODEKEEPER_CRIO_STATE_DIR") {
+            self.crio.state_dir = PathBuf::from(v);
+        }
+        if let Some(v) = env.get("NODEKEEPER_CRIO_VERSION") {
+            self.crio.version = Some(v.to_string());
+        }
+        diags
+    }
+
+    /// Semantic checks after parsing. `crio_version` enables version-dependent lints.
+    pub fn validate(&self, crio_version: Option<&str>) -> Vec<Diagnostic> {
+        let mut diags = Vec::new();
+        if crate::telemetry::parse_level(&self.log.level).is_err() {
+            diags.push(Diagnostic::error(
+                cfg_path!["log", "level"],
+                format!(
+                    "`{}` is not a valid log filter (e.g. `info`, `nodekeeper=debug,warn`)",
+                    self.log.level
+                ),
+            ));
+        }
+        if self.agent.config_poll_interval.is_zero() {
+            diags.push(Diagnostic::error(
+                cfg_path!["agent", "config_poll_interval"],
+                "must be greater than zero",
+            ));
+        }
+        diags.extend(crate::agent::crio::lint::lint(&self.crio, crio_version));
+        diags.extend(self.checks.validate());
+        diags.extend(self.sources.validate());
+        diags.extend(self.labels.validate());
+        #[cfg(feature = "controller")]
+        diags.extend(self.controller.iter().flat_map(|c| c.validate()));
+        diags.extend(self.report.iter().flat_map(|r| r.validate()));
+        #[cfg(feature = "controller")]
+        diags.extend(crate::controller::policy::PolicyConfig::from_config(self).validate());
+        diags
+    }
+
+    /// The effective configuration as TOML, with secrets redacted (none exist in these sections
+    /// yet; later sections mark theirs with [`REDACTED`]).
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+/// What secrets are replaced with when a configuration is printed.
+pub const REDACTED: &str = "<redacted>";
+
+/// A secret string: deserialized normally, always printed as [`REDACTED`].
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// A secret holding `s`.
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+    /// The secret value (compare it in constant time).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl Serialize for Secret {
+    /// An unset (empty) secret prints as `""`: there is nothing to hide, and the user sees it is unset.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(if self.0.is_empty() { "" } else { REDACTED })
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Secret(s.to_string())
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Secret(s)
+    }
+}
+
+/// Deserializes the typed config, collecting every type error and unknown key instead of only
+/// the first: each offending line (or table, for a header) is blanked out in place, keeping all
+/// other offsets intact, and deserialization is retried.
+fn deserialize_all(text: &str) -> (Option<Config>, Vec<Diagnostic>) {
+    let mut work = text.to_string();
+    let mut diags = Vec::new();
+    for _ in 0..64 {
+        let err = match toml::from_str::<Config>(&work) {
+            Ok(c) => return (Some(c), diags),
+            Err(e) => e,
+        };
+        let mut d = Diagnostic::error(Vec::new(), err.message().trim().to_string());
+        d.location = err.span().map(|s| line_col(text, s.start));
+        diags.push(d);
+        let Some(span) = err.span() else { break };
+        if !blank_out(&mut work, span.start) || toml::de::DeTable::parse(&work).is_err() {
+            break;
+        }
+    }
+    (None, diags)
+}
+
+/// Replaces the line holding byte `at` with spaces; a table header takes its whole table along.
+/// Returns false when there was nothing left to blank.
+fn blank_out(work: &mut String, at: usize) -> bool {
+    let at = floor_char_boundary(work, at.min(work.len()));
+    let start = work[..at].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = |from: usize| work[from..].find('\n').map_or(work.len(), |i| from + i);
+    let mut end = line_end(start);
+    if work[start..end].trim_start().starts_with('[') {
+        while end < work.len() {
+            let next = end + 1;
+            let next_end = line_end(next);
+            if work[next..next_end].trim_start().starts_with('[') {
+                break;
+            }
+            end = next_end;
+        }
+    }
+    if work[start..end].trim().is_empty() {
+        return false;
+    }
+    let blank: String = work[start..end]
+        .chars()
+        .map(|c| if c == '\n' { '\n' } else { ' ' })
+        .collect();
+    // Same length in bytes only for ASCII; keep offsets exact by padding to the byte length.
+    let pad = (end - start).saturating_sub(blank.len());
+    work.replace_range(start..end, &(blank + &" ".repeat(pad)));
+    true
+}
+
+/// Parses the document keeping spans. Syntax errors are all reported, each located.
+fn parse_document(text: &str) -> Result<toml::Spanned<toml::de::DeTable<'_>>, Vec<Diagnostic>> {
+    let (doc, errors) = toml::de::DeTable::parse_recoverable(text);
+    if errors.is_empty() {
+        return Ok(doc);
+    }
+    Err(errors
+        .into_iter()
+        .map(|e| {
+            let mut d = Diagnostic::error(Vec::new(), e.message().trim().to_string());
+            d.location = e.span().map(|s| line_col(text, s.start));
+            d
+        })
+        .collect())
+}
+
+/// Finds the byte offset of the value (or, failing that, the deepest key) at `path`.
+fn locate(doc: &toml::Spanned<toml::de::DeTable<'_>>, path: &[PathSeg]) -> Option<usize> {
+    use toml::de::DeValue;
+    let mut best = None;
+    let mut table = Some(doc.get_ref());
+    let mut value: Option<&toml::Spanned<DeValue<'_>>> = None;
+    for seg in path {
+        match seg {
+            PathSeg::Key(k) => {
+                let t = match (table, value.map(|v| v.get_ref())) {
+                    (Some(t), None) => t,
+                    (_, Some(DeValue::Table(t))) => t,
+                    _ => return best,
+                };
+                let (key, v) = t
+                    .iter()
+                    .find(|(key, _)| key.get_ref().as_ref() == k.as_str())?;
+                best = Some(key.span().start);
+                value = Some(v);
+                table = None;
+            }
+            PathSeg::Index(i) => {
+                let Some(DeValue::Array(items)) = value.map(|v| v.get_ref()) else {
+                    return best;
+                };
+                let item = items.get(*i)?;
+                best = Some(item.span().start);
+                value = Some(item);
+            }
+        }
+    }
+    match value {
+        Some(v) if !matches!(v.get_ref(), DeValue::Table(_)) => Some(v.span().start),
+        _ => best,
+    }
+}
+
+/// 1-based line and column (in characters) of byte offset `off`.
+pub fn line_col(text: &str, off: usize) -> (usize, usize) {
+    let off = off.min(text.len());
+    let before = &text[..floor_char_boundary(text, off)];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_redacted_toml())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Loaded, ConfigError> {
+        Config::load_str(Path::new("c.toml"), text, &Env::default(), &|| None)
+    }
+
+    fn errors(text: &str) -> Vec<String> {
+        match load(text) {
+            Err(ConfigError::Invalid { diagnostics, .. }) => diagnostics
+                .iter()
+                .map(|d| d.render(Path::new("c.toml")))
+                .collect(),
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let l = load("").expect("valid");
+        assert_eq!(l.config, Config::default());
+        assert_eq!(
+            l.config.crio.dropin_dir,
+            PathBuf::from("/etc/crio/crio.conf.d")
+        );
+        assert_eq!(l.config.crio.restart_timeout, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn unknown_key_is_located() {
+        let e = errors("[crio]\nunit = \"crio.service\"\nbogus = 1\n");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("c.toml:3:1: error: unknown field `bogus`"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn every_type_error_and_unknown_key_is_reported() {
+        let text = "[crio]\nunit = 5\nbogus = 1\n\n[nope]\nx = 1\n\n[log]\nformat = \"xml\"\n";
+        let e = errors(text);
+        assert_eq!(e.len(), 4, "{e:?}");
+        assert!(e[0].starts_with("c.toml:2:8: error: invalid type"), "{e:?}");
+        assert!(
+            e[1].starts_with("c.toml:3:1: error: unknown field `bogus`"),
+            "{e:?}"
+        );
+        assert!(
+            e[2].starts_with("c.toml:5:2: error: unknown field `nope`"),
+            "{e:?}"
+        );
+        assert!(
+            e[3].starts_with("c.toml:9:10: error: unknown variant `xml`"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_are_located() {
+        let e = errors("[crio\nunit = 1\n");
+        assert!(e[0].starts_with("c.toml:1:"), "{e:?}");
+    }
+
+    #[test]
+    fn semantic_errors_are_all_reported_with_locations() {
+        let text = "[crio]\n\n[[crio.dropin]]\nname = \"bad name\"\ncontent = \"\"\n\n[[crio.dropin]]\nname = \"ok.conf\"\n";
+        let e = errors(text);
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e.iter()
+                .any(|l| l.starts_with("c.toml:4:8: error:") && l.contains("bad name")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|l| l.starts_with("c.toml:7:1: error:")
+                && l.contains("content")
+                && l.contains("settings")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn env_overrides_apply_and_bad_values_fail() {
+        let env = Env::from_pairs([
+            ("NODEKEEPER_CRIO_UNIT", "x.service"),
+            ("NODEKEEPER_LOG_FORMAT", "json"),
+        ]);
+        let l = Config::load_str(Path::new("c.toml"), "", &env, &|| None).expect("valid");
+        assert_eq!(l.config.crio.unit, "x.service");
+        assert_eq!(l.config.log.format, LogFormat::Json);
+        let env = Env::from_pairs([("NODEKEEPER_CRIO_RESTART_TIMEOUT", "soon")]);
+        let err = Config::load_str(Path::new("c.toml"), "", &env, &|| None).expect_err("invalid");
+        assert!(
+            err.to_string().contains("NODEKEEPER_CRIO_RESTART_TIMEOUT"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn crio_version_is_probed_only_when_a_gated_key_is_set() {
+        let calls = std::cell::Cell::new(0);
+        let probe = || {
+            calls.set(calls.get() + 1);
+            Some("crio version 1.31.0".to_string())
+        };
+        let plain = "[[crio.dropin]]\nname = \"a.conf\"\ncontent = \"[crio.runtime]\\npids_limit = 1\\n\"\n";
+        let l =
+            Config::load_str(Path::new("c.toml"), plain, &Env::default(), &probe).expect("valid");
+        assert!(l.warnings.is_empty());
+        assert_eq!(calls.get(), 0);
+        let gated = "[[crio.dropin]]\nname = \"a.conf\"\ncontent = \"[crio.image]\\nshort_name_mode = \\\"enforcing\\\"\\n\"\n";
+        let l =
+            Config::load_str(Path::new("c.toml"), gated, &Env::default(), &probe).expect("valid");
+        assert_eq!(calls.get(), 1);
+        assert!(
+            l.warnings[0].message.contains("CRI-O 1.31 ignores it"),
+            "{:?}",
+            l.warnings
+        );
+    }
+
+    #[test]
+    fn line_col_counts_characters() {
+        assert_eq!(line_col("a\nbé c", 5), (2, 3));
+        assert_eq!(line_col("", 0), (1, 1));
+    }
+
+    #[test]
+    fn printed_config_round_trips() {
+        let text = "[[crio.dropin]]\nname = \"10-a.conf\"\n[crio.dropin.settings.crio.runtime]\npids_limit = 4096\n";
+        let l = load(text).expect("valid");
+        let again = load(&l.config.to_redacted_toml()).expect("printed config is valid");
+        assert_eq!(again.config, l.config);
+    }
+}

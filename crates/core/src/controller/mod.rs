@@ -1,0 +1,395 @@
+//! The central controller (`nodekeeper controller`): receives agent reports over HTTPS, checks
+//! who sends them, and is the only writer of Node state. See docs/controller.md.
+//!
+//! Layout: [`config`] (`[controller]`), [`server`] (HTTP API), [`auth`] (TokenReview + node
+//! binding), [`nodestate`] (conditions, staleness, events), [`labels`] (allow-listed label
+//! removal), [`oci_events`] (OCI Notifications), [`leader`] (Lease election), [`events`]
+//! (Kubernetes Event reasons), [`engine`] (the disruption engine's reconcile loop, leader only),
+//! [`actions`] (the actor executing its decisions), [`drain_tasks`] (one drain per node),
+//! [`metrics`] (engine metrics).
+
+pub mod actions;
+pub mod auth;
+pub mod config;
+pub mod drain;
+pub mod drain_tasks;
+pub mod engine;
+pub mod events;
+pub mod labels;
+pub mod leader;
+pub mod metrics;
+pub mod nodestate;
+pub mod notify;
+pub mod oci_events;
+pub mod policy;
+pub mod provider;
+pub mod server;
+pub mod status;
+pub mod supervise;
+
+use std::net::SocketAddr;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::Api;
+use rand::Rng;
+use tokio_util::sync::CancellationToken;
+
+use self::config::ControllerConfig;
+use self::nodestate::{NodeStateConfig, NodeStates};
+use self::server::App;
+
+/// Errors starting the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// The configuration file has no `[controller]` section.
+    #[error("{path}: no [controller] section")]
+    NoSection {
+        /// File.
+        path: String,
+    },
+    /// No Kubernetes client.
+    #[error("kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+    /// Server start.
+    #[error(transparent)]
+    Server(#[from] server::ServerError),
+    /// The replacement provider could not be built.
+    #[error(transparent)]
+    Provider(#[from] provider::ProviderError),
+    /// The notification targets could not be set up.
+    #[error(transparent)]
+    Notify(#[from] notify::NotifyError),
+    /// A supervised task ended or panicked (the Lease was released).
+    #[error(transparent)]
+    TaskDied(supervise::TaskDied),
+}
+
+/// A started controller.
+#[derive(Debug)]
+pub struct Running {
+    /// Where the report API listens.
+    pub addr: SocketAddr,
+    /// Handler state (node state, counters).
+    pub app: Arc<App>,
+    /// Cancel to stop everything (the Lease is released).
+    pub cancel: CancellationToken,
+    /// Finishes after the Lease was released (taken once it ended).
+    election: Option<tokio::task::JoinHandle<()>>,
+    /// The disruption engine, when started with one.
+    pub engine: Option<Arc<engine::Engine>>,
+    /// The node watch, node maintenance, engine and report server, supervised.
+    tasks: supervise::Tasks,
+}
+
+impl Running {
+    /// Waits until a task the controller cannot live without ends (the leader election among
+    /// them), marks `/livez` failed with it and returns it. Pending while all run; meant to be
+    /// raced against the shutdown signal, then followed by [`Running::stop`].
+    pub async fn failed(&mut self) -> supervise::TaskDied {
+        let died = match self.election.as_mut() {
+            Some(election) => tokio::select! {
+                died = self.tasks.first_exit() => died,
+                r = election => supervise::TaskDied {
+                    task: "leader election",
+                    how: match r {
+                        Ok(()) => "returned".into(),
+                        Err(e) if e.is_panic() => format!("panicked: {}", supervise::panic_message(e.into_panic())),
+                        Err(_) => "was cancelled".into(),
+                    },
+                },
+            },
+            None => self.tasks.first_exit().await,
+        };
+        if died.task == "leader election" {
+            self.election = None;
+        }
+        let _ = self.app.dead.set(died.to_string());
+        died
+    }
+
+    /// Stops the controller: every task ends (drains stop), and the Lease is released.
+    pub async fn stop(mut self) {
+        self.cancel.cancel();
+        if let Some(e) = &self.engine {
+            e.drains().stop_all();
+        }
+        self.tasks.drain(Duration::from_secs(5)).await;
+        if let Some(election) = self.election.take() {
+            let _ = election.await;
+        }
+    }
+}
+
+fn identity(cfg: &ControllerConfig) -> String {
+    cfg.leader.identity.clone().unwrap_or_else(|| {
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "controller".into());
+        format!("{host}-{:06x}", rand::rng().random::<u32>() & 0xff_ffff)
+    })
+}
+
+/// Starts every part of the controller with `client`, without the disruption engine.
+pub async fn start(
+    client: kube::Client,
+    cfg: &ControllerConfig,
+) -> Result<Running, ControllerError> {
+    start_with(client, cfg, None).await
+}
+
+/// Starts every part of the controller with `client`, and the disruption engine when `engine`
+/// is given and `[controller.engine] enabled` (it acts only while this replica leads).
+pub async fn start_with(
+    client: kube::Client,
+    cfg: &ControllerConfig,
+    engine: Option<engine::EngineOptions>,
+) -> Result<Running, ControllerError> {
+    let cancel = CancellationToken::new();
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let id = identity(cfg);
+    let (store, writer) = reflector::store::<Node>();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let stream = reflector(
+        writer,
+        watcher(nodes, watcher::Config::default()).default_backoff(),
+    )
+    .applied_objects();
+    let mut tasks = supervise::Tasks::default();
+    let c1 = cancel.clone();
+    let w1 = wake.clone();
+    tasks.spawn("node watch", async move {
+        let mut s = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                _ = c1.cancelled() => return,
+                item = s.next() => match item {
+                    Some(Err(e)) => tracing::warn!(error = %e, "node watch error"),
+                    Some(Ok(_)) => w1.notify_one(),
+                    None => return,
+                },
+            }
+        }
+    });
+    let (leader_tx, leader_rx) = tokio::sync::watch::channel(false);
+    let elector = leader::Elector::new(
+        client.clone(),
+        &cfg.namespace,
+        &cfg.leader.lease_name,
+        &id,
+        cfg.leader.lease_duration,
+        cfg.leader.retry_period,
+    );
+    let election = tokio::spawn(elector.run(leader_tx, cancel.clone()));
+    let recorder = events::Recorder::new(client.clone(), &id, Some(store.clone()));
+    let states = NodeStates::new(
+        NodeStateConfig {
+            prefix: cfg.condition_prefix.clone(),
+            staleness: cfg.staleness,
+            heartbeat_write_interval: cfg.heartbeat_write_interval,
+            label_allow: cfg.label_removal_allow.clone(),
+        },
+        client.clone(),
+        store.clone(),
+        leader_rx.clone(),
+        recorder.clone(),
+    );
+    let period = (cfg.staleness / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    tasks.spawn(
+        "node maintenance",
+        states.clone().run_maintenance(period, cancel.clone()),
+    );
+    let oci = cfg
+        .oci_events
+        .enabled
+        .then(|| oci_events::OciEvents::new(cfg.oci_events.clone(), store.clone()));
+    let notifier = match cfg.notify.is_empty() {
+        true => None,
+        false => Some(Arc::new(notify::Notifier::start(&cfg.notify)?)),
+    };
+    let engine = match engine.filter(|_| cfg.engine.enabled) {
+        Some(mut opts) => {
+            if opts.notifier.is_none() {
+                opts.notifier = notifier.clone().map(|n| n as Arc<dyn actions::Notifier>);
+            }
+            let parts = EngineStart {
+                client: client.clone(),
+                cfg,
+                store: store.clone(),
+                recorder: recorder.clone(),
+                states: states.clone(),
+                wake: wake.clone(),
+            };
+            let e = parts.build(opts)?;
+            let events = states.subscribe_events();
+            tasks.spawn(
+                "engine",
+                e.clone().run(leader_rx.clone(), events, cancel.clone()),
+            );
+            Some(e)
+        }
+        None => None,
+    };
+    let app = Arc::new(App {
+        auth: auth::Authenticator::new(
+            client,
+            &cfg.service_account,
+            &cfg.audience,
+            cfg.token_cache_size,
+            cfg.token_cache_ttl,
+        ),
+        states: states.clone(),
+        ready: AtomicBool::new(false),
+        leader: leader_rx,
+        oci,
+        engine: engine.as_ref().map(|e| e.metrics.clone()),
+        disruption: engine.clone(),
+        notifier,
+        forbidden: Default::default(),
+        unauthenticated: Default::default(),
+        connections: Default::default(),
+        dead: Default::default(),
+    });
+    let a2 = app.clone();
+    tokio::spawn(async move {
+        if store.wait_until_ready().await.is_ok() {
+            a2.ready.store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(nodes = store.state().len(), "node cache synced");
+        }
+    });
+    let tls = match (
+        &cfg.tls_cert_file,
+        &cfg.tls_key_file,
+        cfg.insecure_plain_http,
+    ) {
+        (Some(c), Some(k), false) => Some(server::tls_config(c, k)?),
+        _ => None,
+    };
+    let router = server::router(app.clone(), cfg.max_report_bytes);
+    let limits = server::ServeLimits {
+        max_connections: cfg.max_connections,
+        ..server::ServeLimits::default()
+    };
+    match server::raise_open_files_limit() {
+        // a margin for the API server's watches, the Lease and the process's own files
+        Ok(n) if n < cfg.max_connections as u64 + 256 => tracing::warn!(
+            open_files = n,
+            max_connections = cfg.max_connections,
+            "the open-files limit is below max_connections: new agent connections will fail \
+             before the connection limit is reached (raise LimitNOFILE / the container's nofile)"
+        ),
+        Ok(n) => tracing::debug!(open_files = n, "open-files limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-files limit"),
+    }
+    let (addr, serving) = server::bind(
+        &cfg.listen,
+        router,
+        tls,
+        limits,
+        app.connections.clone(),
+        cancel.clone(),
+    )
+    .await?;
+    tasks.spawn("report server", serving);
+    tracing::info!(%addr, identity = %id, "controller listening");
+    Ok(Running {
+        addr,
+        app,
+        cancel,
+        election: Some(election),
+        engine,
+        tasks,
+    })
+}
+
+/// What the engine shares with the rest of the controller.
+struct EngineStart<'a> {
+    client: kube::Client,
+    cfg: &'a ControllerConfig,
+    store: reflector::Store<Node>,
+    recorder: events::Recorder,
+    states: Arc<NodeStates>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl EngineStart<'_> {
+    fn build(self, opts: engine::EngineOptions) -> Result<Arc<engine::Engine>, ControllerError> {
+        let provider: Arc<dyn provider::NodeProvider> = match opts.provider {
+            Some(p) => p,
+            None => Arc::from(provider::build(&self.cfg.provider, self.client.clone())?),
+        };
+        let metrics = Arc::new(metrics::EngineMetrics::default());
+        let drains = Arc::new(drain_tasks::DrainTasks::new(
+            opts.drain_client.unwrap_or_else(|| self.client.clone()),
+            self.cfg.engine.clone(),
+            opts.clock.clone(),
+            metrics.clone(),
+            self.wake.clone(),
+        ));
+        let actor = Arc::new(actions::Actor::new(actions::ActorParts {
+            client: self.client,
+            recorder: self.recorder,
+            provider,
+            states: self.states,
+            drains: drains.clone(),
+            metrics: metrics.clone(),
+            notifier: opts.notifier,
+        }));
+        Ok(engine::Engine::new(engine::EngineParts {
+            cfg: self.cfg.engine.clone(),
+            policy: opts.policy,
+            clock: opts.clock,
+            store: self.store,
+            actor,
+            drains,
+            metrics,
+            wake: self.wake,
+        }))
+    }
+}
+
+/// `nodekeeper controller`: runs until `shutdown` becomes true, then releases the Lease. Returns
+/// an error when it cannot start, or when a supervised task died (the Lease is released first).
+pub async fn run(
+    cfg: ControllerConfig,
+    policy: policy::PolicyConfig,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), ControllerError> {
+    let kcfg = kube::Config::infer()
+        .await
+        .map_err(|e| ControllerError::Client(kube::Error::InferConfig(e)))?;
+    let client = kube::Client::try_from(kcfg.clone()).map_err(ControllerError::Client)?;
+    let mut opts = engine::EngineOptions::new(policy);
+    // Drains handle 429 themselves (a PDB refusal must be seen, not retried for minutes).
+    opts.drain_client = Some(drain::client(kcfg).map_err(ControllerError::Client)?);
+    let mut running = start_with(client, &cfg, Some(opts)).await?;
+    let stop = async {
+        while !*shutdown.borrow() {
+            if shutdown.changed().await.is_err() {
+                break;
+            }
+        }
+    };
+    let died = tokio::select! {
+        _ = stop => None,
+        died = running.failed() => Some(died),
+    };
+    match died {
+        None => {
+            tracing::info!("stopping: releasing the lease");
+            running.stop().await;
+            Ok(())
+        }
+        Some(died) => {
+            tracing::error!(task = died.task, how = %died.how, "a controller task died: releasing the lease and exiting");
+            running.stop().await;
+            Err(ControllerError::TaskDied(died))
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! nodekeeper's product library: one agent on every Kubernetes node plus a small central controller.
+//!
+//! Module map (docs/architecture.md):
+//! - [`config`]: the typed TOML configuration, read once, validated, printed without secrets.
+//! - [`agent`]: the node agent (CRI-O config, health checks, metadata sources, label rules, reporter).
+//! - `controller` (feature `controller`): the central controller (report API, node state, policy,
+//!   drains, providers, OCI Events, leader election).
+//! - [`report`]: the agent → controller wire format.
+//! - [`k8s`], [`http`], [`backoff`], [`telemetry`], [`shutdown`]: shared helpers, one copy each.
+//!
+//! No CLI here: argument parsing, runtimes, printing and exit codes live in the `nodekeeper`
+//! binary crate; the test and demo stand-ins live in `nodekeeper-sim`, which nothing here uses.
+
+// No unwrap()/expect() on anything in library code; tests may.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod agent;
+pub mod backoff;
+pub mod config;
+#[cfg(feature = "controller")]
+pub mod controller;
+#[doc(hidden)]
+#[cfg(feature = "controller")]
+pub mod fuzzing;
+pub mod http;
+pub mod k8s;
+pub mod report;
+pub mod shutdown;
+pub mod telemetry;
+
+/// Version string printed by `nodekeeper --version`: crate version and git commit.
+#[cfg(feature = "controller")]
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("NODEKEEPER_GIT_COMMIT"),
+    ")"
+);
+
+/// Version string of the agent build (no `controller` feature: no controller, drain, status,
+/// sim or demo commands; see README "Builds").
+#[cfg(not(feature = "controller"))]
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("NODEKEEPER_GIT_COMMIT"),
+    ", agent build)"
+);

@@ -1,0 +1,631 @@
+//! A local stand-in of the two OCI API calls the `oci` replacement provider makes, served over HTTPS
+//! with a throw-away CA:
+//!
+//! - Compute `DELETE /20160918/instances/{instanceId}` (TerminateInstance): 204;
+//! - Container Engine `DELETE /20180222/nodePools/{nodePoolId}/node/{nodeId}` (DeleteNode): 202.
+//!
+//! Every request must carry a valid OCI signature (version 1, RSA-SHA256, `date (request-target)
+//! host` at least, `Date` within 5 minutes): the stand-in rebuilds the signing string from the
+//! request it received and verifies it with the public key registered for the `keyId`, independently
+//! of the provider's signing code; a missing or bad signature is a 401 `NotAuthenticated` as on OCI.
+//! Every call is recorded; the next answers can be forced (429, 5xx) with [`OciCompute::fail_next`];
+//! with `hold`, accepted DELETEs wait for [`OciCompute::release`] (deterministic tests).
+//! A second DELETE of an instance that is terminating is a 409 `IncorrectState`, of one that is gone a
+//! 404 `NotAuthorizedOrNotFound`.
+//!
+//! With a cluster (`client`, e.g. the sim API server's), an accepted DELETE behaves like OCI plus the
+//! node pool: after `launch_delay` the Node whose `spec.providerID` is the instance is removed and a
+//! replacement Node of the same pool (same labels, annotations, taints and capacity; a new name and
+//! instance OCID) is created; the sim's kubelet loop keeps it Ready.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+// What OKE and Karpenter put on a Node, from their documentation; the stand-in's own copy, never
+// the provider's (a wrong name there must fail a test).
+/// OKE's node pool of a Node (annotation, or label on older clusters).
+const NODE_POOL_ANNOTATION: &str = "oci.oraclecloud.com/node-pool-id";
+/// Karpenter's NodePool of a Node.
+const POOL_LABEL: &str = "karpenter.sh/nodepool";
+
+/// The instance OCID of an OKE `spec.providerID` (`oci://ocid1.instance…` or the bare OCID).
+fn instance_ocid(provider_id: &str) -> Option<&str> {
+    let id = provider_id.strip_prefix("oci://").unwrap_or(provider_id);
+    id.starts_with("ocid1.instance.").then_some(id)
+}
+
+/// The OKE node pool OCID of `node`: its node-pool annotation or label.
+fn node_pool_id(node: &Node) -> Option<String> {
+    let m = &node.metadata;
+    m.annotations
+        .as_ref()
+        .and_then(|a| a.get(NODE_POOL_ANNOTATION))
+        .or_else(|| m.labels.as_ref().and_then(|l| l.get(NODE_POOL_ANNOTATION)))
+        .filter(|p| p.starts_with("ocid1.nodepool."))
+        .cloned()
+}
+
+/// Largest accepted difference between the `Date` header and the stand-in's clock (as OCI).
+pub const MAX_SKEW: Duration = Duration::from_secs(300);
+
+/// Why the stand-in cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum OciComputeError {
+    /// A registered public key is unusable.
+    #[error("public key for {key_id}: {why}")]
+    Key {
+        /// The keyId it was registered for.
+        key_id: String,
+        /// Why.
+        why: String,
+    },
+    /// TLS material could not be made.
+    #[error(transparent)]
+    Tls(#[from] crate::apiserver::tls::TlsError),
+    /// Binding the listener failed.
+    #[error("binding {0}: {1}")]
+    Bind(SocketAddr, std::io::Error),
+}
+
+/// Options of [`OciCompute::start`].
+#[derive(Clone, Default)]
+pub struct OciComputeOptions {
+    /// Accepted API keys: `keyId` (`tenancy/user/fingerprint`) → public key PEM (`PUBLIC KEY`, SPKI,
+    /// as uploaded to OCI).
+    pub keys: BTreeMap<String, String>,
+    /// The cluster whose Nodes stand for the instances (remove / replace), if any.
+    pub client: Option<kube::Client>,
+    /// Real time between an accepted DELETE and the node's removal and replacement.
+    pub launch_delay: Duration,
+    /// Address to listen on (default `127.0.0.1:0`).
+    pub listen: Option<SocketAddr>,
+    /// Hold accepted DELETEs (instances stay terminating, nodes untouched) until
+    /// [`OciCompute::release`].
+    pub hold: bool,
+}
+
+/// One request the stand-in received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// HTTP method.
+    pub method: String,
+    /// Path and query.
+    pub path: String,
+    /// The status answered.
+    pub status: u16,
+    /// The `keyId` of a verified signature (`None`: not authenticated).
+    pub key_id: Option<String>,
+    /// The `opc-request-id` header.
+    pub request_id: Option<String>,
+}
+
+impl Call {
+    /// Whether this call removed an instance (an accepted DELETE).
+    pub fn acted(&self) -> bool {
+        self.method == "DELETE" && (self.status == 202 || self.status == 204)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    Terminating,
+    Terminated,
+}
+
+struct Shared {
+    keys: BTreeMap<String, Vec<u8>>,
+    client: Option<kube::Client>,
+    launch_delay: Duration,
+    calls: Mutex<Vec<Call>>,
+    faults: Mutex<VecDeque<u16>>,
+    instances: Mutex<BTreeMap<String, Life>>,
+    launched: AtomicU64,
+    released: tokio::sync::watch::Sender<bool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A running stand-in; stops when dropped.
+pub struct OciCompute {
+    /// Base URL (`https://127.0.0.1:PORT`): the provider's `endpoint`.
+    pub url: String,
+    /// The CA (PEM) of its certificate: the provider's `ca_file`.
+    pub ca_pem: String,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+}
+
+impl Drop for OciCompute {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl OciCompute {
+    /// Starts serving on `127.0.0.1:0`.
+    pub async fn start(opts: OciComputeOptions) -> Result<Self, OciComputeError> {
+        let mut keys = BTreeMap::new();
+        for (key_id, pem) in &opts.keys {
+            let der = rsa_public_key_from_pem(pem).map_err(|why| OciComputeError::Key {
+                key_id: key_id.clone(),
+                why,
+            })?;
+            keys.insert(key_id.clone(), der);
+        }
+        let shared = Arc::new(Shared {
+            keys,
+            client: opts.client,
+            launch_delay: opts.launch_delay,
+            calls: Mutex::new(Vec::new()),
+            faults: Mutex::new(VecDeque::new()),
+            instances: Mutex::new(BTreeMap::new()),
+            launched: AtomicU64::new(0),
+            released: tokio::sync::watch::Sender::new(!opts.hold),
+        });
+        let tls = crate::apiserver::tls::SimTls::generate()?;
+        let at = opts
+            .listen
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+        let listener = tokio::net::TcpListener::bind(at)
+            .await
+            .map_err(|e| OciComputeError::Bind(at, e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| OciComputeError::Bind(at, e))?;
+        let router = axum::Router::new()
+            .fallback(handle)
+            .with_state(shared.clone());
+        let cancel = CancellationToken::new();
+        tokio::spawn(crate::apiserver::tls::serve(
+            listener,
+            router,
+            tls.server.clone(),
+            cancel.clone(),
+        ));
+        Ok(OciCompute {
+            url: format!("https://{addr}"),
+            ca_pem: tls.ca_pem,
+            shared,
+            cancel,
+        })
+    }
+
+    /// Every request received, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        lock(&self.shared.calls).clone()
+    }
+
+    /// The next authenticated requests are answered with `statuses`, in order (e.g. `[429]`).
+    pub fn fail_next(&self, statuses: &[u16]) {
+        lock(&self.shared.faults).extend(statuses.iter().copied());
+    }
+
+    /// Lets held DELETEs (option `hold`) proceed, now and from now on.
+    pub fn release(&self) {
+        self.shared.released.send_replace(true);
+    }
+
+    /// Instances removed so far (terminating or terminated).
+    pub fn removed(&self) -> Vec<String> {
+        lock(&self.shared.instances).keys().cloned().collect()
+    }
+}
+
+/// The PKCS#1 `RSAPublicKey` inside a PEM `PUBLIC KEY` (SubjectPublicKeyInfo).
+pub fn rsa_public_key_from_pem(pem: &str) -> Result<Vec<u8>, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::SubjectPublicKeyInfoDer;
+    let spki = SubjectPublicKeyInfoDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| format!("not a PEM `PUBLIC KEY`: {e}"))?;
+    rsa_public_key_from_spki(spki.as_ref()).ok_or_else(|| "malformed SubjectPublicKeyInfo".into())
+}
+
+/// One DER TLV: `(tag, content, rest)`.
+fn tlv(d: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, d) = d.split_first()?;
+    let (&first, mut d) = d.split_first()?;
+    let len = if first < 0x80 {
+        usize::from(first)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || d.len() < n {
+            return None;
+        }
+        let (l, rest) = d.split_at(n);
+        d = rest;
+        l.iter().fold(0usize, |a, &b| (a << 8) | usize::from(b))
+    };
+    (d.len() >= len).then(|| (tag, &d[..len], &d[len..]))
+}
+
+/// `SEQUENCE { SEQUENCE { algorithm }, BIT STRING { 0, RSAPublicKey } }` → `RSAPublicKey`.
+fn rsa_public_key_from_spki(der: &[u8]) -> Option<Vec<u8>> {
+    let (0x30, body, _) = tlv(der)? else {
+        return None;
+    };
+    let (0x30, _alg, rest) = tlv(body)? else {
+        return None;
+    };
+    let (0x03, bits, _) = tlv(rest)? else {
+        return None;
+    };
+    let (&0, key) = bits.split_first()? else {
+        return None;
+    };
+    Some(key.to_vec())
+}
+
+/// The `k="v"` parameters of an `Authorization: Signature ...` header.
+fn signature_params(auth: &str) -> Option<BTreeMap<&str, &str>> {
+    let rest = auth.strip_prefix("Signature ")?;
+    let mut out = BTreeMap::new();
+    for part in rest.split(',') {
+        let (k, v) = part.trim().split_once('=')?;
+        out.insert(k, v.strip_prefix('"')?.strip_suffix('"')?);
+    }
+    Some(out)
+}
+
+/// Verifies the OCI signature of a request against `keys` (`keyId` → `RSAPublicKey` DER); returns
+/// the `keyId`. Rebuilds the signing string from the request as received.
+pub fn verify(
+    keys: &BTreeMap<String, Vec<u8>>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<String, String> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let auth = header("authorization").ok_or("no Authorization header")?;
+    let p = signature_params(auth).ok_or("Authorization is not `Signature k=\"v\",...`")?;
+    if p.get("version") != Some(&"1") || p.get("algorithm") != Some(&"rsa-sha256") {
+        return Err("version must be \"1\" and algorithm \"rsa-sha256\"".into());
+    }
+    let key_id = *p.get("keyId").ok_or("no keyId")?;
+    let key = keys
+        .get(key_id)
+        .ok_or_else(|| format!("unknown keyId {key_id}"))?;
+    let signed: Vec<&str> = p.get("headers").ok_or("no headers")?.split(' ').collect();
+    let mut required = vec!["date", "(request-target)", "host"];
+    if matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
+        required.extend(["content-length", "content-type", "x-content-sha256"]);
+    }
+    if let Some(missing) = required.iter().find(|h| !signed.contains(h)) {
+        return Err(format!("header `{missing}` is not signed"));
+    }
+    let date = header("date").ok_or("no Date header")?;
+    let when = chrono::DateTime::parse_from_rfc2822(date).map_err(|e| format!("Date: {e}"))?;
+    let skew = (now - when.with_timezone(&chrono::Utc)).abs();
+    if skew.to_std().unwrap_or(Duration::MAX) > MAX_SKEW {
+        return Err(format!("Date {date} is more than 5 minutes off"));
+    }
+    let host = header("host")
+        .map(str::to_string)
+        .or_else(|| uri.authority().map(|a| a.to_string()))
+        .ok_or("no Host")?;
+    let target = format!(
+        "{} {}",
+        method.as_str().to_ascii_lowercase(),
+        uri.path_and_query().map_or("/", |p| p.as_str())
+    );
+    let mut lines = Vec::new();
+    for h in &signed {
+        let v = match *h {
+            "(request-target)" => target.clone(),
+            "host" => host.clone(),
+            other => header(other)
+                .ok_or_else(|| format!("signed header `{other}` is missing"))?
+                .to_string(),
+        };
+        lines.push(format!("{h}: {v}"));
+    }
+    let sig = base64::engine::general_purpose::STANDARD
+        .decode(p.get("signature").ok_or("no signature")?)
+        .map_err(|e| format!("signature is not base64: {e}"))?;
+    ring::signature::UnparsedPublicKey::new(&ring::signature::RSA_PKCS1_2048_8192_SHA256, key)
+        .verify(lines.join("\n").as_bytes(), &sig)
+        .map_err(|_| "signature does not verify".to_string())?;
+    Ok(key_id.to_string())
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    (
+        status,
+        axum::Json(json!({"code": code, "message": message})),
+    )
+        .into_response()
+}
+
+/// Which DELETE a path is: `(instance, Some(node pool))` for DeleteNode.
+fn route(path: &str) -> Option<(String, Option<String>)> {
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match segs.as_slice() {
+        ["20160918", "instances", id] => Some((id.to_string(), None)),
+        ["20180222", "nodePools", pool, "node", id] => {
+            Some((id.to_string(), Some(pool.to_string())))
+        }
+        _ => None,
+    }
+}
+
+async fn handle(
+    State(s): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    _body: Bytes,
+) -> Response {
+    let verified = verify(&s.keys, &method, &uri, &headers, chrono::Utc::now());
+    let resp = match &verified {
+        Err(why) => {
+            tracing::info!(%uri, why, "oci stand-in: not authenticated");
+            error(
+                StatusCode::UNAUTHORIZED,
+                "NotAuthenticated",
+                &format!("The required information to complete authentication was not provided or was incorrect: {why}"),
+            )
+        }
+        Ok(_) => answer(&s, &method, &uri).await,
+    };
+    lock(&s.calls).push(Call {
+        method: method.to_string(),
+        path: uri.path_and_query().map_or("/", |p| p.as_str()).to_string(),
+        status: resp.status().as_u16(),
+        key_id: verified.ok(),
+        request_id: headers
+            .get("opc-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+    });
+    resp
+}
+
+async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> Response {
+    if let Some(code) = lock(&s.faults).pop_front() {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let name = if code == 429 {
+            "TooManyRequests"
+        } else {
+            "InternalServerError"
+        };
+        return error(status, name, "injected by the stand-in");
+    }
+    let Some((instance, pool)) = route(uri.path()).filter(|_| *method == Method::DELETE) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NotAuthorizedOrNotFound",
+            "no such operation in the stand-in",
+        );
+    };
+    match lock(&s.instances).get(&instance) {
+        Some(Life::Terminating) => {
+            return error(
+                StatusCode::CONFLICT,
+                "IncorrectState",
+                "instance is terminating",
+            )
+        }
+        Some(Life::Terminated) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "NotAuthorizedOrNotFound",
+                "instance is terminated",
+            )
+        }
+        None => {}
+    }
+    let node = match &s.client {
+        Some(c) => match node_of(c, &instance).await {
+            Ok(n) => n,
+            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &e),
+        },
+        None => None,
+    };
+    if s.client.is_some() && node.is_none() {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NotAuthorizedOrNotFound",
+            "no such instance",
+        );
+    }
+    if let (Some(pool), Some(n)) = (&pool, &node) {
+        if node_pool_id(n).as_deref() != Some(pool.as_str()) {
+            return error(
+                StatusCode::NOT_FOUND,
+                "NotAuthorizedOrNotFound",
+                "the instance is not a node of this node pool",
+            );
+        }
+    }
+    lock(&s.instances).insert(instance.clone(), Life::Terminating);
+    let (s2, inst) = (s.clone(), instance.clone());
+    let mut released = s.released.subscribe();
+    tokio::spawn(async move {
+        let _ = released.wait_for(|r| *r).await;
+        tokio::time::sleep(s2.launch_delay).await;
+        if let (Some(c), Some(n)) = (&s2.client, node) {
+            if let Err(e) = replace_node(&s2, c, n).await {
+                tracing::warn!(instance = %inst, error = %e, "oci stand-in: replacing the node failed");
+            }
+        }
+        lock(&s2.instances).insert(inst, Life::Terminated);
+    });
+    let mut r = if pool.is_some() {
+        StatusCode::ACCEPTED.into_response()
+    } else {
+        StatusCode::NO_CONTENT.into_response()
+    };
+    if pool.is_some() {
+        if let Ok(v) = format!("ocid1.clustersworkrequest.oc1.sim.{instance}").parse() {
+            r.headers_mut().insert("opc-work-request-id", v);
+        }
+    }
+    r
+}
+
+async fn node_of(c: &kube::Client, instance: &str) -> Result<Option<Node>, String> {
+    let nodes = Api::<Node>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("listing nodes: {e}"))?;
+    Ok(nodes.items.into_iter().find(|n| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .and_then(instance_ocid)
+            == Some(instance)
+    }))
+}
+
+/// Labels and annotations nodekeeper puts on a node it acts on: not carried to the replacement.
+fn ours(key: &str) -> bool {
+    key.starts_with("nodekeeper.io/")
+        || key == "node.kubernetes.io/exclude-from-external-load-balancers"
+}
+
+/// Removes `old` and creates its replacement in the same pool (Ready; the sim's kubelet keeps it).
+async fn replace_node(s: &Shared, c: &kube::Client, old: Node) -> Result<(), kube::Error> {
+    let api = Api::<Node>::all(c.clone());
+    let old_name = old.metadata.name.clone().unwrap_or_default();
+    api.delete(&old_name, &DeleteParams::default()).await?;
+    let n = s.launched.fetch_add(1, Ordering::Relaxed) + 1;
+    let labels = old.metadata.labels.clone().unwrap_or_default();
+    let prefix = labels
+        .get(POOL_LABEL)
+        .cloned()
+        .unwrap_or_else(|| "node".into());
+    let name = format!("{prefix}-oci-r{n}");
+    let mut labels: BTreeMap<String, String> =
+        labels.into_iter().filter(|(k, _)| !ours(k)).collect();
+    labels.insert("kubernetes.io/hostname".into(), name.clone());
+    let annotations: BTreeMap<String, String> = old
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| !ours(k))
+        .collect();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let status = old.status.clone().unwrap_or_default();
+    let node = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {"providerID": format!("oci://ocid1.instance.oc1.sim.{name}"),
+                 "taints": old.spec.as_ref().and_then(|s| s.taints.clone())
+                     .unwrap_or_default().into_iter()
+                     .filter(|t| !t.key.starts_with("node.kubernetes.io/") && !t.key.starts_with("nodekeeper.io/"))
+                     .collect::<Vec<_>>()},
+        "status": {"capacity": status.capacity, "allocatable": status.allocatable,
+                   "nodeInfo": status.node_info,
+                   "addresses": [{"type": "Hostname", "address": name}],
+                   "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                   "message": "", "lastHeartbeatTime": now, "lastTransitionTime": now}]}
+    });
+    let node: Node = serde_json::from_value(node).map_err(kube::Error::SerdeError)?;
+    api.create(&PostParams::default(), &node).await?;
+    tracing::info!(old = %old_name, new = %name, "oci stand-in: instance replaced");
+    Ok(())
+}
+
+/// Gives every node of the cluster an OCI identity as OKE would: `spec.providerID =
+/// oci://ocid1.instance.oc1.sim.<name>` and, for nodes with a `karpenter.sh/nodepool` label, the
+/// annotation `oci.oraclecloud.com/node-pool-id = ocid1.nodepool.oc1.sim.<pool>`. Returns the count.
+pub async fn adopt_nodes(c: &kube::Client) -> Result<usize, kube::Error> {
+    let api = Api::<Node>::all(c.clone());
+    let nodes = api.list(&ListParams::default()).await?.items;
+    for n in &nodes {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        let pool = n.metadata.labels.as_ref().and_then(|l| l.get(POOL_LABEL));
+        let mut patch =
+            json!({"spec": {"providerID": format!("oci://ocid1.instance.oc1.sim.{name}")}});
+        if let Some(p) = pool {
+            patch["metadata"] = json!({"annotations": {NODE_POOL_ANNOTATION: format!("ocid1.nodepool.oc1.sim.{p}")}});
+        }
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(nodes.len())
+}
+
+/// Arguments of `nodekeeper sim oci-compute`.
+#[derive(Debug, clap::Args)]
+pub struct OciComputeArgs {
+    /// Address to listen on (HTTPS).
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    pub listen: SocketAddr,
+    /// An accepted API key, `KEYID=FILE`: keyId `<tenancy>/<user>/<fingerprint>` and the PEM public
+    /// key (`PUBLIC KEY`). Repeatable.
+    #[arg(long = "key", required = true)]
+    pub keys: Vec<String>,
+    /// File to write the CA certificate (PEM) of the stand-in's TLS certificate to (the
+    /// provider's `ca_file`).
+    #[arg(long)]
+    pub ca_out: PathBuf,
+    /// Cluster whose Nodes stand for the instances (removed and replaced on DELETE); without it,
+    /// DELETEs are only answered and logged.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// First give every node of that cluster an OCI identity (providerID, node-pool annotation).
+    #[arg(long, requires = "kubeconfig")]
+    pub adopt_nodes: bool,
+    /// Real time from an accepted DELETE to the node's removal and replacement.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub launch_delay: Duration,
+}
+
+/// `nodekeeper sim oci-compute`: serves until SIGTERM or SIGINT.
+pub async fn run(args: OciComputeArgs) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
+    let mut keys = BTreeMap::new();
+    for k in &args.keys {
+        let (id, file) = k
+            .split_once('=')
+            .ok_or_else(|| format!("--key `{k}`: expected KEYID=FILE"))?;
+        let pem = std::fs::read_to_string(file).map_err(|e| format!("--key {file}: {e}"))?;
+        keys.insert(id.to_string(), pem);
+    }
+    let client = match &args.kubeconfig {
+        Some(p) => {
+            use nodekeeper_core::k8s::client;
+            Some(client::client(client::config(Some(p), None).await?)?)
+        }
+        None => None,
+    };
+    if let (true, Some(c)) = (args.adopt_nodes, &client) {
+        let n = adopt_nodes(c).await?;
+        println!("gave {n} nodes an OCI identity");
+    }
+    let sim = OciCompute::start(OciComputeOptions {
+        keys,
+        client,
+        launch_delay: args.launch_delay,
+        listen: Some(args.listen),
+        hold: false,
+    })
+    .await?;
+    std::fs::write(&args.ca_out, &sim.ca_pem)
+        .map_err(|e| format!("--ca-out {}: {e}", args.ca_out.display()))?;
+    println!("OCI API stand-in listening on {}", sim.url);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    Ok(0)
+}

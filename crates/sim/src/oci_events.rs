@@ -1,0 +1,111 @@
+//! `nodekeeper sim oci-event`: posts an OCI Events envelope (as an OCI Notifications HTTPS
+//! subscription would deliver it) to the controller, for tests and the demo.
+//!
+//! Envelopes follow OCI's documented Events samples: the instance OCID is `data.resourceId`
+//! for preemption and `data.additionalDetails.instanceId` for maintenance.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use nodekeeper_core::agent::reporter::HttpsClient;
+
+// OCI Events event types, from Oracle's documentation ("Compute Events", "Instance Maintenance
+// Events"); the stand-in's own copy, never the controller's.
+const PREEMPTION: &str = "com.oraclecloud.computeapi.instancepreemptionaction";
+const MAINTENANCE: &str = "com.oraclecloud.computeapi.instancemaintenance";
+const RESCHEDULED: &str = "com.oraclecloud.computeapi.maintenancerescheduled";
+
+/// Which event to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OciEventKind {
+    /// `instancepreemptionaction` (TERMINATE).
+    Preemption,
+    /// `instancemaintenance`, lifecycleState SCHEDULED.
+    Maintenance,
+    /// `instancemaintenance`, lifecycleState CANCELED.
+    MaintenanceCanceled,
+    /// `maintenancerescheduled` with a new window.
+    Rescheduled,
+}
+
+/// Arguments of `nodekeeper sim oci-event`.
+#[derive(Debug, clap::Args)]
+pub struct OciEventArgs {
+    /// The controller's OCI events URL, e.g. `https://127.0.0.1:8443/v1/oci-events`.
+    #[arg(long)]
+    pub url: String,
+    /// The shared secret (sent in the `x-nodekeeper-token` header).
+    #[arg(long, env = "NODEKEEPER_OCI_EVENTS_TOKEN")]
+    pub token: String,
+    /// The event.
+    #[arg(long, value_enum)]
+    pub kind: OciEventKind,
+    /// Instance OCID (the node's `spec.providerID` without `oci://`).
+    #[arg(long)]
+    pub instance: String,
+    /// Maintenance window start (RFC 3339).
+    #[arg(long, default_value = "2030-01-01T12:00:00.000Z")]
+    pub window_start: String,
+    /// CA of the controller's certificate (https).
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// Name the controller's certificate carries.
+    #[arg(long, default_value = "nodekeeper-controller.nodekeeper.svc")]
+    pub server_name: String,
+}
+
+/// The OCI Events envelope for `kind` about `instance`.
+pub fn envelope(kind: OciEventKind, instance: &str, window_start: &str) -> Value {
+    let maintenance = |etype: &str, state: &str| {
+        json!({"eventType": etype, "cloudEventsVersion": "0.1", "eventTypeVersion": "2.0",
+            "source": "ComputeApi", "eventTime": chrono::Utc::now().to_rfc3339(), "contentType": "application/json",
+            "data": {"resourceId": "ocid1.instancemaintenanceevent.oc1.sim", "additionalDetails": {
+                "instanceId": instance, "lifecycleState": state, "maintenanceCategory": "FLEXIBLE",
+                "instanceAction": "REBOOT_MIGRATION", "timeWindowStart": window_start, "startWindowDuration": "P1D"}}})
+    };
+    match kind {
+        OciEventKind::Preemption => json!({"eventType": PREEMPTION, "cloudEventsVersion": "0.1",
+            "eventTypeVersion": "2.0", "source": "ComputeApi", "eventTime": chrono::Utc::now().to_rfc3339(),
+            "contentType": "application/json",
+            "data": {"resourceId": instance, "additionalDetails": {"preemptionAction": "TERMINATE"}}}),
+        OciEventKind::Maintenance => maintenance(MAINTENANCE, "SCHEDULED"),
+        OciEventKind::MaintenanceCanceled => maintenance(MAINTENANCE, "CANCELED"),
+        OciEventKind::Rescheduled => maintenance(RESCHEDULED, "SCHEDULED"),
+    }
+}
+
+/// Posts `body` to `url` with the secret header; returns the status and the answer.
+pub async fn post(
+    client: &HttpsClient,
+    url: &str,
+    token: &str,
+    body: &Value,
+) -> Result<(u16, String), String> {
+    let bytes = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+    client
+        .request(
+            "POST",
+            url,
+            None,
+            &[("x-nodekeeper-token", token)],
+            Some(bytes),
+        )
+        .await
+        .map(|(c, b)| (c, String::from_utf8_lossy(&b).into_owned()))
+        .map_err(|e| e.to_string())
+}
+
+/// `nodekeeper sim oci-event`.
+pub async fn run(args: OciEventArgs) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
+    let client = HttpsClient::new(
+        args.ca_file.as_deref(),
+        Some(&args.server_name),
+        Duration::from_secs(10),
+    )?;
+    let body = envelope(args.kind, &args.instance, &args.window_start);
+    let (code, answer) = post(&client, &args.url, &args.token, &body).await?;
+    println!("{code} {answer}");
+    Ok(if (200..300).contains(&code) { 0 } else { 1 })
+}

@@ -1,0 +1,377 @@
+//! The `nodekeeper` command line. Exit codes (stable, documented in the README):
+//! 0 success / no change, 1 failure (after rollback where one applies), 2 invalid configuration or usage.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use nodekeeper_core::config::{Config, ConfigError, Env, Loaded};
+use nodekeeper_core::telemetry::error_chain;
+
+#[cfg(feature = "demo")]
+mod demo;
+#[cfg(feature = "controller")]
+mod drain;
+#[cfg(feature = "controller")]
+mod status;
+
+/// Exit code: success.
+pub const EXIT_OK: u8 = 0;
+/// Exit code: the operation failed (after rollback where one applies).
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit code: invalid configuration or usage.
+pub const EXIT_INVALID: u8 = 2;
+
+/// nodekeeper: one agent on every Kubernetes node plus a small controller.
+#[derive(Debug, Parser)]
+#[command(name = "nodekeeper", version = nodekeeper_core::VERSION, about, propagate_version = true)]
+#[cfg_attr(
+    not(feature = "controller"),
+    command(
+        after_help = "This is the agent build: the controller, drain, status, sim and demo \
+commands are in the full build (README \"Builds\")."
+    )
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Validate a configuration file and print the effective configuration (secrets redacted).
+    Validate {
+        /// The TOML configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run the node agent: CRI-O config, health checks, metadata notices, label rules, reports.
+    Agent {
+        /// The TOML configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Prefix for every host path (tests and the demo).
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// Print one report of this node and exit (nothing is applied or sent).
+        #[arg(long)]
+        once: bool,
+        /// Output of `--once`.
+        #[arg(long, short, value_enum, default_value_t = Output::Json, requires = "once")]
+        output: Output,
+    },
+    /// Run the central controller (report API, node state, OCI Events, leader election).
+    #[cfg(feature = "controller")]
+    Controller {
+        /// The TOML configuration file (with a `[controller]` section).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// CRI-O configuration.
+    Crio {
+        #[command(subcommand)]
+        command: CrioCommand,
+    },
+    /// Cordon and drain a node in tiers, naming what blocks it. Exit 0 drained, 1 error, 2 usage,
+    /// 3 blocked by a PDB/do-not-disrupt at the deadline, 4 timed out, 5 interrupted (docs/drain.md).
+    #[cfg(feature = "controller")]
+    Drain(drain::DrainArgs),
+    /// The whole loop on an embedded cluster, no cloud needed: sim API server, one agent per
+    /// node, the controller, a scripted scenario with a live timeline. Exit 0 only if every
+    /// expected outcome happened (docs/demo.md).
+    #[cfg(feature = "demo")]
+    Demo(demo::DemoCmd),
+    /// Show what nodekeeper is doing with each node and what holds it back (from the Node
+    /// annotations). Exit 0 listed, 1 error (API unreachable, bad kubeconfig), 2 usage (docs/status.md).
+    #[cfg(feature = "controller")]
+    Status(status::StatusArgs),
+    /// Stand-ins for the peers nodekeeper talks to (tests, demo, benchmarks).
+    #[cfg(feature = "demo")]
+    Sim {
+        #[command(subcommand)]
+        command: nodekeeper_sim::SimCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CrioCommand {
+    /// Write the configured drop-ins atomically; restart CRI-O over D-Bus only if something
+    /// changed; roll back if the restart fails. Exit 0 ok/no change, 1 failed (rolled back), 2 invalid config.
+    Apply {
+        /// The TOML configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Prefix for every host path.
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// Print the diff and touch nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Output format.
+        #[arg(long, short, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+}
+
+/// CLI output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object on one line.
+    Json,
+}
+
+/// Parses arguments, runs the command, and maps the outcome to an exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let env = Env::from_process();
+    let code = match cli.command {
+        Command::Validate { config } => validate(&config, &env),
+        Command::Agent {
+            config,
+            root,
+            once,
+            output,
+        } => agent(&config, root, once, output, env),
+        #[cfg(feature = "controller")]
+        Command::Controller { config } => controller(&config, &env),
+        Command::Crio {
+            command:
+                CrioCommand::Apply {
+                    config,
+                    root,
+                    dry_run,
+                    output,
+                },
+        } => crio_apply(
+            &config,
+            nodekeeper_core::agent::crio::apply::ApplyOptions { root, dry_run },
+            output,
+            &env,
+        ),
+        #[cfg(feature = "controller")]
+        Command::Drain(args) => drain::main(args),
+        #[cfg(feature = "demo")]
+        Command::Demo(args) => demo::main(args),
+        #[cfg(feature = "controller")]
+        Command::Status(args) => status::main(args),
+        #[cfg(feature = "demo")]
+        Command::Sim { command } => block_on(async move {
+            nodekeeper_core::telemetry::init(nodekeeper_core::config::LogFormat::Text, "info");
+            nodekeeper_sim::run(command).await
+        }),
+    };
+    ExitCode::from(code)
+}
+
+/// Runs a future on a multi-threaded runtime; errors are printed as `error: ...` with exit code 1.
+fn block_on<F>(fut: F) -> u8
+where
+    F: std::future::Future<Output = Result<u8, Box<dyn std::error::Error + Send + Sync>>>,
+{
+    run_on(tokio::runtime::Builder::new_multi_thread(), fut)
+}
+
+/// As [`block_on`] on one thread: the agent is idle nearly all the time, and one thread (with
+/// one malloc arena) keeps its resident memory small.
+fn block_on_current_thread<F>(fut: F) -> u8
+where
+    F: std::future::Future<Output = Result<u8, Box<dyn std::error::Error + Send + Sync>>>,
+{
+    run_on(tokio::runtime::Builder::new_current_thread(), fut)
+}
+
+fn run_on<F>(mut builder: tokio::runtime::Builder, fut: F) -> u8
+where
+    F: std::future::Future<Output = Result<u8, Box<dyn std::error::Error + Send + Sync>>>,
+{
+    let rt = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    match rt.block_on(fut) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", error_chain(e.as_ref()));
+            EXIT_FAILURE
+        }
+    }
+}
+
+/// Loads a configuration for a command; on failure prints every diagnostic and returns the exit code.
+pub fn load_config(path: &std::path::Path, env: &Env) -> Result<Loaded, u8> {
+    match Config::load(path, env) {
+        Ok(l) => {
+            for w in &l.warnings {
+                eprintln!("{}", w.render(path));
+            }
+            Ok(l)
+        }
+        Err(e @ ConfigError::Read { .. }) => {
+            eprintln!("error: {e}");
+            Err(EXIT_INVALID)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            Err(EXIT_INVALID)
+        }
+    }
+}
+
+/// `nodekeeper controller --config FILE`: runs until SIGTERM/SIGINT, then releases the Lease;
+/// exit 1 when it cannot start or a supervised task died, 2 for an invalid configuration.
+#[cfg(feature = "controller")]
+fn controller(path: &std::path::Path, env: &Env) -> u8 {
+    use nodekeeper_core::controller::{self, policy::PolicyConfig, ControllerError};
+    let loaded = match load_config(path, env) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    nodekeeper_core::telemetry::init(loaded.config.log.format, &loaded.config.log.level);
+    let Some(cfg) = loaded.config.controller.clone() else {
+        let e = ControllerError::NoSection {
+            path: path.display().to_string(),
+        };
+        eprintln!("error: {e}");
+        return EXIT_INVALID;
+    };
+    let policy = PolicyConfig::from_config(&loaded.config);
+    block_on(async move {
+        let signals = nodekeeper_core::shutdown::install()?;
+        controller::run(cfg, policy, signals.shutdown).await?;
+        Ok(EXIT_OK)
+    })
+}
+
+fn validate(path: &std::path::Path, env: &Env) -> u8 {
+    match load_config(path, env) {
+        Ok(l) => {
+            print!("{}", l.config.to_redacted_toml());
+            EXIT_OK
+        }
+        Err(code) => code,
+    }
+}
+
+fn agent(
+    path: &std::path::Path,
+    root: Option<PathBuf>,
+    once: bool,
+    output: Output,
+    env: Env,
+) -> u8 {
+    let loaded = match load_config(path, &env) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    nodekeeper_core::telemetry::init(loaded.config.log.format, &loaded.config.log.level);
+    block_on_current_thread(async move {
+        if once {
+            let report = nodekeeper_core::agent::once::report(&loaded.config, root).await;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string(&report)?),
+                Output::Text => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+            return Ok(EXIT_OK);
+        }
+        let signals = nodekeeper_core::shutdown::install()?;
+        let opts = nodekeeper_core::agent::AgentOptions { root };
+        nodekeeper_core::agent::run(loaded, env, opts, signals).await;
+        Ok(EXIT_OK)
+    })
+}
+
+fn crio_apply(
+    path: &std::path::Path,
+    opts: nodekeeper_core::agent::crio::apply::ApplyOptions,
+    output: Output,
+    env: &Env,
+) -> u8 {
+    use nodekeeper_core::agent::crio::apply::{self, ApplyReport};
+    let loaded = match load_config(path, env) {
+        Ok(l) => l,
+        Err(code) => {
+            if output == Output::Json {
+                let report = ApplyReport {
+                    unit_state: "unknown".into(),
+                    error: Some(format!("invalid configuration {}", path.display())),
+                    ..ApplyReport::default()
+                };
+                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            }
+            return code;
+        }
+    };
+    nodekeeper_core::telemetry::init(loaded.config.log.format, &loaded.config.log.level);
+    let crio = loaded.config.crio;
+    let dry_run = opts.dry_run;
+    block_on(async move {
+        let (report, result) = apply::apply(
+            &crio,
+            &opts,
+            nodekeeper_core::agent::host::systemd::Systemd::connect_system,
+        )
+        .await;
+        match output {
+            Output::Json => println!("{}", serde_json::to_string(&report)?),
+            Output::Text => print!("{}", render_text(&report, &crio.unit, dry_run)),
+        }
+        Ok(match result {
+            Ok(()) => EXIT_OK,
+            Err(e) => {
+                if output == Output::Text {
+                    eprintln!("error: {}", error_chain(&e));
+                }
+                EXIT_FAILURE
+            }
+        })
+    })
+}
+
+/// The text form of an apply report (stable; see README "CLI output").
+fn render_text(
+    r: &nodekeeper_core::agent::crio::apply::ApplyReport,
+    unit: &str,
+    dry_run: bool,
+) -> String {
+    use nodekeeper_core::agent::crio::apply::Action;
+    let mut out = String::new();
+    if !r.changed {
+        out.push_str("no change\n");
+        return out;
+    }
+    for f in &r.files {
+        let verb = match (dry_run, r.rolled_back, f.action) {
+            (true, _, Action::Create) => "would create",
+            (true, _, Action::Update) => "would update",
+            (true, _, Action::Remove) => "would remove",
+            (false, true, _) => "rolled back",
+            (false, false, Action::Create) => "created",
+            (false, false, Action::Update) => "updated",
+            (false, false, Action::Remove) => "removed",
+        };
+        out.push_str(&format!("{verb} {}\n", f.path.display()));
+        if let Some(d) = &f.diff {
+            out.push_str(d);
+        }
+    }
+    if !dry_run {
+        match (r.restarted, r.rolled_back) {
+            (true, false) => out.push_str(&format!("restarted {unit}: {}\n", r.unit_state)),
+            (true, true) => out.push_str(&format!(
+                "restart of {unit} failed; previous files restored; {unit}: {}\n",
+                r.unit_state
+            )),
+            (false, _) => out.push_str(&format!(
+                "{unit} not running ({}): not restarted\n",
+                r.unit_state
+            )),
+        }
+    }
+    out
+}
