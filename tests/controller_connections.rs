@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use nodekeeper::agent::checks::ConditionStatus;
-use nodekeeper::agent::reporter::HttpsClient;
 
 use ctl::*;
 
@@ -48,7 +47,7 @@ async fn open_agents(
     env: &Env,
     addr: SocketAddr,
     n: usize,
-) -> Vec<(HttpsClient, Result<u16, String>)> {
+) -> Vec<(reqwest::Client, Result<u16, String>)> {
     futures::stream::iter(0..n)
         .map(|_| async {
             let c = https(&env.ca, addr);
@@ -69,7 +68,8 @@ async fn report_ok(env: &Env, addr: SocketAddr, node: &str, seq: u64) -> Result<
         &[("NodekeeperDiskPressure", ConditionStatus::False)],
     ))
     .unwrap();
-    http.request(
+    request(
+        &http,
         "POST",
         &url(addr, "/v1/reports"),
         Some(&token),

@@ -27,7 +27,7 @@ fn config(env: &Env) -> nodekeeper::controller::config::ControllerConfig {
 
 /// Status codes of `TRIES` identical requests.
 async fn codes(
-    http: &nodekeeper::agent::reporter::HttpsClient,
+    http: &reqwest::Client,
     addr: std::net::SocketAddr,
     token: Option<&str>,
     body: &serde_json::Value,
@@ -46,16 +46,7 @@ fn all(code: u16) -> Vec<u16> {
 async fn mint(env: &Env, node: &str, audience: &str, ttl: i64) -> String {
     let body = json!({"pod": format!("agent-{node}"), "node": node, "audiences": [audience],
         "namespace": "nodekeeper", "serviceAccount": "nodekeeper-agent", "expirationSeconds": ttl});
-    let client =
-        nodekeeper::agent::reporter::HttpsClient::new(None, None, Duration::from_secs(10)).unwrap();
-    let (_, bytes) = client
-        .request(
-            "POST",
-            &env.cluster.admin_url("tokens"),
-            None,
-            &[],
-            Some(serde_json::to_vec(&body).unwrap()),
-        )
+    let (_, bytes) = send(admin().post(env.cluster.admin_url("tokens")).json(&body))
         .await
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
@@ -231,8 +222,7 @@ async fn oversized_bodies_and_oci_endpoint_abuse_are_rejected() {
         format!("/v1/oci-events/{OCI_TOKEN}"),
         "/v1/oci-events/nope".to_string(),
     ] {
-        let (code, _) = http
-            .request("POST", &url(&path), None, &[], Some(big_oci.clone()))
+        let (code, _) = request(&http, "POST", &url(&path), None, &[], Some(big_oci.clone()))
             .await
             .unwrap();
         assert_eq!(code, 413, "{path}");
@@ -259,8 +249,7 @@ async fn oversized_bodies_and_oci_endpoint_abuse_are_rejected() {
     ];
     for (path, headers) in &attempts {
         for _ in 0..TRIES {
-            let (code, _) = http
-                .request("POST", &url(path), None, headers, Some(ev.clone()))
+            let (code, _) = request(&http, "POST", &url(path), None, headers, Some(ev.clone()))
                 .await
                 .unwrap();
             assert_eq!(code, 401, "{path} {headers:?}");
@@ -268,23 +257,29 @@ async fn oversized_bodies_and_oci_endpoint_abuse_are_rejected() {
     }
     assert_eq!(ctl.app.states.counters.node_events.load(Relaxed), 0);
     // The right secret is accepted (so the 401s above are about the secret, not the request).
-    let (code, body) = http
-        .request(
-            "POST",
-            &url(&format!("/v1/oci-events/{OCI_TOKEN}")),
-            None,
-            &[],
-            Some(ev.clone()),
-        )
-        .await
-        .unwrap();
+    let (code, body) = request(
+        &http,
+        "POST",
+        &url(&format!("/v1/oci-events/{OCI_TOKEN}")),
+        None,
+        &[],
+        Some(ev.clone()),
+    )
+    .await
+    .unwrap();
     assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
     assert_eq!(ctl.app.states.counters.node_events.load(Relaxed), 1);
     // A report token is no OCI secret and vice versa.
-    let (code, _) = http
-        .request("POST", &url("/v1/oci-events"), Some(&t0), &[], Some(ev))
-        .await
-        .unwrap();
+    let (code, _) = request(
+        &http,
+        "POST",
+        &url("/v1/oci-events"),
+        Some(&t0),
+        &[],
+        Some(ev),
+    )
+    .await
+    .unwrap();
     assert_eq!(code, 401);
     let own = serde_json::to_value(report("n0", 1, &[])).unwrap();
     assert_eq!(

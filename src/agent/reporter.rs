@@ -28,7 +28,6 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
@@ -129,21 +128,23 @@ impl ReporterConfig {
 /// Reporter failures.
 #[derive(Debug, thiserror::Error)]
 pub enum ReporterError {
-    /// The CA file is unusable.
-    #[error("CA file {path}: {why}")]
-    Ca {
-        /// File.
-        path: PathBuf,
-        /// Why.
-        why: String,
-    },
-    /// The URL or server name is invalid.
-    #[error("controller URL {url}: {why}")]
+    /// The controller URL does not parse.
+    #[error("controller URL {url}: {source}")]
     Url {
         /// URL.
         url: String,
-        /// Why.
-        why: String,
+        /// Cause.
+        #[source]
+        source: url::ParseError,
+    },
+    /// No client for the controller URL (CA file, server name, TLS setup).
+    #[error("controller URL {url}: {source}")]
+    Client {
+        /// URL.
+        url: String,
+        /// Cause.
+        #[source]
+        source: crate::http::TlsError,
     },
     /// The token file cannot be read.
     #[error("token file {path}: {source}")]
@@ -153,13 +154,17 @@ pub enum ReporterError {
         /// Cause.
         source: std::io::Error,
     },
+    /// The report cannot be encoded.
+    #[error("encoding the report: {0}")]
+    Encode(#[source] serde_json::Error),
     /// The request failed (connect, TLS, timeout, body).
-    #[error("{url}: {why}")]
+    #[error("{url}: {source}")]
     Transport {
         /// URL.
         url: String,
-        /// Why.
-        why: String,
+        /// Cause.
+        #[source]
+        source: reqwest::Error,
     },
     /// The controller refused the report.
     #[error("POST {url}: HTTP {status}: {body}")]
@@ -170,6 +175,15 @@ pub enum ReporterError {
         status: u16,
         /// Body (truncated).
         body: String,
+    },
+    /// The controller's answer is not a report response.
+    #[error("POST {url}: invalid response: {source}")]
+    Response {
+        /// URL.
+        url: String,
+        /// Cause.
+        #[source]
+        source: serde_json::Error,
     },
     /// The state file cannot be written.
     #[error("state file {path}: {source}")]
@@ -189,7 +203,10 @@ pub enum ReporterError {
 pub struct Reporter {
     cfg: ReporterConfig,
     state_dir: PathBuf,
-    client: HttpsClient,
+    client: reqwest::Client,
+    /// The URL requested (the configured one, with `server_name` as its host when they differ).
+    target: reqwest::Url,
+    /// `<url>/v1/reports` as configured, for errors.
     endpoint: String,
     instance: String,
     sequence: u64,
@@ -205,16 +222,8 @@ pub struct Reporter {
 impl Reporter {
     /// A reporter for `cfg`, persisting into `state_dir` (created if missing).
     pub fn new(cfg: ReporterConfig, state_dir: &Path) -> Result<Self, ReporterError> {
-        let url = reqwest::Url::parse(&cfg.url).map_err(|e| ReporterError::Url {
-            url: cfg.url.clone(),
-            why: e.to_string(),
-        })?;
-        let name = cfg
-            .server_name
-            .clone()
-            .or_else(|| url.host_str().map(str::to_string));
-        let client = HttpsClient::new(cfg.ca_file.as_deref(), name.as_deref(), cfg.timeout)
-            .map_err(|e| e.for_url(&cfg.url))?;
+        let endpoint = format!("{}/v1/reports", cfg.url.trim_end_matches('/'));
+        let (client, target) = client(&cfg, &endpoint)?;
         std::fs::create_dir_all(state_dir).map_err(|source| ReporterError::State {
             path: state_dir.to_path_buf(),
             source,
@@ -225,7 +234,8 @@ impl Reporter {
             load_json(&state_dir.join(COMMANDS_FILE)).unwrap_or_default();
         let raw: [u8; 8] = rand::rng().random();
         Ok(Reporter {
-            endpoint: format!("{}/v1/reports", cfg.url.trim_end_matches('/')),
+            endpoint,
+            target,
             cfg,
             state_dir: state_dir.to_path_buf(),
             client,
@@ -280,14 +290,22 @@ impl Reporter {
         report.sequence = self.sequence;
         report.events.extend(self.queue.iter().cloned());
         self.answer_replayed(&mut report);
-        let body = serde_json::to_vec(&report).map_err(|e| ReporterError::Transport {
+        let body = serde_json::to_vec(&report).map_err(ReporterError::Encode)?;
+        let transport = |source| ReporterError::Transport {
             url: self.endpoint.clone(),
-            why: e.to_string(),
-        })?;
-        let (status, bytes) = self
+            source,
+        };
+        let resp = self
             .client
-            .request("POST", &self.endpoint, Some(token.trim()), &[], Some(body))
-            .await?;
+            .post(self.target.clone())
+            .bearer_auth(token.trim())
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(transport)?;
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.map_err(transport)?;
         if !(200..300).contains(&status) {
             return Err(ReporterError::Status {
                 url: self.endpoint.clone(),
@@ -296,9 +314,9 @@ impl Reporter {
             });
         }
         let out: ReportResponse =
-            serde_json::from_slice(&bytes).map_err(|e| ReporterError::Transport {
+            serde_json::from_slice(&bytes).map_err(|source| ReporterError::Response {
                 url: self.endpoint.clone(),
-                why: format!("invalid response: {e}"),
+                source,
             })?;
         let before = self.queue.len();
         self.queue
@@ -420,7 +438,7 @@ impl Reporter {
                         Err(e) => {
                             failures = failures.saturating_add(1);
                             if failures == 1 || failures % 10 == 0 {
-                                tracing::warn!(error = %e, failures, queued = self.queue.len(), "report not delivered; degraded mode");
+                                tracing::warn!(error = crate::telemetry::error_chain(&e), failures, queued = self.queue.len(), "report not delivered; degraded mode");
                             }
                             next = Instant::now() + self.backoff(failures);
                         }
@@ -453,194 +471,38 @@ fn store_json<T: Serialize>(path: &Path, v: &T) -> Result<(), ReporterError> {
     Ok(crate::agent::fsops::atomic_write(path, &text, dir)?)
 }
 
-type Inner = hyper_util::client::legacy::Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-    http_body_util::Full<bytes::Bytes>,
->;
-
-/// A small HTTP(S) client on rustls (ring): trusts only the given CA and checks the certificate
-/// against a pinned server name (independent of the URL's host); without a CA, the system roots
-/// and the URL's host. Plain `http://` URLs also work (tests, local demos).
-#[derive(Clone)]
-pub struct HttpsClient {
-    inner: Inner,
-    timeout: Duration,
-}
-
-impl std::fmt::Debug for HttpsClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HttpsClient")
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ReporterError {
-    fn for_url(self, url: &str) -> Self {
-        match self {
-            ReporterError::Transport { why, .. } => ReporterError::Transport {
-                url: url.into(),
-                why,
-            },
-            e => e,
-        }
-    }
-}
-
-impl HttpsClient {
-    /// A client pinned to `ca` + `server_name` (both optional, see the type docs).
-    pub fn new(
-        ca: Option<&Path>,
-        server_name: Option<&str>,
-        timeout: Duration,
-    ) -> Result<Self, ReporterError> {
-        let tls = match ca {
-            Some(ca) => pinned_tls(ca, server_name)?,
-            None => system_tls()?,
-        };
-        let conn = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .build();
-        let inner =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(60))
-                .build(conn);
-        Ok(HttpsClient { inner, timeout })
-    }
-
-    /// Sends one request; returns the status and body. JSON content type when a body is given.
-    pub async fn request(
-        &self,
-        method: &str,
-        url: &str,
-        bearer: Option<&str>,
-        headers: &[(&str, &str)],
-        body: Option<Vec<u8>>,
-    ) -> Result<(u16, bytes::Bytes), ReporterError> {
-        use http_body_util::BodyExt;
-        let terr = |why: String| ReporterError::Transport {
-            url: url.into(),
-            why,
-        };
-        let mut b = hyper::Request::builder().method(method).uri(url);
-        if let Some(t) = bearer {
-            b = b.header("authorization", format!("Bearer {t}"));
-        }
-        if body.is_some() {
-            b = b.header("content-type", "application/json");
-        }
-        for (k, v) in headers {
-            b = b.header(*k, *v);
-        }
-        let req = b
-            .body(http_body_util::Full::new(bytes::Bytes::from(
-                body.unwrap_or_default(),
-            )))
-            .map_err(|e| terr(e.to_string()))?;
-        let fut = async {
-            let resp = self
-                .inner
-                .request(req)
-                .await
-                .map_err(|e| terr(crate::telemetry::error_chain(&e)))?;
-            let status = resp.status().as_u16();
-            let bytes = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| terr(e.to_string()))?
-                .to_bytes();
-            Ok((status, bytes))
-        };
-        tokio::time::timeout(self.timeout, fut)
-            .await
-            .map_err(|_| terr(format!("timed out after {:?}", self.timeout)))?
-    }
-}
-
-fn system_tls() -> Result<rustls::ClientConfig, ReporterError> {
-    crate::http::client_tls(None).map_err(|e| ReporterError::Transport {
-        url: String::new(),
-        why: e.to_string(),
-    })
-}
-
-fn pinned_tls(ca: &Path, name: Option<&str>) -> Result<rustls::ClientConfig, ReporterError> {
-    use rustls_pki_types::ServerName;
-    let ca_err = |why: String| ReporterError::Ca {
-        path: ca.to_path_buf(),
-        why,
+/// The client for `cfg` and the URL to request for `endpoint`: with `ca_file`, only that CA is
+/// trusted and the certificate must be valid for `server_name` (default: the URL's host); without
+/// it, the system's roots (plain `http://` URLs also work: tests, local demos). Requests time out
+/// after `timeout` (connect to last body byte); idle connections are kept for 60 s.
+fn client(
+    cfg: &ReporterConfig,
+    endpoint: &str,
+) -> Result<(reqwest::Client, reqwest::Url), ReporterError> {
+    let target = reqwest::Url::parse(endpoint).map_err(|source| ReporterError::Url {
+        url: cfg.url.clone(),
+        source,
+    })?;
+    let tls = |source| ReporterError::Client {
+        url: cfg.url.clone(),
+        source,
     };
-    let mut roots = rustls::RootCertStore::empty();
-    crate::http::add_ca_file(&mut roots, ca).map_err(|e| match e {
-        crate::http::TlsError::CaFile { why, .. } => ca_err(why),
-        other => ca_err(other.to_string()),
-    })?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider.clone(),
-    )
-    .build()
-    .map_err(|e| ca_err(e.to_string()))?;
-    let name = name.ok_or_else(|| ca_err("a pinned CA needs a server_name".into()))?;
-    let name = ServerName::try_from(name.to_string()).map_err(|e| ReporterError::Url {
-        url: name.into(),
-        why: format!("server name {name:?}: {e}"),
-    })?;
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ca_err(e.to_string()))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(PinnedName { inner, name }))
-        .with_no_client_auth();
-    Ok(cfg)
-}
-
-/// Verifies the server certificate against the CA and the pinned name (not the URL's host).
-#[derive(Debug)]
-struct PinnedName {
-    inner: Arc<rustls::client::WebPkiServerVerifier>,
-    name: rustls_pki_types::ServerName<'static>,
-}
-
-impl rustls::client::danger::ServerCertVerifier for PinnedName {
-    fn verify_server_cert(
-        &self,
-        end_entity: &rustls_pki_types::CertificateDer<'_>,
-        intermediates: &[rustls_pki_types::CertificateDer<'_>],
-        _server_name: &rustls_pki_types::ServerName<'_>,
-        ocsp: &[u8],
-        now: rustls_pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        self.inner
-            .verify_server_cert(end_entity, intermediates, &self.name, ocsp, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls_pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls_pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
+    let builder = match &cfg.ca_file {
+        Some(ca) => crate::http::pinned_builder(ca).map_err(tls)?,
+        None => crate::http::builder(None).map_err(tls)?.no_proxy(),
+    };
+    let (builder, target) = match (&cfg.server_name, target.scheme()) {
+        (Some(name), "https") => {
+            crate::http::pin_server_name(builder, &target, name).map_err(tls)?
+        }
+        _ => (builder, target),
+    };
+    let client = builder
+        .timeout(cfg.timeout)
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| tls(e.into()))?;
+    Ok((client, target))
 }
 
 #[cfg(test)]
