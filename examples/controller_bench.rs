@@ -103,7 +103,7 @@ fn report(node: &str, seq: u64, status: ConditionStatus) -> Vec<u8> {
 /// The child of phase 3: `--hold N --port P --ca FILE`: N agents' clients, one `GET /livez` each,
 /// prints `held N` and keeps them (answering the server's HTTP/2 pings) until killed.
 async fn hold(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let _ = nodekeeper::controller::server::raise_open_files_limit();
+    let _ = nodekeeper::serve::raise_open_files_limit();
     let port = arg("--port", 0);
     let args: Vec<String> = std::env::args().collect();
     let ca = args

@@ -4,6 +4,7 @@
 //! - [`config`]: the typed TOML configuration, read once, validated, printed without secrets.
 //! - [`agent`]: the node agent (CRI-O config, health checks, metadata sources, label rules).
 //! - [`controller`]: the central controller (report API, node state, OCI Events, leader election).
+//! - [`http`] and [`serve`]: the one outbound HTTP client and the one HTTP server.
 //! - [`sim`]: the Kubernetes API stand-in and cloud metadata emulators used by tests and the demo.
 //! - [`cli`]: the `nodekeeper` command line; the binary's `main` only calls [`cli::main`].
 
@@ -21,6 +22,7 @@ pub mod fuzzing;
 pub mod http;
 pub mod k8s;
 pub mod report;
+pub mod serve;
 pub mod shutdown;
 pub mod sim;
 pub mod telemetry;

@@ -86,7 +86,7 @@ async fn more_agents_than_the_former_limit_stay_connected_and_a_new_one_still_re
     install_crypto();
     const AGENTS: usize = 1_100;
     // client and server sockets of this one process, plus the sim's
-    let files = nodekeeper::controller::server::raise_open_files_limit().unwrap();
+    let files = nodekeeper::serve::raise_open_files_limit().unwrap();
     assert!(
         files >= 2 * AGENTS as u64 + 512,
         "open-files hard limit {files} too low for this test"
@@ -95,7 +95,7 @@ async fn more_agents_than_the_former_limit_stay_connected_and_a_new_one_still_re
     let cfg = env.config();
     assert_eq!(
         cfg.max_connections,
-        nodekeeper::controller::server::DEFAULT_MAX_CONNECTIONS
+        nodekeeper::serve::DEFAULT_MAX_CONNECTIONS
     );
     let ctl = env.controller(&cfg, true).await;
     let before = rss_kib();

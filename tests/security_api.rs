@@ -372,13 +372,13 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
     const HEADERS: usize = 120;
     const BODIES: usize = 20;
     const SILENT: usize = 60;
-    let limits = nodekeeper::controller::server::ServeLimits::default();
+    let limits = nodekeeper::serve::ServeLimits::default();
     let env = Env::new(1).await;
     let ctl = env.controller(&config(&env), true).await;
     let t0 = env.token("n0", "nodekeeper").await;
     let addr = ctl.addr;
     let gap = Duration::from_millis(300);
-    let give_up = limits.request_timeout + Duration::from_secs(15);
+    let give_up = limits.request_timeout.unwrap() + Duration::from_secs(15);
 
     let mut attacks = Vec::new();
     for i in 0..HEADERS {
@@ -429,7 +429,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
     let http = https(&env.ca, addr);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut latencies = Vec::new();
-    let attack_for = limits.header_read_timeout + Duration::from_secs(2);
+    let attack_for = limits.header_read_timeout.unwrap() + Duration::from_secs(2);
     let end = tokio::time::Instant::now() + attack_for;
     let mut seq = 1;
     while tokio::time::Instant::now() < end {
@@ -470,7 +470,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
     let worst_cut = header_cut.iter().max().copied().unwrap_or_default();
     eprintln!("slow heads cut after at most {worst_cut:?}");
     assert!(
-        worst_cut <= limits.header_read_timeout + Duration::from_secs(5),
+        worst_cut <= limits.header_read_timeout.unwrap() + Duration::from_secs(5),
         "a slow head was held for {worst_cut:?}"
     );
     for s in silent {
@@ -484,7 +484,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
         let h = a.await.unwrap();
         assert_eq!(status_of(&h.response), 408, "slow body: {}", h.response);
         assert!(
-            h.after <= limits.request_timeout + Duration::from_secs(5),
+            h.after <= limits.request_timeout.unwrap() + Duration::from_secs(5),
             "a slow body was held for {:?}",
             h.after
         );
@@ -502,7 +502,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
 /// cannot exhaust file descriptors), and a slot frees up as soon as a held connection goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_limit_are_closed_at_once() {
-    use nodekeeper::controller::server::{bind, ConnectionStats, ServeLimits};
+    use nodekeeper::serve::{bind, ConnectionStats, ServeLimits};
     let limits = ServeLimits {
         max_connections: 8,
         ..ServeLimits::default()

@@ -171,10 +171,12 @@ impl OciCompute {
             .fallback(handle)
             .with_state(shared.clone());
         let cancel = CancellationToken::new();
-        tokio::spawn(crate::sim::apiserver::tls::serve(
+        tokio::spawn(crate::serve::serve(
             listener,
             router,
-            tls.server.clone(),
+            Some(tls.server.clone()),
+            crate::serve::ServeLimits::streaming(),
+            Default::default(),
             cancel.clone(),
         ));
         Ok(OciCompute {
