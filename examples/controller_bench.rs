@@ -25,13 +25,51 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use nodekeeper_core::agent::checks::{CheckResult, ConditionStatus};
-use nodekeeper_core::agent::reporter::HttpsClient;
 use nodekeeper_core::controller::config::ControllerConfig;
 use nodekeeper_core::report::{NodeReport, REPORT_VERSION};
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 
 const SA: &str = "system:serviceaccount:nodekeeper:nodekeeper-agent";
 const NAME: &str = "nodekeeper-controller.nodekeeper.svc";
+
+/// The agent's client (`nodekeeper_core::http`'s pinned CA and server name) for `url` on 127.0.0.1:
+/// the client and the URL to request.
+fn pinned(
+    ca: &std::path::Path,
+    url: &str,
+) -> Result<(reqwest::Client, String), Box<dyn std::error::Error + Send + Sync>> {
+    let (builder, url) = nodekeeper_core::http::pin_server_name(
+        nodekeeper_core::http::pinned_builder(ca)?,
+        &reqwest::Url::parse(url)?,
+        NAME,
+    )?;
+    Ok((
+        builder.timeout(Duration::from_secs(30)).build()?,
+        url.into(),
+    ))
+}
+
+/// A GET, or a JSON POST when `body` is given: the status and the body.
+async fn request(
+    c: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+    body: Option<Vec<u8>>,
+) -> Result<(u16, bytes::Bytes), reqwest::Error> {
+    let mut req = match body {
+        Some(b) => c
+            .post(url)
+            .header("content-type", "application/json")
+            .body(b),
+        None => c.get(url),
+    };
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await?;
+    let code = resp.status().as_u16();
+    Ok((code, resp.bytes().await?))
+}
 
 fn report(node: &str, seq: u64, status: ConditionStatus) -> Vec<u8> {
     let r = NodeReport {
@@ -65,7 +103,7 @@ fn report(node: &str, seq: u64, status: ConditionStatus) -> Vec<u8> {
 /// The child of phase 3: `--hold N --port P --ca FILE`: N agents' clients, one `GET /livez` each,
 /// prints `held N` and keeps them (answering the server's HTTP/2 pings) until killed.
 async fn hold(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let _ = nodekeeper_core::controller::server::raise_open_files_limit();
+    let _ = nodekeeper_core::serve::raise_open_files_limit();
     let port = arg("--port", 0);
     let args: Vec<String> = std::env::args().collect();
     let ca = args
@@ -78,13 +116,8 @@ async fn hold(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> 
         .map(|_| {
             let url = url.clone();
             async move {
-                let c = HttpsClient::new(
-                    Some(std::path::Path::new(ca)),
-                    Some(NAME),
-                    Duration::from_secs(30),
-                )
-                .ok()?;
-                match c.request("GET", &url, None, &[], None).await {
+                let (c, url) = pinned(std::path::Path::new(ca), &url).ok()?;
+                match request(&c, &url, None, None).await {
                     Ok((200, _)) => Some(c),
                     _ => None,
                 }
@@ -187,14 +220,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .buffer_unordered(64)
         .collect::<Vec<_>>()
         .await;
-    let admin = HttpsClient::new(None, None, Duration::from_secs(60))?;
+    let admin = nodekeeper_core::http::builder(None)?
+        .timeout(Duration::from_secs(60))
+        .build()?;
     let tokens: Vec<String> = futures::stream::iter(0..nodes)
         .map(|i| {
             let (admin, url) = (admin.clone(), cluster.admin_url("tokens"));
             async move {
                 let body = serde_json::json!({"pod": format!("agent-n{i}"), "node": format!("n{i}"), "audiences": ["nodekeeper"],
                     "namespace": "nodekeeper", "serviceAccount": "nodekeeper-agent"});
-                let (_, b) = admin.request("POST", &url, None, &[], serde_json::to_vec(&body).ok()).await.ok()?;
+                let (_, b) = request(&admin, &url, None, serde_json::to_vec(&body).ok()).await.ok()?;
                 let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
                 v["token"].as_str().map(str::to_string)
             }
@@ -218,11 +253,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     while !(ctl.app.ready.load(Ordering::Relaxed) && *ctl.app.leader.borrow()) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let url = format!("https://127.0.0.1:{}/v1/reports", ctl.addr.port());
-    let client = HttpsClient::new(
-        Some(&dir.path().join("ca.pem")),
-        Some(NAME),
-        Duration::from_secs(30),
+    let (client, url) = pinned(
+        &dir.path().join("ca.pem"),
+        &format!("https://127.0.0.1:{}/v1/reports", ctl.addr.port()),
     )?;
     let tokens = Arc::new(tokens);
 
@@ -233,15 +266,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .map(|i| {
             let (client, url, token) = (client.clone(), url.clone(), tokens[i].clone());
             async move {
-                let _ = client
-                    .request(
-                        "POST",
-                        &url,
-                        Some(&token),
-                        &[],
-                        Some(report(&format!("n{i}"), 1, ConditionStatus::False)),
-                    )
-                    .await;
+                let _ = request(
+                    &client,
+                    &url,
+                    Some(&token),
+                    Some(report(&format!("n{i}"), 1, ConditionStatus::False)),
+                )
+                .await;
             }
         })
         .buffer_unordered(concurrency)
@@ -280,10 +311,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                         ConditionStatus::False
                     };
                     let body = report(&format!("n{i}"), seq, status);
-                    match client
-                        .request("POST", &url, Some(&tokens[i]), &[], Some(body))
-                        .await
-                    {
+                    match request(&client, &url, Some(&tokens[i]), Some(body)).await {
                         Ok((200, _)) => done.fetch_add(1, Ordering::Relaxed),
                         _ => errors.fetch_add(1, Ordering::Relaxed),
                     };
@@ -346,9 +374,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         }
         let (client, url, token) = (client.clone(), url.clone(), tokens[i].clone());
         handles.push(tokio::spawn(async move {
-            client
-                .request("POST", &url, Some(&token), &[], Some(body))
-                .await
+            request(&client, &url, Some(&token), Some(body)).await
         }));
     }
     for h in handles {

@@ -7,28 +7,17 @@
 
 mod ctl;
 
-use std::time::Duration;
-
 use ctl::*;
 use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use nodekeeper_core::agent::checks::ConditionStatus::True;
-use nodekeeper_core::agent::reporter::HttpsClient;
 
 /// A token bound to `pod` only: the sim's `node` field is left empty.
 async fn pod_token(env: &Env, pod: &str) -> String {
     let body = serde_json::json!({"pod": pod, "node": "", "audiences": ["nodekeeper"],
         "namespace": "nodekeeper", "serviceAccount": "nodekeeper-agent", "expirationSeconds": 3600});
-    let client = HttpsClient::new(None, None, Duration::from_secs(30)).unwrap();
-    let (code, bytes) = client
-        .request(
-            "POST",
-            &env.cluster.admin_url("tokens"),
-            None,
-            &[],
-            Some(serde_json::to_vec(&body).unwrap()),
-        )
+    let (code, bytes) = send(admin().post(env.cluster.admin_url("tokens")).json(&body))
         .await
         .unwrap();
     assert_eq!(code, 200);

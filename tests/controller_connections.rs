@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use nodekeeper_core::agent::checks::ConditionStatus;
-use nodekeeper_core::agent::reporter::HttpsClient;
 
 use ctl::*;
 
@@ -48,7 +47,7 @@ async fn open_agents(
     env: &Env,
     addr: SocketAddr,
     n: usize,
-) -> Vec<(HttpsClient, Result<u16, String>)> {
+) -> Vec<(reqwest::Client, Result<u16, String>)> {
     futures::stream::iter(0..n)
         .map(|_| async {
             let c = https(&env.ca, addr);
@@ -69,7 +68,8 @@ async fn report_ok(env: &Env, addr: SocketAddr, node: &str, seq: u64) -> Result<
         &[("NodekeeperDiskPressure", ConditionStatus::False)],
     ))
     .unwrap();
-    http.request(
+    request(
+        &http,
         "POST",
         &url(addr, "/v1/reports"),
         Some(&token),
@@ -86,7 +86,7 @@ async fn more_agents_than_the_former_limit_stay_connected_and_a_new_one_still_re
     install_crypto();
     const AGENTS: usize = 1_100;
     // client and server sockets of this one process, plus the sim's
-    let files = nodekeeper_core::controller::server::raise_open_files_limit().unwrap();
+    let files = nodekeeper_core::serve::raise_open_files_limit().unwrap();
     assert!(
         files >= 2 * AGENTS as u64 + 512,
         "open-files hard limit {files} too low for this test"
@@ -95,7 +95,7 @@ async fn more_agents_than_the_former_limit_stay_connected_and_a_new_one_still_re
     let cfg = env.config();
     assert_eq!(
         cfg.max_connections,
-        nodekeeper_core::controller::server::DEFAULT_MAX_CONNECTIONS
+        nodekeeper_core::serve::DEFAULT_MAX_CONNECTIONS
     );
     let ctl = env.controller(&cfg, true).await;
     let before = rss_kib();

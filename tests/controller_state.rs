@@ -272,7 +272,8 @@ async fn oci_preemption_reaches_the_right_node() {
                 .iter()
                 .map(|h| ("x-nodekeeper-token", h.as_str()))
                 .collect();
-            http.request(
+            request(
+                &http,
                 "POST",
                 &u,
                 None,
@@ -332,7 +333,7 @@ async fn oci_preemption_reaches_the_right_node() {
             "sim",
             "oci-event",
             "--url",
-            &url(c.addr, "/v1/oci-events"),
+            &ip_url(c.addr, "/v1/oci-events"),
             "--kind",
             "maintenance",
             "--instance",

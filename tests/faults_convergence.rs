@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use nodekeeper_core::agent::checks::ConditionStatus::{self, False, True};
 use nodekeeper_core::agent::labels::{self, CleanupRule, LabelRemover, LabelsConfig, PatchRemover};
-use nodekeeper_core::agent::reporter::{HttpsClient, Reporter, ReporterConfig};
+use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -58,22 +58,17 @@ fn fault_spec() -> Value {
     json!({"errorRates": {"429": 0.05, "500": 0.0527, "503": 0.0527}, "latencyMs": 1000 / scale()})
 }
 
-fn admin() -> &'static HttpsClient {
-    static C: std::sync::OnceLock<HttpsClient> = std::sync::OnceLock::new();
-    C.get_or_init(|| HttpsClient::new(None, None, Duration::from_secs(30)).unwrap())
-}
-
 async fn admin_call(env: &Env, method: &str, path: &str, body: Option<Value>) -> Value {
-    let (code, bytes) = admin()
-        .request(
-            method,
-            &env.cluster.admin_url(path),
-            None,
-            &[],
-            body.map(|b| serde_json::to_vec(&b).unwrap()),
-        )
-        .await
-        .unwrap();
+    let (code, bytes) = request(
+        admin(),
+        method,
+        &env.cluster.admin_url(path),
+        None,
+        &[],
+        body.map(|b| serde_json::to_vec(&b).unwrap()),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         code,
         200,
@@ -165,7 +160,7 @@ async fn start_agent(
     let token_file = dir.join("token");
     std::fs::write(&token_file, env.token(node, "nodekeeper").await).unwrap();
     let cfg = ReporterConfig {
-        url: url(ctl.addr, ""),
+        url: ip_url(ctl.addr, ""),
         ca_file: Some(env.ca.clone()),
         server_name: Some(SERVER_NAME.into()),
         token_file,
@@ -265,7 +260,7 @@ async fn scenario(faults: Faults) -> Figures {
             iv.tick().await;
             loop {
                 iv.tick().await;
-                if admin().request("POST", &url, None, &[], None).await.is_ok() {
+                if admin().post(&url).send().await.is_ok() {
                     d.fetch_add(1, Relaxed);
                 }
             }

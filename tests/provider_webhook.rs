@@ -265,9 +265,9 @@ async fn serve_tls(r: Arc<Receiver>, dir: &std::path::Path) -> (String, std::pat
     std::fs::write(&ca_file, ca.pem()).unwrap();
     std::fs::write(&crt, cert.pem()).unwrap();
     std::fs::write(&pem, key.serialize_pem()).unwrap();
-    let tls = nodekeeper_core::controller::server::tls_config(&crt, &pem).unwrap();
+    let tls = nodekeeper_core::serve::tls_config(&crt, &pem).unwrap();
     let app = Router::new().route("/replace", post(handle)).with_state(r);
-    let (addr, serving) = nodekeeper_core::controller::server::bind(
+    let (addr, serving) = nodekeeper_core::serve::bind(
         "127.0.0.1:0",
         app,
         Some(tls),

@@ -27,7 +27,7 @@ fn config(env: &Env) -> nodekeeper_core::controller::config::ControllerConfig {
 
 /// Status codes of `TRIES` identical requests.
 async fn codes(
-    http: &nodekeeper_core::agent::reporter::HttpsClient,
+    http: &reqwest::Client,
     addr: std::net::SocketAddr,
     token: Option<&str>,
     body: &serde_json::Value,
@@ -46,17 +46,7 @@ fn all(code: u16) -> Vec<u16> {
 async fn mint(env: &Env, node: &str, audience: &str, ttl: i64) -> String {
     let body = json!({"pod": format!("agent-{node}"), "node": node, "audiences": [audience],
         "namespace": "nodekeeper", "serviceAccount": "nodekeeper-agent", "expirationSeconds": ttl});
-    let client =
-        nodekeeper_core::agent::reporter::HttpsClient::new(None, None, Duration::from_secs(10))
-            .unwrap();
-    let (_, bytes) = client
-        .request(
-            "POST",
-            &env.cluster.admin_url("tokens"),
-            None,
-            &[],
-            Some(serde_json::to_vec(&body).unwrap()),
-        )
+    let (_, bytes) = send(admin().post(env.cluster.admin_url("tokens")).json(&body))
         .await
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
@@ -232,8 +222,7 @@ async fn oversized_bodies_and_oci_endpoint_abuse_are_rejected() {
         format!("/v1/oci-events/{OCI_TOKEN}"),
         "/v1/oci-events/nope".to_string(),
     ] {
-        let (code, _) = http
-            .request("POST", &url(&path), None, &[], Some(big_oci.clone()))
+        let (code, _) = request(&http, "POST", &url(&path), None, &[], Some(big_oci.clone()))
             .await
             .unwrap();
         assert_eq!(code, 413, "{path}");
@@ -260,8 +249,7 @@ async fn oversized_bodies_and_oci_endpoint_abuse_are_rejected() {
     ];
     for (path, headers) in &attempts {
         for _ in 0..TRIES {
-            let (code, _) = http
-                .request("POST", &url(path), None, headers, Some(ev.clone()))
+            let (code, _) = request(&http, "POST", &url(path), None, headers, Some(ev.clone()))
                 .await
                 .unwrap();
             assert_eq!(code, 401, "{path} {headers:?}");
@@ -269,23 +257,29 @@ async fn oversized_bodies_and_oci_endpoint_abuse_are_rejected() {
     }
     assert_eq!(ctl.app.states.counters.node_events.load(Relaxed), 0);
     // The right secret is accepted (so the 401s above are about the secret, not the request).
-    let (code, body) = http
-        .request(
-            "POST",
-            &url(&format!("/v1/oci-events/{OCI_TOKEN}")),
-            None,
-            &[],
-            Some(ev.clone()),
-        )
-        .await
-        .unwrap();
+    let (code, body) = request(
+        &http,
+        "POST",
+        &url(&format!("/v1/oci-events/{OCI_TOKEN}")),
+        None,
+        &[],
+        Some(ev.clone()),
+    )
+    .await
+    .unwrap();
     assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
     assert_eq!(ctl.app.states.counters.node_events.load(Relaxed), 1);
     // A report token is no OCI secret and vice versa.
-    let (code, _) = http
-        .request("POST", &url("/v1/oci-events"), Some(&t0), &[], Some(ev))
-        .await
-        .unwrap();
+    let (code, _) = request(
+        &http,
+        "POST",
+        &url("/v1/oci-events"),
+        Some(&t0),
+        &[],
+        Some(ev),
+    )
+    .await
+    .unwrap();
     assert_eq!(code, 401);
     let own = serde_json::to_value(report("n0", 1, &[])).unwrap();
     assert_eq!(
@@ -378,13 +372,13 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
     const HEADERS: usize = 120;
     const BODIES: usize = 20;
     const SILENT: usize = 60;
-    let limits = nodekeeper_core::controller::server::ServeLimits::default();
+    let limits = nodekeeper_core::serve::ServeLimits::default();
     let env = Env::new(1).await;
     let ctl = env.controller(&config(&env), true).await;
     let t0 = env.token("n0", "nodekeeper").await;
     let addr = ctl.addr;
     let gap = Duration::from_millis(300);
-    let give_up = limits.request_timeout + Duration::from_secs(15);
+    let give_up = limits.request_timeout.unwrap() + Duration::from_secs(15);
 
     let mut attacks = Vec::new();
     for i in 0..HEADERS {
@@ -435,7 +429,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
     let http = https(&env.ca, addr);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut latencies = Vec::new();
-    let attack_for = limits.header_read_timeout + Duration::from_secs(2);
+    let attack_for = limits.header_read_timeout.unwrap() + Duration::from_secs(2);
     let end = tokio::time::Instant::now() + attack_for;
     let mut seq = 1;
     while tokio::time::Instant::now() < end {
@@ -476,7 +470,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
     let worst_cut = header_cut.iter().max().copied().unwrap_or_default();
     eprintln!("slow heads cut after at most {worst_cut:?}");
     assert!(
-        worst_cut <= limits.header_read_timeout + Duration::from_secs(5),
+        worst_cut <= limits.header_read_timeout.unwrap() + Duration::from_secs(5),
         "a slow head was held for {worst_cut:?}"
     );
     for s in silent {
@@ -490,7 +484,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
         let h = a.await.unwrap();
         assert_eq!(status_of(&h.response), 408, "slow body: {}", h.response);
         assert!(
-            h.after <= limits.request_timeout + Duration::from_secs(5),
+            h.after <= limits.request_timeout.unwrap() + Duration::from_secs(5),
             "a slow body was held for {:?}",
             h.after
         );
@@ -508,7 +502,7 @@ async fn slow_loris_is_cut_off_and_the_controller_stays_responsive() {
 /// cannot exhaust file descriptors), and a slot frees up as soon as a held connection goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_limit_are_closed_at_once() {
-    use nodekeeper_core::controller::server::{bind, ConnectionStats, ServeLimits};
+    use nodekeeper_core::serve::{bind, ConnectionStats, ServeLimits};
     let limits = ServeLimits {
         max_connections: 8,
         ..ServeLimits::default()

@@ -9,7 +9,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use nodekeeper_core::agent::checks::{CheckResult, ConditionStatus};
-use nodekeeper_core::agent::reporter::HttpsClient;
 use nodekeeper_core::controller::config::ControllerConfig;
 use nodekeeper_core::report::{NodeReport, REPORT_VERSION};
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
@@ -139,43 +138,94 @@ impl Env {
 pub async fn token_for(cluster: &TestCluster, node: &str, audience: &str, sa: &str) -> String {
     let body = serde_json::json!({"pod": format!("agent-{node}"), "node": node, "audiences": [audience],
         "namespace": "nodekeeper", "serviceAccount": sa, "expirationSeconds": 3600});
-    static CLIENT: std::sync::OnceLock<HttpsClient> = std::sync::OnceLock::new();
-    let client =
-        CLIENT.get_or_init(|| HttpsClient::new(None, None, Duration::from_secs(60)).unwrap());
-    let (_, bytes) = client
-        .request(
-            "POST",
-            &cluster.admin_url("tokens"),
-            None,
-            &[],
-            Some(serde_json::to_vec(&body).unwrap()),
-        )
+    let (_, bytes) = send(admin().post(cluster.admin_url("tokens")).json(&body))
         .await
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     v["token"].as_str().unwrap().to_string()
 }
 
-/// An HTTPS client trusting only the test CA and pinned to SERVER_NAME (the agent's client).
-pub fn https(ca: &Path, _addr: SocketAddr) -> HttpsClient {
-    install_crypto();
-    HttpsClient::new(Some(ca), Some(SERVER_NAME), Duration::from_secs(30)).unwrap()
+/// A client for the sim's admin API and other plain endpoints (system roots, 60 s timeout).
+pub fn admin() -> &'static reqwest::Client {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(|| {
+        nodekeeper_core::http::builder(None)
+            .unwrap()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    })
 }
 
+/// An HTTPS client trusting only the test CA that reaches `addr`'s IP address as SERVER_NAME
+/// (the agent's client, `nodekeeper_core::http`'s pinned builder): requests go to [`url`]s.
+pub fn https(ca: &Path, addr: SocketAddr) -> reqwest::Client {
+    install_crypto();
+    let base = reqwest::Url::parse(&format!("https://{addr}")).unwrap();
+    let (builder, _) = nodekeeper_core::http::pin_server_name(
+        nodekeeper_core::http::pinned_builder(ca).unwrap(),
+        &base,
+        SERVER_NAME,
+    )
+    .unwrap();
+    builder.timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+/// `path` on the controller at `addr` under SERVER_NAME, for [`https`]'s client.
 pub fn url(addr: SocketAddr, path: &str) -> String {
+    format!("https://{SERVER_NAME}:{}{path}", addr.port())
+}
+
+/// `path` on the controller at `addr` by IP address, for clients that pin SERVER_NAME
+/// themselves (the agent's reporter, `nodekeeper sim oci-event`).
+pub fn ip_url(addr: SocketAddr, path: &str) -> String {
     format!("https://127.0.0.1:{}{path}", addr.port())
 }
 
+/// Sends `req`; returns the status and the body (Err: the error's chain).
+pub async fn send(req: reqwest::RequestBuilder) -> Result<(u16, bytes::Bytes), String> {
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| nodekeeper_core::telemetry::error_chain(&e))?;
+    let code = resp.status().as_u16();
+    let body = resp
+        .bytes()
+        .await
+        .map_err(|e| nodekeeper_core::telemetry::error_chain(&e))?;
+    Ok((code, body))
+}
+
+/// One request: `bearer` as the Authorization, `headers`, and a JSON body when given.
+pub async fn request(
+    client: &reqwest::Client,
+    method: &str,
+    url: &str,
+    bearer: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Option<Vec<u8>>,
+) -> Result<(u16, bytes::Bytes), String> {
+    let mut req = client.request(method.parse().unwrap(), url);
+    if let Some(t) = bearer {
+        req = req.bearer_auth(t);
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(b) = body {
+        req = req.header("content-type", "application/json").body(b);
+    }
+    send(req).await
+}
+
 pub async fn get(
-    client: &HttpsClient,
+    client: &reqwest::Client,
     addr: SocketAddr,
     path: &str,
 ) -> Result<(u16, String), String> {
-    client
-        .request("GET", &url(addr, path), None, &[], None)
+    send(client.get(url(addr, path)))
         .await
         .map(|(c, b)| (c, String::from_utf8_lossy(&b).into_owned()))
-        .map_err(|e| e.to_string())
 }
 
 pub fn report(node: &str, seq: u64, conds: &[(&str, ConditionStatus)]) -> NodeReport {
@@ -241,21 +291,16 @@ pub async fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) {
 }
 
 pub async fn post(
-    client: &HttpsClient,
+    client: &reqwest::Client,
     addr: SocketAddr,
     token: Option<&str>,
     body: &serde_json::Value,
 ) -> (u16, serde_json::Value) {
-    let (code, bytes) = client
-        .request(
-            "POST",
-            &url(addr, "/v1/reports"),
-            token,
-            &[],
-            Some(serde_json::to_vec(body).unwrap()),
-        )
-        .await
-        .unwrap();
+    let mut req = client.post(url(addr, "/v1/reports")).json(body);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let (code, bytes) = send(req).await.unwrap();
     (
         code,
         serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),

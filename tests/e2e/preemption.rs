@@ -354,8 +354,7 @@ async fn oci_events_deliveries_taint_and_cordon_once_stored(c: &'static Cluster)
         let (https, url) = (&https, &url);
         async move {
             let headers = [("content-type", "application/json")];
-            https
-                .request("POST", url, None, &headers, Some(body))
+            crate::ctl::request(https, "POST", url, None, &headers, Some(body))
                 .await
                 .unwrap()
                 .0

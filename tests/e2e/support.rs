@@ -836,7 +836,7 @@ pub async fn wait_first_report(nodes: &Api<Node>, node: &str) {
 
 /// POSTs `report` to the controller at `addr` with `token`: (status, body).
 pub async fn post_report(
-    https: &nodekeeper_core::agent::reporter::HttpsClient,
+    https: &reqwest::Client,
     addr: std::net::SocketAddr,
     token: &str,
     report: &nodekeeper_core::report::NodeReport,
@@ -868,7 +868,7 @@ pub async fn agent_report_token(admin: &kube::Client, node: &str) -> String {
 /// sequence number, as the agent does (the same sequence again is a replay the controller ignores; a
 /// follower, or a leader whose own flag has not yet followed its Lease write, answers 503).
 pub async fn report_until(
-    https: &nodekeeper_core::agent::reporter::HttpsClient,
+    https: &reqwest::Client,
     addr: std::net::SocketAddr,
     token: &str,
     report: &nodekeeper_core::report::NodeReport,

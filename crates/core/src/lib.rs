@@ -6,7 +6,8 @@
 //! - `controller` (feature `controller`): the central controller (report API, node state, policy,
 //!   drains, providers, OCI Events, leader election).
 //! - [`report`]: the agent → controller wire format.
-//! - [`k8s`], [`http`], [`backoff`], [`telemetry`], [`shutdown`]: shared helpers, one copy each.
+//! - [`k8s`], [`http`] (the one outbound HTTP client), `serve` (feature `controller`: the one HTTP
+//!   server), [`backoff`], [`telemetry`], [`shutdown`]: shared helpers, one copy each.
 //!
 //! No CLI here: argument parsing, runtimes, printing and exit codes live in the `nodekeeper`
 //! binary crate; the test and demo stand-ins live in `nodekeeper-sim`, which nothing here uses.
@@ -25,6 +26,8 @@ pub mod fuzzing;
 pub mod http;
 pub mod k8s;
 pub mod report;
+#[cfg(feature = "controller")]
+pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
 

@@ -192,10 +192,12 @@ impl OciCompute {
             .fallback(handle)
             .with_state(shared.clone());
         let cancel = CancellationToken::new();
-        tokio::spawn(crate::apiserver::tls::serve(
+        tokio::spawn(nodekeeper_core::serve::serve(
             listener,
             router,
-            tls.server.clone(),
+            Some(tls.server.clone()),
+            nodekeeper_core::serve::ServeLimits::streaming(),
+            Default::default(),
             cancel.clone(),
         ));
         Ok(OciCompute {

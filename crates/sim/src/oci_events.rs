@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use nodekeeper_core::agent::reporter::HttpsClient;
-
 // OCI Events event types, from Oracle's documentation ("Compute Events", "Instance Maintenance
 // Events"); the stand-in's own copy, never the controller's.
 const PREEMPTION: &str = "com.oraclecloud.computeapi.instancepreemptionaction";
@@ -78,34 +76,36 @@ pub fn envelope(kind: OciEventKind, instance: &str, window_start: &str) -> Value
 
 /// Posts `body` to `url` with the secret header; returns the status and the answer.
 pub async fn post(
-    client: &HttpsClient,
-    url: &str,
+    client: &reqwest::Client,
+    url: &reqwest::Url,
     token: &str,
     body: &Value,
-) -> Result<(u16, String), String> {
-    let bytes = serde_json::to_vec(body).map_err(|e| e.to_string())?;
-    client
-        .request(
-            "POST",
-            url,
-            None,
-            &[("x-nodekeeper-token", token)],
-            Some(bytes),
-        )
-        .await
-        .map(|(c, b)| (c, String::from_utf8_lossy(&b).into_owned()))
-        .map_err(|e| e.to_string())
+) -> Result<(u16, String), reqwest::Error> {
+    let resp = client
+        .post(url.clone())
+        .header("x-nodekeeper-token", token)
+        .json(body)
+        .send()
+        .await?;
+    let code = resp.status().as_u16();
+    Ok((code, resp.text().await?))
 }
 
-/// `nodekeeper sim oci-event`.
+/// `nodekeeper sim oci-event`: with `--ca-file`, only that CA is trusted and the certificate must
+/// carry `--server-name` (the agent's client); without it, the system's roots and the URL's host.
 pub async fn run(args: OciEventArgs) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
-    let client = HttpsClient::new(
-        args.ca_file.as_deref(),
-        Some(&args.server_name),
-        Duration::from_secs(10),
-    )?;
+    let url = reqwest::Url::parse(&args.url)?;
+    let (builder, url) = match &args.ca_file {
+        Some(ca) => nodekeeper_core::http::pin_server_name(
+            nodekeeper_core::http::pinned_builder(ca)?,
+            &url,
+            &args.server_name,
+        )?,
+        None => (nodekeeper_core::http::builder(None)?.no_proxy(), url),
+    };
+    let client = builder.timeout(Duration::from_secs(10)).build()?;
     let body = envelope(args.kind, &args.instance, &args.window_start);
-    let (code, answer) = post(&client, &args.url, &args.token, &body).await?;
+    let (code, answer) = post(&client, &url, &args.token, &body).await?;
     println!("{code} {answer}");
     Ok(if (200..300).contains(&code) { 0 } else { 1 })
 }

@@ -84,7 +84,7 @@ impl Default for ControllerConfig {
             token_cache_size: 20_000,
             token_cache_ttl: Duration::from_secs(300),
             max_report_bytes: 1 << 20,
-            max_connections: crate::controller::server::DEFAULT_MAX_CONNECTIONS,
+            max_connections: crate::serve::DEFAULT_MAX_CONNECTIONS,
             namespace: "nodekeeper".into(),
             condition_prefix: "Nodekeeper".into(),
             staleness: Duration::from_secs(60),

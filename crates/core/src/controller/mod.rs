@@ -58,7 +58,7 @@ pub enum ControllerError {
     Client(#[from] kube::Error),
     /// Server start.
     #[error(transparent)]
-    Server(#[from] server::ServerError),
+    Server(#[from] crate::serve::ServeError),
     /// The replacement provider could not be built.
     #[error(transparent)]
     Provider(#[from] provider::ProviderError),
@@ -268,15 +268,15 @@ pub async fn start_with(
         &cfg.tls_key_file,
         cfg.insecure_plain_http,
     ) {
-        (Some(c), Some(k), false) => Some(server::tls_config(c, k)?),
+        (Some(c), Some(k), false) => Some(crate::serve::tls_config(c, k)?),
         _ => None,
     };
     let router = server::router(app.clone(), cfg.max_report_bytes);
-    let limits = server::ServeLimits {
+    let limits = crate::serve::ServeLimits {
         max_connections: cfg.max_connections,
-        ..server::ServeLimits::default()
+        ..crate::serve::ServeLimits::default()
     };
-    match server::raise_open_files_limit() {
+    match crate::serve::raise_open_files_limit() {
         // a margin for the API server's watches, the Lease and the process's own files
         Ok(n) if n < cfg.max_connections as u64 + 256 => tracing::warn!(
             open_files = n,
@@ -287,7 +287,7 @@ pub async fn start_with(
         Ok(n) => tracing::debug!(open_files = n, "open-files limit"),
         Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-files limit"),
     }
-    let (addr, serving) = server::bind(
+    let (addr, serving) = crate::serve::bind(
         &cfg.listen,
         router,
         tls,

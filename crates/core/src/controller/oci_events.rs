@@ -42,7 +42,7 @@ const CHANNEL: &str = "oci/events";
 pub struct OciEvents {
     cfg: OciEventsConfig,
     store: Store<Node>,
-    http: Option<crate::agent::reporter::HttpsClient>,
+    http: Option<reqwest::Client>,
 }
 
 impl OciEvents {
@@ -51,8 +51,14 @@ impl OciEvents {
         OciEvents {
             cfg,
             store,
-            http: crate::agent::reporter::HttpsClient::new(None, None, std::time::Duration::from_secs(10))
-                .map_err(|e| tracing::error!(error = %e, "no HTTPS client: subscriptions cannot be confirmed"))
+            http: crate::http::builder(None)
+                .and_then(|b| Ok(b.timeout(std::time::Duration::from_secs(10)).build()?))
+                .map_err(|e| {
+                    tracing::error!(
+                        error = crate::telemetry::error_chain(&e),
+                        "no HTTPS client: subscriptions cannot be confirmed"
+                    )
+                })
                 .ok(),
         }
     }
@@ -225,10 +231,10 @@ async fn confirm_subscription(oci: &OciEvents, url: &str) -> Response {
         )
             .into_response();
     };
-    let res = match http.request("GET", url, None, &[], None).await {
-        Ok((code, _)) if (200..300).contains(&code) => Ok(()),
-        Ok((code, _)) => Err(format!("HTTP {code}")),
-        Err(e) => Err(e.to_string()),
+    let res = match http.get(url).send().await {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
+        Err(e) => Err(crate::telemetry::error_chain(&e)),
     };
     match res {
         Ok(()) => Json(json!({"confirmation": "confirmed"})).into_response(),

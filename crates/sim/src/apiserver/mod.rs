@@ -207,7 +207,14 @@ pub async fn serve_with(
     loops::spawn(sim.clone(), cancel.clone());
     let app = router(sim);
     if let Some(cfg) = tls {
-        tokio::spawn(tls::serve(listener, app, cfg, cancel));
+        tokio::spawn(nodekeeper_core::serve::serve(
+            listener,
+            app,
+            Some(cfg),
+            nodekeeper_core::serve::ServeLimits::streaming(),
+            Default::default(),
+            cancel,
+        ));
         return Ok(addr);
     }
     tokio::spawn(async move {

@@ -1,11 +1,9 @@
 //! Optional TLS for the sim apiserver: a throw-away CA and a server certificate for
-//! `127.0.0.1`/`localhost`/`::1`, generated at start, and the accept loop serving the router over it.
+//! `127.0.0.1`/`localhost`/`::1`, generated at start ([`crate::serve`] serves the router over it).
 
 use std::sync::Arc;
 
-use axum::Router;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tokio_util::sync::CancellationToken;
 
 /// Names the generated server certificate is valid for.
 pub const SERVER_NAMES: [&str; 3] = ["127.0.0.1", "localhost", "::1"];
@@ -59,64 +57,12 @@ impl SimTls {
         let cert = params.signed_by(&key, &issuer).map_err(gen_err("server"))?;
         let chain = vec![cert.der().clone(), ca.der().clone()];
         let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut server = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_single_cert(chain, key_der)?;
-        server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let server = nodekeeper_core::serve::server_config(chain, key_der)?;
         Ok(SimTls {
             ca_pem: ca.pem(),
             ca_der: CertificateDer::clone(ca.der()).to_vec(),
             server: Arc::new(server),
         })
-    }
-}
-
-/// Serves `router` over TLS on `listener` until `cancel`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    cfg: Arc<rustls::ServerConfig>,
-    cancel: CancellationToken,
-) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = cancel.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "sim apiserver: accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
-        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            let handshake = acceptor.accept(tcp);
-            let tls =
-                match tokio::time::timeout(std::time::Duration::from_secs(10), handshake).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "sim apiserver: TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => return,
-                };
-            let builder =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
-            tokio::select! {
-                r = conn => if let Err(e) = r {
-                    tracing::debug!(%peer, error = %e, "sim apiserver: connection ended with an error");
-                },
-                _ = cancel.cancelled() => {}
-            }
-        });
     }
 }
 

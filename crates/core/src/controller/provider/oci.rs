@@ -38,7 +38,6 @@ use super::{
     check_retries, new_ready_node, with_retries, Attempt, NodeProvider, ProviderError,
     ReplacementRequest, ReplacementTicket, SetupError, POOL_LABEL,
 };
-use crate::agent::reporter::HttpsClient;
 use crate::cfg_path;
 use crate::config::Diagnostic;
 
@@ -383,7 +382,7 @@ fn in_pool(node: &Node, pool: Option<&str>) -> bool {
 pub struct Oci {
     cfg: OciConfig,
     signer: OciSigner,
-    http: HttpsClient,
+    http: reqwest::Client,
     client: Client,
     tickets: Mutex<BTreeMap<String, ReplacementTicket>>,
 }
@@ -409,6 +408,19 @@ fn read_key(path: &Path) -> Result<Vec<u8>, SetupError> {
     std::fs::read(path).map_err(|e| setup(format!("reading key_file {}: {e}", path.display())))
 }
 
+/// The OCI API client: with `ca_file`, only that CA is trusted; else the system's roots. Each
+/// request (connect to last body byte) times out after `timeout`; no proxy from the environment.
+fn oci_client(cfg: &OciConfig) -> Result<reqwest::Client, crate::http::TlsError> {
+    let builder = match &cfg.ca_file {
+        Some(ca) => crate::http::pinned_builder(ca)?,
+        None => crate::http::builder(None)?.no_proxy(),
+    };
+    Ok(builder
+        .timeout(cfg.timeout)
+        .pool_idle_timeout(std::time::Duration::from_secs(60))
+        .build()?)
+}
+
 impl Oci {
     /// A provider for `cfg`; reads and checks the key file. `client` reads nodes.
     pub fn new(cfg: OciConfig, client: Client) -> Result<Self, SetupError> {
@@ -416,9 +428,13 @@ impl Oci {
         let signer = OciSigner::from_pem(&cfg.key_id(), &pem)
             .map_err(|e| setup(format!("key_file {}: {e}", cfg.key_file.display())))?;
         let base = cfg.base_url();
-        let url = reqwest::Url::parse(&base).map_err(|e| setup(format!("endpoint {base}: {e}")))?;
-        let http = HttpsClient::new(cfg.ca_file.as_deref(), url.host_str(), cfg.timeout)
-            .map_err(|e| setup(format!("HTTPS client for {base}: {e}")))?;
+        reqwest::Url::parse(&base).map_err(|e| setup(format!("endpoint {base}: {e}")))?;
+        let http = oci_client(&cfg).map_err(|e| {
+            setup(format!(
+                "HTTPS client for {base}: {}",
+                crate::telemetry::error_chain(&e)
+            ))
+        })?;
         Ok(Self {
             cfg,
             signer,
@@ -496,7 +512,18 @@ impl Oci {
             ("opc-request-id", req.request_id.as_str()),
             ("accept", "application/json"),
         ];
-        match self.http.request("DELETE", url, None, &headers, None).await {
+        let mut del = self.http.delete(parsed);
+        for (k, v) in headers {
+            del = del.header(k, v);
+        }
+        let sent = match del.send().await {
+            Ok(resp) => {
+                let code = resp.status().as_u16();
+                resp.bytes().await.map(|body| (code, body))
+            }
+            Err(e) => Err(e),
+        };
+        match sent {
             Ok((code, _)) if (200..300).contains(&code) || code == 404 || code == 409 => {
                 Attempt::Done(code)
             }
@@ -508,7 +535,10 @@ impl Oci {
                 "DELETE {path} answered {code}: {}",
                 trim(&String::from_utf8_lossy(&body))
             )),
-            Err(e) => Attempt::Retry(format!("DELETE {path}: {e}")),
+            Err(e) => Attempt::Retry(format!(
+                "DELETE {path}: {}",
+                crate::telemetry::error_chain(&e)
+            )),
         }
     }
 

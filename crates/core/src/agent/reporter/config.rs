@@ -1,0 +1,103 @@
+//! `[report]`: the reporter's configuration and its semantic checks.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cfg_path;
+use crate::config::Diagnostic;
+
+/// `[report]`: where and how the agent reports.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReporterConfig {
+    /// Controller base URL, e.g. `https://nodekeeper-controller.nodekeeper.svc:8443`.
+    pub url: String,
+    /// PEM CA certificate(s) the controller's certificate must chain to (required for https).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// The name the controller's certificate must carry (default: the host of `url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// The projected service-account token (audience `nodekeeper`).
+    pub token_file: PathBuf,
+    /// Report at least this often.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Timeout of one request.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Longest wait between retries while the controller is unreachable.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// Unacknowledged events kept (and persisted) at most.
+    pub max_queued_events: usize,
+}
+
+impl Default for ReporterConfig {
+    fn default() -> Self {
+        ReporterConfig {
+            url: "https://nodekeeper-controller.nodekeeper.svc:8443".into(),
+            ca_file: Some("/var/run/secrets/nodekeeper/ca.crt".into()),
+            server_name: None,
+            token_file: "/var/run/secrets/nodekeeper/token".into(),
+            heartbeat: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(30),
+            max_queued_events: 1000,
+        }
+    }
+}
+
+impl ReporterConfig {
+    /// Semantic checks.
+    pub fn validate(&self) -> Vec<Diagnostic> {
+        let mut d = Vec::new();
+        match reqwest::Url::parse(&self.url) {
+            Ok(u) if u.scheme() == "https" && self.ca_file.is_none() => d.push(Diagnostic::error(
+                cfg_path!["report", "ca_file"],
+                "required for an https:// controller URL (the controller's CA is pinned)",
+            )),
+            Ok(u) if u.scheme() == "https" || u.scheme() == "http" => {}
+            _ => d.push(Diagnostic::error(
+                cfg_path!["report", "url"],
+                format!("`{}` must be an https:// (or http://) URL", self.url),
+            )),
+        }
+        for (k, v) in [
+            ("heartbeat", self.heartbeat),
+            ("timeout", self.timeout),
+            ("backoff_max", self.backoff_max),
+        ] {
+            if v.is_zero() {
+                d.push(Diagnostic::error(
+                    cfg_path!["report", k],
+                    "must be greater than zero",
+                ));
+            }
+        }
+        if self.max_queued_events == 0 {
+            d.push(Diagnostic::error(
+                cfg_path!["report", "max_queued_events"],
+                "must be greater than zero",
+            ));
+        }
+        d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_requires_a_ca_for_https() {
+        let c = ReporterConfig {
+            ca_file: None,
+            ..Default::default()
+        };
+        assert_eq!(c.validate().len(), 1);
+        assert!(ReporterConfig::default().validate().is_empty());
+    }
+}

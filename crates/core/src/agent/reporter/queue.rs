@@ -1,0 +1,250 @@
+//! The reporter's persisted state: the unacknowledged events (bounded, deduplicated by id) and the
+//! ids of the commands already forwarded, each a JSON file in the state directory written durably
+//! ([`atomic_write`](crate::agent::fsops::atomic_write)) after every change, so a restarted agent
+//! resends the events and runs no command twice.
+
+use std::collections::{HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::ReporterError;
+use crate::agent::sources::NodeEvent;
+use crate::report::{AgentCommand, CommandResult, NodeReport};
+
+/// The unacknowledged events, persisted in the state directory (a JSON array).
+pub const EVENTS_FILE: &str = "reporter-events.json";
+const COMMANDS_FILE: &str = "reporter-commands.json";
+const REMEMBERED_COMMANDS: usize = 1000;
+
+/// The events not yet acknowledged and the commands already run, as persisted.
+#[derive(Debug)]
+pub(super) struct Queue {
+    state_dir: PathBuf,
+    max_events: usize,
+    events: VecDeque<NodeEvent>,
+    executed: VecDeque<String>,
+    /// Ids already executed when this reporter started (by an earlier agent process).
+    earlier: HashSet<String>,
+    /// Commands the controller still sends that an earlier agent process ran: their results were
+    /// lost with that process, so each report answers them (else the controller resends forever).
+    replayed: Vec<String>,
+}
+
+impl Queue {
+    /// The state persisted in `state_dir` (created if missing), keeping at most `max_events`.
+    pub(super) fn load(state_dir: &Path, max_events: usize) -> Result<Self, ReporterError> {
+        std::fs::create_dir_all(state_dir).map_err(|source| ReporterError::State {
+            path: state_dir.to_path_buf(),
+            source,
+        })?;
+        let events: VecDeque<NodeEvent> =
+            load_json(&state_dir.join(EVENTS_FILE)).unwrap_or_default();
+        let executed: VecDeque<String> =
+            load_json(&state_dir.join(COMMANDS_FILE)).unwrap_or_default();
+        Ok(Queue {
+            state_dir: state_dir.to_path_buf(),
+            max_events,
+            events,
+            earlier: executed.iter().cloned().collect(),
+            executed,
+            replayed: Vec::new(),
+        })
+    }
+
+    /// Unacknowledged events, oldest first.
+    pub(super) fn events(&self) -> impl Iterator<Item = &NodeEvent> {
+        self.events.iter()
+    }
+
+    /// How many events are unacknowledged.
+    pub(super) fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Queues `ev` (unless an event with its id is queued) and persists the queue; when full, the
+    /// oldest event is dropped (never while under the bound).
+    pub(super) fn enqueue(&mut self, ev: NodeEvent) {
+        if self.events.iter().any(|e| e.id == ev.id) {
+            return;
+        }
+        if self.events.len() >= self.max_events {
+            if let Some(old) = self.events.pop_front() {
+                tracing::error!(id = %old.id, kind = old.kind.name(), "report queue full: dropped the oldest event");
+            }
+        }
+        self.events.push_back(ev);
+        self.persist();
+    }
+
+    /// Drops the events the controller acknowledged (persisting the queue when one was).
+    pub(super) fn acknowledge(&mut self, ids: &[String]) {
+        let before = self.events.len();
+        self.events.retain(|e| !ids.contains(&e.id));
+        if self.events.len() != before {
+            self.persist();
+        }
+    }
+
+    /// Writes the queue to the state directory (a failure is logged).
+    pub(super) fn persist(&self) {
+        let path = self.state_dir.join(EVENTS_FILE);
+        if let Err(e) = store_json(&path, &self.events) {
+            tracing::warn!(
+                error = crate::telemetry::error_chain(&e),
+                "cannot persist the event queue"
+            );
+        }
+    }
+
+    /// Adds a result for every command an earlier agent process ran and the controller still
+    /// sends (unless the report already carries one).
+    pub(super) fn answer_replayed(&self, report: &mut NodeReport) {
+        for id in &self.replayed {
+            if !report.command_results.iter().any(|r| &r.id == id) {
+                report.command_results.push(CommandResult {
+                    id: id.clone(),
+                    ok: true,
+                    message: "already run by an earlier agent process (before a restart or \
+                              reboot); not run again"
+                        .into(),
+                });
+            }
+        }
+    }
+
+    /// Records new command ids (persisted first) and returns the commands not seen before.
+    pub(super) fn fresh_commands(&mut self, cmds: Vec<AgentCommand>) -> Vec<AgentCommand> {
+        let mut out = Vec::new();
+        self.replayed.clear();
+        for c in cmds {
+            let id = match &c {
+                AgentCommand::Reboot { id, .. } | AgentCommand::AckScheduledEvent { id, .. } => {
+                    id.clone()
+                }
+            };
+            if self.executed.contains(&id) {
+                tracing::debug!(%id, "command already executed: not running it again");
+                // Run by this process: the agent loop reports its real result.
+                if self.earlier.contains(&id) {
+                    self.replayed.push(id);
+                }
+                continue;
+            }
+            self.executed.push_back(id);
+            while self.executed.len() > REMEMBERED_COMMANDS {
+                self.executed.pop_front();
+            }
+            out.push(c);
+        }
+        if !out.is_empty() {
+            if let Err(e) = store_json(&self.state_dir.join(COMMANDS_FILE), &self.executed) {
+                tracing::error!(
+                    error = crate::telemetry::error_chain(&e),
+                    "cannot persist command ids: not running the commands"
+                );
+                return vec![];
+            }
+        }
+        out
+    }
+}
+
+fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+    let text = std::fs::read(path).ok()?;
+    match serde_json::from_slice(&text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable state file");
+            None
+        }
+    }
+}
+
+fn store_json<T: Serialize>(path: &Path, v: &T) -> Result<(), ReporterError> {
+    let st = |source| ReporterError::State {
+        path: path.to_path_buf(),
+        source,
+    };
+    let text = serde_json::to_vec(v).map_err(|e| st(std::io::Error::other(e)))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    Ok(crate::agent::fsops::atomic_write(path, &text, dir)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::sources::EventKind;
+
+    fn ev(id: &str) -> NodeEvent {
+        NodeEvent {
+            version: 1,
+            id: id.into(),
+            kind: EventKind::Maintenance,
+            cloud: None,
+            source: "t".into(),
+            not_before: None,
+            deadline: None,
+            detected_at: chrono::Utc::now(),
+            detail: Default::default(),
+        }
+    }
+
+    fn empty_report() -> NodeReport {
+        crate::agent::state::AgentState::new("n".into(), "i".into(), "b".into())
+            .report(vec![], chrono::Utc::now())
+    }
+
+    #[test]
+    fn queue_is_bounded_deduplicated_and_persisted_and_commands_run_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Queue::load(dir.path(), 2).unwrap();
+        for id in ["a", "b", "b", "c"] {
+            r.enqueue(ev(id));
+        }
+        let ids: Vec<&str> = r.events().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, vec!["b", "c"]);
+        let reboot = |id: &str| AgentCommand::Reboot {
+            id: id.into(),
+            reason: "x".into(),
+        };
+        assert_eq!(r.fresh_commands(vec![reboot("r1"), reboot("r1")]).len(), 1);
+        assert!(r.fresh_commands(vec![reboot("r1")]).is_empty());
+        let mut report = empty_report();
+        r.answer_replayed(&mut report);
+        assert!(
+            report.command_results.is_empty(),
+            "run by this process: the agent loop reports the real result"
+        );
+        let left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "every write renamed into place: {left:?}");
+        let mut again = Queue::load(dir.path(), 2).unwrap();
+        let ids: Vec<&str> = again.events().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, vec!["b", "c"], "queue reloaded from state_dir");
+        assert!(
+            again.fresh_commands(vec![reboot("r1")]).is_empty(),
+            "command ids survive restarts"
+        );
+        let mut report = empty_report();
+        again.answer_replayed(&mut report);
+        assert_eq!(report.command_results.len(), 1);
+        assert_eq!(
+            (
+                report.command_results[0].id.as_str(),
+                report.command_results[0].ok
+            ),
+            ("r1", true)
+        );
+        assert_eq!(again.fresh_commands(vec![reboot("r2")]).len(), 1);
+        let mut report = empty_report();
+        again.answer_replayed(&mut report);
+        assert!(
+            report.command_results.is_empty(),
+            "no longer sent by the controller: no longer answered"
+        );
+    }
+}

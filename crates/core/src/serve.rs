@@ -1,0 +1,372 @@
+//! The one way nodekeeper serves HTTP (the controller's report API, the sim's API servers, test
+//! servers): a TCP listener, TLS (rustls, HTTP/2 and HTTP/1.1 by ALPN) or plain HTTP, an axum
+//! router, limits that keep slow or greedy clients from tying up the server, and a graceful
+//! shutdown when a cancellation token fires.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use tokio_util::sync::CancellationToken;
+
+/// Errors starting a server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Listen failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// TLS material unusable.
+    #[error("TLS {}: {source}", path.display())]
+    Tls {
+        /// File.
+        path: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: TlsFileError,
+    },
+}
+
+/// What is wrong with a certificate or key file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsFileError {
+    /// Unreadable, or not PEM.
+    #[error("{0}")]
+    Pem(#[from] rustls_pki_types::pem::Error),
+    /// rustls refused the certificate or the key.
+    #[error("{0}")]
+    Rustls(#[from] rustls::Error),
+    /// No certificate at all.
+    #[error("no certificate in the file")]
+    NoCertificate,
+}
+
+/// Loads a rustls server config (HTTP/2 and HTTP/1.1 by ALPN) from PEM files.
+pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, ServeError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let tls_err = |p: &Path| {
+        let path = p.to_path_buf();
+        move |e: TlsFileError| ServeError::Tls { path, source: e }
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| tls_err(cert)(e.into()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| tls_err(cert)(e.into()))?;
+    if certs.is_empty() {
+        return Err(tls_err(cert)(TlsFileError::NoCertificate));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| tls_err(key)(e.into()))?;
+    server_config(certs, key_der).map_err(|e| tls_err(cert)(e.into()))
+}
+
+/// A rustls server config (ring; HTTP/2 and HTTP/1.1 by ALPN) for `chain` and `key`.
+pub fn server_config(
+    chain: Vec<rustls_pki_types::CertificateDer<'static>>,
+    key: rustls_pki_types::PrivateKeyDer<'static>,
+) -> Result<rustls::ServerConfig, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// Connection counts of a server, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ConnectionStats {
+    /// Connections open now.
+    pub open: AtomicU64,
+    /// Connections closed right after `accept` because `max_connections` were open.
+    pub refused: AtomicU64,
+    /// The limit in force.
+    pub max: AtomicU64,
+}
+
+/// Counts one open connection while alive.
+struct OpenConnection(Arc<ConnectionStats>);
+
+impl OpenConnection {
+    fn new(stats: &Arc<ConnectionStats>) -> Self {
+        stats.open.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(stats.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Limits that keep slow or greedy clients (slow-loris, connection floods) from tying up the
+/// server; every one ends the offending connection or request, never the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// The TLS handshake must finish within this (else the connection is closed).
+    pub tls_handshake_timeout: Duration,
+    /// An HTTP/1 request head must arrive within this (else the connection is closed); an HTTP/2
+    /// connection is pinged this often and closed when a ping is not answered within it. `None`:
+    /// hyper's defaults (no timer).
+    pub header_read_timeout: Option<Duration>,
+    /// A request (body read and handling) must finish within this (else 408). `None`: no
+    /// deadline (long-lived requests such as watches).
+    pub request_timeout: Option<Duration>,
+    /// Open connections at most; further ones are closed right after `accept`.
+    pub max_connections: usize,
+    /// HTTP/2 streams per connection at most.
+    pub max_h2_streams: u32,
+    /// When the token fires, each connection is asked to finish (HTTP/2 GOAWAY; HTTP/1 closes
+    /// after the response in flight) and dropped after this at most. Zero: dropped at once.
+    pub shutdown_grace: Duration,
+}
+
+/// Default of [`ServeLimits::max_connections`] and `[controller] max_connections`: agents keep
+/// their connection open, so this bounds the nodes one replica can serve (docs/controller.md).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+
+impl Default for ServeLimits {
+    /// The report API's limits.
+    fn default() -> Self {
+        ServeLimits {
+            tls_handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Some(Duration::from_secs(10)),
+            request_timeout: Some(Duration::from_secs(15)),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_h2_streams: 64,
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ServeLimits {
+    /// For servers of long-lived requests (the sim's API servers with their watches): only the
+    /// TLS handshake timeout and the connection count; hyper's defaults otherwise (200 HTTP/2
+    /// streams); connections dropped at once on shutdown.
+    pub fn streaming() -> Self {
+        ServeLimits {
+            header_read_timeout: None,
+            request_timeout: None,
+            max_h2_streams: 200,
+            shutdown_grace: Duration::ZERO,
+            ..ServeLimits::default()
+        }
+    }
+}
+
+/// Binds `addr` to serve `router` (over TLS when `tls` is set) until `cancel`, within `limits`,
+/// counting connections into `stats`; returns the address and the accept loop for the caller to
+/// run (the controller supervises it).
+pub async fn bind(
+    addr: &str,
+    router: Router,
+    tls: Option<rustls::ServerConfig>,
+    limits: ServeLimits,
+    stats: Arc<ConnectionStats>,
+    cancel: CancellationToken,
+) -> Result<
+    (
+        std::net::SocketAddr,
+        impl Future<Output = ()> + Send + 'static,
+    ),
+    ServeError,
+> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: addr.into(),
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: addr.into(),
+        source,
+    })?;
+    Ok((
+        local,
+        serve(listener, router, tls.map(Arc::new), limits, stats, cancel),
+    ))
+}
+
+/// Serves `router` on `listener` (over TLS when `tls` is set) until `cancel`, within `limits`,
+/// counting connections into `stats`. The accept loop ends when `cancel` fires; each open
+/// connection then shuts down gracefully within [`ServeLimits::shutdown_grace`].
+pub fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    limits: ServeLimits,
+    stats: Arc<ConnectionStats>,
+    cancel: CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static {
+    stats
+        .max
+        .store(limits.max_connections as u64, Ordering::Relaxed);
+    let router = match limits.request_timeout {
+        Some(deadline) => router.layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                request_deadline(deadline, req, next)
+            },
+        )),
+        None => router,
+    };
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    accept_loop(listener, router, acceptor, limits, stats, cancel)
+}
+
+/// Raises this process's soft limit of open files to its hard limit (as the Go runtime does at
+/// start): container runtimes may start processes with a soft limit of 1,024, far below one
+/// connection per agent. Returns the limit now in force.
+pub fn raise_open_files_limit() -> Result<u64, nix::errno::Errno> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(hard.max(soft))
+}
+
+/// Answers 408 when a request (including reading its body) takes longer than `limit`.
+async fn request_deadline(
+    limit: Duration,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = req.uri().path().to_string();
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!(path, ?limit, "request not completed in time");
+            (
+                StatusCode::REQUEST_TIMEOUT,
+                Json(serde_json::json!({
+                    "error": format!("request not completed within {limit:?}")
+                })),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    limits: ServeLimits,
+    stats: Arc<ConnectionStats>,
+    cancel: CancellationToken,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            let refused = stats.refused.fetch_add(1, Ordering::Relaxed) + 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(%peer, refused, max = limits.max_connections, "connection limit reached: closing new connections");
+            }
+            drop(tcp);
+            continue;
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        let acceptor = acceptor.clone();
+        let cancel = cancel.clone();
+        let open = OpenConnection::new(&stats);
+        tokio::spawn(async move {
+            let _slot = (slot, open);
+            match acceptor {
+                None => {
+                    serve_conn(hyper_util::rt::TokioIo::new(tcp), svc, limits, cancel, peer).await
+                }
+                Some(acceptor) => {
+                    let tls = match tokio::time::timeout(
+                        limits.tls_handshake_timeout,
+                        acceptor.accept(tcp),
+                    )
+                    .await
+                    {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    serve_conn(hyper_util::rt::TokioIo::new(tls), svc, limits, cancel, peer).await
+                }
+            }
+        });
+    }
+}
+
+type Svc = hyper_util::service::TowerToHyperService<Router>;
+
+async fn serve_conn<I>(
+    io: I,
+    svc: Svc,
+    limits: ServeLimits,
+    cancel: CancellationToken,
+    peer: std::net::SocketAddr,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let mut builder =
+        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    builder
+        .http2()
+        .max_concurrent_streams(limits.max_h2_streams);
+    if let Some(t) = limits.header_read_timeout {
+        builder
+            .http1()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(t);
+        builder
+            .http2()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive_interval(t)
+            .keep_alive_timeout(t);
+    }
+    let conn = builder.serve_connection(io, svc);
+    tokio::pin!(conn);
+    let ended = |r: Result<(), Box<dyn std::error::Error + Send + Sync>>| {
+        if let Err(e) = r {
+            tracing::debug!(%peer, error = %e, "connection ended with an error");
+        }
+    };
+    tokio::select! {
+        r = conn.as_mut() => return ended(r),
+        _ = cancel.cancelled() => {}
+    }
+    if limits.shutdown_grace.is_zero() {
+        return;
+    }
+    conn.as_mut().graceful_shutdown();
+    match tokio::time::timeout(limits.shutdown_grace, conn).await {
+        Ok(r) => ended(r),
+        Err(_) => {
+            tracing::debug!(%peer, "connection not finished within the shutdown grace: dropped")
+        }
+    }
+}
