@@ -29,9 +29,10 @@ fn nodepools(admin: &kube::Client) -> Api<DynamicObject> {
 
 /// `status.conditions[type].status == "True"` of a Karpenter object.
 fn condition_true(o: &DynamicObject, type_: &str) -> bool {
-    o.data["status"]["conditions"]
-        .as_array()
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == type_ && c["status"] == "True"))
+    o.data["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == type_ && c["status"] == "True")
+    })
 }
 
 /// The NodeClaims of the pool.
@@ -74,7 +75,10 @@ async fn karpenter_provisions_a_kwok_node_for_pending_pods_and_consolidates_it_w
             fixtures.join("nodepool.yaml").to_str().unwrap(),
         ],
     );
-    assert!(out.status.success(), "kubectl apply of the Karpenter fixtures");
+    assert!(
+        out.status.success(),
+        "kubectl apply of the Karpenter fixtures"
+    );
     let pools = nodepools(&admin);
     wait_until(Duration::from_secs(60), "NodePool default Ready", || {
         let pools = pools.clone();
@@ -224,22 +228,26 @@ async fn karpenter_provisions_a_kwok_node_for_pending_pods_and_consolidates_it_w
         )
         .await
         .unwrap();
-    wait_until(Duration::from_secs(180), "NodeClaims and nodes of NodePool default gone", || {
-        let api = claims_api.clone();
-        let nodes = nodes.clone();
-        let claimed_nodes = claimed_nodes.clone();
-        async move {
-            if !pool_claims(&api).await.is_empty() {
-                return false;
-            }
-            for n in &claimed_nodes {
-                if nodes.get_opt(n).await.unwrap().is_some() {
+    wait_until(
+        Duration::from_secs(180),
+        "NodeClaims and nodes of NodePool default gone",
+        || {
+            let api = claims_api.clone();
+            let nodes = nodes.clone();
+            let claimed_nodes = claimed_nodes.clone();
+            async move {
+                if !pool_claims(&api).await.is_empty() {
                     return false;
                 }
+                for n in &claimed_nodes {
+                    if nodes.get_opt(n).await.unwrap().is_some() {
+                        return false;
+                    }
+                }
+                true
             }
-            true
-        }
-    })
+        },
+    )
     .await;
     // The node Karpenter does not own stays.
     assert!(nodes.get_opt("karp-small").await.unwrap().is_some());

@@ -126,7 +126,9 @@ pub fn sim() -> &'static Cluster {
 /// Karpenter never provisions for the pending pods of other tests and their engines never see its
 /// nodes; only the tests that ask for it pay its start.
 pub fn karpenter_cluster() -> &'static Cluster {
-    once(&KARPENTER, || up_real("nodekeeper-karpenter", &["--karpenter"]))
+    once(&KARPENTER, || {
+        up_real("nodekeeper-karpenter", &["--karpenter"])
+    })
 }
 
 fn start_cluster() -> Cluster {
