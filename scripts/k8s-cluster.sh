@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # A real, local Kubernetes control plane on loopback for nodekeeper's tests and `demo --real`:
 # etcd, kube-apiserver (Node,RBAC authorization, bound ServiceAccount tokens, TokenReview, admission),
-# kube-controller-manager, kube-scheduler and KWOK (plays kubelet for nodes annotated kwok.x-k8s.io/node=fake).
+# kube-controller-manager, kube-scheduler and KWOK (plays kubelet for nodes annotated kwok.x-k8s.io/node=fake),
+# and on request Karpenter's KWOK provider (--karpenter).
 #
-#   scripts/k8s-cluster.sh up DIR [--owner-pid PID]   start everything; returns once all are healthy
+#   scripts/k8s-cluster.sh up DIR [--owner-pid PID] [--karpenter]
+#                                                     start everything; returns once all are healthy.
+#                                                     --karpenter: also Karpenter's KWOK provider (its CRDs
+#                                                     installed and Established, its chart's RBAC bound to a
+#                                                     client certificate of its own, leader election off)
 #   scripts/k8s-cluster.sh down DIR                   stop exactly what `up` started (by PID), keep the logs
 #   scripts/k8s-cluster.sh install DIR [FILE…]        apply the shipped manifests (`kubectl kustomize manifests/`,
 #                                                     without the controller Deployment, which the tests and the
@@ -18,13 +23,14 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { echo "usage: $0 up DIR [--owner-pid PID] | down DIR | install DIR [FILE…]" >&2; exit 2; }
+usage() { echo "usage: $0 up DIR [--owner-pid PID] [--karpenter] | down DIR | install DIR [FILE…]" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 CMD=$1 DIR=$2; shift 2
-OWNER=""
+OWNER="" KARPENTER=""
 while [ "$CMD" != install ] && [ $# -gt 0 ]; do
   case $1 in
     --owner-pid) OWNER=${2:?--owner-pid needs a PID}; shift 2 ;;
+    --karpenter) KARPENTER=1; shift ;;
     *) usage ;;
   esac
 done
@@ -109,10 +115,10 @@ STAGES="$BIN/../kwok-stages"
 t0=$(date +%s.%N)
 
 # ---- ports: free loopback ports, asked of the kernel; each is then bound by its component at once.
-read -r P_ETCD P_PEER P_API P_KCM P_SCHED P_KWOK <<<"$(python3 - <<'EOF'
+read -r P_ETCD P_PEER P_API P_KCM P_SCHED P_KWOK P_KARP_METRICS P_KARP_HEALTH <<<"$(python3 - <<'EOF'
 import socket
 ss = []
-for _ in range(6):
+for _ in range(8):
     s = socket.socket(); s.bind(("127.0.0.1", 0)); ss.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in ss))
 EOF
@@ -124,6 +130,9 @@ kube-controller-manager=$P_KCM
 kube-scheduler=$P_SCHED
 kwok=$P_KWOK
 EOF
+if [ -n "$KARPENTER" ]; then
+  printf 'karpenter-kwok-metrics=%s\nkarpenter-kwok-health=%s\n' "$P_KARP_METRICS" "$P_KARP_HEALTH" >>"$DIR/ports"
+fi
 
 # ---- certificates (ECDSA P-256; the SA signing key RSA 2048, as kube-apiserver's default algorithm RS256 wants)
 PKI="$DIR/pki"
@@ -150,6 +159,8 @@ leaf kcm "/CN=system:kube-controller-manager" "$CLIENT_EXT"
 leaf scheduler "/CN=system:kube-scheduler" "$CLIENT_EXT"
 # KWOK plays every kubelet (node status, leases, pod status, pod deletion): test infrastructure, so admin.
 leaf kwok "/O=system:masters/CN=kwok" "$CLIENT_EXT"
+# Karpenter: a user of its own, given exactly the RBAC of its chart (tools/k8s/karpenter/rbac.yaml).
+[ -z "$KARPENTER" ] || leaf karpenter "/CN=nodekeeper-test-karpenter" "$CLIENT_EXT"
 ossl genrsa -out "$PKI/sa.key" 2048
 ossl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
 
@@ -177,6 +188,7 @@ EOF
 }
 kubeconfig "$DIR/kubeconfig" admin
 for c in kcm scheduler kwok; do kubeconfig "$DIR/$c.kubeconfig" $c; done
+[ -z "$KARPENTER" ] || kubeconfig "$DIR/karpenter.kubeconfig" karpenter
 
 # start NAME CMD...: runs CMD in its own session with output to DIR/logs/NAME.log, records "NAME PID START".
 start() {
@@ -265,6 +277,28 @@ until curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin
   [ "$(date +%s)" -ge $end ] && fail "the default ServiceAccount did not appear; log: $DIR/logs/kube-controller-manager.log"
   sleep 0.2
 done
+
+if [ -n "$KARPENTER" ]; then
+  # CRDs (from the module, copied by setup-k8s.sh) and the chart's RBAC, applied as the admin; Karpenter's
+  # readiness check needs NodePool and NodeClaim served, so wait until they are Established.
+  KUBECTL="$REPO/.cache/venv/bin/kubectl"
+  [ -x "$KUBECTL" ] || fail "real kubectl not found at $KUBECTL (run scripts/setup-kubectl.sh); --karpenter needs it"
+  CRDS="$BIN/../karpenter-crds"
+  kc() { "$KUBECTL" --kubeconfig "$DIR/kubeconfig" "$@" >>"$DIR/logs/karpenter-setup.log" 2>&1; }
+  kc apply -f "$CRDS" -f "$REPO/tools/k8s/karpenter/rbac.yaml" \
+    || fail "applying Karpenter's CRDs and RBAC failed; log: $DIR/logs/karpenter-setup.log"
+  kc wait --for condition=Established --timeout=30s crd/nodepools.karpenter.sh crd/nodeclaims.karpenter.sh \
+    crd/kwoknodeclasses.karpenter.kwok.sh \
+    || fail "Karpenter's CRDs were not Established in 30 s; log: $DIR/logs/karpenter-setup.log"
+  # Out of cluster: KUBECONFIG (it has no --kubeconfig flag), no leader election (it would need a namespace
+  # it cannot guess out of cluster). It binds metrics and health on ALL interfaces (":PORT", no bind-address
+  # setting in v1.14.1): the ports are free loopback ports, the tests talk to 127.0.0.1 only.
+  start karpenter-kwok env KUBECONFIG="$DIR/karpenter.kubeconfig" DISABLE_LEADER_ELECTION=true \
+    METRICS_PORT="$P_KARP_METRICS" HEALTH_PROBE_PORT="$P_KARP_HEALTH" LOG_LEVEL="${KARPENTER_LOG_LEVEL:-info}" \
+    "$BIN/karpenter-kwok"
+  # /readyz: its caches synced and NodePool/NodeClaim mapped.
+  wait_healthy karpenter-kwok 60 "http://127.0.0.1:$P_KARP_HEALTH/readyz"
+fi
 
 echo "export KUBECONFIG=$DIR/kubeconfig" >"$DIR/env"
 if [ -n "$OWNER" ]; then

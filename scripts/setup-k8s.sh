@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the tests run (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok) from Go modules, once, into a cache keyed by the versions pinned in tools/k8s/:
+# kube-scheduler, kwok, and Karpenter's KWOK provider as karpenter-kwok) from Go modules, once, into a cache keyed by the versions pinned in tools/k8s/:
 #   ${NODEKEEPER_K8S_CACHE:-$HOME/.cache/nodekeeper/k8s}/<key>/bin
 # The key hashes each tools/k8s/*/go.mod + go.sum and the Go version, so a warm machine rebuilds nothing and a
 # version bump builds into a new directory. Prints the bin directory on stdout (the last line), how long each
@@ -23,12 +23,13 @@ fi
 key=$( { go env GOVERSION; cat "$TOOLS/versions.env" "$TOOLS"/*/go.mod "$TOOLS"/*/go.sum; } | sha256sum | cut -c1-16)
 ROOT="${NODEKEEPER_K8S_CACHE:-$HOME/.cache/nodekeeper/k8s}"
 BIN="$ROOT/$key/bin"
-ALL=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+ALL=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok karpenter-kwok)
 
 STAGES="$ROOT/$key/kwok-stages"
+CRDS="$ROOT/$key/karpenter-crds"
 built() {
   for b in "${ALL[@]}"; do [ -x "$BIN/$b" ] || return 1; done
-  [ -e "$STAGES/.v2" ]
+  [ -e "$STAGES/.v2" ] && [ -e "$CRDS/.v1" ]
 }
 # KWOK's stage definitions ship in its module zip (kustomize/stage); copy the ones the cluster uses: nodes
 # become Ready and heartbeat their Lease; pods go Ready at once and, once deleted, go away between 1 s
@@ -57,6 +58,18 @@ open(p, "w").write(s)
 PY
   done
   touch "$STAGES/.v2"
+}
+# Karpenter's CRDs ship in its module zip: NodePool and NodeClaim from the KWOK chart (its copies allow the
+# karpenter.kwok.sh label domain), KWOKNodeClass from kwok/apis/crds (the chart's copy is a symlink, which module
+# zips drop). NodeOverlay and CapacityBuffer are behind feature gates that are off; their controllers are not run.
+karpenter_crds() {
+  local mod
+  mod=$(cd "$TOOLS/karpenter" && go list -m -f '{{.Dir}}' sigs.k8s.io/karpenter) || return 1
+  mkdir -p "$CRDS"
+  cp -f "$mod"/kwok/charts/crds/karpenter.sh_nodepools.yaml "$mod"/kwok/charts/crds/karpenter.sh_nodeclaims.yaml \
+    "$mod"/kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml "$CRDS/"
+  chmod u+w "$CRDS"/*
+  touch "$CRDS/.v1"
 }
 if [ "${1:-}" = "--print" ]; then built && { echo "$BIN"; exit 0; }; exit 1; fi
 if built; then log "control plane already built: $BIN"; echo "$BIN"; exit 0; fi
@@ -95,7 +108,7 @@ build() {
 }
 
 # Module downloads first, so "not served" is told apart from a compile error.
-for d in kubernetes etcd kwok; do
+for d in kubernetes etcd kwok karpenter; do
   if ! (cd "$TOOLS/$d" && go mod download) >"$ROOT/$key/download-$d.log" 2>&1; then
     echo "setup-k8s: downloading the Go modules of tools/k8s/$d failed; log: $ROOT/$key/download-$d.log" >&2
     tail -20 "$ROOT/$key/download-$d.log" >&2
@@ -110,8 +123,11 @@ build kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-m
 build kube-scheduler kubernetes k8s.io/kubernetes/cmd/kube-scheduler "$K8S_LDF"
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok \
   "-s -w"
+# Its main package is sigs.k8s.io/karpenter/kwok: `go build` would name it kwok, as the KWOK controller.
+build karpenter-kwok karpenter sigs.k8s.io/karpenter/kwok "-s -w"
 
-stages
+stages || { echo "setup-k8s: copying KWOK's stage files failed" >&2; exit 1; }
+karpenter_crds || { echo "setup-k8s: copying Karpenter's CRDs failed" >&2; exit 1; }
 built || { echo "setup-k8s: a binary is missing from $BIN after the build" >&2; exit 1; }
 "$BIN/kube-apiserver" --version >&2
 "$BIN/etcd" --version | head -1 >&2

@@ -21,6 +21,7 @@ mod drain;
 mod events;
 mod failover;
 mod identity;
+mod karpenter;
 mod labels;
 mod preemption;
 mod privilege;

@@ -89,6 +89,7 @@ macro_rules! on_both {
 
 static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
 static SIM: OnceLock<Result<Cluster, String>> = OnceLock::new();
+static KARPENTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
 
 /// One try per process: the other tests fail with the same message instead of retrying. A failure
 /// to start is a test failure naming the component and its log, never a skip.
@@ -120,11 +121,28 @@ pub fn sim() -> &'static Cluster {
     once(&SIM, start_sim)
 }
 
+/// A real control plane of its own with Karpenter's KWOK provider beside it (`scripts/k8s-cluster.sh up
+/// DIR --karpenter`), started on first use; no nodekeeper manifests. Separate from [`cluster()`], so
+/// Karpenter never provisions for the pending pods of other tests and their engines never see its
+/// nodes; only the tests that ask for it pay its start.
+pub fn karpenter_cluster() -> &'static Cluster {
+    once(&KARPENTER, || {
+        up_real("nodekeeper-karpenter", &["--karpenter"])
+    })
+}
+
 fn start_cluster() -> Cluster {
-    let dir = std::env::temp_dir().join(format!("nodekeeper-real-{}", std::process::id()));
+    let c = up_real("nodekeeper-real", &[]);
+    install_manifests(&c);
+    c
+}
+
+/// `scripts/k8s-cluster.sh up $TMPDIR/PREFIX-<pid> EXTRA…`, stopped when this process exits.
+fn up_real(prefix: &str, extra: &[&str]) -> Cluster {
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut up = Command::new(repo().join("scripts/k8s-cluster.sh"));
-    up.arg("up").arg(&dir);
+    up.arg("up").arg(&dir).args(extra);
     // NODEKEEPER_REAL_KEEP=1 leaves the cluster running after the tests, for a look with kubectl
     // (`scripts/k8s-cluster.sh down DIR` stops it); otherwise it stops when this process exits.
     if std::env::var_os("NODEKEEPER_REAL_KEEP").is_none() {
@@ -143,15 +161,13 @@ fn start_cluster() -> Cluster {
         .lines()
         .find_map(|l| l.strip_prefix("kube-apiserver="))
         .expect("kube-apiserver port");
-    let c = Cluster {
+    Cluster {
         backend: Backend::Real,
         kubeconfig: dir.join("kubeconfig"),
         server: format!("https://127.0.0.1:{api}"),
         ca_pem: std::fs::read(dir.join("pki/ca.crt")).unwrap(),
         dir,
-    };
-    install_manifests(&c);
-    c
+    }
 }
 
 /// `nodekeeper sim apiserver --tls`, which exits once this test process is gone (`--owner-pid`).
