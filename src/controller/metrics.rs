@@ -293,10 +293,13 @@ impl Collector for EngineMetrics {
     }
 }
 
+/// A per-group gauge: name, help, value.
+type GroupSeries = (&'static str, &'static str, fn(&GroupStatus) -> i64);
+
 impl EngineMetrics {
     fn encode_groups(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let groups = lock(&self.groups);
-        let series: [(&str, &str, fn(&GroupStatus) -> i64); 5] = [
+        let series: [GroupSeries; 5] = [
             ("nodekeeper_engine_group_nodes", "Nodes per group.", |s| {
                 s.total as i64
             }),
