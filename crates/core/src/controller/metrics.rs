@@ -1,16 +1,88 @@
-//! The disruption engine's metrics, rendered on the controller's `/metrics` (Prometheus text).
+//! The disruption engine's metrics, and the controller's one metrics registry: every component
+//! registers into a `prometheus_client` [`Registry`] (`register(&self, &mut Registry)`), and
+//! `/metrics` encodes it once ([`encode`], Prometheus text format 0.0.4).
 //!
 //! Labels are bounded: action kinds and results are fixed sets, groups are node pools (the
 //! value of `budgets.group_by`); no metric carries a node or pod name. Names are listed in
-//! docs/catalog.md.
+//! docs/catalog.md (a test compares the exposed set with that table).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
 use super::policy::GroupStatus;
+
+/// `Content-Type` of [`encode`]'s output.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// The registry in the Prometheus text format (0.0.4).
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String does not fail; the collectors here do not either.
+    let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, registry);
+    out
+}
+
+/// The name a counter is registered under: `prometheus_client` appends `_total` when it encodes
+/// a counter, so `full` (the exposed name, as in docs/catalog.md) must end with it.
+pub fn counter_name(full: &'static str) -> &'static str {
+    full.strip_suffix("_total")
+        .unwrap_or_else(|| panic!("counter {full} must end with _total"))
+}
+
+/// Encodes one unlabelled counter named `full` (exposed name, with `_total`) from a collector.
+pub fn encode_counter(
+    enc: &mut DescriptorEncoder,
+    full: &'static str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let m = ConstCounter::new(value);
+    m.encode(enc.encode_descriptor(counter_name(full), help, None, MetricType::Counter)?)
+}
+
+/// Encodes one unlabelled gauge from a collector.
+pub fn encode_gauge<N>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: N,
+) -> Result<(), std::fmt::Error>
+where
+    ConstGauge<N>: EncodeMetric,
+{
+    let m = ConstGauge::new(value);
+    m.encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+/// Encodes a metric family (counter or gauge) from a collector: one sample per label set.
+pub fn encode_family<L, M>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric_type: MetricType,
+    samples: impl IntoIterator<Item = (L, M)>,
+) -> Result<(), std::fmt::Error>
+where
+    L: prometheus_client::encoding::EncodeLabelSet,
+    M: EncodeMetric,
+{
+    let mut family = enc.encode_descriptor(name, help, None, metric_type)?;
+    for (labels, m) in samples {
+        m.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
 
 /// Upper bounds (seconds) of the drain duration histogram.
 pub const DRAIN_BUCKETS: [f64; 10] = [
@@ -39,18 +111,37 @@ impl ActionResult {
     }
 }
 
-#[derive(Debug, Default)]
-struct Histogram {
-    buckets: [u64; DRAIN_BUCKETS.len()],
-    count: u64,
-    sum: f64,
+/// A family whose `# HELP`/`# TYPE` lines are written while it has no series yet
+/// (`prometheus_client` leaves empty families out): the exposed set of metrics does not
+/// depend on what happened since the start.
+#[derive(Debug, Clone)]
+struct Described<M>(M);
+
+impl<M: EncodeMetric> EncodeMetric for Described<M> {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
 }
 
-/// Counters and gauges of the engine.
-#[derive(Debug, Default)]
+/// Labels of `nodekeeper_engine_actions_total`: `kind`, `result`.
+type ActionLabels = [(&'static str, &'static str); 2];
+/// Labels of `nodekeeper_engine_drain_duration_seconds`: `result`.
+type DrainLabels = [(&'static str, &'static str); 1];
+
+fn drain_histogram() -> Histogram {
+    Histogram::new(DRAIN_BUCKETS)
+}
+
+/// Counters and gauges of the engine. The atomics and the per-group figures are read when
+/// `/metrics` is encoded ([`EngineMetrics::register`]).
+#[derive(Debug)]
 pub struct EngineMetrics {
-    actions: Mutex<BTreeMap<(&'static str, ActionResult), u64>>,
-    drains: Mutex<BTreeMap<&'static str, Histogram>>,
+    actions: Family<ActionLabels, Counter>,
+    drains: Family<DrainLabels, Histogram, fn() -> Histogram>,
     groups: Mutex<Vec<GroupStatus>>,
     held: Mutex<BTreeMap<&'static str, u64>>,
     /// Evictions refused by a PodDisruptionBudget (counted once per blocking pod episode).
@@ -69,6 +160,24 @@ pub struct EngineMetrics {
     pub fast_paths: AtomicU64,
 }
 
+impl Default for EngineMetrics {
+    fn default() -> Self {
+        EngineMetrics {
+            actions: Family::default(),
+            drains: Family::new_with_constructor(drain_histogram as fn() -> Histogram),
+            groups: Mutex::default(),
+            held: Mutex::default(),
+            evictions_blocked_by_pdb: AtomicU64::default(),
+            reconciles: AtomicU64::default(),
+            reconciles_with_actions: AtomicU64::default(),
+            drains_running: AtomicU64::default(),
+            replacements: AtomicU64::default(),
+            last_reconcile_us: AtomicU64::default(),
+            fast_paths: AtomicU64::default(),
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -76,29 +185,23 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl EngineMetrics {
     /// Counts one action of `kind` with `result`.
     pub fn action(&self, kind: &'static str, result: ActionResult) {
-        *lock(&self.actions).entry((kind, result)).or_default() += 1;
+        self.actions
+            .get_or_create(&[("kind", kind), ("result", result.as_str())])
+            .inc();
     }
 
     /// How many actions of `kind` ended with `result` (tests, status).
     pub fn action_count(&self, kind: &'static str, result: ActionResult) -> u64 {
-        lock(&self.actions)
-            .get(&(kind, result))
-            .copied()
-            .unwrap_or(0)
+        self.actions
+            .get(&[("kind", kind), ("result", result.as_str())])
+            .map_or(0, |c| c.get())
     }
 
     /// Observes a finished drain (`result`: `completed`, `failed`, `cancelled`).
     pub fn drain_finished(&self, result: &'static str, took: Duration) {
-        let mut m = lock(&self.drains);
-        let h = m.entry(result).or_default();
-        let s = took.as_secs_f64();
-        for (i, b) in DRAIN_BUCKETS.iter().enumerate() {
-            if s <= *b {
-                h.buckets[i] += 1;
-            }
-        }
-        h.count += 1;
-        h.sum += s;
+        self.drains
+            .get_or_create(&[("result", result)])
+            .observe(took.as_secs_f64());
     }
 
     /// Replaces the per-group figures with the last decision's.
@@ -111,107 +214,138 @@ impl EngineMetrics {
         *lock(&self.held) = held;
     }
 
-    /// Prometheus text.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        out.push_str("# TYPE nodekeeper_engine_actions_total counter\n");
-        for ((kind, result), n) in lock(&self.actions).iter() {
-            let _ = writeln!(
-                out,
-                "nodekeeper_engine_actions_total{{kind=\"{kind}\",result=\"{}\"}} {n}",
-                result.as_str()
-            );
-        }
-        out.push_str("# TYPE nodekeeper_engine_nodes_held gauge\n");
-        for (reason, n) in lock(&self.held).iter() {
-            let _ = writeln!(
-                out,
-                "nodekeeper_engine_nodes_held{{reason=\"{reason}\"}} {n}"
-            );
-        }
-        out.push_str("# TYPE nodekeeper_engine_drain_duration_seconds histogram\n");
-        for (result, h) in lock(&self.drains).iter() {
-            for (i, b) in DRAIN_BUCKETS.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "nodekeeper_engine_drain_duration_seconds_bucket{{result=\"{result}\",le=\"{b}\"}} {}",
-                    h.buckets[i]
-                );
-            }
-            let _ = writeln!(
-                out,
-                "nodekeeper_engine_drain_duration_seconds_bucket{{result=\"{result}\",le=\"+Inf\"}} {}\n\
-                 nodekeeper_engine_drain_duration_seconds_sum{{result=\"{result}\"}} {}\n\
-                 nodekeeper_engine_drain_duration_seconds_count{{result=\"{result}\"}} {}",
-                h.count, h.sum, h.count
-            );
-        }
-        let _ = write!(
-            out,
-            "# TYPE nodekeeper_engine_evictions_blocked_by_pdb_total counter\n\
-             nodekeeper_engine_evictions_blocked_by_pdb_total {}\n\
-             # TYPE nodekeeper_engine_reconciles_total counter\n\
-             nodekeeper_engine_reconciles_total {}\n\
-             # TYPE nodekeeper_engine_drains_running gauge\n\
-             nodekeeper_engine_drains_running {}\n\
-             # TYPE nodekeeper_engine_replacements_total counter\n\
-             nodekeeper_engine_replacements_total {}\n\
-             # TYPE nodekeeper_engine_reconcile_seconds gauge\n\
-             nodekeeper_engine_reconcile_seconds {}\n\
-             # TYPE nodekeeper_engine_fast_paths_total counter\n\
-             nodekeeper_engine_fast_paths_total {}\n",
-            g(&self.evictions_blocked_by_pdb),
-            g(&self.reconciles),
-            g(&self.drains_running),
-            g(&self.replacements),
-            g(&self.last_reconcile_us) as f64 / 1e6,
-            g(&self.fast_paths),
+    /// Registers the engine's metrics into the controller's registry.
+    pub fn register(self: &Arc<Self>, registry: &mut Registry) {
+        registry.register(
+            counter_name("nodekeeper_engine_actions_total"),
+            "Actions executed, by kind and result",
+            Described(self.actions.clone()),
         );
-        self.render_groups(&mut out);
-        out
+        registry.register(
+            "nodekeeper_engine_drain_duration_seconds",
+            "Wall time of each drain, by result",
+            Described(self.drains.clone()),
+        );
+        registry.register_collector(Box::new(self.clone()));
     }
 
-    fn render_groups(&self, out: &mut String) {
+    /// The engine's metrics alone, in the Prometheus text format (tests).
+    pub fn render(self: &Arc<Self>) -> String {
+        let mut registry = Registry::default();
+        self.register(&mut registry);
+        encode(&registry)
+    }
+}
+
+/// The figures kept outside `prometheus_client`'s types (atomics the engine updates, the last
+/// decision's per-group figures), read at encode time.
+impl Collector for EngineMetrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let held: Vec<_> = lock(&self.held)
+            .iter()
+            .map(|(reason, n)| ([("reason", *reason)], ConstGauge::new(*n as i64)))
+            .collect();
+        encode_family(
+            &mut enc,
+            "nodekeeper_engine_nodes_held",
+            "Nodes held back now, by reason.",
+            MetricType::Gauge,
+            held,
+        )?;
+        encode_counter(
+            &mut enc,
+            "nodekeeper_engine_evictions_blocked_by_pdb_total",
+            "Evictions a PodDisruptionBudget started refusing (once per blocking episode).",
+            g(&self.evictions_blocked_by_pdb),
+        )?;
+        encode_counter(
+            &mut enc,
+            "nodekeeper_engine_reconciles_total",
+            "Reconciles run as leader.",
+            g(&self.reconciles),
+        )?;
+        encode_gauge(
+            &mut enc,
+            "nodekeeper_engine_drains_running",
+            "Drains evicting now.",
+            g(&self.drains_running) as i64,
+        )?;
+        encode_counter(
+            &mut enc,
+            "nodekeeper_engine_replacements_total",
+            "Replacement requests accepted by the provider.",
+            g(&self.replacements),
+        )?;
+        encode_gauge(
+            &mut enc,
+            "nodekeeper_engine_reconcile_seconds",
+            "Duration of the last reconcile, seconds.",
+            g(&self.last_reconcile_us) as f64 / 1e6,
+        )?;
+        encode_counter(
+            &mut enc,
+            "nodekeeper_engine_fast_paths_total",
+            "Notices acted on at once for their node alone, before the full reconcile.",
+            g(&self.fast_paths),
+        )?;
+        self.encode_groups(&mut enc)
+    }
+}
+
+/// A per-group gauge: name, help, value.
+type GroupSeries = (&'static str, &'static str, fn(&GroupStatus) -> i64);
+
+impl EngineMetrics {
+    fn encode_groups(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let groups = lock(&self.groups);
-        let series = [
-            ("nodekeeper_engine_group_nodes", "gauge"),
-            ("nodekeeper_engine_budget_allowed", "gauge"),
-            ("nodekeeper_engine_budget_used", "gauge"),
-            ("nodekeeper_engine_unhealthy_nodes", "gauge"),
-            ("nodekeeper_engine_repair_short_circuited", "gauge"),
+        let series: [GroupSeries; 5] = [
+            ("nodekeeper_engine_group_nodes", "Nodes per group.", |s| {
+                s.total as i64
+            }),
+            (
+                "nodekeeper_engine_budget_allowed",
+                "The repair budget's limit now (-1: no budget active).",
+                // -1: no budget active for repairs in the group now.
+                |s| s.repair_limit.map_or(-1, |l| l as i64),
+            ),
+            (
+                "nodekeeper_engine_budget_used",
+                "Nodes counted against the repair budget.",
+                |s| s.counted as i64,
+            ),
+            (
+                "nodekeeper_engine_unhealthy_nodes",
+                "Nodes matching a repair policy.",
+                |s| s.unhealthy as i64,
+            ),
+            (
+                "nodekeeper_engine_repair_short_circuited",
+                "1 while repairs are short-circuited.",
+                |s| i64::from(s.short_circuited),
+            ),
         ];
-        for (i, (name, ty)) in series.iter().enumerate() {
-            let _ = writeln!(out, "# TYPE {name} {ty}");
-            for s in groups.iter() {
-                let value = match i {
-                    0 => s.total as i64,
-                    // -1: no budget active for repairs in the group now.
-                    1 => s.repair_limit.map_or(-1, |l| l as i64),
-                    2 => s.counted as i64,
-                    3 => s.unhealthy as i64,
-                    _ => i64::from(s.short_circuited),
-                };
-                let _ = writeln!(out, "{name}{{group=\"{}\"}} {value}", escape(&s.group));
-            }
+        for (name, help, value) in series {
+            encode_family(
+                enc,
+                name,
+                help,
+                MetricType::Gauge,
+                groups
+                    .iter()
+                    .map(|s| ([("group", s.group.as_str())], ConstGauge::new(value(s)))),
+            )?;
         }
+        Ok(())
     }
 }
-
-/// Escapes a label value (backslash, quote, newline).
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn renders_bounded_series() {
-        let m = EngineMetrics::default();
+        let m = Arc::new(EngineMetrics::default());
         m.action("cordon", ActionResult::Ok);
         m.action("cordon", ActionResult::Ok);
         m.action("taint", ActionResult::Error);

@@ -18,12 +18,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::cfg_path;
 use crate::config::{Diagnostic, Secret};
+use crate::controller::metrics;
 use crate::controller::provider::webhook::{backoff, sign, SIGNATURE_HEADER};
 
 /// Version of the default JSON body ([`Payload::version`]).
@@ -517,13 +524,65 @@ impl Target {
     }
 }
 
-/// A metric family derived from the stats: name, type, help, value.
-type Family = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&NotifyStats) -> u64,
-);
+/// The targets' counters, read when `/metrics` is encoded: labelled by the target's index only
+/// (bounded; no URLs, no node names). Holds the targets, not the [`Notifier`], so the registry
+/// does not keep the delivery tasks alive.
+struct NotifyMetrics(Vec<Arc<Target>>);
+
+impl std::fmt::Debug for NotifyMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotifyMetrics")
+            .field("targets", &self.0.len())
+            .finish()
+    }
+}
+
+impl Collector for NotifyMetrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats: Vec<NotifyStats> = self.0.iter().map(|t| t.stats()).collect();
+        let targets: Vec<String> = (0..stats.len()).map(|i| i.to_string()).collect();
+        let outcomes = stats.iter().zip(&targets).flat_map(|(s, i)| {
+            [
+                ("sent", s.sent),
+                ("failed", s.failed),
+                ("dropped", s.dropped),
+            ]
+            .map(|(outcome, v)| {
+                (
+                    [("target", i.as_str()), ("outcome", outcome)],
+                    ConstCounter::new(v),
+                )
+            })
+        });
+        metrics::encode_family(
+            &mut enc,
+            metrics::counter_name("nodekeeper_notifications_total"),
+            "Notifications by target and outcome.",
+            MetricType::Counter,
+            outcomes,
+        )?;
+        let per_target = |value: fn(&NotifyStats) -> u64| {
+            stats
+                .iter()
+                .zip(&targets)
+                .map(move |(s, i)| ([("target", i.as_str())], value(s)))
+        };
+        metrics::encode_family(
+            &mut enc,
+            metrics::counter_name("nodekeeper_notification_retries_total"),
+            "Retried attempts by target.",
+            MetricType::Counter,
+            per_target(|s| s.retries).map(|(l, v)| (l, ConstCounter::new(v))),
+        )?;
+        metrics::encode_family(
+            &mut enc,
+            "nodekeeper_notification_queue_length",
+            "Notifications waiting by target.",
+            MetricType::Gauge,
+            per_target(|s| s.queued as u64).map(|(l, v)| (l, ConstGauge::new(v as i64))),
+        )
+    }
+}
 
 /// Sends action notifications to the configured webhooks, in the background.
 pub struct Notifier {
@@ -579,46 +638,16 @@ impl Notifier {
         self.targets.iter().map(|t| t.stats()).collect()
     }
 
-    /// The counters in the Prometheus text format, labelled by the target's index only
-    /// (bounded; no URLs, no node names), for the controller's `/metrics`.
+    /// Registers the targets' counters into the controller's registry (`/metrics`).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register_collector(Box::new(NotifyMetrics(self.targets.clone())));
+    }
+
+    /// The counters alone in the Prometheus text format (tests, debugging).
     pub fn metrics_text(&self) -> String {
-        let stats = self.stats();
-        let mut out = String::from(
-            "# HELP nodekeeper_notifications_total Notifications by target and outcome.\n\
-             # TYPE nodekeeper_notifications_total counter\n",
-        );
-        for (i, s) in stats.iter().enumerate() {
-            for (outcome, v) in [
-                ("sent", s.sent),
-                ("failed", s.failed),
-                ("dropped", s.dropped),
-            ] {
-                out.push_str(&format!(
-                    "nodekeeper_notifications_total{{target=\"{i}\",outcome=\"{outcome}\"}} {v}\n"
-                ));
-            }
-        }
-        let gauges: [Family; 2] = [
-            (
-                "nodekeeper_notification_retries_total",
-                "counter",
-                "Retried attempts by target.",
-                |s| s.retries,
-            ),
-            (
-                "nodekeeper_notification_queue_length",
-                "gauge",
-                "Notifications waiting by target.",
-                |s| s.queued as u64,
-            ),
-        ];
-        for (name, kind, help, value) in gauges {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-            for (i, s) in stats.iter().enumerate() {
-                out.push_str(&format!("{name}{{target=\"{i}\"}} {}\n", value(s)));
-            }
-        }
-        out
+        let mut registry = Registry::default();
+        self.register(&mut registry);
+        metrics::encode(&registry)
     }
 
     /// Waits until every queue is empty and nothing is in flight, up to `timeout`; returns

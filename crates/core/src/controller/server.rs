@@ -12,7 +12,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
+
 use super::auth::{AuthError, Authenticator};
+use super::metrics;
 use super::nodestate::NodeStates;
 use super::oci_events::OciEvents;
 
@@ -51,7 +56,10 @@ pub fn router(app: Arc<App>, max_body: usize) -> Router {
         .route("/v1/reports", post(report))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics));
+        .route("/metrics", {
+            let registry = Arc::new(registry(&app));
+            get(move || metrics(registry.clone()))
+        });
     if let Some(oci) = &app.oci {
         let base = oci.path().trim_end_matches('/').to_string();
         r = r.route(&base, post(super::oci_events::handle)).route(
@@ -134,36 +142,122 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     }
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let c = &app.states.counters;
-    let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let leader = u8::from(*app.leader.borrow());
-    let text = format!(
-        "# TYPE nodekeeper_reports_total counter\nnodekeeper_reports_total {}\n\
-         # TYPE nodekeeper_report_replays_total counter\nnodekeeper_report_replays_total {}\n\
-         # TYPE nodekeeper_reports_forbidden_total counter\nnodekeeper_reports_forbidden_total {}\n\
-         # TYPE nodekeeper_reports_unauthenticated_total counter\nnodekeeper_reports_unauthenticated_total {}\n\
-         # TYPE nodekeeper_token_reviews_total counter\nnodekeeper_token_reviews_total {}\n\
-         # TYPE nodekeeper_node_writes_total counter\nnodekeeper_node_writes_total {}\n\
-         # TYPE nodekeeper_node_write_failures_total counter\nnodekeeper_node_write_failures_total {}\n\
-         # TYPE nodekeeper_node_events_total counter\nnodekeeper_node_events_total {}\n\
-         # TYPE nodekeeper_labels_removed_total counter\nnodekeeper_labels_removed_total {}\n\
-         # TYPE nodekeeper_nodes_marked_stale_total counter\nnodekeeper_nodes_marked_stale_total {}\n\
-         # TYPE nodekeeper_leader gauge\nnodekeeper_leader {leader}\n\
-         # TYPE nodekeeper_connections_open gauge\nnodekeeper_connections_open {}\n\
-         # TYPE nodekeeper_connections_max gauge\nnodekeeper_connections_max {}\n\
-         # TYPE nodekeeper_connections_refused_total counter\nnodekeeper_connections_refused_total {}\n",
-        g(&c.reports), g(&c.replays), g(&app.forbidden), g(&app.unauthenticated),
-        g(&app.auth.reviews), g(&c.node_writes), g(&c.write_failures), g(&c.node_events),
-        g(&c.labels_removed), g(&c.stale_marked),
-        g(&app.connections.open), g(&app.connections.max), g(&app.connections.refused),
-    );
-    let mut text = text;
+/// The controller's metrics registry: the report API's counters, then each component's
+/// (notifier, engine) registered into it. `/metrics` encodes it.
+pub fn registry(app: &Arc<App>) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ApiMetrics(app.clone())));
     if let Some(n) = &app.notifier {
-        text.push_str(&n.metrics_text());
+        n.register(&mut registry);
     }
     if let Some(m) = &app.engine {
-        text.push_str(&m.render());
+        m.register(&mut registry);
     }
-    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+    registry
+}
+
+/// The report API's counters (kept as atomics by their owners), read at encode time.
+struct ApiMetrics(Arc<App>);
+
+impl std::fmt::Debug for ApiMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiMetrics")
+    }
+}
+
+impl Collector for ApiMetrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let app = &self.0;
+        let c = &app.states.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let counters = [
+            (
+                "nodekeeper_reports_total",
+                "Reports accepted.",
+                g(&c.reports),
+            ),
+            (
+                "nodekeeper_report_replays_total",
+                "Report replays ignored.",
+                g(&c.replays),
+            ),
+            (
+                "nodekeeper_reports_forbidden_total",
+                "Reports refused: about another node than the token's.",
+                g(&app.forbidden),
+            ),
+            (
+                "nodekeeper_reports_unauthenticated_total",
+                "Requests without a valid token.",
+                g(&app.unauthenticated),
+            ),
+            (
+                "nodekeeper_token_reviews_total",
+                "TokenReviews sent to the API server.",
+                g(&app.auth.reviews),
+            ),
+            (
+                "nodekeeper_node_writes_total",
+                "Node writes.",
+                g(&c.node_writes),
+            ),
+            (
+                "nodekeeper_node_write_failures_total",
+                "Node writes that failed.",
+                g(&c.write_failures),
+            ),
+            (
+                "nodekeeper_node_events_total",
+                "Events recorded about Nodes.",
+                g(&c.node_events),
+            ),
+            (
+                "nodekeeper_labels_removed_total",
+                "Migration labels removed from Nodes.",
+                g(&c.labels_removed),
+            ),
+            (
+                "nodekeeper_nodes_marked_stale_total",
+                "Nodes marked stale (agent not reporting).",
+                g(&c.stale_marked),
+            ),
+        ];
+        for (name, help, v) in counters {
+            metrics::encode_counter(&mut enc, name, help, v)?;
+        }
+        let leader = i64::from(*app.leader.borrow());
+        metrics::encode_gauge(
+            &mut enc,
+            "nodekeeper_leader",
+            "1 while this replica leads.",
+            leader,
+        )?;
+        let conns = &app.connections;
+        metrics::encode_gauge(
+            &mut enc,
+            "nodekeeper_connections_open",
+            "Connections of the report API open now.",
+            g(&conns.open) as i64,
+        )?;
+        metrics::encode_gauge(
+            &mut enc,
+            "nodekeeper_connections_max",
+            "The limit of open connections (max_connections).",
+            g(&conns.max) as i64,
+        )?;
+        metrics::encode_counter(
+            &mut enc,
+            "nodekeeper_connections_refused_total",
+            "Connections closed at accept because max_connections were open.",
+            g(&conns.refused),
+        )
+    }
+}
+
+async fn metrics(registry: Arc<Registry>) -> Response {
+    (
+        [("content-type", metrics::CONTENT_TYPE)],
+        metrics::encode(&registry),
+    )
+        .into_response()
 }

@@ -474,47 +474,62 @@ async fn rollback<M: UnitManager>(
     Ok((restored.join(", "), note, unit_state))
 }
 
-/// A small line diff (`-` old, `+` new) of two texts, by longest common subsequence.
+/// Lines of context around each change in [`diff`].
+const DIFF_CONTEXT: usize = 3;
+
+/// A line diff (`-` old, `+` new, ` ` context) of two texts, `similar`'s unified diff: a
+/// `--- a/NAME` / `+++ b/NAME` header (`/dev/null` for a missing side), then the changed lines
+/// with up to 3 lines of context. A diff that shows the whole file (small drop-ins, the usual
+/// case) has no hunk header; one that leaves lines out gives each hunk its `@@ -l,n +l,n @@`.
+/// Linear memory; a diff taking over a second settles for a less minimal (still correct) one.
 pub fn diff(name: &str, old: Option<&[u8]>, new: Option<&[u8]>) -> String {
     let a_text = old.map(String::from_utf8_lossy).unwrap_or_default();
     let b_text = new.map(String::from_utf8_lossy).unwrap_or_default();
     let a: Vec<&str> = a_text.lines().collect();
     let b: Vec<&str> = b_text.lines().collect();
-    let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for i in (0..a.len()).rev() {
-        for j in (0..b.len()).rev() {
-            lcs[i][j] = if a[i] == b[j] {
-                lcs[i + 1][j + 1] + 1
-            } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
+    let side = |present: bool, prefix: &str| {
+        if present {
+            format!("{prefix}/{name}")
+        } else {
+            "/dev/null".to_string()
         }
-    }
+    };
     let mut out = format!(
         "--- {}\n+++ {}\n",
-        if old.is_some() {
-            format!("a/{name}")
-        } else {
-            "/dev/null".to_string()
-        },
-        if new.is_some() {
-            format!("b/{name}")
-        } else {
-            "/dev/null".to_string()
-        }
+        side(old.is_some(), "a"),
+        side(new.is_some(), "b")
     );
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() || j < b.len() {
-        if i < a.len() && j < b.len() && a[i] == b[j] {
-            out.push_str(&format!(" {}\n", a[i]));
-            i += 1;
-            j += 1;
-        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
-            out.push_str(&format!("-{}\n", a[i]));
-            i += 1;
-        } else {
-            out.push_str(&format!("+{}\n", b[j]));
-            j += 1;
+    let text = similar::TextDiff::configure()
+        .algorithm(similar::Algorithm::Myers)
+        .timeout(std::time::Duration::from_secs(1))
+        .diff_slices(&a, &b);
+    let mut unified = text.unified_diff();
+    unified.context_radius(DIFF_CONTEXT);
+    let hunks: Vec<_> = unified.iter_hunks().collect();
+    let whole_file = match hunks.as_slice() {
+        [] => true,
+        [h] => {
+            let (first, last) = (h.ops()[0], h.ops()[h.ops().len() - 1]);
+            first.old_range().start == 0
+                && first.new_range().start == 0
+                && last.old_range().end == a.len()
+                && last.new_range().end == b.len()
+        }
+        _ => false,
+    };
+    for h in &hunks {
+        if !whole_file {
+            out.push_str(&format!("{}\n", h.header()));
+        }
+        for c in h.iter_changes() {
+            let sign = match c.tag() {
+                similar::ChangeTag::Equal => ' ',
+                similar::ChangeTag::Delete => '-',
+                similar::ChangeTag::Insert => '+',
+            };
+            out.push(sign);
+            out.push_str(c.value());
+            out.push('\n');
         }
     }
     out
@@ -785,6 +800,23 @@ mod tests {
         assert_eq!(
             diff("x", Some(b"a\n"), None),
             "--- a/x\n+++ /dev/null\n-a\n"
+        );
+        assert_eq!(diff("x", Some(b"a\n"), Some(b"a\n")), "--- a/x\n+++ b/x\n");
+    }
+
+    /// Two 20k-line files differing in one line: quick, linear memory (the former LCS table
+    /// needed 20k × 20k cells), and only the changed hunk is shown.
+    #[test]
+    fn diff_of_large_files_shows_only_the_changed_hunk() {
+        let old: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
+        let new = old.replace("line 10000\n", "line ten thousand\n");
+        let started = std::time::Instant::now();
+        let d = diff("big.conf", Some(old.as_bytes()), Some(new.as_bytes()));
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert_eq!(
+            d,
+            "--- a/big.conf\n+++ b/big.conf\n@@ -9998,7 +9998,7 @@\n line 9997\n line 9998\n \
+             line 9999\n-line 10000\n+line ten thousand\n line 10001\n line 10002\n line 10003\n"
         );
     }
 }

@@ -49,16 +49,28 @@ pub fn parse_reason(s: &str) -> Result<Option<Reason>, String> {
 }
 
 /// A cron window: active from each schedule hit for `duration`, read in a time zone.
+///
+/// The expression is Karpenter's (robfig/cron's standard parser): 5 fields or a macro, names
+/// of days and months, day-of-month OR day-of-week when both are restricted. `croner` parses
+/// and evaluates it, in the zone (chrono-tz); [`Window::parse`] only keeps croner's extensions
+/// (`L`, `W`, `#`, a `+` prefix, seconds, years), which Karpenter would refuse, out.
 #[derive(Debug, Clone)]
 pub struct Window {
-    /// More than one when both day-of-month and day-of-week are restricted (standard cron
-    /// matches either).
-    schedules: Vec<cron::Schedule>,
+    schedule: croner::Cron,
     duration: chrono::Duration,
     tz: Tz,
 }
 
-const DOW_NAMES: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+/// robfig/cron's macros (Karpenter's `@every` is refused by its CRD, and here).
+const MACROS: [&str; 7] = [
+    "@yearly",
+    "@annually",
+    "@monthly",
+    "@weekly",
+    "@daily",
+    "@midnight",
+    "@hourly",
+];
 
 impl Window {
     /// Parses a 5-field cron expression (or `@daily` etc.) in IANA time zone `tz`.
@@ -71,37 +83,16 @@ impl Window {
         }
         let duration =
             chrono::Duration::from_std(duration).map_err(|_| "duration is too long".to_string())?;
-        let fields = expand_macro(schedule.trim())?;
-        let [min, hour, dom, mon, dow] = fields;
-        let dow_set = parse_dow(&dow)?;
-        let dow_expr = dow_set
-            .as_ref()
-            .map(|set| {
-                set.iter()
-                    .map(|&d| DOW_NAMES[d])
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or_else(|| "*".to_string());
-        let dom_restricted = !(dom == "*" || dom == "?");
-        let exprs = if dom_restricted && dow_set.is_some() {
-            vec![
-                format!("0 {min} {hour} {dom} {mon} *"),
-                format!("0 {min} {hour} * {mon} {dow_expr}"),
-            ]
-        } else {
-            vec![format!("0 {min} {hour} {dom} {mon} {dow_expr}")]
-        };
-        let schedules = exprs
-            .iter()
-            .map(|e| {
-                cron::Schedule::from_str(e).map_err(|err| {
-                    format!("schedule `{schedule}` is not a valid cron expression: {err}")
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let expr = standard_cron(schedule.trim())?;
+        let parser = croner::parser::CronParser::builder()
+            .seconds(croner::parser::Seconds::Disallowed)
+            .year(croner::parser::Year::Disallowed)
+            .build();
+        let schedule = parser.parse(&expr).map_err(|err| {
+            format!("schedule `{schedule}` is not a valid cron expression: {err}")
+        })?;
         Ok(Window {
-            schedules,
+            schedule,
             duration,
             tz,
         })
@@ -110,11 +101,10 @@ impl Window {
     /// The first schedule hit strictly after `t`.
     fn next_hit(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let local = t.with_timezone(&self.tz);
-        self.schedules
-            .iter()
-            .filter_map(|s| s.after(&local).next())
+        self.schedule
+            .find_next_occurrence(&local, false)
+            .ok()
             .map(|d| d.with_timezone(&Utc))
-            .min()
     }
 
     /// Active at `now`: a hit in `(now - duration, now]` (Karpenter's check).
@@ -151,82 +141,44 @@ const MAX_HITS: usize = 2000;
 /// How far ahead the opening time of a closed window is searched.
 pub const OPEN_HORIZON_DAYS: i64 = 8;
 
-fn expand_macro(s: &str) -> Result<[String; 5], String> {
-    let expanded = match s {
-        "@yearly" | "@annually" => "0 0 1 1 *",
-        "@monthly" => "0 0 1 * *",
-        "@weekly" => "0 0 * * 0",
-        "@daily" | "@midnight" => "0 0 * * *",
-        "@hourly" => "0 * * * *",
-        other => other,
-    };
-    let parts: Vec<String> = expanded.split_whitespace().map(str::to_string).collect();
-    parts.try_into().map_err(|p: Vec<String>| {
-        format!(
-            "schedule `{s}` has {} fields; expected 5 (minute hour day-of-month month day-of-week) or @daily/@weekly/...",
-            p.len()
-        )
-    })
-}
-
-/// Standard cron day-of-week (0–7, Sunday = 0 or 7, names) as a set; `None` for `*`.
-fn parse_dow(field: &str) -> Result<Option<Vec<usize>>, String> {
-    if field == "*" || field == "?" {
-        return Ok(None);
+/// Checks that `s` is in robfig/cron's standard language, which croner extends: a macro, or 5
+/// fields whose items are `*`, `?`, numbers or 3-letter names, with `-` ranges and `/` steps.
+/// Gives the expression for croner: `@midnight` (robfig's alias of `@daily`) spelled out, and
+/// a day field `*/1` written `*` (robfig reads it as unrestricted for the OR rule, croner not).
+fn standard_cron(s: &str) -> Result<String, String> {
+    if s.starts_with('@') {
+        return match MACROS.iter().find(|m| m.eq_ignore_ascii_case(s)) {
+            Some(&"@midnight") => Ok("@daily".to_string()),
+            Some(_) => Ok(s.to_string()),
+            None => Err(format!(
+                "schedule `{s}` is not a cron macro ({})",
+                MACROS.join(", ")
+            )),
+        };
     }
-    let mut set = [false; 7];
-    for part in field.split(',') {
-        let (range, step) = match part.split_once('/') {
-            Some((r, s)) => (
-                r,
-                s.parse::<usize>()
-                    .ok()
-                    .filter(|&s| s > 0)
-                    .ok_or_else(|| format!("day-of-week step `{s}` is not a positive number"))?,
-            ),
-            None => (part, 1),
-        };
-        let (lo, hi) = match range {
-            "*" => (0, 6),
-            r => match r.split_once('-') {
-                Some((a, b)) => (dow_value(a)?, dow_value(b)?),
-                None => {
-                    let v = dow_value(r)?;
-                    (v, if step > 1 { 6 } else { v })
-                }
-            },
-        };
-        let hi = if hi < lo { hi + 7 } else { hi };
-        let mut d = lo;
-        while d <= hi {
-            set[d % 7] = true;
-            d += step;
+    let mut fields: Vec<&str> = s.split_whitespace().collect();
+    if fields.len() != 5 {
+        return Err(format!(
+            "schedule `{s}` has {} fields; expected 5 (minute hour day-of-month month day-of-week) or @daily/@weekly/...",
+            fields.len()
+        ));
+    }
+    for item in fields.iter().flat_map(|f| f.split([',', '-', '/'])) {
+        let standard = matches!(item, "*" | "?")
+            || (!item.is_empty() && item.bytes().all(|b| b.is_ascii_digit()))
+            || (item.len() == 3 && item.bytes().all(|b| b.is_ascii_alphabetic()));
+        if !standard {
+            return Err(format!(
+                "schedule `{s}`: `{item}` is not standard cron (numbers, *, ?, 3-letter names)"
+            ));
         }
     }
-    Ok(Some((0..7).filter(|&d| set[d]).collect()))
-}
-
-fn dow_value(s: &str) -> Result<usize, String> {
-    if let Ok(n) = s.parse::<usize>() {
-        return if n <= 7 {
-            Ok(n % 7)
-        } else {
-            Err(format!("day-of-week `{s}` is out of range 0-7"))
-        };
+    for day in [2, 4] {
+        if matches!(fields[day], "*/1" | "?/1") {
+            fields[day] = "*";
+        }
     }
-    const FULL: [&str; 7] = [
-        "sunday",
-        "monday",
-        "tuesday",
-        "wednesday",
-        "thursday",
-        "friday",
-        "saturday",
-    ];
-    let lower = s.to_ascii_lowercase();
-    FULL.iter()
-        .position(|full| lower.len() >= 3 && full.starts_with(lower.as_str()))
-        .ok_or_else(|| format!("`{s}` is not a day of the week"))
+    Ok(fields.join(" "))
 }
 
 /// A budget ready for evaluation (schedule parsed).
@@ -390,17 +342,186 @@ mod tests {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
     }
 
+    /// The next hit strictly after `at` (UTC).
+    fn next(expr: &str, at: &str) -> String {
+        let w = Window::parse(expr, Duration::from_secs(60), "UTC").unwrap();
+        w.next_hit(t(at)).unwrap().to_rfc3339()
+    }
+
     #[test]
     fn dow_is_standard_cron() {
-        assert_eq!(parse_dow("1-5").unwrap(), Some(vec![1, 2, 3, 4, 5]));
-        assert_eq!(parse_dow("0,7").unwrap(), Some(vec![0]));
-        assert_eq!(parse_dow("fri-mon").unwrap(), Some(vec![0, 1, 5, 6]));
-        assert_eq!(parse_dow("*/2").unwrap(), Some(vec![0, 2, 4, 6]));
-        assert!(parse_dow("8").is_err());
-        assert!(parse_dow("xyz").is_err());
-        assert!(parse_dow("ééé").is_err());
-        assert_eq!(parse_dow("Monday-wed").unwrap(), Some(vec![1, 2, 3]));
-        assert!(parse_dow("mo").is_err());
+        // (expression, after, next hit): Monday 2026-11-30.
+        let table = [
+            (
+                "0 9 * * 1-5",
+                "2026-12-04T09:00:00Z",
+                "2026-12-07T09:00:00+00:00",
+            ), // Fri → Mon
+            (
+                "0 9 * * mon-fri",
+                "2026-12-04T09:00:00Z",
+                "2026-12-07T09:00:00+00:00",
+            ),
+            (
+                "0 9 * * MON-FRI",
+                "2026-12-04T09:00:00Z",
+                "2026-12-07T09:00:00+00:00",
+            ),
+            (
+                "0 9 * * 0",
+                "2026-11-30T00:00:00Z",
+                "2026-12-06T09:00:00+00:00",
+            ), // Sunday
+            (
+                "0 9 * * 7",
+                "2026-11-30T00:00:00Z",
+                "2026-12-06T09:00:00+00:00",
+            ), // Sunday too
+            (
+                "0 9 * * sun",
+                "2026-11-30T00:00:00Z",
+                "2026-12-06T09:00:00+00:00",
+            ),
+            (
+                "0 9 * * */2",
+                "2026-11-30T10:00:00Z",
+                "2026-12-01T09:00:00+00:00",
+            ), // Sun,Tue,...
+            (
+                "0 9 * dec tue",
+                "2026-11-30T00:00:00Z",
+                "2026-12-01T09:00:00+00:00",
+            ),
+        ];
+        for (expr, at, want) in table {
+            assert_eq!(next(expr, at), want, "{expr}");
+        }
+        // robfig/cron's language only: croner's extensions and full names are refused.
+        for bad in [
+            "0 9 * * 8",
+            "0 9 * * xyz",
+            "0 9 * * ééé",
+            "0 9 * * monday",
+            "0 9 * * mo",
+            "0 9 L * *",
+            "0 9 * * 5L",
+            "0 9 15W * *",
+            "0 9 * * 1#2",
+            "0 9 * * fri-mon", // robfig refuses a range that wraps
+            "0 9 * * 5-1",
+            "0 9 * * +1",
+            "0 0 9 * * 1",
+            "@every 1h",
+            "@reboot",
+        ] {
+            assert!(
+                Window::parse(bad, Duration::from_secs(60), "UTC").is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    /// Standard cron: when day-of-month and day-of-week are both restricted a day matching
+    /// either fires; with one of them `*` (or `?`) only the other counts.
+    #[test]
+    fn dom_dow_or_rule() {
+        // (expression, after, next hit). 2026-12-01 is a Tuesday.
+        let table = [
+            (
+                "0 0 1 * 1",
+                "2026-11-30T00:00:00Z",
+                "2026-12-01T00:00:00+00:00",
+            ), // the 1st
+            (
+                "0 0 1 * 1",
+                "2026-12-01T00:00:00Z",
+                "2026-12-07T00:00:00+00:00",
+            ), // a Monday
+            (
+                "0 0 15 * fri",
+                "2026-12-01T00:00:00Z",
+                "2026-12-04T00:00:00+00:00",
+            ), // Friday first
+            (
+                "0 0 15 * fri",
+                "2026-12-11T00:00:00Z",
+                "2026-12-15T00:00:00+00:00",
+            ), // then the 15th
+            (
+                "0 0 */10 * 1",
+                "2026-12-01T00:00:00Z",
+                "2026-12-07T00:00:00+00:00",
+            ), // step: restricted
+            (
+                "0 0 1 * *",
+                "2026-12-01T00:00:00Z",
+                "2027-01-01T00:00:00+00:00",
+            ), // dow *: dom only
+            (
+                "0 0 1 * ?",
+                "2026-12-01T00:00:00Z",
+                "2027-01-01T00:00:00+00:00",
+            ),
+            (
+                "0 0 * * 1",
+                "2026-12-01T00:00:00Z",
+                "2026-12-07T00:00:00+00:00",
+            ), // dom *: dow only
+            (
+                "0 0 ? * 1",
+                "2026-12-01T00:00:00Z",
+                "2026-12-07T00:00:00+00:00",
+            ),
+            (
+                "0 0 2 * */1",
+                "2026-12-01T00:00:00Z",
+                "2026-12-02T00:00:00+00:00",
+            ), // */1 is *
+            (
+                "0 0 2 * */1",
+                "2026-12-02T00:00:00Z",
+                "2027-01-02T00:00:00+00:00",
+            ),
+        ];
+        for (expr, at, want) in table {
+            assert_eq!(next(expr, at), want, "{expr} after {at}");
+        }
+    }
+
+    /// Daylight saving time (croner's rule): a hit in the skipped hour fires at the end of
+    /// the gap; a hit in the repeated hour fires once, at its first occurrence.
+    #[test]
+    fn dst_gap_and_fold() {
+        let d = Duration::from_secs(3600);
+        let gap = Window::parse("30 2 * * *", d, "America/New_York").unwrap();
+        // 2027-03-14: 02:00 EST → 03:00 EDT (07:00 UTC).
+        assert_eq!(
+            gap.next_hit(t("2027-03-14T00:00:00Z")),
+            Some(t("2027-03-14T07:00:00Z"))
+        );
+        let fold = Window::parse("30 1 * * *", d, "America/New_York").unwrap();
+        // 2027-11-07: 01:30 EDT (05:30 UTC) fires; 01:30 EST (06:30 UTC) does not.
+        let first = fold.next_hit(t("2027-11-07T00:00:00Z")).unwrap();
+        assert_eq!(first, t("2027-11-07T05:30:00Z"));
+        assert_eq!(fold.next_hit(first), Some(t("2027-11-08T06:30:00Z")));
+    }
+
+    /// robfig/cron's macros.
+    #[test]
+    fn macros() {
+        let table = [
+            ("@yearly", "2027-01-01T00:00:00+00:00"),
+            ("@annually", "2027-01-01T00:00:00+00:00"),
+            ("@monthly", "2026-12-01T00:00:00+00:00"),
+            ("@weekly", "2026-12-06T00:00:00+00:00"), // Sunday
+            ("@daily", "2026-12-01T00:00:00+00:00"),
+            ("@midnight", "2026-12-01T00:00:00+00:00"),
+            ("@hourly", "2026-11-30T11:00:00+00:00"),
+            ("@DAILY", "2026-12-01T00:00:00+00:00"),
+        ];
+        for (expr, want) in table {
+            assert_eq!(next(expr, "2026-11-30T10:30:00Z"), want, "{expr}");
+        }
     }
 
     #[test]
