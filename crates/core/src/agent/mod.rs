@@ -18,7 +18,6 @@ pub mod sources;
 pub mod state;
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use chrono::Utc;
 use tokio::sync::{mpsc, watch};
@@ -90,7 +89,8 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
                 changed
             }
             _ = check_tick.tick() => {
-                st.apply_round(checks.run_once(Instant::now()).await);
+                // tokio's clock (the wall clock unless paused, as in tests) drives the flap guards.
+                st.apply_round(checks.run_once(tokio::time::Instant::now().into_std()).await);
                 false
             }
             Some(input) = in_rx.recv() => {

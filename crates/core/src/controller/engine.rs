@@ -612,8 +612,7 @@ impl Engine {
     /// passed it on waking), if one is running.
     fn until_due(&self) -> Option<Duration> {
         let due = (*lock(&self.next_due))?;
-        let left = (due - self.clock.now()).to_std().unwrap_or_default();
-        Some(self.clock.real(left) + Duration::from_millis(5))
+        Some(wake_after(self.clock.as_ref(), due))
     }
 
     /// Records each notice (waking the reconcile) and, while leading, runs the fast path for
@@ -646,6 +645,13 @@ impl Engine {
     }
 }
 
+/// The real time from `clock`'s now until `due`, plus 5 ms so that the clock has passed `due` on
+/// waking (5 ms when `due` is past).
+fn wake_after(clock: &dyn Clock, due: DateTime<Utc>) -> Duration {
+    let left = (due - clock.now()).to_std().unwrap_or_default();
+    clock.real(left) + Duration::from_millis(5)
+}
+
 /// How to run the engine inside [`super::start_with`].
 pub struct EngineOptions {
     /// `[repair]`, `[budgets]`, `[interruption]`, `dry_run`.
@@ -670,5 +676,223 @@ impl EngineOptions {
             drain_client: None,
             notifier: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod wake_tests {
+    use super::*;
+
+    /// A clock on tokio's (paused) time, running `speed` times faster than real time.
+    struct Paused {
+        base: DateTime<Utc>,
+        t0: tokio::time::Instant,
+        speed: u32,
+    }
+
+    impl Clock for Paused {
+        fn now(&self) -> DateTime<Utc> {
+            let elapsed = self.t0.elapsed() * self.speed;
+            self.base + chrono::Duration::from_std(elapsed).unwrap_or_default()
+        }
+        fn real(&self, d: Duration) -> Duration {
+            d / self.speed
+        }
+    }
+
+    fn clock(speed: u32) -> Paused {
+        Paused {
+            base: DateTime::from_timestamp(1_700_000_000, 0).unwrap_or_default(),
+            t0: tokio::time::Instant::now(),
+            speed,
+        }
+    }
+
+    /// The run loop's toleration timer: sleeping [`wake_after`] wakes 5 ms of real time after
+    /// the expiry (so the reconcile then sees `now > due` and starts the repair), not a tick
+    /// later and not before; on a faster clock the wait is scaled down.
+    #[tokio::test(start_paused = true)]
+    async fn the_engine_wakes_just_after_the_toleration_expires() {
+        for speed in [1u32, 10] {
+            let c = clock(speed);
+            let due = c.now() + chrono::Duration::seconds(300);
+            let wait = wake_after(&c, due);
+            assert_eq!(
+                wait,
+                Duration::from_secs(300) / speed + Duration::from_millis(5)
+            );
+            tokio::time::sleep_until(c.t0 + Duration::from_secs(299) / speed).await;
+            assert!(c.now() < due, "one second before: not due");
+            tokio::time::sleep_until(c.t0 + wait).await;
+            let late = c.now() - due;
+            assert!(late > chrono::Duration::zero(), "speed {speed}: {late:?}");
+            assert_eq!(
+                late,
+                chrono::Duration::milliseconds(5 * i64::from(speed)),
+                "speed {speed}"
+            );
+        }
+        let c = clock(1);
+        let past = c.now() - chrono::Duration::seconds(10);
+        assert_eq!(
+            wake_after(&c, past),
+            Duration::from_millis(5),
+            "past: at once"
+        );
+    }
+}
+
+/// The run loop's timers on paused time: an engine over an empty Node cache and an apiserver
+/// that is never reached; reconciles are counted through [`EngineMetrics::reconciles`].
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod run_tests {
+    use super::*;
+    use crate::controller::nodestate::{NodeStateConfig, NodeStates};
+    use crate::controller::{actions::ActorParts, events::Recorder, provider};
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    struct Running {
+        engine: Arc<Engine>,
+        leader: watch::Sender<bool>,
+        cancel: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+        _events: broadcast::Sender<(String, NodeEvent)>,
+    }
+
+    impl Running {
+        fn reconciles(&self) -> u64 {
+            self.engine.metrics.reconciles.load(Ordering::Relaxed)
+        }
+        async fn stop(self) {
+            self.cancel.cancel();
+            self.task.await.unwrap();
+        }
+    }
+
+    fn start(tick: Duration, debounce: Duration, leader: bool) -> Running {
+        let svc = tower::service_fn(|_req: hyper::Request<kube::client::Body>| async {
+            hyper::Response::builder()
+                .status(404)
+                .body(kube::client::Body::from(b"{}".to_vec()))
+        });
+        let client = kube::Client::new(svc, "default");
+        let (store, _writer) = kube::runtime::reflector::store::<Node>();
+        let cfg = EngineConfig {
+            tick,
+            debounce,
+            ..EngineConfig::default()
+        };
+        let (metrics, wake) = (Arc::new(EngineMetrics::default()), Arc::new(Notify::new()));
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let drains = Arc::new(DrainTasks::new(
+            client.clone(),
+            cfg.clone(),
+            clock.clone(),
+            metrics.clone(),
+            wake.clone(),
+        ));
+        let recorder = Recorder::new(client.clone(), "test", None);
+        let (leader_tx, leader_rx) = watch::channel(leader);
+        let states = NodeStates::new(
+            NodeStateConfig {
+                prefix: "nodekeeper.io/".into(),
+                staleness: Duration::from_secs(60),
+                heartbeat_write_interval: Duration::from_secs(60),
+                label_allow: vec![],
+            },
+            client.clone(),
+            store.clone(),
+            leader_rx.clone(),
+            recorder.clone(),
+        );
+        let actor = Arc::new(Actor::new(ActorParts {
+            client,
+            recorder,
+            provider: Arc::new(provider::none::NoReplacement),
+            states,
+            drains: drains.clone(),
+            metrics: metrics.clone(),
+            notifier: None,
+        }));
+        let engine = Engine::new(EngineParts {
+            cfg,
+            policy: PolicyConfig::default(),
+            clock,
+            store,
+            actor,
+            drains,
+            metrics,
+            wake,
+        });
+        let (events, events_rx) = broadcast::channel(8);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(engine.clone().run(leader_rx, events_rx, cancel.clone()));
+        Running {
+            engine,
+            leader: leader_tx,
+            cancel,
+            task,
+            _events: events,
+        }
+    }
+
+    /// One reconcile at start and one per tick (observed 1 ms after it: the reconcile runs
+    /// on a blocking thread at the tick's instant).
+    #[tokio::test(start_paused = true)]
+    async fn the_leader_reconciles_once_per_tick() {
+        let t0 = tokio::time::Instant::now();
+        let r = start(Duration::from_secs(1), MS(20), true);
+        for (at, want) in [(1, 1), (999, 1), (1_001, 2), (4_999, 5), (5_001, 6)] {
+            tokio::time::sleep_until(t0 + MS(at)).await;
+            assert_eq!(r.reconciles(), want, "at {at} ms");
+        }
+        r.stop().await;
+    }
+
+    /// A change (wake) is reconciled after the debounce's quiet time. Changes during the quiet
+    /// time leave one pending wake (a `Notify` permit), so three changes make two reconciles,
+    /// the second one debounce later; then nothing until the next tick.
+    #[tokio::test(start_paused = true)]
+    async fn changes_are_debounced_and_coalesced() {
+        let t0 = tokio::time::Instant::now();
+        let r = start(Duration::from_secs(60), MS(20), true);
+        tokio::time::sleep_until(t0 + MS(300)).await;
+        assert_eq!(r.reconciles(), 1, "the start");
+        for _ in 0..3 {
+            r.engine.wake.notify_one();
+            tokio::time::sleep(MS(5)).await;
+        }
+        for (at, want) in [
+            (319, 1),
+            (321, 2),
+            (339, 2),
+            (341, 3),
+            (59_999, 3),
+            (60_001, 4),
+        ] {
+            tokio::time::sleep_until(t0 + MS(at)).await;
+            assert_eq!(r.reconciles(), want, "at {at} ms");
+        }
+        r.stop().await;
+    }
+
+    /// A follower never reconciles, whatever the ticks; leadership gained is acted on at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_does_not_reconcile_until_it_leads() {
+        let t0 = tokio::time::Instant::now();
+        let r = start(Duration::from_secs(1), MS(20), false);
+        r.engine.wake.notify_one();
+        tokio::time::sleep_until(t0 + MS(10_500)).await;
+        assert_eq!(r.reconciles(), 0);
+        r.leader.send(true).unwrap();
+        tokio::time::sleep_until(t0 + MS(10_501)).await;
+        assert_eq!(
+            r.reconciles(),
+            1,
+            "on the leadership change, not at the next tick"
+        );
+        r.stop().await;
     }
 }

@@ -11,12 +11,14 @@
 //! in memory and writes it when it becomes leader; it does not acknowledge events, so agents keep
 //! resending them until the leader records them.
 
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Lease-based election for one replica.
@@ -97,13 +99,7 @@ impl Elector {
         let spec = lease.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().unwrap_or_default();
         let mine = holder == self.identity;
-        let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
-            (Some(t), Some(d)) => {
-                t.0.as_millisecond() + i64::from(d) * 1000
-                    < k8s_openapi::jiff::Timestamp::now().as_millisecond()
-            }
-            _ => true,
-        };
+        let expired = expired(&spec, k8s_openapi::jiff::Timestamp::now());
         if !mine && !holder.is_empty() && !expired {
             return Ok(false);
         }
@@ -147,36 +143,200 @@ impl Elector {
 
     /// Runs the election until `cancel`, publishing leadership on `tx`; releases the Lease at the end.
     pub async fn run(self, tx: watch::Sender<bool>, cancel: CancellationToken) {
-        let mut last_renew: Option<Instant> = None;
         let grace = self.duration.saturating_sub(self.retry);
-        loop {
-            let held = match self.try_acquire_or_renew().await {
-                Ok(true) => {
-                    last_renew = Some(Instant::now());
-                    true
-                }
-                Ok(false) => false,
-                Err(e) => {
-                    tracing::warn!(lease = %self.name, error = %e, "lease renewal failed");
-                    last_renew.is_some_and(|t| t.elapsed() < grace)
-                }
-            };
-            if !held {
-                last_renew = None;
-            }
-            let was = *tx.borrow();
-            if was != held {
-                tracing::info!(identity = %self.identity, leader = held, "leadership changed");
-                let _ = tx.send(held);
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => break,
-                _ = tokio::time::sleep(self.retry) => {}
-            }
-        }
+        elect(
+            || self.try_acquire_or_renew(),
+            self.retry,
+            grace,
+            &tx,
+            &cancel,
+            (&self.name, &self.identity),
+        )
+        .await;
         let _ = tx.send(false);
         if let Err(e) = self.release().await {
             tracing::warn!(lease = %self.name, error = %e, "cannot release the lease");
         }
+    }
+}
+
+/// Whether a Lease with this spec may be taken over at `now`: its holder did not renew within
+/// `leaseDurationSeconds` (strictly: at exactly renew + duration it still holds), or it has no
+/// renew time or duration.
+fn expired(spec: &LeaseSpec, now: k8s_openapi::jiff::Timestamp) -> bool {
+    match (&spec.renew_time, spec.lease_duration_seconds) {
+        (Some(t), Some(d)) => t.0.as_millisecond() + i64::from(d) * 1000 < now.as_millisecond(),
+        _ => true,
+    }
+}
+
+/// The election loop of [`Elector::run`]: one `attempt` every `retry`; a failed attempt keeps
+/// the leadership while the last successful one is younger than `grace`.
+async fn elect<F, Fut, E>(
+    mut attempt: F,
+    retry: Duration,
+    grace: Duration,
+    tx: &watch::Sender<bool>,
+    cancel: &CancellationToken,
+    (name, identity): (&str, &str),
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, E>>,
+    E: std::fmt::Display,
+{
+    let mut last_renew: Option<Instant> = None;
+    loop {
+        let held = match attempt().await {
+            Ok(true) => {
+                last_renew = Some(Instant::now());
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                tracing::warn!(lease = %name, error = %e, "lease renewal failed");
+                last_renew.is_some_and(|t| t.elapsed() < grace)
+            }
+        };
+        if !held {
+            last_renew = None;
+        }
+        let was = *tx.borrow();
+        if was != held {
+            tracing::info!(identity = %identity, leader = held, "leadership changed");
+            let _ = tx.send(held);
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(retry) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    /// Runs the loop over scripted attempt results (`None`: an API error); returns, per attempt,
+    /// when it ran and the leadership published after it.
+    async fn script(
+        results: &[Option<bool>],
+        retry: Duration,
+        lease: Duration,
+    ) -> Vec<(Duration, bool)> {
+        let (tx, rx) = watch::channel(false);
+        let cancel = CancellationToken::new();
+        let t0 = Instant::now();
+        let left: Arc<Mutex<VecDeque<Option<bool>>>> =
+            Arc::new(Mutex::new(results.iter().copied().collect()));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let attempt = || {
+            let next = left.lock().unwrap().pop_front().unwrap();
+            let at = t0.elapsed();
+            seen.lock().unwrap().push(at);
+            if left.lock().unwrap().is_empty() {
+                cancel.cancel();
+            }
+            async move { next.ok_or("apiserver unavailable") }
+        };
+        let leaders = Arc::new(Mutex::new(Vec::new()));
+        // Every published change with its time (paused: the instant of the attempt).
+        let watcher = {
+            let (leaders, mut rx) = (leaders.clone(), rx);
+            tokio::spawn(async move {
+                while rx.changed().await.is_ok() {
+                    let l = *rx.borrow_and_update();
+                    leaders.lock().unwrap().push((t0.elapsed(), l));
+                }
+            })
+        };
+        let grace = lease.saturating_sub(retry);
+        elect(attempt, retry, grace, &tx, &cancel, ("l", "me")).await;
+        drop(tx);
+        watcher.await.unwrap();
+        let changes = leaders.lock().unwrap().clone();
+        // Leadership after each attempt: the last change at or before it.
+        let times = seen.lock().unwrap().clone();
+        times
+            .iter()
+            .map(|&t| {
+                let held = changes
+                    .iter()
+                    .rfind(|(c, _)| *c <= t)
+                    .is_some_and(|(_, l)| *l);
+                (t, held)
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renews_every_retry_period_exactly() {
+        let got = script(&[Some(true); 5], S(2), S(15)).await;
+        let want: Vec<(Duration, bool)> = (0..5).map(|i| (S(2 * i), true)).collect();
+        assert_eq!(got, want);
+    }
+
+    /// Renewal fails from t = 2 s: the leader keeps the lead while its last renewal is younger
+    /// than lease − retry = 8 s, and steps down at the attempt at exactly 8 s (before anyone
+    /// may take the Lease over at 10 s).
+    #[tokio::test(start_paused = true)]
+    async fn steps_down_when_unrenewed_for_lease_minus_retry() {
+        let mut results = vec![Some(true)];
+        results.extend([None; 5]);
+        let got = script(&results, S(2), S(10)).await;
+        let held: Vec<bool> = got.iter().map(|(_, l)| *l).collect();
+        assert_eq!(got.last().unwrap().0, S(10));
+        assert_eq!(held, [true, true, true, true, false, false]);
+        // a finer grid: retry 1 s, lease 4.5 s → grace 3.5 s: held at 3 s, gone at 4 s
+        let got = script(&results, S(1), Duration::from_millis(4_500)).await;
+        let held: Vec<bool> = got.iter().map(|(_, l)| *l).collect();
+        assert_eq!(held, [true, true, true, true, false, false]);
+        let got = script(&results, S(1), Duration::from_millis(5_500)).await;
+        let held: Vec<bool> = got.iter().map(|(_, l)| *l).collect();
+        assert_eq!(held, [true, true, true, true, true, false]);
+    }
+
+    /// Losing the Lease (another holder) drops the lead at once, and a later API error does not
+    /// bring it back on the strength of the old renewal.
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lease_is_not_kept_through_later_errors() {
+        let got = script(&[Some(true), Some(false), None, Some(true)], S(2), S(60)).await;
+        let held: Vec<bool> = got.iter().map(|(_, l)| *l).collect();
+        assert_eq!(held, [true, false, false, true]);
+    }
+
+    #[test]
+    fn a_lease_may_be_taken_over_only_after_renew_plus_duration() {
+        let renew = 1_700_000_000_000i64;
+        let spec = LeaseSpec {
+            renew_time: Some(MicroTime(Timestamp::from_millisecond(renew).unwrap())),
+            lease_duration_seconds: Some(15),
+            ..Default::default()
+        };
+        let at = |ms: i64| Timestamp::from_millisecond(renew + ms).unwrap();
+        assert!(!expired(&spec, at(0)));
+        assert!(!expired(&spec, at(14_999)));
+        assert!(
+            !expired(&spec, at(15_000)),
+            "at exactly the duration it still holds"
+        );
+        assert!(expired(&spec, at(15_001)));
+        let no_renew = LeaseSpec {
+            lease_duration_seconds: Some(15),
+            ..Default::default()
+        };
+        assert!(expired(&no_renew, at(0)));
+        let no_duration = LeaseSpec {
+            renew_time: spec.renew_time.clone(),
+            ..Default::default()
+        };
+        assert!(expired(&no_duration, at(0)));
     }
 }

@@ -235,4 +235,175 @@ mod tests {
         assert_send(&checks.run_once(Instant::now()));
         assert_send(&checks);
     }
+
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Mutex;
+
+    use super::super::CheckFuture;
+    use ConditionStatus::{False, True};
+
+    /// A check whose raw status the test sets; it answers after `delay` (`None`: never) and
+    /// counts its runs.
+    struct Fake {
+        status: Arc<Mutex<ConditionStatus>>,
+        delay: Option<Duration>,
+        runs: Arc<AtomicU32>,
+    }
+
+    impl HealthCheck for Fake {
+        fn name(&self) -> &str {
+            "fake"
+        }
+        fn condition_types(&self) -> Vec<String> {
+            vec!["Fake".into()]
+        }
+        fn check(&mut self) -> CheckFuture<'_> {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            let (status, delay) = (*self.status.lock().unwrap(), self.delay);
+            Box::pin(async move {
+                match delay {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+                Ok(vec![CheckResult::new("Fake", status, "R", "")].into())
+            })
+        }
+    }
+
+    fn fake(
+        flap: FlapConfig,
+        delay: Option<Duration>,
+        timeout: Duration,
+    ) -> (Checks, Arc<Mutex<ConditionStatus>>, Arc<AtomicU32>) {
+        let status = Arc::new(Mutex::new(False));
+        let runs = Arc::new(AtomicU32::new(0));
+        let check = Fake {
+            status: status.clone(),
+            delay,
+            runs: runs.clone(),
+        };
+        let checks = Checks::new(vec![(Box::new(check), flap)], timeout);
+        (checks, status, runs)
+    }
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    /// The agent's loop: a check round every `interval` tick, the flap guard fed tokio's clock.
+    /// `raw(t)` is the raw status at tick second `t`; returns the reported status per tick.
+    async fn ticks(
+        flap: FlapConfig,
+        interval: Duration,
+        n: usize,
+        raw: impl Fn(u64) -> ConditionStatus,
+    ) -> Vec<(u64, ConditionStatus)> {
+        let (mut checks, status, runs) = fake(flap, Some(Duration::ZERO), S(5));
+        let t0 = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval(interval);
+        let mut out = Vec::new();
+        for _ in 0..n {
+            tick.tick().await;
+            let t = t0.elapsed().as_secs();
+            *status.lock().unwrap() = raw(t);
+            let round = checks
+                .run_once(tokio::time::Instant::now().into_std())
+                .await;
+            out.push((t, round.conditions[0].status));
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), n as u32, "one run per tick");
+        out
+    }
+
+    /// count 2, for 30 s, a round every 10 s: a failure starting at 10 s is first seen then
+    /// and reported at the tick where it has lasted 30 s (40 s), not one tick earlier.
+    #[tokio::test(start_paused = true)]
+    async fn the_flap_guard_reports_a_change_after_its_duration_on_the_tick_clock() {
+        let p = FlapConfig::new(2, S(30));
+        let got = ticks(p, S(10), 6, |t| if t >= 10 { True } else { False }).await;
+        assert_eq!(
+            got,
+            [
+                (0, False),
+                (10, False),
+                (20, False),
+                (30, False),
+                (40, True),
+                (50, True)
+            ]
+        );
+    }
+
+    /// A one-round blip back at 30 s restarts the 30 s: reported at 70 s, not 40 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_blip_restarts_the_flap_guards_duration() {
+        let p = FlapConfig::new(1, S(30));
+        let got = ticks(
+            p,
+            S(10),
+            9,
+            |t| {
+                if t >= 10 && t != 30 {
+                    True
+                } else {
+                    False
+                }
+            },
+        )
+        .await;
+        let reported: Vec<_> = got.iter().map(|(_, s)| *s).collect();
+        assert_eq!(
+            reported,
+            [False, False, False, False, False, False, False, True, True]
+        );
+    }
+
+    /// With the count as the only guard (the default: 3), the duration is irrelevant: the
+    /// change shows on the third consecutive round whatever the interval.
+    #[tokio::test(start_paused = true)]
+    async fn the_count_guard_counts_rounds_not_seconds() {
+        let got = ticks(FlapConfig::default(), S(3_600), 5, |t| {
+            if t >= 3_600 {
+                True
+            } else {
+                False
+            }
+        })
+        .await;
+        let reported: Vec<_> = got.iter().map(|(_, s)| *s).collect();
+        assert_eq!(reported, [False, False, False, True, True]);
+    }
+
+    /// The check timeout: a check answering just inside it counts; one answering later, or
+    /// never, is cut at exactly the timeout and reported `Unknown` / `CheckFailed`.
+    #[tokio::test(start_paused = true)]
+    async fn a_check_is_cut_at_exactly_its_timeout() {
+        let now = || tokio::time::Instant::now();
+        let immediate = FlapConfig::new(1, Duration::ZERO);
+        for (delay, ok) in [
+            (Some(Duration::from_millis(4_999)), true),
+            (Some(Duration::from_millis(5_001)), false),
+            (None, false),
+        ] {
+            let (mut checks, _, runs) = fake(immediate, delay, S(5));
+            let t0 = now();
+            let round = checks.run_once(t0.into_std()).await;
+            let took = t0.elapsed();
+            let c = &round.conditions[0];
+            assert_eq!(runs.load(Ordering::SeqCst), 1);
+            if ok {
+                assert_eq!(took, Duration::from_millis(4_999));
+                assert_eq!((c.status, c.reason.as_str()), (False, "R"));
+                assert!(round.failures.is_empty());
+            } else {
+                assert_eq!(took, S(5), "delay {delay:?}");
+                assert_eq!(
+                    (c.status, c.reason.as_str()),
+                    (ConditionStatus::Unknown, CHECK_FAILED)
+                );
+                assert!(matches!(
+                    round.failures[0].error,
+                    CheckError::Timeout { timeout, .. } if timeout == S(5)
+                ));
+            }
+        }
+    }
 }

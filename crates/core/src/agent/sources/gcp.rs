@@ -269,40 +269,61 @@ impl Watcher {
     }
 
     async fn run(self, tx: mpsc::Sender<Update>) {
-        let mut etag: Option<String> = None;
-        let mut backoff = Backoff::new(Duration::from_millis(200), self.max);
-        let mut quiet_503 = 0;
-        loop {
-            let result = self.fetch(etag.as_deref()).await;
-            let update = match result {
-                Ok(r) if r.status == 200 => {
-                    backoff.reset();
-                    quiet_503 = 0;
-                    if r.etag.is_some() && r.etag == etag {
-                        continue; // long poll timed out without a change
-                    }
-                    etag = r.etag.clone();
-                    if etag.is_none() {
-                        // Without an ETag a long poll cannot be resumed; fall back to polling.
-                        tokio::time::sleep(backoff.base()).await;
-                    }
-                    Ok(r.body.to_vec())
+        let me = &self;
+        watch_key(
+            self.key,
+            self.max,
+            move |etag: Option<String>| async move { me.fetch(etag.as_deref()).await },
+            tx,
+        )
+        .await;
+    }
+}
+
+/// The loop of one [`Watcher`], over `fetch` (given the last ETag: `None` asks at once, `Some`
+/// long-polls for a change): a 200 with a new value is sent and long-polled from; a 200 with
+/// the same ETag (the long poll timed out) is asked again at once; a 200 without an ETag is
+/// polled again after 200 ms; the first [`QUIET_503_RETRIES`] 503s in a row are retried after
+/// the backoff without a message; other failures are sent and retried after the backoff
+/// (200 ms doubling up to `max`, reset by a 200).
+async fn watch_key<F, Fut>(key: &'static str, max: Duration, fetch: F, tx: mpsc::Sender<Update>)
+where
+    F: Fn(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<Response, SourceError>>,
+{
+    let mut etag: Option<String> = None;
+    let mut backoff = Backoff::new(Duration::from_millis(200), max);
+    let mut quiet_503 = 0;
+    loop {
+        let result = fetch(etag.clone()).await;
+        let update = match result {
+            Ok(r) if r.status == 200 => {
+                backoff.reset();
+                quiet_503 = 0;
+                if r.etag.is_some() && r.etag == etag {
+                    continue; // long poll timed out without a change
                 }
-                Ok(r) if r.status == 503 && quiet_503 < QUIET_503_RETRIES => {
-                    quiet_503 += 1;
-                    tokio::time::sleep(backoff.next_delay()).await;
-                    continue;
+                etag = r.etag.clone();
+                if etag.is_none() {
+                    // Without an ETag a long poll cannot be resumed; fall back to polling.
+                    tokio::time::sleep(backoff.base()).await;
                 }
-                Ok(r) => Err(r.unexpected()),
-                Err(e) => Err(e),
-            };
-            let failed = update.is_err();
-            if tx.send((self.key, update)).await.is_err() {
-                return;
+                Ok(r.body.to_vec())
             }
-            if failed {
+            Ok(r) if r.status == 503 && quiet_503 < QUIET_503_RETRIES => {
+                quiet_503 += 1;
                 tokio::time::sleep(backoff.next_delay()).await;
+                continue;
             }
+            Ok(r) => Err(r.unexpected()),
+            Err(e) => Err(e),
+        };
+        let failed = update.is_err();
+        if tx.send((key, update)).await.is_err() {
+            return;
+        }
+        if failed {
+            tokio::time::sleep(backoff.next_delay()).await;
         }
     }
 }
@@ -355,5 +376,144 @@ mod tests {
         assert_eq!(id.instance_type.as_deref(), Some("e2-medium"));
         assert_eq!(id.preemptible, Some(true));
         assert_eq!(urlencode("a b/c"), "a%20b%2Fc");
+    }
+
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    use tokio::time::Instant;
+
+    /// A scripted answer: `Some((status, etag))`, or `None` for a failed request.
+    type Answer = Option<(u16, Option<&'static str>)>;
+
+    /// Runs [`watch_key`] over `script` until the script is used up; returns each request's
+    /// time and the ETag it long-polled from, and each message's time and whether it was an
+    /// error.
+    async fn watch(
+        script: &[Answer],
+        max: Duration,
+    ) -> (Vec<(Duration, Option<String>)>, Vec<(Duration, bool)>) {
+        let t0 = Instant::now();
+        let left = Arc::new(Mutex::new(script.iter().copied().collect::<VecDeque<_>>()));
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let done = Arc::new(tokio::sync::Notify::new());
+        let fetch = {
+            let (left, asked, done) = (left.clone(), asked.clone(), done.clone());
+            move |etag: Option<String>| {
+                asked.lock().unwrap().push((t0.elapsed(), etag));
+                let next = left.lock().unwrap().pop_front();
+                let done = done.clone();
+                async move {
+                    let Some(answer) = next else {
+                        done.notify_one();
+                        return std::future::pending().await;
+                    };
+                    match answer {
+                        Some((status, etag)) => Ok(Response {
+                            url: "u".into(),
+                            status,
+                            etag: etag.map(str::to_string),
+                            body: bytes::Bytes::from_static(b"NONE"),
+                        }),
+                        None => Err(SourceError::Config("refused".into())),
+                    }
+                }
+            }
+        };
+        let (tx, mut rx) = mpsc::channel(64);
+        let task = tokio::spawn(watch_key(MAINTENANCE_KEY, max, fetch, tx));
+        let mut messages = Vec::new();
+        loop {
+            // Messages first: the ones sent before the script ran out are all taken.
+            tokio::select! {
+                biased;
+                m = rx.recv() => messages.push((t0.elapsed(), m.unwrap().1.is_err())),
+                _ = done.notified() => break,
+            }
+        }
+        task.abort();
+        let asked = asked.lock().unwrap().clone();
+        assert_eq!(asked.len(), script.len() + 1);
+        (asked, messages)
+    }
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    fn within(gap: Duration, d: Duration) -> bool {
+        gap >= d / 2 && gap <= d + MS(1)
+    }
+
+    /// Long polls: a change is sent and long-polled from (its ETag); a timed-out long poll (same
+    /// ETag) is asked again at once without a message.
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_out_long_poll_is_resumed_at_once_from_the_last_etag() {
+        let script = [
+            Some((200, Some("e1"))),
+            Some((200, Some("e1"))),
+            Some((200, Some("e2"))),
+        ];
+        let (asked, messages) = watch(&script, MS(30_000)).await;
+        let etags: Vec<Option<&str>> = asked.iter().map(|(_, e)| e.as_deref()).collect();
+        assert_eq!(etags, [None, Some("e1"), Some("e1"), Some("e2")]);
+        assert!(asked.iter().all(|(t, _)| t.is_zero()), "{asked:?}");
+        assert_eq!(messages, [(Duration::ZERO, false), (Duration::ZERO, false)]);
+    }
+
+    /// Failures: each is sent, then retried after 200 ms doubling (jittered into [d/2, d]) up
+    /// to the cap; a 200 resets the backoff.
+    #[tokio::test(start_paused = true)]
+    async fn failures_are_sent_and_retried_with_a_doubling_backoff_reset_by_a_200() {
+        let script = [None, None, None, None, None, Some((200, Some("e"))), None];
+        let (asked, messages) = watch(&script, MS(1_000)).await;
+        let gaps: Vec<Duration> = asked.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        for (i, d) in [200u64, 400, 800, 1_000, 1_000].iter().enumerate() {
+            assert!(within(gaps[i], MS(*d)), "gap {i}: {:?} for {d} ms", gaps[i]);
+        }
+        assert_eq!(
+            gaps[5],
+            Duration::ZERO,
+            "a change is long-polled from at once"
+        );
+        assert!(within(gaps[6], MS(200)), "reset: {:?}", gaps[6]);
+        let errors: Vec<bool> = messages.iter().map(|(_, e)| *e).collect();
+        assert_eq!(errors, [true, true, true, true, true, false, true]);
+    }
+
+    /// 503s (maintenance): three in a row are retried quietly after the backoff; the fourth is
+    /// reported. A 200 in between restarts the quiet count.
+    #[tokio::test(start_paused = true)]
+    async fn brief_503s_are_retried_quietly_three_times() {
+        let s503 = Some((503, None));
+        let script = [s503, s503, s503, s503, Some((200, Some("e"))), s503];
+        let (asked, messages) = watch(&script, MS(60_000)).await;
+        let gaps: Vec<Duration> = asked.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        for (i, d) in [200u64, 400, 800, 1_600].iter().enumerate() {
+            assert!(within(gaps[i], MS(*d)), "gap {i}: {:?} for {d} ms", gaps[i]);
+        }
+        assert_eq!(gaps[4], Duration::ZERO);
+        assert!(within(gaps[5], MS(200)), "{:?}", gaps[5]);
+        let errors: Vec<bool> = messages.iter().map(|(_, e)| *e).collect();
+        assert_eq!(
+            errors,
+            [true, false],
+            "only the fourth 503 and the 200 are sent"
+        );
+        assert_eq!(
+            messages[0].0, asked[3].0,
+            "the fourth 503 is sent when it arrives"
+        );
+    }
+
+    /// Without an ETag a long poll cannot resume: the value is sent 200 ms later and asked
+    /// again right after (plain polling every 200 ms).
+    #[tokio::test(start_paused = true)]
+    async fn without_an_etag_it_polls_every_200_ms() {
+        let script = [Some((200, None)), Some((200, None)), Some((200, None))];
+        let (asked, messages) = watch(&script, MS(60_000)).await;
+        let times: Vec<Duration> = asked.iter().map(|(t, _)| *t).collect();
+        assert_eq!(times, [MS(0), MS(200), MS(400), MS(600)]);
+        assert!(asked.iter().all(|(_, e)| e.is_none()));
+        let sent: Vec<Duration> = messages.iter().map(|(t, _)| *t).collect();
+        assert_eq!(sent, [MS(200), MS(400), MS(600)]);
     }
 }
