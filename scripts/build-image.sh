@@ -16,7 +16,7 @@
 # binary is static, so the image's root needs nothing else), check the binary is static (ldd),
 # the user is 65532 and the image holds only the expected files.
 # Takes minutes from cold (two release builds, ~4 min each on 2 cores): not part of `cargo test`; run by
-# tests/packaging_image.rs (#[ignore]d: `cargo test --test packaging_image -- --ignored`).
+# tests/host/packaging_image.rs (#[ignore]d: `cargo test --test host packaging_image:: -- --ignored`).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/package-lib.sh"
 

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Installs real Helm v4 as the PyPI package `helm-python-sdk` (Helm's Go SDK as a C library,
-# driven from Python; no helm binary) into <repo>/.cache/venv, for tests/helm_chart.rs and
+# driven from Python; no helm binary) into <repo>/.cache/venv, for tests/host/helm_chart.rs and
 # packaging/helm/render.py. Idempotent: does nothing when it already imports.
 set -eu
 REPO=$(cd "$(dirname "$0")/.." && pwd)

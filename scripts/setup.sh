@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything nodekeeper's demo and tests need on a fresh Debian machine (idempotent):
-# Debian packages (openssl: tests/provider_oci.rs makes its RSA keys with it; rpm and cpio for the .rpm
+# Debian packages (openssl: tests/sim/provider_oci.rs makes its RSA keys with it; rpm and cpio for the .rpm
 # test), cargo-generate-rpm, real kubectl in a venv, the cached nspawn rootfs, and the real Kubernetes
 # control plane built from Go modules (scripts/setup-k8s.sh; needs Go and the Go module proxy).
 . "$(dirname "$0")/lib.sh"
 
 apt_install ca-certificates systemd systemd-container debootstrap dbus iproute2 util-linux hyperfine python3-venv \
   openssl rpm cpio curl
-# The .rpm test's packager (tests/packaging_rpm.rs).
+# The .rpm test's packager (tests/host/packaging_rpm.rs).
 . "$REPO/scripts/package-lib.sh"
 ensure_generate_rpm
 [ -x "$REPO/scripts/setup-kubectl.sh" ] && "$REPO/scripts/setup-kubectl.sh"

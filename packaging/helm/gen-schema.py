@@ -6,7 +6,7 @@ The chart's own values are described below by hand. The two TOML configurations
 of a section that `nodekeeper validate` prints for packaging/helm/full-config.toml (a config that
 sets each optional key once) is allowed, with its type; unknown sections and unknown keys are
 rejected at `helm install/template` time (the binary's `deny_unknown_fields` catches deeper typos
-at start-up). tests/helm_chart.rs checks the schema against the binary's config types.
+at start-up). tests/host/helm_chart.rs checks the schema against the binary's config types.
 
 Usage: packaging/helm/gen-schema.py [path/to/nodekeeper]   (default: target/debug/nodekeeper)
 """

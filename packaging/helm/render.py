@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Lints, validates and renders the chart offline with real Helm v4 (PyPI helm-python-sdk;
-scripts/setup-helm.sh installs it into .cache/venv). Used by tests/helm_chart.rs.
+scripts/setup-helm.sh installs it into .cache/venv). Used by tests/host/helm_chart.rs.
 
 Usage: .cache/venv/bin/python packaging/helm/render.py CHART RELEASE NAMESPACE [VALUES.yaml]
 Prints one JSON object: {"lint": {...}, "schema_error": null | "...", "manifests": {path: yaml},

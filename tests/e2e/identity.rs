@@ -46,9 +46,16 @@ async fn a_bound_agent_token_reports_for_its_own_node_only(c: &'static Cluster) 
     let running = nodekeeper_core::controller::start(ctl_client, &cfg)
         .await
         .unwrap();
-    ctl::wait_for(Duration::from_secs(20), || {
-        running.app.ready.load(std::sync::atomic::Ordering::Relaxed) && *running.app.leader.borrow()
-    })
+    crate::shared::wait::until(
+        Duration::from_secs(20),
+        "the controller ready and leading",
+        || {
+            std::future::ready(
+                running.app.ready.load(std::sync::atomic::Ordering::Relaxed)
+                    && *running.app.leader.borrow(),
+            )
+        },
+    )
     .await;
 
     let (pod_a, uid_a) = agent_pod_on(&admin, "id-a").await;

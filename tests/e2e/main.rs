@@ -9,12 +9,10 @@
 #[macro_use]
 mod support;
 
-#[path = "../agent_proc/mod.rs"]
-mod agent_proc;
-#[path = "../ctl/mod.rs"]
-mod ctl;
-#[path = "../packaging_support/mod.rs"]
-mod packaging_support;
+// The helpers shared with the other test binaries (tests/support/); `support` above is e2e's own.
+#[path = "../support/mod.rs"]
+mod shared;
+use shared::{agent_proc, ctl, packaging as packaging_support};
 
 mod demo;
 mod drain;

@@ -32,15 +32,7 @@ pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-pub fn kubectl_bin() -> PathBuf {
-    let p = repo().join(".cache/venv/bin/kubectl");
-    assert!(
-        p.exists(),
-        "real kubectl not found at {}: run scripts/setup-kubectl.sh",
-        p.display()
-    );
-    p
-}
+pub use crate::shared::kubectl_bin;
 
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()

@@ -8,7 +8,7 @@
 # `everyday`, and deletes them at the end. Prints one line per step on stdout,
 #   <step> exit=<kubectl's exit code> [fact=value ...]
 # with the facts that must hold on every Kubernetes API (not byte-for-byte output); each command and
-# its output go to stderr. tests/kubectl_everyday.rs runs it against the sim and a real control plane
+# its output go to stderr. tests/sim/kubectl_everyday.rs runs it against the sim and a real control plane
 # and compares the lines. KUBECTL overrides the kubectl binary (default: .cache/venv/bin/kubectl).
 set -u
 KC=${1:?usage: $0 KUBECONFIG}

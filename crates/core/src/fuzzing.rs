@@ -1,5 +1,5 @@
 //! Fuzz bodies: one plain function per untrusted input format, shared by the `fuzz/` cargo-fuzz
-//! crate (the long runs, `cargo +nightly fuzz run <target>`) and `tests/fuzz_smoke.rs` (the
+//! crate (the long runs, `cargo +nightly fuzz run <target>`) and `tests/unit_like/fuzz_smoke.rs` (the
 //! CI-sized run over the seed corpus plus seeded random mutations).
 //!
 //! Each function feeds the bytes through the same code production uses and returns how many of

@@ -1,5 +1,0 @@
-//! Helpers shared by the integration tests.
-#![allow(dead_code)]
-
-pub mod nspawn;
-pub mod package_boot;

@@ -1,0 +1,29 @@
+//! Integration tests of the binary on this host: the agent and `crio apply` CLIs, health checks
+//! against the machine and `/dev/kmsg`, real systemd in systemd-nspawn containers, the metadata
+//! sources (emulators on loopback and, in a network namespace, at 169.254.169.254), packaging
+//! (.deb, .rpm, image, Helm). Tests that need root are `#[ignore = "needs root …"]`: run them with
+//! `-- --include-ignored` (scripts/test.sh does). One test binary (`cargo test --test host`); each
+//! former `tests/NAME.rs` is the module `NAME`.
+#![allow(clippy::unwrap_used)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod agent_cli;
+mod agent_reboot_nspawn;
+mod agent_shutdown_nspawn;
+mod checks_host;
+mod checks_kmsg;
+mod checks_systemd_nspawn;
+mod cli_crio;
+mod crio_apply_systemd;
+mod helm_chart;
+mod imds_config;
+mod imds_netns;
+mod imds_sources;
+mod packaging_deb;
+mod packaging_image;
+mod packaging_rpm;
+mod systemd_logind;
+mod systemd_units;
+mod unit_files;

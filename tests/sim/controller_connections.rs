@@ -1,0 +1,185 @@
+//! Connection limits of the report API. Every agent keeps its connection open (HTTP/2 over TLS,
+//! a report every 10 s, a 60 s idle pool), so one controller replica holds one connection per
+//! node it serves. The former fixed limit of 1,024 connections left every agent beyond it refused
+//! for as long as the first ones stayed connected; the limit is now `[controller]
+//! max_connections` (default 16,384) and the open-files limit is raised to match.
+//!
+//! Sim only: thousands of loopback connections to one replica; no cluster behaviour is involved.
+#![allow(clippy::unwrap_used)]
+
+use crate::support::ctl;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use futures::StreamExt;
+use nodekeeper_core::agent::checks::ConditionStatus;
+
+use ctl::*;
+
+/// Established TCP connections of this process to `addr` (client side), from /proc/net/tcp.
+fn established_to(addr: SocketAddr) -> usize {
+    let port = format!(":{:04X}", addr.port());
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[2].ends_with(&port) && f[3] == "01"
+        })
+        .count()
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap()
+}
+
+/// `n` agents' clients, each with its own connection pool, each having made one request: their
+/// connections stay open, as the agents' do between reports.
+async fn open_agents(
+    env: &Env,
+    addr: SocketAddr,
+    n: usize,
+) -> Vec<(reqwest::Client, Result<u16, String>)> {
+    futures::stream::iter(0..n)
+        .map(|_| async {
+            let c = https(&env.ca, addr);
+            let r = get(&c, addr, "/livez").await.map(|(code, _)| code);
+            (c, r)
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await
+}
+
+async fn report_ok(env: &Env, addr: SocketAddr, node: &str, seq: u64) -> Result<u16, String> {
+    let http = https(&env.ca, addr);
+    let token = env.token(node, "nodekeeper").await;
+    let body = serde_json::to_value(report(
+        node,
+        seq,
+        &[("NodekeeperDiskPressure", ConditionStatus::False)],
+    ))
+    .unwrap();
+    request(
+        &http,
+        "POST",
+        &url(addr, "/v1/reports"),
+        Some(&token),
+        &[],
+        Some(serde_json::to_vec(&body).unwrap()),
+    )
+    .await
+    .map(|(code, _)| code)
+    .map_err(|e| e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_agents_than_the_former_limit_stay_connected_and_a_new_one_still_reports() {
+    install_crypto();
+    const AGENTS: usize = 1_100;
+    // client and server sockets of this one process, plus the sim's
+    let files = nodekeeper_core::serve::raise_open_files_limit().unwrap();
+    assert!(
+        files >= 2 * AGENTS as u64 + 512,
+        "open-files hard limit {files} too low for this test"
+    );
+    let env = Env::new(1).await;
+    let cfg = env.config();
+    assert_eq!(
+        cfg.max_connections,
+        nodekeeper_core::serve::DEFAULT_MAX_CONNECTIONS
+    );
+    let ctl = env.controller(&cfg, true).await;
+    let before = rss_kib();
+    let agents = open_agents(&env, ctl.addr, AGENTS).await;
+    let failed: Vec<_> = agents.iter().filter(|(_, r)| r != &Ok(200)).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {AGENTS} agents failed, e.g. {:?}",
+        failed.len(),
+        failed[0].1
+    );
+    assert!(
+        established_to(ctl.addr) >= AGENTS,
+        "only {} connections held",
+        established_to(ctl.addr)
+    );
+    eprintln!(
+        "NOTE: {AGENTS} idle TLS connections: +{} KiB RSS (client and server sides in this process)",
+        rss_kib().saturating_sub(before)
+    );
+    // An agent beyond them connects and reports; the others' connections are still good.
+    assert_eq!(report_ok(&env, ctl.addr, "n0", 1).await, Ok(200));
+    for (c, _) in agents.iter().step_by(100) {
+        assert_eq!(
+            get(c, ctl.addr, "/livez").await.map(|(code, _)| code),
+            Ok(200)
+        );
+    }
+    ctl.cancel.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_connections_is_configurable_and_a_closed_connection_frees_its_slot() {
+    install_crypto();
+    let env = Env::new(1).await;
+    let mut cfg = env.config();
+    cfg.max_connections = 4;
+    assert!(cfg.validate().is_empty(), "{:?}", cfg.validate());
+    let ctl = env.controller(&cfg, true).await;
+    let mut agents = open_agents(&env, ctl.addr, 4).await;
+    assert!(agents.iter().all(|(_, r)| r == &Ok(200)));
+    // a fifth connection is closed right after accept, and counted
+    let refused = report_ok(&env, ctl.addr, "n0", 1).await;
+    assert!(refused.is_err(), "{refused:?}");
+    let c = &ctl.app.connections;
+    assert_eq!(
+        (c.open.load(Relaxed), c.max.load(Relaxed)),
+        (4, 4),
+        "open and max connections"
+    );
+    assert!(c.refused.load(Relaxed) >= 1);
+    // one agent goes away: its slot serves the next
+    agents.pop();
+    let mut ok = Err(String::new());
+    for _ in 0..50 {
+        ok = report_ok(&env, ctl.addr, "n0", 2).await;
+        if ok == Ok(200) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(ok, Ok(200));
+    // the agents' view: /metrics over a held connection
+    let (code, text) = get(&agents[0].0, ctl.addr, "/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(text.contains("nodekeeper_connections_max 4\n"), "{text}");
+    assert!(text.contains("nodekeeper_connections_open "), "{text}");
+    assert!(
+        !text.contains("nodekeeper_connections_refused_total 0\n"),
+        "{text}"
+    );
+    ctl.cancel.cancel();
+}
+
+#[test]
+fn max_connections_zero_is_rejected() {
+    let cfg = nodekeeper_core::controller::config::ControllerConfig {
+        max_connections: 0,
+        ..Default::default()
+    };
+    let d = cfg.validate();
+    assert!(
+        d.iter()
+            .any(|d| format!("{d:?}").contains("max_connections")),
+        "{d:?}"
+    );
+}

@@ -1,0 +1,52 @@
+//! Helpers shared by every integration-test binary (`tests/<binary>/main.rs` includes this
+//! module with `#[path = "../support/mod.rs"] mod support;`). Not every binary uses every helper.
+#![allow(dead_code)]
+
+pub mod agent_proc;
+pub mod ctl;
+pub mod drain;
+pub mod engine;
+pub mod netns;
+pub mod nspawn;
+pub mod package_boot;
+pub mod packaging;
+pub mod policy;
+pub mod wait;
+
+use std::path::{Path, PathBuf};
+
+/// The libtest name of the test function `f` declared in the module `module` (pass
+/// `module_path!()`): the module path without the crate's name, e.g. `systemd_units::helper`.
+/// For tests that re-run their own binary with `--exact NAME` (the child-process helpers).
+pub fn test_name(module: &str, f: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{f}"),
+        None => f.to_string(),
+    }
+}
+
+/// The repository (the root package's directory).
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The real kubectl that `scripts/setup-kubectl.sh` installs; fails the test when it is missing.
+pub fn kubectl_bin() -> PathBuf {
+    let p = repo().join(".cache/venv/bin/kubectl");
+    assert!(
+        p.exists(),
+        "real kubectl not found at {}: run scripts/setup-kubectl.sh",
+        p.display()
+    );
+    p
+}
+
+/// A free loopback port (bind to port 0, read the port, close). Another process may take it
+/// before the caller binds it; prefer a listener the code under test binds itself on port 0.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -1,0 +1,292 @@
+//! Shared by tests/unit_like/manifests.rs and tests/host/helm_chart.rs: YAML streams parsed into typed
+//! Kubernetes objects (k8s-openapi, plus the two Prometheus Operator kinds modelled here), with
+//! a round trip that fails on unknown or misspelt fields.
+#![allow(dead_code)]
+
+pub mod rbac;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapKeySelector, Namespace, SecretKeySelector, Service, ServiceAccount,
+};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every document of a YAML stream (null documents dropped), labelled with `source`.
+pub fn yaml_docs(source: &str, text: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for d in serde_yaml::Deserializer::from_str(text) {
+        let v = Value::deserialize(d).unwrap_or_else(|e| panic!("{source}: {e}"));
+        if !v.is_null() {
+            out.push((source.to_string(), v));
+        }
+    }
+    out
+}
+
+/// The documents of `manifests/*.yaml`, files in name order (kustomization.yaml excluded).
+pub fn manifest_docs() -> Vec<(String, Value)> {
+    let dir = repo().join("manifests");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| !p.ends_with("kustomization.yaml"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            yaml_docs(&f.file_name().unwrap().to_string_lossy(), &text)
+        })
+        .collect()
+}
+
+/// Parses `v` as `T` and requires the round trip to reproduce it exactly: a misspelt or unknown
+/// field is dropped by the typed model and shows up as a difference.
+pub fn typed<T: DeserializeOwned + Serialize>(file: &str, v: &Value) -> T {
+    let t: T = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let back = serde_json::to_value(&t).unwrap();
+    assert_eq!(
+        &back, v,
+        "{file}: fields lost in the typed round trip (unknown field?)"
+    );
+    t
+}
+
+/// `metadata.name` of a raw object.
+pub fn name(v: &Value) -> &str {
+    v["metadata"]["name"].as_str().unwrap_or("")
+}
+
+/// `monitoring.coreos.com/v1` ServiceMonitor (the fields nodekeeper uses; unknown ones fail).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ServiceMonitor {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: ServiceMonitorSpec,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ServiceMonitorSpec {
+    pub selector: LabelSelector,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<NamespaceSelector>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NamespaceSelector {
+    pub match_names: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Endpoint {
+    pub port: String,
+    pub path: String,
+    pub scheme: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_config: Option<TlsConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TlsConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca: Option<SecretOrConfigMap>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SecretOrConfigMap {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ConfigMapKeySelector>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretKeySelector>,
+}
+
+/// `monitoring.coreos.com/v1` PrometheusRule.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PrometheusRule {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: PrometheusRuleSpec,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrometheusRuleSpec {
+    pub groups: Vec<RuleGroup>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleGroup {
+    pub name: String,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub alert: String,
+    pub expr: String,
+    #[serde(rename = "for", skip_serializing_if = "Option::is_none")]
+    pub for_: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Every object of a set of documents, by kind.
+#[derive(Default)]
+pub struct All {
+    /// `Kind/namespace/name` of every object, in order.
+    pub ids: Vec<String>,
+    pub namespaces: Vec<Namespace>,
+    pub service_accounts: Vec<ServiceAccount>,
+    pub cluster_roles: Vec<ClusterRole>,
+    pub roles: Vec<Role>,
+    pub crbs: Vec<ClusterRoleBinding>,
+    pub rbs: Vec<RoleBinding>,
+    pub daemonsets: Vec<DaemonSet>,
+    pub deployments: Vec<Deployment>,
+    pub configmaps: Vec<ConfigMap>,
+    pub vaps: Vec<ValidatingAdmissionPolicy>,
+    pub vapbs: Vec<ValidatingAdmissionPolicyBinding>,
+    pub pdbs: Vec<PodDisruptionBudget>,
+    pub services: Vec<Service>,
+    pub service_monitors: Vec<ServiceMonitor>,
+    pub prometheus_rules: Vec<PrometheusRule>,
+}
+
+/// Parses every document into its typed model; an unknown kind fails.
+pub fn load(docs: &[(String, Value)]) -> All {
+    let mut a = All::default();
+    for (file, v) in docs {
+        let kind = v["kind"].as_str().unwrap_or_default().to_string();
+        let ns = v["metadata"]["namespace"].as_str().unwrap_or("");
+        a.ids.push(format!("{kind}/{ns}/{}", name(v)));
+        let f = format!("{file} {kind}/{}", name(v));
+        match kind.as_str() {
+            "Namespace" => a.namespaces.push(typed(&f, v)),
+            "ServiceAccount" => a.service_accounts.push(typed(&f, v)),
+            "ClusterRole" => a.cluster_roles.push(typed(&f, v)),
+            "Role" => a.roles.push(typed(&f, v)),
+            "ClusterRoleBinding" => a.crbs.push(typed(&f, v)),
+            "RoleBinding" => a.rbs.push(typed(&f, v)),
+            "DaemonSet" => a.daemonsets.push(typed(&f, v)),
+            "Deployment" => a.deployments.push(typed(&f, v)),
+            "ConfigMap" => a.configmaps.push(typed(&f, v)),
+            "Service" => a.services.push(typed(&f, v)),
+            "PodDisruptionBudget" => a.pdbs.push(typed(&f, v)),
+            "ValidatingAdmissionPolicy" => a.vaps.push(typed(&f, v)),
+            "ValidatingAdmissionPolicyBinding" => a.vapbs.push(typed(&f, v)),
+            "ServiceMonitor" => a.service_monitors.push(typed(&f, v)),
+            "PrometheusRule" => a.prometheus_rules.push(typed(&f, v)),
+            other => panic!("{f}: kind {other} has no typed check"),
+        }
+    }
+    a
+}
+
+/// `metric_name` tokens (`nodekeeper_*`) in a PromQL expression.
+pub fn metric_names(expr: &str) -> BTreeSet<String> {
+    let re = regex::Regex::new(r"\bnodekeeper_[a-z0-9_]+").unwrap();
+    re.find_iter(expr).map(|m| m.as_str().to_string()).collect()
+}
+
+/// The `config.toml` of every ConfigMap, by ConfigMap name.
+pub fn configs(a: &All) -> BTreeMap<String, String> {
+    a.configmaps
+        .iter()
+        .map(|cm| {
+            let n = cm.metadata.name.clone().unwrap_or_default();
+            let text = cm
+                .data
+                .as_ref()
+                .and_then(|d| d.get("config.toml"))
+                .unwrap_or_else(|| panic!("ConfigMap {n}: no config.toml"))
+                .clone();
+            (n, text)
+        })
+        .collect()
+}
+
+/// Loads a TOML config as `nodekeeper validate` does; fails on errors **and** warnings.
+pub fn validate_config(label: &str, text: &str) -> nodekeeper_core::config::Config {
+    let env = nodekeeper_core::config::Env::default();
+    let l = nodekeeper_core::config::Config::load_str(Path::new(label), text, &env, &|| None)
+        .unwrap_or_else(|e| panic!("{label}: {e}\n{text}"));
+    assert!(
+        l.warnings.is_empty(),
+        "{label}: warnings {:?}\n{text}",
+        l.warnings
+    );
+    l.config
+}
+
+/// The admission policy: only the agent's requests are evaluated (a condition that cannot fail,
+/// and Ignore if it ever does), every Node write of the agent is denied, and it is bound.
+pub fn assert_admission_policy(a: &All, ns: &str) {
+    let vap = a.vaps[0].spec.as_ref().unwrap();
+    assert_eq!(vap.failure_policy.as_deref(), Some("Ignore"));
+    let mc = vap.match_conditions.as_ref().unwrap();
+    assert_eq!(mc.len(), 1);
+    assert_eq!(
+        mc[0].expression,
+        format!(
+            "has(request.userInfo.username) && \
+             request.userInfo.username == 'system:serviceaccount:{ns}:nodekeeper-agent'"
+        )
+    );
+    let rr = vap
+        .match_constraints
+        .as_ref()
+        .unwrap()
+        .resource_rules
+        .as_ref()
+        .unwrap();
+    assert_eq!(rr.len(), 1);
+    let strs = |v: &Option<Vec<String>>| v.clone().unwrap_or_default();
+    assert_eq!(strs(&rr[0].api_groups), [""]);
+    assert_eq!(strs(&rr[0].resources), ["nodes", "nodes/*"]);
+    assert_eq!(strs(&rr[0].operations), ["CREATE", "UPDATE", "DELETE"]);
+    let v = vap.validations.as_ref().unwrap();
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].expression, "false", "the agent writes no Node");
+    assert_eq!(v[0].reason.as_deref(), Some("Forbidden"));
+    let b = a.vapbs[0].spec.as_ref().unwrap();
+    assert_eq!(b.policy_name.as_deref(), a.vaps[0].metadata.name.as_deref());
+    assert_eq!(
+        b.validation_actions.as_deref(),
+        Some(&["Deny".to_string()][..])
+    );
+    assert!(b.match_resources.is_none() && b.param_ref.is_none());
+}

@@ -1,0 +1,21 @@
+//! Integration tests that need nothing but the build: pure functions, property tests, fuzzing
+//! smoke, configuration parsing, the manifests, and the notification and webhook clients
+//! against in-process receivers on 127.0.0.1. One test binary (`cargo test --test unit_like`);
+//! each former `tests/NAME.rs` is the module `NAME`.
+#![allow(clippy::unwrap_used)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod checks_config;
+mod checks_systemd;
+mod drain_select_prop;
+mod fuzz_smoke;
+mod imds_parsers_prop;
+mod manifests;
+mod notify_webhook;
+mod policy_config;
+mod policy_props;
+mod policy_table;
+mod provider_none;
+mod provider_webhook;
