@@ -12,26 +12,31 @@
 //! or query (webhook URLs often embed a token): logs, errors and counters name a target
 //! `notify[i] http://host:port`.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::DescriptorEncoder;
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::cfg_path;
-use crate::config::{Diagnostic, Secret};
 use crate::controller::metrics;
-use crate::controller::provider::webhook::{backoff, sign, SIGNATURE_HEADER};
+
+mod config;
+mod deliver;
+mod queue;
+mod template;
+
+pub use config::{validate, NotifyConfig};
+pub use queue::NotifyStats;
+
+#[cfg(test)]
+use config::looks_like_json;
+use deliver::deliver_loop;
+use queue::{NotifyMetrics, Queued, Target};
+#[cfg(test)]
+use template::{body, parse_template};
 
 /// Version of the default JSON body ([`Payload::version`]).
 pub const PAYLOAD_VERSION: u32 = 1;
@@ -73,210 +78,6 @@ impl Phase {
     }
 }
 
-/// `[[controller.notify]]`: one webhook target.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct NotifyConfig {
-    /// `https://` (or `http://`) URL to POST to.
-    pub url: String,
-    /// A PEM CA file trusted besides the system's roots.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<std::path::PathBuf>,
-    /// Which phases are sent (default: all three).
-    #[serde(default = "all_phases")]
-    pub events: Vec<Phase>,
-    /// Body template with `{node}`, `{action}`, `{phase}`, `{result}`, `{reason}`,
-    /// `{message}`, `{time}`, `{id}` placeholders (default: the JSON [`Payload`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template: Option<String>,
-    /// Content-Type of a templated body (default: `application/json` when the template looks
-    /// like JSON (`{"...` or `[`), else `text/plain; charset=utf-8`). With a JSON type, values
-    /// are JSON-escaped.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content_type: Option<String>,
-    /// HMAC-SHA256 key for `X-Nodekeeper-Signature` (empty: unsigned); never printed.
-    #[serde(default)]
-    pub secret: Secret,
-    /// Timeout of one attempt.
-    #[serde(default = "default_timeout", with = "humantime_serde")]
-    pub timeout: Duration,
-    /// Attempts on 5xx / 429 / timeouts / connection errors before giving up.
-    #[serde(default = "default_attempts")]
-    pub max_attempts: u32,
-    /// First retry delay (doubled each attempt, with jitter, capped at 30 s).
-    #[serde(default = "default_backoff", with = "humantime_serde")]
-    pub backoff: Duration,
-    /// Notifications waiting at most; when full the oldest is dropped (and counted).
-    #[serde(default = "default_queue")]
-    pub queue_size: usize,
-}
-
-fn all_phases() -> Vec<Phase> {
-    Phase::ALL.to_vec()
-}
-fn default_timeout() -> Duration {
-    Duration::from_secs(5)
-}
-fn default_attempts() -> u32 {
-    5
-}
-fn default_backoff() -> Duration {
-    Duration::from_millis(500)
-}
-fn default_queue() -> usize {
-    256
-}
-
-impl NotifyConfig {
-    /// A target for `url` with the defaults.
-    pub fn new(url: &str) -> Self {
-        NotifyConfig {
-            url: url.to_string(),
-            ca_file: None,
-            events: all_phases(),
-            template: None,
-            content_type: None,
-            secret: Secret::default(),
-            timeout: default_timeout(),
-            max_attempts: default_attempts(),
-            backoff: default_backoff(),
-            queue_size: default_queue(),
-        }
-    }
-
-    /// The Content-Type of the body.
-    pub fn effective_content_type(&self) -> &str {
-        match (&self.content_type, &self.template) {
-            (Some(c), _) => c,
-            (None, None) => "application/json",
-            (None, Some(t)) if looks_like_json(t) => "application/json",
-            (None, Some(_)) => "text/plain; charset=utf-8",
-        }
-    }
-}
-
-/// A template starting with `[`, or with `{` followed by `"` or `}` (a JSON object rather
-/// than a leading placeholder such as `{node}`).
-fn looks_like_json(tpl: &str) -> bool {
-    let t = tpl.trim_start();
-    match t.strip_prefix('{') {
-        Some(rest) => rest.trim_start().starts_with(['"', '}']),
-        None => t.starts_with('['),
-    }
-}
-
-/// Checks every `[[controller.notify]]` entry; paths are `controller.notify[i].<key>`.
-pub fn validate(targets: &[NotifyConfig]) -> Vec<Diagnostic> {
-    targets
-        .iter()
-        .enumerate()
-        .flat_map(|(i, t)| validate_one(i, t))
-        .collect()
-}
-
-fn validate_one(i: usize, t: &NotifyConfig) -> Vec<Diagnostic> {
-    let at = |k: &str| cfg_path!["controller", "notify", i, k];
-    let mut d = Vec::new();
-    d.extend(super::provider::check_http_url(&t.url, at("url")));
-    if t.events.is_empty() {
-        d.push(Diagnostic::error(
-            at("events"),
-            "must name at least one of started, finished, failed",
-        ));
-    }
-    if let Some(Err(e)) = t.template.as_deref().map(parse_template) {
-        d.push(Diagnostic::error(at("template"), e));
-    }
-    if t.content_type
-        .as_deref()
-        .is_some_and(|c| c.trim().is_empty())
-    {
-        d.push(Diagnostic::error(at("content_type"), "must not be empty"));
-    }
-    if t.timeout.is_zero() {
-        d.push(Diagnostic::error(
-            at("timeout"),
-            "must be greater than zero",
-        ));
-    }
-    if t.max_attempts == 0 {
-        d.push(Diagnostic::error(at("max_attempts"), "must be at least 1"));
-    }
-    if t.queue_size == 0 {
-        d.push(Diagnostic::error(at("queue_size"), "must be at least 1"));
-    }
-    d
-}
-
-/// A template placeholder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Field {
-    Node,
-    Action,
-    Phase,
-    Result,
-    Reason,
-    Message,
-    Time,
-    Id,
-}
-
-const FIELDS: &[(&str, Field)] = &[
-    ("node", Field::Node),
-    ("action", Field::Action),
-    ("phase", Field::Phase),
-    ("result", Field::Result),
-    ("reason", Field::Reason),
-    ("message", Field::Message),
-    ("time", Field::Time),
-    ("id", Field::Id),
-];
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Piece {
-    Text(String),
-    Var(Field),
-}
-
-/// Splits a template: `{name}` (letters, digits, `_`) is a placeholder and must be known; every
-/// other brace is literal, so JSON templates need no escaping.
-fn parse_template(tpl: &str) -> Result<Vec<Piece>, String> {
-    let mut pieces = Vec::new();
-    let mut text = String::new();
-    let mut rest = tpl;
-    while let Some(open) = rest.find('{') {
-        text.push_str(&rest[..open]);
-        let after = &rest[open + 1..];
-        let name_len = after
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(after.len());
-        if name_len == 0 || !after[name_len..].starts_with('}') {
-            text.push('{');
-            rest = after;
-            continue;
-        }
-        let name = &after[..name_len];
-        let field = FIELDS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, f)| *f)
-            .ok_or_else(|| {
-                let known: Vec<String> = FIELDS.iter().map(|(n, _)| format!("{{{n}}}")).collect();
-                format!("unknown placeholder {{{name}}}; known: {}", known.join(" "))
-            })?;
-        if !text.is_empty() {
-            pieces.push(Piece::Text(std::mem::take(&mut text)));
-        }
-        pieces.push(Piece::Var(field));
-        rest = &after[name_len + 1..];
-    }
-    text.push_str(rest);
-    if !text.is_empty() {
-        pieces.push(Piece::Text(text));
-    }
-    Ok(pieces)
-}
-
 /// One action's progress, as reported by the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notification {
@@ -315,70 +116,6 @@ pub struct Payload {
     pub message: String,
 }
 
-/// A notification waiting in a queue.
-#[derive(Debug, Clone)]
-struct Queued {
-    n: Notification,
-    id: String,
-    time: DateTime<Utc>,
-}
-
-impl Queued {
-    fn payload(&self) -> Payload {
-        Payload {
-            version: PAYLOAD_VERSION,
-            id: self.id.clone(),
-            time: self.time,
-            node: self.n.node.clone(),
-            action: self.n.action.clone(),
-            phase: self.n.phase.name().into(),
-            result: self.n.phase.result().into(),
-            reason: self.n.reason.clone(),
-            message: self.n.message.clone(),
-        }
-    }
-
-    fn field(&self, f: Field) -> String {
-        match f {
-            Field::Node => self.n.node.clone(),
-            Field::Action => self.n.action.clone(),
-            Field::Phase => self.n.phase.name().into(),
-            Field::Result => self.n.phase.result().into(),
-            Field::Reason => self.n.reason.clone(),
-            Field::Message => self.n.message.clone(),
-            Field::Time => self.time.to_rfc3339(),
-            Field::Id => self.id.clone(),
-        }
-    }
-}
-
-/// The body for `q` under `cfg` (template or default JSON).
-fn body(cfg: &NotifyConfig, pieces: Option<&[Piece]>, q: &Queued) -> Vec<u8> {
-    let Some(pieces) = pieces else {
-        return serde_json::to_vec(&q.payload()).unwrap_or_default();
-    };
-    let json = cfg.effective_content_type().contains("json");
-    let mut out = String::new();
-    for p in pieces {
-        match p {
-            Piece::Text(t) => out.push_str(t),
-            Piece::Var(f) if json => out.push_str(&json_escape(&q.field(*f))),
-            Piece::Var(f) => out.push_str(&q.field(*f)),
-        }
-    }
-    out.into_bytes()
-}
-
-/// `s` escaped for use inside a JSON string (without the quotes).
-fn json_escape(s: &str) -> String {
-    let quoted = serde_json::to_string(s).unwrap_or_default();
-    quoted
-        .strip_prefix('"')
-        .and_then(|q| q.strip_suffix('"'))
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// Errors setting up the notifier.
 #[derive(Debug, thiserror::Error)]
 pub enum NotifyError {
@@ -409,179 +146,6 @@ pub enum NotifyError {
     /// Not called inside a tokio runtime.
     #[error("the notifier must be started inside a tokio runtime")]
     NoRuntime,
-}
-
-/// Counters of one target (no node names: bounded).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct NotifyStats {
-    /// Target name: `notify[i] http://host:port` (no path or query).
-    pub target: String,
-    /// Waiting now.
-    pub queued: usize,
-    /// Being delivered now (0 or 1).
-    pub in_flight: u64,
-    /// Delivered (2xx).
-    pub sent: u64,
-    /// Given up (4xx, or `max_attempts` used up).
-    pub failed: u64,
-    /// Retries after a failed attempt.
-    pub retries: u64,
-    /// Dropped because the queue was full (oldest first).
-    pub dropped: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    in_flight: AtomicU64,
-    sent: AtomicU64,
-    failed: AtomicU64,
-    retries: AtomicU64,
-    dropped: AtomicU64,
-}
-
-struct Target {
-    name: String,
-    cfg: NotifyConfig,
-    pieces: Option<Vec<Piece>>,
-    http: reqwest::Client,
-    queue: Mutex<VecDeque<Queued>>,
-    wake: tokio::sync::Notify,
-    counters: Counters,
-}
-
-impl Target {
-    fn new(index: usize, cfg: &NotifyConfig) -> Result<Self, NotifyError> {
-        let name = target_name(index, &cfg.url);
-        let http = crate::http::builder(cfg.ca_file.as_deref())
-            .map_err(|e| NotifyError::Tls {
-                target: name.clone(),
-                source: e,
-            })?
-            .timeout(cfg.timeout)
-            .build()
-            .map_err(|source| NotifyError::Client {
-                target: name.clone(),
-                source,
-            })?;
-        let pieces = match cfg.template.as_deref().map(parse_template) {
-            None => None,
-            Some(Ok(p)) => Some(p),
-            Some(Err(message)) => {
-                return Err(NotifyError::Template {
-                    target: name,
-                    message,
-                })
-            }
-        };
-        Ok(Target {
-            name,
-            cfg: cfg.clone(),
-            pieces,
-            http,
-            queue: Mutex::new(VecDeque::new()),
-            wake: tokio::sync::Notify::new(),
-            counters: Counters::default(),
-        })
-    }
-
-    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Queued>> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Appends, dropping the oldest entry when full.
-    fn push(&self, q: Queued) {
-        let dropped = {
-            let mut queue = self.queue();
-            queue.push_back(q);
-            let over = queue.len().saturating_sub(self.cfg.queue_size.max(1));
-            queue.drain(..over).count()
-        };
-        if dropped > 0 {
-            let before = self
-                .counters
-                .dropped
-                .fetch_add(dropped as u64, Ordering::Relaxed);
-            // Logged at the 1st, 2nd, 4th, 8th... drop: a dead receiver must not flood the log.
-            let total = before + dropped as u64;
-            if (before + 1..=total).any(u64::is_power_of_two) {
-                tracing::warn!(target_name = %self.name, dropped_total = total, "notification queue full; dropped the oldest");
-            }
-        }
-        self.wake.notify_one();
-    }
-
-    fn stats(&self) -> NotifyStats {
-        let c = &self.counters;
-        NotifyStats {
-            target: self.name.clone(),
-            queued: self.queue().len(),
-            in_flight: c.in_flight.load(Ordering::SeqCst),
-            sent: c.sent.load(Ordering::Relaxed),
-            failed: c.failed.load(Ordering::Relaxed),
-            retries: c.retries.load(Ordering::Relaxed),
-            dropped: c.dropped.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// The targets' counters, read when `/metrics` is encoded: labelled by the target's index only
-/// (bounded; no URLs, no node names). Holds the targets, not the [`Notifier`], so the registry
-/// does not keep the delivery tasks alive.
-struct NotifyMetrics(Vec<Arc<Target>>);
-
-impl std::fmt::Debug for NotifyMetrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NotifyMetrics")
-            .field("targets", &self.0.len())
-            .finish()
-    }
-}
-
-impl Collector for NotifyMetrics {
-    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let stats: Vec<NotifyStats> = self.0.iter().map(|t| t.stats()).collect();
-        let targets: Vec<String> = (0..stats.len()).map(|i| i.to_string()).collect();
-        let outcomes = stats.iter().zip(&targets).flat_map(|(s, i)| {
-            [
-                ("sent", s.sent),
-                ("failed", s.failed),
-                ("dropped", s.dropped),
-            ]
-            .map(|(outcome, v)| {
-                (
-                    [("target", i.as_str()), ("outcome", outcome)],
-                    ConstCounter::new(v),
-                )
-            })
-        });
-        metrics::encode_family(
-            &mut enc,
-            metrics::counter_name("nodekeeper_notifications_total"),
-            "Notifications by target and outcome.",
-            MetricType::Counter,
-            outcomes,
-        )?;
-        let per_target = |value: fn(&NotifyStats) -> u64| {
-            stats
-                .iter()
-                .zip(&targets)
-                .map(move |(s, i)| ([("target", i.as_str())], value(s)))
-        };
-        metrics::encode_family(
-            &mut enc,
-            metrics::counter_name("nodekeeper_notification_retries_total"),
-            "Retried attempts by target.",
-            MetricType::Counter,
-            per_target(|s| s.retries).map(|(l, v)| (l, ConstCounter::new(v))),
-        )?;
-        metrics::encode_family(
-            &mut enc,
-            "nodekeeper_notification_queue_length",
-            "Notifications waiting by target.",
-            MetricType::Gauge,
-            per_target(|s| s.queued as u64).map(|(l, v)| (l, ConstGauge::new(v as i64))),
-        )
-    }
 }
 
 /// Sends action notifications to the configured webhooks, in the background.
@@ -680,92 +244,6 @@ pub fn target_name(index: usize, url: &str) -> String {
 fn new_id() -> String {
     let b: [u8; 16] = rand::rng().random();
     hex::encode(b)
-}
-
-async fn deliver_loop(t: Arc<Target>, stop: CancellationToken) {
-    loop {
-        let next = {
-            let mut queue = t.queue();
-            let next = queue.pop_front();
-            if next.is_some() {
-                t.counters.in_flight.store(1, Ordering::SeqCst);
-            }
-            next
-        };
-        match next {
-            Some(q) => {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = deliver(&t, &q) => {}
-                }
-                t.counters.in_flight.store(0, Ordering::SeqCst);
-            }
-            None => tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = t.wake.notified() => {}
-            },
-        }
-    }
-}
-
-enum Attempt {
-    Delivered,
-    Permanent(String),
-    Retry(String),
-}
-
-async fn attempt(t: &Target, q: &Queued, body: &[u8]) -> Attempt {
-    let mut req = t
-        .http
-        .post(&t.cfg.url)
-        .header(
-            reqwest::header::CONTENT_TYPE,
-            t.cfg.effective_content_type(),
-        )
-        .header(EVENT_HEADER, q.n.phase.name())
-        .header("Idempotency-Key", &q.id);
-    let secret = t.cfg.secret.expose();
-    if !secret.is_empty() {
-        req = req.header(SIGNATURE_HEADER, sign(secret.as_bytes(), body));
-    }
-    match req.body(body.to_vec()).send().await {
-        Ok(r) if r.status().is_success() => Attempt::Delivered,
-        Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
-            Attempt::Permanent(format!("{} answered {}", t.name, r.status()))
-        }
-        Ok(r) => Attempt::Retry(format!("{} answered {}", t.name, r.status())),
-        Err(e) => Attempt::Retry(format!(
-            "POST {}: {}",
-            t.name,
-            crate::telemetry::error_chain(&e.without_url())
-        )),
-    }
-}
-
-async fn deliver(t: &Target, q: &Queued) {
-    let body = body(&t.cfg, t.pieces.as_deref(), q);
-    let c = &t.counters;
-    for n in 1..=t.cfg.max_attempts {
-        match attempt(t, q, &body).await {
-            Attempt::Delivered => {
-                c.sent.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            Attempt::Permanent(why) => {
-                tracing::warn!(node = %q.n.node, action = %q.n.action, error = %why, "notification refused; not retried");
-                c.failed.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            Attempt::Retry(why) => {
-                tracing::warn!(node = %q.n.node, action = %q.n.action, attempt = n, error = %why, "notification attempt failed");
-            }
-        }
-        if n < t.cfg.max_attempts {
-            c.retries.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(backoff(t.cfg.backoff, n)).await;
-        }
-    }
-    c.failed.fetch_add(1, Ordering::Relaxed);
 }
 
 /// The engine's hook: every side-effect action's start, finish and failure becomes a
