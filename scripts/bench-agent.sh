@@ -4,10 +4,11 @@
 # emulator on loopback (never 169.254.169.254 from this namespace).
 # Usage: scripts/bench-agent.sh [SECONDS] [agent|full]   (default 60 s, the agent build that nodes
 #   run: README "Builds"; the issue's figure is for 600 s). `full` measures the build with every
-#   command. The metadata emulator (`sim imds`) always runs from the full build.
+#   command. The metadata emulator (`sim imds`) runs from the full build.
 #   NODEKEEPER_BIN=/path/to/nodekeeper scripts/bench-agent.sh   measures that binary (no build),
-#   e.g. to compare release profiles side by side; NODEKEEPER_SIM_BIN then names the emulator's
-#   binary (default: the same one).
+#   e.g. to compare release profiles side by side. NODEKEEPER_SIM_BIN names the emulator's binary
+#   (any build with `sim imds`, e.g. target/debug/nodekeeper: its speed does not matter here); by
+#   default the same binary with NODEKEEPER_BIN, else the full release build, built first.
 . "$(dirname "$0")/lib.sh"
 DURATION="${1:-60}"
 FLAVOR="${2:-agent}"
@@ -25,8 +26,10 @@ else
     full) NK="$REPO/target/release/nodekeeper" ;;
     *) echo "bench-agent.sh: build must be agent or full, not '$FLAVOR'" >&2; exit 2 ;;
   esac
-  (cd "$REPO" && cargo build --release --locked --quiet)
-  SIM="$REPO/target/release/nodekeeper"
+  SIM="${NODEKEEPER_SIM_BIN:-$REPO/target/release/nodekeeper}"
+  if [ "$FLAVOR" = full ] || [ -z "${NODEKEEPER_SIM_BIN:-}" ]; then
+    (cd "$REPO" && cargo build --release --locked --quiet)
+  fi
 fi
 T="$(mktemp -d)"
 PIDS=()
