@@ -33,6 +33,7 @@ mod engine_resume;
 mod faults_convergence;
 mod kubectl_everyday;
 mod labels_sim;
+mod metrics_catalog;
 mod provider_karpenter;
 mod provider_oci;
 mod security_api;

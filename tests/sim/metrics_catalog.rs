@@ -3,9 +3,6 @@
 //!
 //! A controller with the engine and a webhook target acts on a preemption (so the labelled
 //! families — actions, groups, notifications — have samples), then `/metrics` is read.
-#![allow(clippy::unwrap_used)]
-
-mod engine_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -18,6 +15,7 @@ use nodekeeper_core::controller::policy::PolicyConfig;
 use nodekeeper_core::controller::provider::fake::FakeProvider;
 use nodekeeper_sim::apiserver::scenario::Scenario;
 
+use crate::support::engine as engine_support;
 use engine_support::*;
 
 /// One documented metric: type and label names.
