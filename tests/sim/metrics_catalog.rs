@@ -155,10 +155,11 @@ async fn metrics_endpoint_exposes_exactly_the_catalog() {
     };
     wait_until(
         Duration::from_secs(60),
-        "an action and a sent notification",
+        "an action, a sent notification and the groups' node counts",
         || async {
             let t = scrape().await;
             t.contains("nodekeeper_engine_actions_total{")
+                && t.contains("nodekeeper_engine_group_nodes{")
                 && t.lines().any(|l| {
                     l.starts_with("nodekeeper_notifications_total{")
                         && l.contains("outcome=\"sent\"")
