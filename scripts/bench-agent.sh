@@ -3,7 +3,8 @@
 # metadata poll (goal: RSS <= 12 MiB, CPU <= 2 millicores). The agent polls a local OCI metadata
 # emulator on loopback (never 169.254.169.254 from this namespace).
 # Usage: scripts/bench-agent.sh [SECONDS] [agent|full]   (default 60 s, the agent build that nodes
-#   run: README "Builds"; the issue's figure is for 600 s). `full` measures the build with every
+#   run, `cargo build --profile agent --no-default-features`: README "Builds"; the issue's figure is
+#   for 600 s). `full` measures the build with every
 #   command. The metadata emulator (`sim imds`) runs from the full build.
 #   NODEKEEPER_BIN=/path/to/nodekeeper scripts/bench-agent.sh   measures that binary (no build),
 #   e.g. to compare release profiles side by side. NODEKEEPER_SIM_BIN names the emulator's binary
@@ -18,10 +19,9 @@ if [ -n "${NODEKEEPER_BIN:-}" ]; then
 else
   case "$FLAVOR" in
     agent)
-      (cd "$REPO" && cargo build --release --locked --quiet --no-default-features)
-      mkdir -p "$REPO/target/agent-release"
-      cp "$REPO/target/release/nodekeeper" "$REPO/target/agent-release/nodekeeper"
-      NK="$REPO/target/agent-release/nodekeeper"
+      # The agent profile: release with panic = "abort" (Cargo.toml), into target/agent/.
+      (cd "$REPO" && cargo build --profile agent --locked --quiet --no-default-features)
+      NK="$REPO/target/agent/nodekeeper"
       ;;
     full) NK="$REPO/target/release/nodekeeper" ;;
     *) echo "bench-agent.sh: build must be agent or full, not '$FLAVOR'" >&2; exit 2 ;;

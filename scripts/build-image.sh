@@ -85,8 +85,8 @@ build_one() {
   echo "${prefix}binary=$size static"
 }
 
-# The agent build first: the full build then leaves target/$STATIC_TARGET/release/nodekeeper as
-# the full binary.
+# The agent build (profile `agent`, target/$STATIC_TARGET/agent/) and the full build (profile
+# `release`, target/$STATIC_TARGET/release/) no longer share an output directory; the order stays.
 build_one agent "${NODEKEEPER_AGENT_IMAGE:-localhost/nodekeeper-agent:$version}" agent_ \
   "${save:+${save%.tar}-agent.tar}"
 build_one full "${NODEKEEPER_IMAGE:-localhost/nodekeeper:$version}" "" "$save"

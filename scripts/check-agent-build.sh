@@ -68,4 +68,11 @@ for module in nodekeeper_core::controller:: nodekeeper_sim::; do
     fail "the agent build still holds $module code"
   fi
 done
+# The shipped agent build aborts on panic (`[profile.agent]` in Cargo.toml: panic = "abort"), so no
+# code it compiles may count on catching one (the controller's modules, which do, are not in it).
+grep -q '^panic = "abort"' <(sed -n '/^\[profile.agent\]/,/^\[/p' Cargo.toml) ||
+  fail "[profile.agent] in Cargo.toml no longer sets panic = \"abort\" (update this check and docs/benchmarks.md)"
+if grep -rnE 'catch_unwind|is_panic|into_panic' src crates/core/src --exclude-dir=controller >"$T/catch"; then
+  fail "the agent build (panic = \"abort\") has code that catches panics: $(cat "$T/catch")"
+fi
 log "agent build: ok ($(size -A "$NK" | awk '$1==".text" {print $2}') bytes of .text in debug)"

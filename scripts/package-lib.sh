@@ -2,10 +2,12 @@
 
 # The static binary that the images and the packages ship: x86_64-unknown-linux-gnu with
 # crt-static (the only target installed here; no musl toolchain can be fetched on a fresh
-# machine). `static_binary full` is every command (the controller's image); `static_binary agent`
-# the agent build (--no-default-features: agent, crio apply, validate; the DaemonSet's image and
-# the node packages), copied to target/$STATIC_TARGET/agent/ so that both builds can sit side by
-# side. NODEKEEPER_BIN overrides either (e.g. tests package the debug binary). Prints the path.
+# machine). `static_binary full` is every command (the controller's image), built with the
+# release profile into target/$STATIC_TARGET/release/; `static_binary agent` the agent build
+# (--no-default-features: agent, crio apply, validate; the DaemonSet's image and the node
+# packages), built with `--profile agent` (release with panic = "abort", Cargo.toml) into
+# target/$STATIC_TARGET/agent/, so that both builds sit side by side. NODEKEEPER_BIN overrides
+# either (e.g. tests package the debug binary). Prints the path.
 STATIC_TARGET=x86_64-unknown-linux-gnu
 static_binary() {
   local flavor=${1:?static_binary needs full or agent}
@@ -13,20 +15,17 @@ static_binary() {
     echo "$NODEKEEPER_BIN"
     return 0
   fi
-  local features=()
-  [ "$flavor" = agent ] && features=(--no-default-features)
-  log "cargo build --release ${features[*]} (static, $STATIC_TARGET)"
-  # RUSTFLAGS apply to the target only (build scripts and proc macros stay dynamic) because
-  # --target is given; the output goes to target/$STATIC_TARGET/release.
-  (cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo build --release --locked --target "$STATIC_TARGET" "${features[@]}" >&2)
-  local out="$REPO/target/$STATIC_TARGET/release/nodekeeper"
+  local profile=release features=()
   if [ "$flavor" = agent ]; then
-    mkdir -p "$REPO/target/$STATIC_TARGET/agent"
-    cp "$out" "$REPO/target/$STATIC_TARGET/agent/nodekeeper"
-    out="$REPO/target/$STATIC_TARGET/agent/nodekeeper"
+    profile=agent
+    features=(--no-default-features)
   fi
-  echo "$out"
+  log "cargo build --profile $profile ${features[*]} (static, $STATIC_TARGET)"
+  # RUSTFLAGS apply to the target only (build scripts and proc macros stay dynamic) because
+  # --target is given; the output goes to target/$STATIC_TARGET/$profile.
+  (cd "$REPO" && RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build --profile "$profile" --locked --target "$STATIC_TARGET" "${features[@]}" >&2)
+  echo "$REPO/target/$STATIC_TARGET/$profile/nodekeeper"
 }
 
 # The crate version from Cargo.toml.
