@@ -26,7 +26,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use nodekeeper_core::agent::checks::{CheckResult, ConditionStatus};
 use nodekeeper_core::controller::config::ControllerConfig;
-use nodekeeper_core::report::{NodeReport, REPORT_VERSION};
+use nodekeeper_core::wire::{NodeReport, REPORT_VERSION};
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 
 const SA: &str = "system:serviceaccount:nodekeeper:nodekeeper-agent";

@@ -847,7 +847,7 @@ pub async fn post_report(
     https: &reqwest::Client,
     addr: std::net::SocketAddr,
     token: &str,
-    report: &nodekeeper_core::report::NodeReport,
+    report: &nodekeeper_core::wire::NodeReport,
 ) -> (u16, serde_json::Value) {
     crate::ctl::post(
         https,
@@ -879,7 +879,7 @@ pub async fn report_until(
     https: &reqwest::Client,
     addr: std::net::SocketAddr,
     token: &str,
-    report: &nodekeeper_core::report::NodeReport,
+    report: &nodekeeper_core::wire::NodeReport,
     accepted: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
     let sequence = std::sync::atomic::AtomicU64::new(report.sequence);

@@ -29,7 +29,7 @@ use agent_proc::{free_port, report_toml, Agent};
 use common::nspawn::NspawnNode;
 use ctl::*;
 use nodekeeper_core::agent::host::systemd::Systemd;
-use nodekeeper_core::report::AgentCommand;
+use nodekeeper_core::wire::AgentCommand;
 
 const NODE: &str = "n0";
 

@@ -141,11 +141,11 @@ async fn authn_authz_replay_and_conditions() {
         ],
     );
     lr.label_removals = vec![
-        nodekeeper_core::report::LabelRemoval {
+        nodekeeper_core::wire::LabelRemoval {
             label: "last-migration-failure".into(),
             reason: "cilium Ready".into(),
         },
-        nodekeeper_core::report::LabelRemoval {
+        nodekeeper_core::wire::LabelRemoval {
             label: "keep".into(),
             reason: "not allowed".into(),
         },

@@ -11,7 +11,7 @@ use ctl::*;
 use nodekeeper_core::agent::checks::ConditionStatus::{False, True};
 use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
 use nodekeeper_core::agent::sources::{Cloud, EventKind, NodeEvent};
-use nodekeeper_core::report::AgentCommand;
+use nodekeeper_core::wire::AgentCommand;
 use tokio::sync::{mpsc, watch};
 
 fn event(id: &str) -> NodeEvent {

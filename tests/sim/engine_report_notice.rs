@@ -18,7 +18,7 @@ use nodekeeper_core::controller::policy::view::keys;
 use nodekeeper_core::controller::provider::fake::FakeProvider;
 use nodekeeper_core::controller::server::REPORT_RECORD_WAIT;
 use nodekeeper_core::controller::Running;
-use nodekeeper_core::report::{NodeReport, ReportResponse};
+use nodekeeper_core::wire::{NodeReport, ReportResponse};
 use nodekeeper_sim::apiserver::scenario::Scenario;
 
 use engine_support::*;

@@ -147,9 +147,9 @@ fn rules() -> Vec<labels::Rule> {
 }
 
 struct Agent {
-    report_tx: tokio::sync::watch::Sender<nodekeeper_core::report::NodeReport>,
+    report_tx: tokio::sync::watch::Sender<nodekeeper_core::wire::NodeReport>,
     _events: tokio::sync::mpsc::Sender<nodekeeper_core::agent::sources::NodeEvent>,
-    _commands: tokio::sync::mpsc::Receiver<nodekeeper_core::report::AgentCommand>,
+    _commands: tokio::sync::mpsc::Receiver<nodekeeper_core::wire::AgentCommand>,
 }
 
 /// One node's agent: the real reporter (to the controller over TLS) and the label watcher.

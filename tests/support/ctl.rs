@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use nodekeeper_core::agent::checks::{CheckResult, ConditionStatus};
 use nodekeeper_core::controller::config::ControllerConfig;
-use nodekeeper_core::report::{NodeReport, REPORT_VERSION};
+use nodekeeper_core::wire::{NodeReport, REPORT_VERSION};
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 
 pub const SA: &str = "system:serviceaccount:nodekeeper:nodekeeper-agent";

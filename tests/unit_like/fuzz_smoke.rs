@@ -406,14 +406,14 @@ fn regressions() {
          \"result\":\"{}\",\"unit_state\":\"u\",\"at\":\"2026-01-01T00:00:00Z\"}}}}",
         "x".repeat(100_000)
     );
-    let e = nodekeeper_core::report::parse_body(big.as_bytes()).unwrap_err();
+    let e = nodekeeper_core::wire::parse_body(big.as_bytes()).unwrap_err();
     assert!(
-        matches!(e, nodekeeper_core::report::BodyError::Schema(_)),
+        matches!(e, nodekeeper_core::wire::BodyError::Schema(_)),
         "{e}"
     );
     assert!(e.to_string().len() < 400, "{} bytes", e.to_string().len());
     let v = format!("{{\"version\":\"{}\"}}", "9".repeat(10_000));
-    let e = nodekeeper_core::report::parse_body(v.as_bytes()).unwrap_err();
-    assert!(matches!(e, nodekeeper_core::report::BodyError::Version(_)));
+    let e = nodekeeper_core::wire::parse_body(v.as_bytes()).unwrap_err();
+    assert!(matches!(e, nodekeeper_core::wire::BodyError::Version(_)));
     assert!(e.to_string().len() < 200);
 }

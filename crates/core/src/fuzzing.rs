@@ -182,18 +182,18 @@ pub fn oci_event(data: &[u8]) -> Outcome {
     o
 }
 
-/// The body of `POST /v1/reports` ([`crate::report::parse_body`], what the handler runs after
+/// The body of `POST /v1/reports` ([`crate::wire::parse_body`], what the handler runs after
 /// authentication); an accepted report survives a serialisation round trip.
 pub fn report_body(data: &[u8]) -> Outcome {
     let mut o = Outcome::default();
-    let r = crate::report::parse_body(data);
+    let r = crate::wire::parse_body(data);
     o.add(&r);
     match r {
         Ok(report) => {
             let bytes = serde_json::to_vec(&report);
             assert!(bytes.is_ok(), "an accepted report serialises");
             if let Ok(bytes) = bytes {
-                let back = crate::report::parse_body(&bytes);
+                let back = crate::wire::parse_body(&bytes);
                 assert!(back.is_ok(), "a serialised report parses: {back:?}");
             }
         }

@@ -5,7 +5,7 @@
 //! - [`agent`]: the node agent (CRI-O config, health checks, metadata sources, label rules, reporter).
 //! - `controller` (feature `controller`): the central controller (report API, node state, policy,
 //!   drains, providers, OCI Events, leader election).
-//! - [`report`]: the agent → controller wire format.
+//! - [`wire`]: the agent → controller wire format (the report, its events and checks).
 //! - [`k8s`], [`http`] (the one outbound HTTP client), `serve` (feature `controller`: the one HTTP
 //!   server), [`backoff`], [`telemetry`], [`shutdown`]: shared helpers, one copy each.
 //!
@@ -25,11 +25,11 @@ pub mod controller;
 pub mod fuzzing;
 pub mod http;
 pub mod k8s;
-pub mod report;
 #[cfg(feature = "controller")]
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
+pub mod wire;
 
 /// Version string printed by `nodekeeper --version`: crate version and git commit.
 #[cfg(feature = "controller")]

@@ -31,8 +31,8 @@ use crate::agent::sources::driver::SourceMessage;
 use crate::agent::sources::{EventKind, InstanceIdentity, NodeEvent};
 use crate::agent::state::AgentState;
 use crate::config::{Config, Env, Loaded};
-use crate::report::NodeReport;
 use crate::shutdown::Signals;
+use crate::wire::NodeReport;
 
 /// Options of `nodekeeper agent`.
 #[derive(Debug, Clone)]
@@ -47,9 +47,9 @@ enum Input {
     Source(SourceMessage),
     Identity(InstanceIdentity),
     Shutdown(ShutdownSignal),
-    Labels(Vec<crate::report::LabelRemoval>),
-    Command(crate::report::AgentCommand),
-    CommandResult(crate::report::CommandResult),
+    Labels(Vec<crate::wire::LabelRemoval>),
+    Command(crate::wire::AgentCommand),
+    CommandResult(crate::wire::CommandResult),
 }
 
 /// Runs the agent until a termination signal.
@@ -251,11 +251,11 @@ const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs a controller command in the background; its result comes back as an input.
 fn execute(
-    cmd: crate::report::AgentCommand,
+    cmd: crate::wire::AgentCommand,
     sources: crate::agent::sources::SourcesConfig,
     tx: mpsc::Sender<Input>,
 ) {
-    use crate::report::{AgentCommand, CommandResult};
+    use crate::wire::{AgentCommand, CommandResult};
     tokio::spawn(async move {
         let (id, outcome) = match cmd {
             AgentCommand::Reboot { id, reason } => {

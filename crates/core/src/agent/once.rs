@@ -11,7 +11,7 @@ use crate::agent::crio::apply::{self, ApplyOptions};
 use crate::agent::host::systemd::Systemd;
 use crate::agent::state::AgentState;
 use crate::config::Config;
-use crate::report::NodeReport;
+use crate::wire::NodeReport;
 
 /// Builds the one-off report. `root` prefixes the CRI-O paths, as for `agent --root`.
 pub async fn report(config: &Config, root: Option<std::path::PathBuf>) -> NodeReport {

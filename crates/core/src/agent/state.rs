@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use crate::agent::checks::{CheckEvent, CheckResult, Round};
 use crate::agent::crio::apply::{ApplyError, ApplyReport};
 use crate::agent::sources::{InstanceIdentity, NodeEvent};
-use crate::report::{
+use crate::wire::{
     CommandResult, CrioReport, CrioResult, LabelRemoval, NodeReport, REPORT_VERSION,
 };
 

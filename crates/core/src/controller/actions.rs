@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{json, Map, Value};
 
-use super::drain_tasks::DrainTasks;
+use super::drain::tasks::DrainTasks;
 use super::events::{Recorder, Regarding};
 use super::metrics::{ActionResult, EngineMetrics};
 use super::nodestate::NodeStates;
@@ -32,7 +32,7 @@ use super::policy::explain::{Held, CONDITION_TYPE};
 use super::policy::view::keys;
 use super::policy::{Action, EventType};
 use super::provider::{request_id, NodeProvider, ProviderError, ReplacementRequest, POOL_LABEL};
-use crate::report::AgentCommand;
+use crate::wire::AgentCommand;
 
 /// Annotation the actor writes once the provider accepted a replacement request: the request's
 /// idempotency key. A `replacement-requested` annotation without it (a crash in between, or a

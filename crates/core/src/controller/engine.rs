@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::actions::{Actor, REPLACEMENT_ACCEPTED};
 use super::config::EngineConfig;
-use super::drain_tasks::DrainTasks;
+use super::drain::tasks::DrainTasks;
 use super::metrics::EngineMetrics;
 use super::policy::interruption::notice_recorded;
 use super::policy::repair::next_expiry;

@@ -3,7 +3,7 @@
 
 use super::events::Reason;
 use super::nodestate::NodeStates;
-use crate::report::LabelRemoval;
+use crate::wire::LabelRemoval;
 
 /// Splits requests into allowed label keys (present on the node) and denied ones.
 pub fn partition(allow: &[String], requests: &[LabelRemoval]) -> (Vec<String>, Vec<String>) {

@@ -5,14 +5,13 @@
 //! binding), [`nodestate`] (conditions, staleness, events), [`labels`] (allow-listed label
 //! removal), [`oci_events`] (OCI Notifications), [`leader`] (Lease election), [`events`]
 //! (Kubernetes Event reasons), [`engine`] (the disruption engine's reconcile loop, leader only),
-//! [`actions`] (the actor executing its decisions), [`drain_tasks`] (one drain per node),
+//! [`actions`] (the actor executing its decisions), [`drain::tasks`] (one drain per node),
 //! [`metrics`] (engine metrics).
 
 pub mod actions;
 pub mod auth;
 pub mod config;
 pub mod drain;
-pub mod drain_tasks;
 pub mod engine;
 pub mod events;
 pub mod labels;
@@ -325,7 +324,7 @@ impl EngineStart<'_> {
             None => Arc::from(provider::build(&self.cfg.provider, self.client.clone())?),
         };
         let metrics = Arc::new(metrics::EngineMetrics::default());
-        let drains = Arc::new(drain_tasks::DrainTasks::new(
+        let drains = Arc::new(drain::tasks::DrainTasks::new(
             opts.drain_client.unwrap_or_else(|| self.client.clone()),
             self.cfg.engine.clone(),
             opts.clock.clone(),

@@ -28,7 +28,7 @@ use tokio::sync::{broadcast, watch};
 use super::events::{EventType, Reason, Recorder};
 use crate::agent::checks::{CheckResult, ConditionStatus};
 use crate::agent::sources::NodeEvent;
-use crate::report::{AgentCommand, NodeReport, ReportResponse};
+use crate::wire::{AgentCommand, NodeReport, ReportResponse};
 
 /// Reason written on conditions of a silent agent.
 pub const STALE_REASON: &str = "AgentNotReporting";

@@ -91,7 +91,7 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) ->
             return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
         }
     };
-    let report = match crate::report::parse_body(&body) {
+    let report = match crate::wire::parse_body(&body) {
         Ok(r) => r,
         Err(e) => return err(StatusCode::BAD_REQUEST, e.to_string()),
     };

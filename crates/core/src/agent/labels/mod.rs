@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 pub use config::{CleanupRule, LabelsConfig, RemovalMode};
 
 use crate::k8s::selectors::LabelSelector;
-use crate::report::LabelRemoval;
+use crate::wire::LabelRemoval;
 
 /// Errors of the label rules; each names the node, label or selector.
 #[derive(Debug, thiserror::Error)]

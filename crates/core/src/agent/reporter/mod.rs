@@ -40,7 +40,7 @@ pub use config::ReporterConfig;
 pub use queue::EVENTS_FILE;
 
 use crate::agent::sources::NodeEvent;
-use crate::report::{AgentCommand, NodeReport, ReportResponse};
+use crate::wire::{AgentCommand, NodeReport, ReportResponse};
 use queue::Queue;
 
 const MIN_INTERVAL: Duration = Duration::from_millis(200);

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::ReporterError;
 use crate::agent::sources::NodeEvent;
-use crate::report::{AgentCommand, CommandResult, NodeReport};
+use crate::wire::{AgentCommand, CommandResult, NodeReport};
 
 /// The unacknowledged events, persisted in the state directory (a JSON array).
 pub const EVENTS_FILE: &str = "reporter-events.json";

@@ -1,6 +1,6 @@
-//! One drain task per node, run by the drain engine ([`super::drain::drain`]) in the background.
+//! One drain task per node, run by the drain engine ([`super::drain`]) in the background.
 //! Its progress (phase, blocking pod and PDB) is read back into the next
-//! [`ClusterView`](super::policy::ClusterView) as the node's [`DrainView`].
+//! [`ClusterView`](crate::controller::policy::ClusterView) as the node's [`DrainView`].
 //!
 //! A task that ended stays visible (`Completed` / `Failed`) until the policy stops it or the node
 //! goes away. A drain that failed on an API error disappears after a pause, so the next
@@ -16,11 +16,13 @@ use kube::Client;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::config::EngineConfig;
-use super::drain::{self, BlockReason, DrainError, DrainOptions, DrainProgress, DrainReport};
-use super::engine::Clock;
-use super::metrics::EngineMetrics;
-use super::policy::view::{DrainPhase, DrainView, PodView};
+use crate::controller::config::EngineConfig;
+use crate::controller::drain::{
+    self, BlockReason, DrainError, DrainOptions, DrainProgress, DrainReport,
+};
+use crate::controller::engine::Clock;
+use crate::controller::metrics::EngineMetrics;
+use crate::controller::policy::view::{DrainPhase, DrainView, PodView};
 
 /// Pause before a drain that failed on an API error may be started again.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);

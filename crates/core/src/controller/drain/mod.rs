@@ -3,11 +3,13 @@
 //! what blocks it (the pod **and** the PodDisruptionBudget). See docs/drain.md.
 //!
 //! Layout: [`select`] (pure pod classification and tiering), [`exec`] (the executor over kube-rs),
-//! [`blocker`] (who refused an eviction), [`cli`] (`nodekeeper drain`).
+//! [`blocker`] (who refused an eviction), [`tasks`] (the controller's one drain task per node).
+//! The `nodekeeper drain` command is the binary's `cli::drain`.
 
 pub mod blocker;
 pub mod exec;
 pub mod select;
+pub mod tasks;
 
 use std::time::Duration;
 
