@@ -424,18 +424,10 @@ fn embedded_configs_are_valid() {
     assert_eq!(ctl.budgets.group_by, "karpenter.sh/nodepool");
 }
 
-/// The kubectl from `scripts/setup-kubectl.sh` (installed on first use).
+/// The kubectl from `scripts/setup-kubectl.sh` (scripts/setup.sh installs it before the tests;
+/// no test installs anything): a missing one fails the test.
 fn kubectl() -> std::path::PathBuf {
-    let repo = packaging_support::repo();
-    let out = Command::new(repo.join("scripts/setup-kubectl.sh"))
-        .output()
-        .expect("run scripts/setup-kubectl.sh");
-    assert!(
-        out.status.success(),
-        "setup-kubectl.sh: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    repo.join(".cache/venv/bin/kubectl")
+    crate::support::kubectl_bin()
 }
 
 #[test]
