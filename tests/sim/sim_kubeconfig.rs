@@ -28,18 +28,54 @@ async fn start_binary(kc: &std::path::Path, extra: &[&str]) -> (tokio::process::
     (child, first)
 }
 
-async fn five_nodes_via_try_default(kc: &std::path::Path) {
-    // Only one test in this binary sets the variable, so this cannot race.
-    std::env::set_var("KUBECONFIG", kc);
+/// `Client::try_default()` with `KUBECONFIG=kc`, in a child process (this test binary again,
+/// running [`helper_try_default`]): the variable is set only there, so the other tests of this
+/// binary, which share its process, never see it.
+fn five_nodes_via_try_default(kc: &std::path::Path) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            crate::support::test_name(module_path!(), "helper_try_default").as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("KUBECONFIG", kc)
+        .env("NK_HELPER", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("NK-HELPER nodes 5 namespace default"),
+        "{stdout}"
+    );
+}
+
+/// Run in a child process by [`binary_kubeconfig_works_with_try_default`], with KUBECONFIG set.
+#[tokio::test]
+#[ignore = "helper: run in a child process by binary_kubeconfig_works_with_try_default"]
+async fn helper_try_default() {
+    if std::env::var_os("NK_HELPER").is_none() {
+        eprintln!("helper_try_default: a helper, only meaningful when run by its parent test");
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = kube::Client::try_default().await.unwrap();
     let nodes: Api<Node> = Api::all(client.clone());
     let list = nodes.list(&ListParams::default()).await.unwrap();
-    assert_eq!(list.items.len(), 5, "the default scenario has 5 nodes");
-    assert_eq!(client.default_namespace(), "default");
+    println!(
+        "NK-HELPER nodes {} namespace {}",
+        list.items.len(),
+        client.default_namespace()
+    );
 }
 
 /// Plain HTTP, then `--tls` (a generated CA in the kubeconfig): kube-rs `Client::try_default()`
-/// accepts both. One test, so setting KUBECONFIG cannot race with another test.
+/// accepts both (the default scenario's 5 nodes, namespace `default`).
 #[tokio::test]
 async fn binary_kubeconfig_works_with_try_default() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -47,7 +83,7 @@ async fn binary_kubeconfig_works_with_try_default() {
     let kc = dir.path().join("kc/config");
     let (mut child, first) = start_binary(&kc, &[]).await;
     assert!(first.contains("listening on http://127.0.0.1:"), "{first}");
-    five_nodes_via_try_default(&kc).await;
+    five_nodes_via_try_default(&kc);
     child.kill().await.unwrap();
 
     let kc = dir.path().join("kc/tls-config");
@@ -55,6 +91,6 @@ async fn binary_kubeconfig_works_with_try_default() {
     assert!(first.contains("listening on https://127.0.0.1:"), "{first}");
     let text = std::fs::read_to_string(&kc).unwrap();
     assert!(text.contains("certificate-authority-data: "), "{text}");
-    five_nodes_via_try_default(&kc).await;
+    five_nodes_via_try_default(&kc);
     child.kill().await.unwrap();
 }
