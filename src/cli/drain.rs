@@ -94,17 +94,7 @@ enum JsonLine<'a> {
 
 /// Runs the command; returns the exit code.
 pub fn main(args: DrainArgs) -> u8 {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return EXIT_ERROR;
-        }
-    };
-    rt.block_on(run(args))
+    super::block_on(async move { Ok(run(args).await) })
 }
 
 /// A drain client (no transparent 429 retries) from `--kubeconfig`, else the inferred

@@ -10,12 +10,6 @@ use std::time::Duration;
 use chrono::Utc;
 use nodekeeper_core::controller::status::{list_rows, render, NodeStatus, StatusOutput};
 use nodekeeper_core::k8s::client;
-use nodekeeper_core::telemetry::error_chain;
-
-/// Exit code: the nodes were listed.
-pub const EXIT_OK: u8 = 0;
-/// Exit code: an error (kubeconfig, API server unreachable, forbidden...).
-pub const EXIT_ERROR: u8 = 1;
 
 /// Arguments of `nodekeeper status`.
 #[derive(Debug, clap::Args)]
@@ -66,29 +60,18 @@ impl From<OutputArg> for StatusOutput {
 
 /// Runs the command; returns the exit code.
 pub fn main(args: StatusArgs) -> u8 {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return EXIT_ERROR;
-        }
-    };
-    match rt.block_on(list(&args)) {
-        Ok(rows) => {
-            print!("{}", render(&rows, args.output.into(), Utc::now()));
-            EXIT_OK
-        }
-        Err(e) => {
-            eprintln!("error: {}", error_chain(e.as_ref()));
-            EXIT_ERROR
-        }
-    }
+    // An error (kubeconfig, API server unreachable, forbidden...) is printed as
+    // `error: <cause chain>` with exit 1 by block_on.
+    super::block_on_current_thread(async move {
+        let rows = list(&args).await?;
+        print!("{}", render(&rows, args.output.into(), Utc::now()));
+        Ok(super::EXIT_OK)
+    })
 }
 
-async fn list(args: &StatusArgs) -> Result<Vec<NodeStatus>, Box<dyn std::error::Error>> {
+async fn list(
+    args: &StatusArgs,
+) -> Result<Vec<NodeStatus>, Box<dyn std::error::Error + Send + Sync>> {
     let mut cfg = client::config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
     cfg.connect_timeout = Some(args.connect_timeout);
     let server = cfg.cluster_url.to_string();
