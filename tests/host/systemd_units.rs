@@ -197,17 +197,12 @@ async fn connect_system_honours_dbus_system_bus_address() {
     let Some(node) = NspawnNode::boot("sysbus").await else {
         return;
     };
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            crate::support::test_name(module_path!(), "helper_connect_system").as_str(),
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("DBUS_SYSTEM_BUS_ADDRESS", node.bus_address())
-        .env("NK_HELPER", "1")
-        .output()
-        .unwrap();
+    let bus = node.bus_address();
+    let out = crate::support::run_helper(
+        module_path!(),
+        "helper_connect_system",
+        &[("DBUS_SYSTEM_BUS_ADDRESS", std::ffi::OsStr::new(&bus))],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -217,20 +212,14 @@ async fn connect_system_honours_dbus_system_bus_address() {
     assert!(stdout.contains("NK-HELPER crio active"), "{stdout}");
 
     // And a bad variable yields the Connect error naming that address.
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            crate::support::test_name(module_path!(), "helper_connect_system").as_str(),
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("NK_HELPER", "1")
-        .env(
+    let out = crate::support::run_helper(
+        module_path!(),
+        "helper_connect_system",
+        &[(
             "DBUS_SYSTEM_BUS_ADDRESS",
-            "unix:path=/nonexistent/nk_socket",
-        )
-        .output()
-        .unwrap();
+            std::ffi::OsStr::new("unix:path=/nonexistent/nk_socket"),
+        )],
+    );
     let all = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -32,17 +32,11 @@ async fn start_binary(kc: &std::path::Path, extra: &[&str]) -> (tokio::process::
 /// running [`helper_try_default`]): the variable is set only there, so the other tests of this
 /// binary, which share its process, never see it.
 fn five_nodes_via_try_default(kc: &std::path::Path) {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            crate::support::test_name(module_path!(), "helper_try_default").as_str(),
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("KUBECONFIG", kc)
-        .env("NK_HELPER", "1")
-        .output()
-        .unwrap();
+    let out = crate::support::run_helper(
+        module_path!(),
+        "helper_try_default",
+        &[("KUBECONFIG", kc.as_os_str())],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -25,6 +25,28 @@ pub fn test_name(module: &str, f: &str) -> String {
     }
 }
 
+/// Runs the `#[ignore]`d helper test `f` of `module` (pass `module_path!()`) in a child process of
+/// this test binary, with `NK_HELPER=1` (without it a helper returns at once) and `envs`: what a
+/// test must set process-wide (an environment variable) stays in that child.
+pub fn run_helper(
+    module: &str,
+    f: &str,
+    envs: &[(&str, &std::ffi::OsStr)],
+) -> std::process::Output {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        test_name(module, f).as_str(),
+        "--ignored",
+        "--nocapture",
+    ])
+    .env("NK_HELPER", "1");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
 /// The repository (the root package's directory).
 pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
