@@ -22,7 +22,9 @@ use nodekeeper_core::controller::drain::Tier;
 use nodekeeper_core::controller::metrics::ActionResult;
 use nodekeeper_core::controller::policy::view::keys;
 use nodekeeper_core::controller::policy::PolicyConfig;
-use nodekeeper_core::controller::provider::karpenter::{nodeclaim_resource, REQUEST_ANNOTATION};
+use nodekeeper_core::controller::provider::karpenter::{
+    nodeclaim_resource, twin_name, REQUEST_ANNOTATION,
+};
 use nodekeeper_core::controller::provider::ProviderConfig;
 use nodekeeper_sim::apiserver::scenario::{DaemonSetSpec, PdbSpec, Pool, Scenario, Workload};
 
@@ -246,12 +248,32 @@ async fn preemption_taints_cordons_drains_in_tiers_and_replaces_once() {
         report.skipped
     );
 
-    // Exactly one replacement: the NodeClaim was deleted once, with our request id on it.
+    // Exactly one replacement: a NodeClaim of the pool added at the notice, and the old NodeClaim,
+    // with our request id on it, deleted once the drain was over (retired).
     let claims: Api<DynamicObject> = Api::all_with(c.client.clone(), &nodeclaim_resource());
     let n = node(&c, NODE).await;
     let accepted = annotation(&n, REPLACEMENT_ACCEPTED).unwrap().to_string();
-    let claim = claims.get(NODE).await.unwrap();
-    assert!(claim.metadata.deletion_timestamp.is_some());
+    let twin = twin_name(NODE, &accepted);
+    assert!(
+        claims.get_opt(&twin).await.unwrap().is_some(),
+        "{twin} created"
+    );
+    let claim = crate::support::wait::until(
+        Duration::from_secs(20),
+        "the old NodeClaim deleting",
+        || {
+            let claims = claims.clone();
+            async move {
+                claims
+                    .get(NODE)
+                    .await
+                    .ok()
+                    .filter(|c| c.metadata.deletion_timestamp.is_some())
+            }
+        },
+    )
+    .await;
+    assert!(annotation(&node(&c, NODE).await, keys::RETIRE_REQUESTED).is_some());
     assert_eq!(
         claim
             .metadata
@@ -273,16 +295,18 @@ async fn preemption_taints_cordons_drains_in_tiers_and_replaces_once() {
                     .name
                     .as_deref()
                     .unwrap_or("")
-                    .starts_with("spot-r")
+                    .starts_with("spot-0-nk")
                     && condition(n, "Ready").is_some_and(|c| c.status == "True")
             })
         },
     )
     .await;
-    assert!(
-        node_opt(&c, NODE).await.is_none(),
-        "the preempted node is gone"
-    );
+    wait_until(
+        Duration::from_secs(20),
+        "the preempted node gone",
+        || async { node_opt(&c, NODE).await.is_none() },
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let spot: Vec<String> = nodes
         .list(&ListParams::default().labels("karpenter.sh/nodepool=spot"))

@@ -1,5 +1,6 @@
-//! The karpenter provider against the simulated cluster with its Karpenter-like provisioner:
-//! deleting the NodeClaim removes the old node and a new Ready node of the same pool appears.
+//! The karpenter provider against the simulated cluster with its Karpenter-like provisioner: the
+//! request adds a NodeClaim of the same pool (a new Ready node appears beside the old one); the
+//! retire deletes the old claim (the old node goes) and nothing else is launched.
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -8,7 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::core::DynamicObject;
 use nodekeeper_core::controller::provider::karpenter::{
-    nodeclaim_resource, Karpenter, REQUEST_ANNOTATION,
+    nodeclaim_resource, twin_name, Karpenter, DO_NOT_DISRUPT, REPLACES_LABEL, REQUEST_ANNOTATION,
 };
 use nodekeeper_core::controller::provider::{NodeProvider, ProviderError, ReplacementRequest};
 use nodekeeper_sim::apiserver::scenario::Scenario;
@@ -23,7 +24,7 @@ fn pool_of(n: &Node) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deletes_the_nodeclaim_once_and_reports_the_new_node() {
+async fn adds_a_nodeclaim_at_once_and_deletes_the_old_one_only_when_retired() {
     let opts = SimOptions {
         time_scale: 30.0,
         scenario: Scenario::default_mixed(),
@@ -54,29 +55,40 @@ async fn deletes_the_nodeclaim_once_and_reports_the_new_node() {
     assert_eq!(t1.pool.as_deref(), Some(pool.as_str()));
     assert_eq!(t1.reference.as_deref(), Some(node.as_str()));
     assert!(t1.existing_nodes.contains(&node));
-    let claim = claims.get_opt(&node).await.unwrap();
-    if let Some(claim) = &claim {
-        assert!(
-            claim.metadata.deletion_timestamp.is_some(),
-            "claim is deleting"
-        );
-        assert_eq!(
-            claim.metadata.annotations.as_ref().unwrap()[REQUEST_ANNOTATION],
-            req.request_id
-        );
-    }
-    assert_eq!(p.replacement_ready(&t1).await.unwrap(), None, "not yet");
+    // The old claim is annotated, not deleted: nodekeeper's drain is the only one.
+    let old = claims.get(&node).await.unwrap();
+    assert!(old.metadata.deletion_timestamp.is_none(), "old claim kept");
+    assert_eq!(
+        old.metadata.annotations.as_ref().unwrap()[REQUEST_ANNOTATION],
+        req.request_id
+    );
+    // A claim of the same pool and spec, named after the request, kept off consolidation.
+    let twin_name = twin_name(&node, &req.request_id);
+    let twin = claims.get(&twin_name).await.unwrap();
+    let labels = twin.metadata.labels.clone().unwrap();
+    assert_eq!(labels["karpenter.sh/nodepool"], pool);
+    assert_eq!(labels[REPLACES_LABEL], node);
+    assert_eq!(
+        twin.metadata.annotations.as_ref().unwrap()[DO_NOT_DISRUPT],
+        "true"
+    );
+    assert_eq!(twin.data["spec"], old.data["spec"]);
 
-    // Same id again, from this provider and from a fresh one (a restarted controller): one claim deleted.
+    // Same id again, from this provider and from a fresh one (a restarted controller): one claim.
     let t2 = p.request_replacement(&req).await.unwrap();
     assert_eq!(t1, t2);
     let restarted = Karpenter::new(c.client.clone());
-    if claims.get_opt(&node).await.unwrap().is_some() {
-        let t3 = restarted.request_replacement(&req).await.unwrap();
-        assert_eq!(t3.reference.as_deref(), Some(node.as_str()));
-    }
+    let t3 = restarted.request_replacement(&req).await.unwrap();
+    assert_eq!(t3.reference.as_deref(), Some(node.as_str()));
+    let count = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert_eq!(count, claims_before + 1, "one claim added");
 
-    // Old node removed, a new Ready node of the same pool reported.
+    // The new node comes up while the old one is still there.
     let end = tokio::time::Instant::now() + Duration::from_secs(20);
     let new_node = loop {
         if let Some(n) = p.replacement_ready(&t1).await.unwrap() {
@@ -88,33 +100,49 @@ async fn deletes_the_nodeclaim_once_and_reports_the_new_node() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_ne!(new_node, node);
+    assert_eq!(new_node, twin_name);
     assert!(
-        nodes.get_opt(&node).await.unwrap().is_none(),
-        "old node removed"
+        nodes.get_opt(&node).await.unwrap().is_some(),
+        "old node still there"
     );
     let fresh = nodes.get(&new_node).await.unwrap();
     assert_eq!(pool_of(&fresh).as_deref(), Some(pool.as_str()));
-    assert!(!before
-        .iter()
-        .any(|n| n.metadata.name.as_deref() == Some(new_node.as_str())));
 
-    // Exactly one claim was replaced: same count as before, one launched replacement.
+    // Retired: the old claim goes (Karpenter terminates the node), the twin's mark is lifted, and no
+    // other node is launched.
+    p.retire(&req).await.unwrap();
+    let end = tokio::time::Instant::now() + Duration::from_secs(20);
+    while nodes.get_opt(&node).await.unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < end, "old node not removed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let twin = claims.get(&twin_name).await.unwrap();
+    assert!(
+        !twin
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(DO_NOT_DISRUPT),
+        "mark lifted"
+    );
+    restarted.retire(&req).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = claims.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(after.len(), claims_before, "one claim gone, one new");
-    assert!(after
-        .iter()
-        .all(|c| c.metadata.deletion_timestamp.is_none()));
-    let new_pool_nodes = nodes
+    let new_nodes: Vec<String> = nodes
         .list(&ListParams::default())
         .await
         .unwrap()
         .items
         .into_iter()
         .filter(|n| !before.iter().any(|b| b.metadata.name == n.metadata.name))
-        .count();
-    assert_eq!(new_pool_nodes, 1, "exactly one replacement launched");
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert_eq!(
+        new_nodes,
+        vec![twin_name],
+        "exactly one replacement launched"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

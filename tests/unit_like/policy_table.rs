@@ -904,3 +904,178 @@ fn next_expiry_is_the_earliest_running_toleration_and_decide_starts_the_repair_t
     off.repair.enabled = false;
     assert_eq!(next_expiry(&v, &off, now), None);
 }
+
+/// The provider accepted the replacement (what the actor writes after `request_replacement`).
+fn accept_replacement(v: &mut nodekeeper_core::controller::policy::view::ClusterView, name: &str) {
+    node_mut(v, name)
+        .annotations
+        .insert(keys::REPLACEMENT_ACCEPTED.into(), "nk-test".into());
+}
+
+fn is_retire(a: &Action) -> bool {
+    matches!(a, Action::RetireNode { .. })
+}
+
+#[test]
+fn preempted_node_is_retired_only_once_its_drain_is_over() {
+    let now = monday();
+    let mut n = node("a", "spot", now);
+    let at = now + mins(2);
+    n.notices
+        .push(notice("ev1", NoticeKind::Preemption, Some(at), now));
+    let mut v = view(vec![n]);
+    let ds = run(&v, &cfg(), now);
+    assert!(!has(&of(&ds, "a"), is_retire), "not at the request");
+    apply(&mut v, &ds);
+    node_mut(&mut v, "a").notices.clear();
+    accept_replacement(&mut v, "a");
+    // Accepted, drain still running: Karpenter must not drain it too.
+    let ds = run(&v, &cfg(), now + chrono::Duration::seconds(10));
+    assert!(!has(&of(&ds, "a"), is_retire), "{ds:#?}");
+    // Drain completed: retired once, the record first.
+    finish_drain(&mut v, "a");
+    let later = now + chrono::Duration::seconds(20);
+    let ds = run(&v, &cfg(), later);
+    let acts = of(&ds, "a");
+    let mark = acts
+        .iter()
+        .position(|x| matches!(x, Action::Annotate { key, value: Some(_) } if key == keys::RETIRE_REQUESTED))
+        .expect("retire recorded");
+    let retire = acts.iter().position(is_retire).expect("retired");
+    assert!(mark < retire);
+    let want = format!(
+        "a/{}",
+        get(&v, "a")
+            .annotation(keys::REPLACEMENT_REQUESTED)
+            .unwrap()
+    );
+    assert!(
+        matches!(&acts[retire], Action::RetireNode { id, reason } if *id == want && reason == "interruption:preemption"),
+        "{acts:#?}"
+    );
+    apply(&mut v, &ds);
+    let ds = run(&v, &cfg(), later + chrono::Duration::seconds(5));
+    assert!(!has(&of(&ds, "a"), is_retire), "never twice: {ds:#?}");
+}
+
+#[test]
+fn preempted_node_whose_drain_overruns_its_deadline_is_retired_at_the_deadline() {
+    let now = monday();
+    let mut n = node("a", "spot", now);
+    let at = now + mins(2);
+    n.notices
+        .push(notice("ev1", NoticeKind::Preemption, Some(at), now));
+    let mut v = view(vec![n]);
+    let ds = run(&v, &cfg(), now);
+    apply(&mut v, &ds);
+    node_mut(&mut v, "a").notices.clear();
+    accept_replacement(&mut v, "a");
+    let deadline = at - chrono::Duration::seconds(15);
+    let ds = run(&v, &cfg(), deadline - chrono::Duration::seconds(1));
+    assert!(!has(&of(&ds, "a"), is_retire));
+    let ds = run(&v, &cfg(), deadline);
+    assert!(has(&of(&ds, "a"), is_retire), "{ds:#?}");
+}
+
+#[test]
+fn karpenter_node_is_marked_do_not_disrupt_while_nodekeeper_acts_and_unmarked_after() {
+    let now = monday();
+    // A node of a Karpenter NodePool gets the mark with its ownership record; a node outside
+    // Karpenter does not.
+    let mut k = node("k", "spot", now);
+    k.notices
+        .push(notice("r1", NoticeKind::Rebalance, None, now));
+    let mut plain = node("p", "", now);
+    plain
+        .notices
+        .push(notice("r2", NoticeKind::Rebalance, None, now));
+    let mut v = view(vec![k, plain]);
+    let ds = run(&v, &cfg(), now);
+    let acts = of(&ds, "k");
+    let owner = acts.iter().position(|x| matches!(x, Action::Annotate { key, value: Some(v) } if key == keys::DO_NOT_DISRUPT_BY && v == "nodekeeper"));
+    let mark = acts.iter().position(|x| matches!(x, Action::Annotate { key, value: Some(v) } if key == keys::KARPENTER_DO_NOT_DISRUPT && v == "true"));
+    assert!(
+        owner.is_some() && mark.is_some() && owner < mark,
+        "{acts:#?}"
+    );
+    assert!(!has(
+        &of(&ds, "p"),
+        |x| matches!(x, Action::Annotate { key, .. } if key == keys::KARPENTER_DO_NOT_DISRUPT)
+    ));
+    apply(&mut v, &ds);
+    // The recommendation is withdrawn: the mark goes with the cordon.
+    for (n, of) in [("k", "r1"), ("p", "r2")] {
+        let n = node_mut(&mut v, n);
+        n.notices = vec![notice(
+            "c",
+            NoticeKind::Cancelled { of: of.into() },
+            None,
+            now + mins(1),
+        )];
+    }
+    let ds = run(&v, &cfg(), now + mins(1));
+    apply(&mut v, &ds);
+    let k = get(&v, "k");
+    assert_eq!(
+        k.annotation(keys::KARPENTER_DO_NOT_DISRUPT),
+        None,
+        "{ds:#?}"
+    );
+    assert_eq!(k.annotation(keys::DO_NOT_DISRUPT_BY), None);
+    assert!(!k.unschedulable);
+}
+
+#[test]
+fn a_do_not_disrupt_put_by_someone_else_is_never_removed() {
+    let now = monday();
+    let mut k = node("k", "spot", now);
+    k.annotations
+        .insert(keys::KARPENTER_DO_NOT_DISRUPT.into(), "true".into());
+    k.notices
+        .push(notice("r1", NoticeKind::Rebalance, None, now));
+    let mut v = view(vec![k]);
+    let ds = run(&v, &cfg(), now);
+    assert!(
+        !has(
+            &of(&ds, "k"),
+            |x| matches!(x, Action::Annotate { key, .. } if key == keys::DO_NOT_DISRUPT_BY || key == keys::KARPENTER_DO_NOT_DISRUPT)
+        ),
+        "{ds:#?}"
+    );
+    apply(&mut v, &ds);
+    node_mut(&mut v, "k").notices = vec![notice(
+        "c",
+        NoticeKind::Cancelled { of: "r1".into() },
+        None,
+        now + mins(1),
+    )];
+    let ds = run(&v, &cfg(), now + mins(1));
+    apply(&mut v, &ds);
+    assert_eq!(
+        get(&v, "k").annotation(keys::KARPENTER_DO_NOT_DISRUPT),
+        Some("true"),
+        "{ds:#?}"
+    );
+}
+
+#[test]
+fn repair_replace_step_retires_the_node_once_accepted_and_not_draining() {
+    let now = monday();
+    let mut c = cfg();
+    c.repair.steps = vec![RepairStep::Replace];
+    let mut n = node("a", "pool", now);
+    ready(&mut n, "False", now - mins(11));
+    let mut v = view(vec![n, node("b", "pool", now), node("c", "pool", now)]);
+    let ds = run(&v, &c, now);
+    assert!(has(&of(&ds, "a"), is_replacement), "{ds:#?}");
+    assert!(!has(&of(&ds, "a"), is_retire));
+    apply(&mut v, &ds);
+    let ds = run(&v, &c, now + mins(1));
+    assert!(
+        !has(&of(&ds, "a"), is_retire),
+        "not before the provider accepted"
+    );
+    accept_replacement(&mut v, "a");
+    let ds = run(&v, &c, now + mins(2));
+    assert_eq!(count(&of(&ds, "a"), is_retire), 1, "{ds:#?}");
+}

@@ -34,10 +34,7 @@ use super::policy::{Action, EventType};
 use super::provider::{request_id, NodeProvider, ProviderError, ReplacementRequest, POOL_LABEL};
 use crate::wire::AgentCommand;
 
-/// Annotation the actor writes once the provider accepted a replacement request: the request's
-/// idempotency key. A `replacement-requested` annotation without it (a crash in between, or a
-/// failed call) makes the actor ask again with the same key.
-pub const REPLACEMENT_ACCEPTED: &str = "nodekeeper.io/replacement-accepted";
+pub use super::policy::view::keys::REPLACEMENT_ACCEPTED;
 
 /// Field manager of the actor's patches.
 pub const FIELD_MANAGER: &str = "nodekeeper-controller";
@@ -105,6 +102,7 @@ pub fn kind(a: &Action) -> &'static str {
         Action::StopDrain => "stop_drain",
         Action::RequestReboot { .. } => "request_reboot",
         Action::RequestReplacement { .. } => "request_replacement",
+        Action::RetireNode { .. } => "retire_node",
         Action::Hold(_) => "hold",
         Action::Event { .. } => "event",
     }
@@ -233,6 +231,8 @@ pub struct Actor {
     fresh: Mutex<HashMap<String, Node>>,
     /// Replacement request ids asked in this process (in flight or accepted).
     asked: Mutex<HashSet<String>>,
+    /// Retire request ids handed to the provider in this process (in flight or done).
+    retired: Mutex<HashSet<String>>,
     /// Dry-run Event messages already recorded, per node.
     dry_seen: Mutex<HashMap<String, HashSet<String>>>,
 }
@@ -272,6 +272,7 @@ impl Actor {
             notifier: p.notifier,
             fresh: Mutex::new(HashMap::new()),
             asked: Mutex::new(HashSet::new()),
+            retired: Mutex::new(HashSet::new()),
             dry_seen: Mutex::new(HashMap::new()),
         }
     }
@@ -482,6 +483,15 @@ impl Actor {
                     }
                 });
             }
+            Action::RetireNode { id, reason } => {
+                let (me, node, id, reason) =
+                    (self.clone(), node.to_string(), id.clone(), reason.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = me.retire(&node, &id, &reason).await {
+                        tracing::warn!(error = %e, "retiring the node failed");
+                    }
+                });
+            }
             _ => {}
         }
         self.metrics.action(kind(a), ActionResult::Ok);
@@ -555,6 +565,43 @@ impl Actor {
         }
     }
 
+    /// Hands the drained node to the provider to be taken away (`retire-requested` is stored
+    /// already), once per id in this process; a failure is logged, Evented and asked again by the
+    /// engine's next pass.
+    pub async fn retire(&self, node: &str, id: &str, reason: &str) -> Result<(), ActionError> {
+        let mut req = ReplacementRequest::new(node, reason, id);
+        req.request_id = request_id(node, "replacement", id);
+        if !lock(&self.retired).insert(req.request_id.clone()) {
+            return Ok(());
+        }
+        match self.provider.retire(&req).await {
+            Ok(()) => {
+                tracing::info!(node, request_id = %req.request_id, provider = self.provider.name(), "node handed to the provider");
+                self.notify(node, "retire_node", "finished", reason.to_string(), false);
+                Ok(())
+            }
+            Err(source) => {
+                lock(&self.retired).remove(&req.request_id);
+                self.metrics.action("retire_node", ActionResult::Error);
+                self.notify(node, "retire_node", "failed", source.to_string(), false);
+                self.recorder
+                    .node_with(
+                        Regarding::from(node),
+                        "ReplacementFailed",
+                        EventType::Warning,
+                        "Retire",
+                        &source.to_string(),
+                    )
+                    .await;
+                Err(ActionError::Provider {
+                    node: node.to_string(),
+                    request_id: req.request_id,
+                    source: Box::new(source),
+                })
+            }
+        }
+    }
+
     /// Dry run: log; record each distinct Event once.
     async fn dry(&self, node: &str, a: &Action) {
         self.metrics.action(kind(a), ActionResult::DryRun);
@@ -600,7 +647,8 @@ impl Actor {
             }
             Action::StartDrain { .. }
             | Action::RequestReboot { .. }
-            | Action::RequestReplacement { .. } => {
+            | Action::RequestReplacement { .. }
+            | Action::RetireNode { .. } => {
                 self.notify(node, kind(a), "started", line, true);
             }
             _ => {}
@@ -639,6 +687,7 @@ pub fn describe(a: &Action) -> String {
         Action::StopDrain => "stop drain".into(),
         Action::RequestReboot { reason, .. } => format!("request reboot ({reason})"),
         Action::RequestReplacement { reason, .. } => format!("request replacement ({reason})"),
+        Action::RetireNode { reason, .. } => format!("retire node ({reason})"),
         Action::Hold(h) => format!("hold: {}", h.blocker.message()),
         Action::Event {
             reason, message, ..

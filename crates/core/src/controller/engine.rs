@@ -479,6 +479,7 @@ impl Engine {
         let dry_run = self.policy.controller.dry_run;
         if !dry_run {
             self.retry_replacements(&view);
+            self.retry_retires(&view);
         }
         let count = decisions.len();
         let mut by_node: BTreeMap<String, Vec<Action>> = BTreeMap::new();
@@ -548,6 +549,33 @@ impl Engine {
             tokio::spawn(async move {
                 if let Err(e) = actor.replace(&node, &id, &reason).await {
                     tracing::warn!(error = %e, "replacement request failed");
+                }
+            });
+        }
+    }
+
+    /// Hands again to the provider the nodes recorded as retired (a failed call, or a restart
+    /// in between; the providers' `retire` is idempotent) that are not being deleted yet.
+    fn retry_retires(&self, view: &ClusterView) {
+        for n in &view.nodes {
+            if n.deleting {
+                continue;
+            }
+            let (Some(_), Some(at)) = (
+                n.annotation(keys::RETIRE_REQUESTED),
+                n.annotation(keys::REPLACEMENT_REQUESTED),
+            ) else {
+                continue;
+            };
+            let id = format!("{}/{}", n.name, at);
+            let reason = n
+                .annotation(keys::REASON)
+                .unwrap_or("replacement")
+                .to_string();
+            let (actor, node) = (self.actor.clone(), n.name.clone());
+            tokio::spawn(async move {
+                if let Err(e) = actor.retire(&node, &id, &reason).await {
+                    tracing::warn!(error = %e, "retiring the node failed");
                 }
             });
         }

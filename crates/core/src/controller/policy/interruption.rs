@@ -328,6 +328,8 @@ fn resume(p: &mut Plan<'_>, cfg: &PolicyConfig, rn: &RecordedNotice) -> bool {
     }
     if action_for(&rn.kind, cfg) == InterruptionAction::DrainReplace {
         p.request_replacement(&format!("interruption:{}", rn.kind.name()), 0);
+        // The old node goes once nodekeeper's drain is over: completed, or out of time.
+        p.retire_when(p.cur.drain.phase == DrainPhase::Completed || p.now >= deadline);
     }
     true
 }

@@ -25,6 +25,7 @@ use chrono::{DateTime, Utc};
 pub use config::PolicyConfig;
 pub use view::{ClusterView, NodeView};
 
+use super::provider::POOL_LABEL;
 use budget::{GroupBudgets, Reason};
 use explain::{Blocker, Held};
 use view::{keys, DrainPhase, Record, State};
@@ -96,6 +97,13 @@ pub enum Action {
     /// Ask the node's agent to reboot (verified by a boot id change).
     RequestReboot {
         /// Command id (deterministic).
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// Hand the drained node to the replacement provider to be taken away (its drain is over).
+    RetireNode {
+        /// The replacement's idempotency key (the same as its `RequestReplacement`).
         id: String,
         /// Why.
         reason: String,
@@ -305,6 +313,7 @@ impl<'a> Plan<'a> {
         self.set(keys::STATE_SINCE, self.now_str());
         self.set(keys::REASON, reason);
         self.cordon();
+        self.keep_karpenter_off();
         self.record.state = state;
         self.record.reason = Some(reason.to_string());
     }
@@ -316,6 +325,39 @@ impl<'a> Plan<'a> {
             self.push(Action::Cordon);
             self.record.cordoned_by_us = true;
         }
+    }
+
+    /// On a node of a Karpenter NodePool, puts `karpenter.sh/do-not-disrupt` (recording ownership
+    /// first) so that Karpenter does not consolidate or drift it while nodekeeper acts on it.
+    pub(crate) fn keep_karpenter_off(&mut self) {
+        if !self.cur.labels.contains_key(POOL_LABEL)
+            || self.cur.annotation(keys::KARPENTER_DO_NOT_DISRUPT) == Some("true")
+        {
+            return;
+        }
+        self.set(keys::DO_NOT_DISRUPT_BY, keys::OWNER);
+        self.set(keys::KARPENTER_DO_NOT_DISRUPT, "true");
+        self.record.marked_by_us = true;
+    }
+
+    /// Once the provider accepted the replacement and `drain_over`, hands the node to the provider
+    /// to be taken away (once: recorded in `retire-requested` before the action).
+    pub(crate) fn retire_when(&mut self, drain_over: bool) {
+        if !drain_over || !self.record.replacement_accepted || self.record.retire_requested {
+            return;
+        }
+        let Some(at) = self.cur.annotation(keys::REPLACEMENT_REQUESTED) else {
+            return;
+        };
+        let id = format!("{}/{}", self.cur.name, at);
+        let reason = self
+            .record
+            .reason
+            .clone()
+            .unwrap_or_else(|| "replacement".into());
+        self.set(keys::RETIRE_REQUESTED, self.now_str());
+        self.push(Action::RetireNode { id, reason });
+        self.record.retire_requested = true;
     }
 
     /// Adds the LB exclusion label unless present (recording ownership first).
@@ -350,6 +392,9 @@ impl<'a> Plan<'a> {
         if self.record.cordoned_by_us && self.cur.unschedulable {
             self.push(Action::Uncordon);
         }
+        if self.record.marked_by_us {
+            self.clear(keys::KARPENTER_DO_NOT_DISRUPT);
+        }
         for k in [
             keys::STATE,
             keys::STATE_SINCE,
@@ -359,6 +404,7 @@ impl<'a> Plan<'a> {
             keys::REBOOT_REQUESTED,
             keys::LB_EXCLUDED_BY,
             keys::CORDONED_BY,
+            keys::DO_NOT_DISRUPT_BY,
         ] {
             self.clear(k);
         }
@@ -366,6 +412,8 @@ impl<'a> Plan<'a> {
         self.record = Record {
             notice: self.record.notice.clone(),
             replacement_requested: self.record.replacement_requested,
+            replacement_accepted: self.record.replacement_accepted,
+            retire_requested: self.record.retire_requested,
             startup_retries: self.record.startup_retries,
             held: self.record.held.clone(),
             ..Record::default()

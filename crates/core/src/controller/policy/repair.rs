@@ -221,14 +221,17 @@ fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
     if p.record.cordoned_by_us && !p.cur.unschedulable {
         p.push(Action::Cordon);
     }
+    let drain_over = p.cur.drain.phase != DrainPhase::Running;
     if p.record.reason.as_deref() == Some(STARTUP) {
         p.request_replacement(STARTUP, p.record.startup_retries + 1);
+        p.retire_when(drain_over);
         replacement_pending(p, cfg);
         return;
     }
     let step = p.record.step.or(eff.steps.first().copied());
     if step == Some(RepairStep::Replace) && p.record.replacement_requested.is_some() {
         // Past the point of no return: the node is going away.
+        p.retire_when(drain_over);
         replacement_pending(p, cfg);
         return;
     }

@@ -31,6 +31,19 @@ pub mod keys {
     pub const LB_EXCLUDED_BY: &str = "nodekeeper.io/lb-excluded-by";
     /// RFC 3339 time a replacement was requested; never requested twice.
     pub const REPLACEMENT_REQUESTED: &str = "nodekeeper.io/replacement-requested";
+    /// The replacement request's idempotency key, written once the provider accepted it. A
+    /// `replacement-requested` without it (a crash in between, or a failed call) is asked again
+    /// with the same key.
+    pub const REPLACEMENT_ACCEPTED: &str = "nodekeeper.io/replacement-accepted";
+    /// RFC 3339 time nodekeeper handed the drained node to its provider to be taken away
+    /// (`karpenter`: the old NodeClaim deleted once nodekeeper's drain was over).
+    pub const RETIRE_REQUESTED: &str = "nodekeeper.io/retire-requested";
+    /// `nodekeeper` when nodekeeper put Karpenter's `karpenter.sh/do-not-disrupt` on the node (and
+    /// will remove it); absent when the node carried it already (never removed then).
+    pub const DO_NOT_DISRUPT_BY: &str = "nodekeeper.io/do-not-disrupt-by";
+    /// Karpenter's annotation keeping a node out of its voluntary disruptions (consolidation,
+    /// drift) while nodekeeper acts on it. Karpenter's key, not nodekeeper's: not in [`ALL`].
+    pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
     /// The boot id when a reboot was requested; a different boot id proves the reboot.
     pub const REBOOT_REQUESTED: &str = "nodekeeper.io/reboot-requested";
     /// The notice being handled: `<kind>/<event id>/<RFC 3339 announced time>`.
@@ -55,6 +68,9 @@ pub mod keys {
         CORDONED_BY,
         LB_EXCLUDED_BY,
         REPLACEMENT_REQUESTED,
+        REPLACEMENT_ACCEPTED,
+        RETIRE_REQUESTED,
+        DO_NOT_DISRUPT_BY,
         REBOOT_REQUESTED,
         INTERRUPTION,
         STARTUP_RETRIES,
@@ -390,6 +406,7 @@ impl NodeView {
             }
             Action::RequestReboot { .. }
             | Action::RequestReplacement { .. }
+            | Action::RetireNode { .. }
             | Action::Event { .. } => {}
         }
     }
@@ -473,6 +490,12 @@ pub struct Record {
     pub lb_excluded_by_us: bool,
     /// Replacement requested at.
     pub replacement_requested: Option<DateTime<Utc>>,
+    /// The provider accepted the replacement request.
+    pub replacement_accepted: bool,
+    /// The node was handed to the provider to be taken away.
+    pub retire_requested: bool,
+    /// nodekeeper put `karpenter.sh/do-not-disrupt` on the node.
+    pub marked_by_us: bool,
     /// Boot id at the reboot request.
     pub reboot_boot_id: Option<String>,
     /// The notice being handled.
@@ -503,6 +526,9 @@ impl Record {
             cordoned_by_us: get(keys::CORDONED_BY) == Some(keys::OWNER),
             lb_excluded_by_us: get(keys::LB_EXCLUDED_BY) == Some(keys::OWNER),
             replacement_requested: get(keys::REPLACEMENT_REQUESTED).and_then(parse_time),
+            replacement_accepted: get(keys::REPLACEMENT_ACCEPTED).is_some(),
+            retire_requested: get(keys::RETIRE_REQUESTED).is_some(),
+            marked_by_us: get(keys::DO_NOT_DISRUPT_BY) == Some(keys::OWNER),
             reboot_boot_id: get(keys::REBOOT_REQUESTED).map(str::to_string),
             notice: get(keys::INTERRUPTION).and_then(RecordedNotice::decode),
             startup_retries: get(keys::STARTUP_RETRIES)

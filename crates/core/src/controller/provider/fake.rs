@@ -20,6 +20,7 @@ struct State {
     requests: Vec<ReplacementRequest>,
     launched: BTreeMap<String, ReplacementTicket>,
     ready: BTreeMap<String, String>,
+    retired: Vec<ReplacementRequest>,
     fail_next: Option<String>,
 }
 
@@ -49,6 +50,11 @@ impl FakeProvider {
         self.state()
             .ready
             .insert(request_id.to_string(), new_node.to_string());
+    }
+
+    /// Every `retire` call received, in order (duplicates included).
+    pub fn retired(&self) -> Vec<ReplacementRequest> {
+        self.state().retired.clone()
     }
 
     /// The next `request_replacement` fails with a permanent error carrying `message`.
@@ -97,5 +103,15 @@ impl NodeProvider for FakeProvider {
         ticket: &'a ReplacementTicket,
     ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
         Box::pin(async move { Ok(self.state().ready.get(&ticket.request_id).cloned()) })
+    }
+
+    fn retire<'a>(
+        &'a self,
+        req: &'a ReplacementRequest,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            self.state().retired.push(req.clone());
+            Ok(())
+        })
     }
 }

@@ -168,6 +168,19 @@ pub trait NodeProvider: Send + Sync {
         &'a self,
         ticket: &'a ReplacementTicket,
     ) -> BoxFuture<'a, Result<Option<String>, ProviderError>>;
+
+    /// Takes the old node away once nodekeeper's drain of it is over (completed, or its deadline
+    /// passed). For a provider whose request only adds capacity (`karpenter`: the old NodeClaim
+    /// is deleted here, so Karpenter's own drain finds nothing left to evict) this is the second
+    /// half of a replacement; the others remove the old node when asked and do nothing here.
+    /// Idempotent on `req.request_id`; called again after a failure or a controller restart.
+    fn retire<'a>(
+        &'a self,
+        req: &'a ReplacementRequest,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        let _ = req;
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// The error of a webhook URL that is not a plain `http://` URL (providers and notifications).

@@ -1,6 +1,11 @@
 //! A Karpenter-like provisioner: every scenario node has a NodeClaim (finalizer
-//! `karpenter.sh/termination`). Deleting a NodeClaim drains nothing: after `terminate_delay` the node
-//! is removed and the claim released; after `launch_delay` a replacement node of the same pool appears.
+//! `karpenter.sh/termination`).
+//! - A NodeClaim someone else creates (no `status.nodeName` yet) is launched like Karpenter's own:
+//!   `launch_delay` after its creation a Ready node of its pool, named after the claim, appears.
+//! - Deleting a NodeClaim drains nothing: after `terminate_delay` the node is removed and the claim
+//!   released. Karpenter brings capacity only for pods left pending; the sim's stand-in for that is
+//!   the pool's size: when the pool (with the claims still launching) is below its scenario count, a
+//!   replacement node appears after `launch_delay`.
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -73,10 +78,11 @@ impl Provisioner {
                     },
                 );
             });
-            if !pool.is_empty() {
+            if !pool.is_empty() && self.below_size(sim, &pool) {
                 self.pending.push((pool, now + launch));
             }
         }
+        self.launch_created_claims(sim, now, launch);
         let due: Vec<String> = self
             .pending
             .iter()
@@ -86,6 +92,91 @@ impl Provisioner {
         self.pending.retain(|(_, at)| *at > now);
         for pool_name in due {
             self.launch(sim, &pool_name);
+        }
+    }
+
+    /// Whether `pool` has fewer nodes (live, plus claims launching, plus replacements queued) than
+    /// its scenario count.
+    fn below_size(&self, sim: &Sim, pool: &str) -> bool {
+        let Some(want) = sim
+            .opts
+            .scenario
+            .pools
+            .iter()
+            .find(|p| p.name == pool)
+            .map(|p| p.count)
+        else {
+            return false;
+        };
+        let live = sim
+            .store
+            .list(well_known::nodeclaims(), &Filter::default(), None, None)
+            .items
+            .iter()
+            .filter(|c| {
+                c.pointer("/metadata/labels/karpenter.sh~1nodepool")
+                    .and_then(Value::as_str)
+                    == Some(pool)
+            })
+            .filter(|c| c.pointer("/metadata/deletionTimestamp").is_none())
+            .count();
+        let queued = self.pending.iter().filter(|(p, _)| p == pool).count();
+        live + queued < want
+    }
+
+    /// Launches the NodeClaims created by someone else (no node yet) once `launch` has passed.
+    fn launch_created_claims(&mut self, sim: &Sim, now: DateTime<Utc>, launch: chrono::Duration) {
+        for claim in sim
+            .store
+            .list(well_known::nodeclaims(), &Filter::default(), None, None)
+            .items
+        {
+            if claim.pointer("/status/nodeName").is_some()
+                || claim.pointer("/metadata/deletionTimestamp").is_some()
+            {
+                continue;
+            }
+            let created = claim
+                .pointer("/metadata/creationTimestamp")
+                .and_then(Value::as_str)
+                .and_then(parse_time);
+            if created.is_some_and(|c| c + launch > now) {
+                continue;
+            }
+            let name = name_of(&claim).to_string();
+            let pool_name = claim
+                .pointer("/metadata/labels/karpenter.sh~1nodepool")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let Some(pool) = sim.opts.scenario.pools.iter().find(|p| p.name == pool_name) else {
+                tracing::warn!(nodeclaim = %name, pool = pool_name, "NodeClaim of no scenario pool: not launched");
+                continue;
+            };
+            let stamp = sim.store.clock.stamp();
+            sim.store.txn(|t| {
+                let _ = t.create(well_known::nodes(), "", node_object(pool, &name, &stamp));
+                let _ = t.modify(
+                    well_known::nodeclaims(),
+                    "",
+                    &name,
+                    WriteTarget::Internal,
+                    |c| {
+                        let mut c = c.clone();
+                        let launched = nodeclaim_object(pool, &name);
+                        c["status"] = launched["status"].clone();
+                        let fins = c["metadata"]["finalizers"]
+                            .as_array()
+                            .cloned()
+                            .unwrap_or_default();
+                        if !fins.iter().any(|f| f == FINALIZER) {
+                            let mut fins = fins;
+                            fins.push(json!(FINALIZER));
+                            c["metadata"]["finalizers"] = Value::Array(fins);
+                        }
+                        Ok(c)
+                    },
+                );
+            });
         }
     }
 
