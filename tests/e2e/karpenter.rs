@@ -1,7 +1,14 @@
 //! The real Karpenter (its KWOK provider, `scripts/k8s-cluster.sh up DIR --karpenter`) on a control plane of
-//! its own, as its chart's RBAC: a Deployment whose pods fit no existing node → Karpenter creates a
-//! NodeClaim and a KWOK Node, the Node becomes Ready and the pods are scheduled there; scaled to 0, the empty
-//! node is consolidated away (NodeClaim and Node deleted). Real only: the sim has no Karpenter.
+//! its own, as its chart's RBAC:
+//! - a Deployment whose pods fit no existing node → Karpenter creates a NodeClaim and a KWOK Node, the
+//!   Node becomes Ready and the pods are scheduled there; scaled to 0, the empty node is consolidated away
+//!   (NodeClaim and Node deleted);
+//! - nodekeeper's controller (as its ServiceAccount, provider `karpenter`) repairs a node of a NodePool:
+//!   one drain (nodekeeper's), Karpenter kept off the node meanwhile, the NodeClaim deleted only once the
+//!   drain is over, Karpenter terminating the node and provisioning for the evicted pod (docs/karpenter.md).
+//!
+//! Real only: the sim has no Karpenter. The tests share one cluster and run one at a time (one engine
+//! acts on every node; consolidation would move the other test's pods).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -13,6 +20,10 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 
 use crate::support::*;
+use nodekeeper_core::controller::policy::view::keys;
+
+/// One test at a time on the Karpenter cluster.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const POOL: &str = "default";
 const APP: &str = "karpenter-inflate";
@@ -45,10 +56,7 @@ async fn pool_claims(api: &Api<DynamicObject>) -> Vec<DynamicObject> {
 
 /// The Deployment's pods.
 async fn app_pods(pods: &Api<Pod>) -> Vec<Pod> {
-    pods.list(&ListParams::default().labels(&format!("app={APP}")))
-        .await
-        .unwrap()
-        .items
+    app_pods_of(pods, APP).await
 }
 
 fn running_on(p: &Pod) -> Option<&str> {
@@ -60,6 +68,7 @@ fn running_on(p: &Pod) -> Option<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn karpenter_provisions_a_kwok_node_for_pending_pods_and_consolidates_it_when_empty() {
     init_tracing();
+    let _one = ONE_AT_A_TIME.lock().await;
     let c = karpenter_cluster();
     let admin = c.admin().await;
 
@@ -252,5 +261,297 @@ async fn karpenter_provisions_a_kwok_node_for_pending_pods_and_consolidates_it_w
     // The node Karpenter does not own stays.
     assert!(nodes.get_opt("karp-small").await.unwrap().is_some());
     let out = kubectl(c, &["delete", "deployment", APP, "--ignore-not-found"]);
+    assert!(out.status.success());
+}
+
+const COOP_POOL: &str = "nk-coop";
+const COOP_APP: &str = "nk-coop-app";
+
+/// The app's pods on `node` that still run there (not terminating).
+async fn coop_pods_on(pods: &Api<Pod>, node: &str) -> Vec<String> {
+    app_pods_of(pods, COOP_APP)
+        .await
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+async fn app_pods_of(pods: &Api<Pod>, app: &str) -> Vec<Pod> {
+    pods.list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .unwrap()
+        .items
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodekeeper_repairs_a_karpenter_node_with_one_drain_and_karpenter_terminates_it() {
+    init_tracing();
+    let _one = ONE_AT_A_TIME.lock().await;
+    let c = karpenter_cluster();
+    let admin = c.admin().await;
+
+    // A NodePool of its own: empty nodes consolidated after 30 s, no underutilization moves.
+    let fixtures = repo().join("tests/fixtures/karpenter");
+    let out = kubectl(
+        c,
+        &[
+            "apply",
+            "-f",
+            fixtures.join("kwoknodeclass.yaml").to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "kubectl apply of the KWOKNodeClass");
+    crate::drain::apply(
+        c,
+        &format!(
+            r#"
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {{name: {COOP_POOL}}}
+spec:
+  template:
+    spec:
+      requirements:
+        - {{key: kubernetes.io/arch, operator: In, values: [amd64]}}
+        - {{key: kubernetes.io/os, operator: In, values: [linux]}}
+        - {{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}}
+      nodeClassRef: {{group: karpenter.kwok.sh, kind: KWOKNodeClass, name: default}}
+      expireAfter: Never
+  limits: {{cpu: "64"}}
+  disruption:
+    consolidationPolicy: WhenEmpty
+    consolidateAfter: 30s
+    budgets: [{{nodes: "100%"}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {COOP_APP}, namespace: default}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: {COOP_APP}}}}}
+  template:
+    metadata: {{labels: {{app: {COOP_APP}}}}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      nodeSelector: {{karpenter.sh/nodepool: {COOP_POOL}}}
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            - {{labelSelector: {{matchLabels: {{app: {COOP_APP}}}}}, topologyKey: kubernetes.io/hostname}}
+      containers:
+        - {{name: pause, image: "registry.k8s.io/pause:3.10", resources: {{requests: {{cpu: 1500m, memory: 512Mi}}}}}}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{name: {COOP_APP}, namespace: default}}
+spec:
+  minAvailable: 1
+  selector: {{matchLabels: {{app: {COOP_APP}}}}}
+"#
+        ),
+    );
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let claims_api = nodeclaims(&admin);
+    let hosts: Vec<String> = wait_for(
+        Duration::from_secs(180),
+        "both pods Running on two nodes of the NodePool",
+        || {
+            let pods = pods.clone();
+            async move {
+                let on: BTreeSet<String> = app_pods_of(&pods, COOP_APP)
+                    .await
+                    .iter()
+                    .filter_map(running_on)
+                    .map(String::from)
+                    .collect();
+                (on.len() == 2).then(|| on.into_iter().collect())
+            }
+        },
+    )
+    .await;
+    let victim = hosts[0].clone();
+    let claim_of = |node: String| {
+        let api = claims_api.clone();
+        async move {
+            api.list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .find(|c| c.data["status"]["nodeName"].as_str() == Some(node.as_str()))
+        }
+    };
+    let victim_claim = claim_of(victim.clone())
+        .await
+        .expect("the node has a NodeClaim")
+        .metadata
+        .name
+        .unwrap();
+
+    // nodekeeper's controller, the shipped policy (drain → replace, Ready=False) with provider karpenter.
+    let dir = tempfile::tempdir().unwrap();
+    let config = controller_toml(dir.path(), "karpenter-coop", |t| {
+        let r = t["repair"].as_table_mut().unwrap();
+        r.insert("max_unhealthy".into(), "50%".into());
+        r.insert(
+            "policy".into(),
+            toml::Value::Array(vec![toml::Value::Table(
+                toml::from_str(
+                    "condition_type = \"Ready\"\ncondition_status = \"False\"\ntoleration = \"3s\"",
+                )
+                .unwrap(),
+            )]),
+        );
+        let mut provider = toml::Table::new();
+        provider.insert("kind".into(), "karpenter".into());
+        t["controller"]
+            .as_table_mut()
+            .unwrap()
+            .insert("provider".into(), provider.into());
+    });
+    let ctl = ControllerProc::start(c, &config, "karpenter-coop").await;
+    wait_until(Duration::from_secs(30), "the victim seen ready", || {
+        let (nodes, victim) = (nodes.clone(), victim.clone());
+        async move {
+            nodes
+                .get(&victim)
+                .await
+                .is_ok_and(|n| annotation(&n, keys::SEEN_READY).is_some())
+        }
+    })
+    .await;
+    c.kubelet_reports_not_ready(&victim).await;
+
+    // nodekeeper acts: cordoned, and Karpenter kept off the node (its mark, with nodekeeper's record).
+    wait_until(
+        Duration::from_secs(60),
+        "victim cordoned and marked do-not-disrupt",
+        || {
+            let (nodes, victim) = (nodes.clone(), victim.clone());
+            async move {
+                nodes.get(&victim).await.is_ok_and(|n| {
+                    unschedulable(&n)
+                        && annotation(&n, keys::KARPENTER_DO_NOT_DISRUPT) == Some("true")
+                        && annotation(&n, keys::DO_NOT_DISRUPT_BY) == Some("nodekeeper")
+                })
+            }
+        },
+    )
+    .await;
+
+    // Until the old NodeClaim deletes: every observation of it deleting finds the app's pods gone from
+    // the node (nodekeeper's drain was over before Karpenter's termination began).
+    let end = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let claim = claims_api.get_opt(&victim_claim).await.unwrap();
+        let deleting = claim
+            .as_ref()
+            .is_none_or(|c| c.metadata.deletion_timestamp.is_some());
+        if deleting {
+            let left = coop_pods_on(&pods, &victim).await;
+            assert!(
+                left.is_empty(),
+                "the NodeClaim was deleted while {left:?} still ran on {victim}"
+            );
+            if let Some(n) = nodes.get_opt(&victim).await.unwrap() {
+                assert!(
+                    annotation(&n, keys::RETIRE_REQUESTED).is_some(),
+                    "deleted by nodekeeper's retire"
+                );
+            }
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "the old NodeClaim never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Karpenter terminates the node; the evicted pod runs on capacity Karpenter provisioned for it.
+    wait_until(
+        Duration::from_secs(180),
+        "the old node and NodeClaim gone",
+        || {
+            let (nodes, api, victim, claim) = (
+                nodes.clone(),
+                claims_api.clone(),
+                victim.clone(),
+                victim_claim.clone(),
+            );
+            async move {
+                nodes.get_opt(&victim).await.unwrap().is_none()
+                    && api.get_opt(&claim).await.unwrap().is_none()
+            }
+        },
+    )
+    .await;
+    let now_on: BTreeSet<String> =
+        wait_for(Duration::from_secs(180), "both pods Running again", || {
+            let pods = pods.clone();
+            async move {
+                let on: BTreeSet<String> = app_pods_of(&pods, COOP_APP)
+                    .await
+                    .iter()
+                    .filter_map(running_on)
+                    .map(String::from)
+                    .collect();
+                (on.len() == 2).then_some(on)
+            }
+        })
+        .await;
+    assert!(!now_on.contains(&victim), "{now_on:?}");
+    // One eviction stream: Karpenter evicted none of the app's pods (its drain records an `Evicted`
+    // Event per pod it evicts).
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let evicted_by_karpenter: Vec<String> = events
+        .list(&ListParams::default().fields("reason=Evicted"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(COOP_APP))
+        })
+        .filter_map(|e| e.message)
+        .collect();
+    assert!(
+        evicted_by_karpenter.is_empty(),
+        "Karpenter evicted: {evicted_by_karpenter:?}"
+    );
+    // The drain had emptied the node: no replacement NodeClaim was added for it.
+    let twins = claims_api
+        .list(&ListParams::default().labels(&format!("nodekeeper.io/replaces={victim}")))
+        .await
+        .unwrap()
+        .items;
+    assert!(twins.is_empty(), "{twins:?}");
+    assert_eq!(
+        ctl.forbidden_lines(),
+        Vec::<String>::new(),
+        "the controller hit a 403"
+    );
+    ctl.stop().await;
+
+    let out = kubectl(
+        c,
+        &["delete", "deployment,pdb", COOP_APP, "--ignore-not-found"],
+    );
+    assert!(out.status.success());
+    let out = kubectl(
+        c,
+        &[
+            "delete",
+            "nodepool",
+            COOP_POOL,
+            "--ignore-not-found",
+            "--wait=false",
+        ],
+    );
     assert!(out.status.success());
 }

@@ -114,12 +114,14 @@ pub fn sim() -> &'static Cluster {
 }
 
 /// A real control plane of its own with Karpenter's KWOK provider beside it (`scripts/k8s-cluster.sh up
-/// DIR --karpenter`), started on first use; no nodekeeper manifests. Separate from [`cluster()`], so
+/// DIR --karpenter`), started on first use, with nodekeeper's manifests. Separate from [`cluster()`], so
 /// Karpenter never provisions for the pending pods of other tests and their engines never see its
 /// nodes; only the tests that ask for it pay its start.
 pub fn karpenter_cluster() -> &'static Cluster {
     once(&KARPENTER, || {
-        up_real("nodekeeper-karpenter", &["--karpenter"])
+        let c = up_real("nodekeeper-karpenter", &["--karpenter"]);
+        install_manifests(&c);
+        c
     })
 }
 

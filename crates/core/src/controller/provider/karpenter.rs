@@ -5,7 +5,9 @@
 //!    NodeClaim (`karpenter.sh/v1`, `nodeclaims`) with the request id and creates a NodeClaim of the
 //!    same NodePool with the same spec (requirements, NodeClass, taints, expiry), named after the
 //!    request (`<claim>-nk<hash>`), which Karpenter launches like its own. It carries
-//!    `karpenter.sh/do-not-disrupt` so consolidation does not take it while it is still empty.
+//!    `karpenter.sh/do-not-disrupt` so consolidation does not take it while it is still empty. When
+//!    no workload pod is left on the node (a repair whose drain step emptied it) nothing is created:
+//!    Karpenter provisioned for the evicted pods already.
 //! 2. [`NodeProvider::retire`], called by the controller once its drain of the old node is over,
 //!    **deletes the old NodeClaim**: Karpenter's termination (taint `karpenter.sh/disrupted`, its own
 //!    drain, instance deletion) then finds nothing left to evict. It also lifts the
@@ -20,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ObjectMeta;
 use kube::core::{ApiResource, DynamicObject};
@@ -174,7 +176,14 @@ impl Karpenter {
                     Some(&req.request_id),
                 )
                 .await?;
-                self.launch_twin(req, &claim).await?
+                if self.has_workload(&req.node).await? {
+                    self.launch_twin(req, &claim).await?
+                } else {
+                    // Nothing left to move (e.g. a repair whose drain step emptied the node): the
+                    // capacity its pods needed was provisioned by Karpenter for them already.
+                    tracing::info!(node = %req.node, "no workload pods left: no replacement NodeClaim");
+                    None
+                }
             }
         };
         let ticket = ReplacementTicket {
@@ -188,6 +197,27 @@ impl Karpenter {
         };
         self.remember(&ticket);
         Ok(ticket)
+    }
+
+    /// Whether pods that must move still run on `node`: not DaemonSet pods, not mirror pods, not
+    /// finished, not terminating.
+    async fn has_workload(&self, node: &str) -> Result<bool, ProviderError> {
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map_err(|source| kube_err("listing the node's pods", node, source))?;
+        Ok(pods.items.iter().any(|p| {
+            let daemon = p
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "DaemonSet" && o.controller == Some(true));
+            let mirror = has_annotation(&p.metadata, "kubernetes.io/config.mirror");
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            let finished = matches!(phase, Some("Succeeded" | "Failed"));
+            !daemon && !mirror && !finished && p.metadata.deletion_timestamp.is_none()
+        }))
     }
 
     /// Creates the NodeClaim that replaces `old` (same NodePool, spec, owner and NodePool hash,
