@@ -130,5 +130,5 @@ stages || { echo "setup-k8s: copying KWOK's stage files failed" >&2; exit 1; }
 karpenter_crds || { echo "setup-k8s: copying Karpenter's CRDs failed" >&2; exit 1; }
 built || { echo "setup-k8s: a binary is missing from $BIN after the build" >&2; exit 1; }
 "$BIN/kube-apiserver" --version >&2
-"$BIN/etcd" --version | head -1 >&2
+"$BIN/etcd" --version | sed -n 1p >&2   # sed reads all of it: `head -1` could close the pipe early (SIGPIPE, exit 141 under pipefail)
 echo "$BIN"
