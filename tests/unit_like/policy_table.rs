@@ -1079,3 +1079,163 @@ fn repair_replace_step_retires_the_node_once_accepted_and_not_draining() {
     let ds = run(&v, &c, now + mins(2));
     assert_eq!(count(&of(&ds, "a"), is_retire), 1, "{ds:#?}");
 }
+
+/// A policy repairing `KernelDeadlock=True` after 10 min (the node stays Ready).
+fn kernel_deadlock_cfg() -> nodekeeper_core::controller::policy::PolicyConfig {
+    let mut c = cfg();
+    c.repair.policy = nodekeeper_core::controller::policy::config::parse_kpo_repair_policies(
+        r#"[{"conditionType":"KernelDeadlock","conditionStatus":"True","tolerationDuration":600000000000}]"#,
+    )
+    .unwrap();
+    c.repair.max_unhealthy = Quantity::Percent(50);
+    c.budgets.default = budgets(r#"[{ nodes = "100%" }]"#);
+    c
+}
+
+fn ready_node(
+    name: &str,
+    pool: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> nodekeeper_core::controller::policy::view::NodeView {
+    let mut n = node(name, pool, now);
+    ready(&mut n, "True", now - chrono::Duration::days(1));
+    n
+}
+
+fn mark_of(
+    n: &nodekeeper_core::controller::policy::view::NodeView,
+) -> (Option<&str>, Option<&str>) {
+    (
+        n.annotation(keys::KARPENTER_DO_NOT_DISRUPT),
+        n.annotation(keys::DO_NOT_DISRUPT_BY),
+    )
+}
+
+#[test]
+fn a_voluntary_disruption_of_a_ready_node_fences_its_nodepool_until_it_ends() {
+    let now = monday();
+    let c = kernel_deadlock_cfg();
+    let mut a = ready_node("a", "spot", now);
+    a.conditions
+        .push(nodekeeper_core::controller::policy::view::condition(
+            "KernelDeadlock",
+            "True",
+            now - mins(11),
+        ));
+    let mut user = ready_node("u", "spot", now);
+    user.annotations
+        .insert(keys::KARPENTER_DO_NOT_DISRUPT.into(), "true".into());
+    let mut v = view(vec![
+        a,
+        ready_node("b", "spot", now),
+        user,
+        ready_node("d", "other", now),
+        ready_node("e", "", now),
+    ]);
+    let ds = run(&v, &c, now);
+    apply(&mut v, &ds);
+    assert_eq!(state(get(&v, "a")), Some("repairing"), "{ds:#?}");
+    assert_eq!(
+        mark_of(get(&v, "a")),
+        (Some("true"), Some("nodekeeper")),
+        "its own mark"
+    );
+    assert_eq!(
+        mark_of(get(&v, "b")),
+        (Some("true"), Some("fence")),
+        "fenced"
+    );
+    assert_eq!(
+        mark_of(get(&v, "u")),
+        (Some("true"), None),
+        "the user's mark untouched"
+    );
+    assert_eq!(mark_of(get(&v, "d")), (None, None), "another NodePool");
+    assert_eq!(mark_of(get(&v, "e")), (None, None), "no NodePool");
+    // Ownership before the mark, in one node's actions.
+    let b = of(&ds, "b");
+    let by = b
+        .iter()
+        .position(|x| matches!(x, Action::Annotate { key, .. } if key == keys::DO_NOT_DISRUPT_BY));
+    let mark = b.iter().position(
+        |x| matches!(x, Action::Annotate { key, .. } if key == keys::KARPENTER_DO_NOT_DISRUPT),
+    );
+    assert!(by < mark, "{b:#?}");
+    // Stable: nothing more while it lasts.
+    let ds = run(&v, &c, now + mins(1));
+    assert!(of(&ds, "b").is_empty(), "{ds:#?}");
+    // The condition clears: after the flap guard the repair ends, and every mark of nodekeeper goes.
+    node_mut(&mut v, "a")
+        .conditions
+        .retain(|c| c.type_ != "KernelDeadlock");
+    for t in [now + mins(2), now + mins(30)] {
+        let ds = run(&v, &c, t);
+        apply(&mut v, &ds);
+    }
+    assert_eq!(state(get(&v, "a")), None);
+    assert_eq!(mark_of(get(&v, "a")), (None, None));
+    assert_eq!(mark_of(get(&v, "b")), (None, None), "fence lifted");
+    assert_eq!(
+        mark_of(get(&v, "u")),
+        (Some("true"), None),
+        "the user's mark stays"
+    );
+}
+
+#[test]
+fn no_fence_for_a_notready_repair_nor_for_an_interruption() {
+    let now = monday();
+    // NotReady: Karpenter counts it already.
+    let mut a = node("a", "spot", now);
+    ready(&mut a, "False", now - mins(11));
+    let mut v = view(vec![
+        a,
+        ready_node("b", "spot", now),
+        ready_node("c", "spot", now),
+    ]);
+    let mut c = cfg();
+    c.repair.max_unhealthy = Quantity::Percent(50);
+    let ds = run(&v, &c, now);
+    apply(&mut v, &ds);
+    assert_eq!(state(get(&v, "a")), Some("repairing"));
+    assert_eq!(mark_of(get(&v, "b")), (None, None), "{ds:#?}");
+    // A preemption of a Ready node: involuntary, gated by neither tool.
+    let mut p = ready_node("p", "spot2", now);
+    p.notices.push(notice(
+        "ev",
+        NoticeKind::Preemption,
+        Some(now + mins(2)),
+        now,
+    ));
+    let mut v = view(vec![p, ready_node("q", "spot2", now)]);
+    let ds = run(&v, &cfg(), now);
+    apply(&mut v, &ds);
+    assert_eq!(state(get(&v, "p")), Some("interrupted"));
+    assert_eq!(mark_of(get(&v, "p")), (Some("true"), Some("nodekeeper")));
+    assert_eq!(mark_of(get(&v, "q")), (None, None));
+}
+
+#[test]
+fn a_fenced_node_that_nodekeeper_then_acts_on_takes_the_mark_as_its_own() {
+    let now = monday();
+    let mut n = ready_node("b", "spot", now);
+    n.annotations
+        .insert(keys::KARPENTER_DO_NOT_DISRUPT.into(), "true".into());
+    n.annotations
+        .insert(keys::DO_NOT_DISRUPT_BY.into(), "fence".into());
+    n.notices.push(notice(
+        "ev",
+        NoticeKind::Preemption,
+        Some(now + mins(2)),
+        now,
+    ));
+    let mut v = view(vec![n]);
+    let ds = run(&v, &cfg(), now);
+    apply(&mut v, &ds);
+    // Owned by the node's own action now: the fence (no longer needed) does not lift it.
+    assert_eq!(
+        mark_of(get(&v, "b")),
+        (Some("true"), Some("nodekeeper")),
+        "{ds:#?}"
+    );
+}

@@ -8,12 +8,15 @@
 //! - [`repair`]: condition policies with tolerations, escalation drain → reboot → replace,
 //!   short-circuit, flap guard, startup timeout.
 //! - [`budget`]: per-group disruption budgets with cron windows in IANA time zones.
+//! - [`fence`]: keeps Karpenter's voluntary disruptions out of a NodePool while nodekeeper
+//!   voluntarily disrupts a Ready node of it (which Karpenter's budgets cannot count).
 //! - [`explain`]: the machine-readable "why held" status.
 //! - [`view`]: the inputs and the annotation catalog.
 
 pub mod budget;
 pub mod config;
 pub mod explain;
+pub mod fence;
 pub mod interruption;
 pub mod repair;
 pub mod view;
@@ -181,6 +184,11 @@ pub fn decide_with_status(
         out.extend(actions);
         statuses.push(status);
     }
+    let mut round: BTreeMap<String, Vec<Action>> = BTreeMap::new();
+    for (node, action) in &out {
+        round.entry(node.clone()).or_default().push(action.clone());
+    }
+    out.extend(fence::fence(&view.nodes, &round));
     let dry_run = cfg.controller.dry_run;
     let decisions = out
         .into_iter()
@@ -330,9 +338,15 @@ impl<'a> Plan<'a> {
     /// On a node of a Karpenter NodePool, puts `karpenter.sh/do-not-disrupt` (recording ownership
     /// first) so that Karpenter does not consolidate or drift it while nodekeeper acts on it.
     pub(crate) fn keep_karpenter_off(&mut self) {
-        if !self.cur.labels.contains_key(POOL_LABEL)
-            || self.cur.annotation(keys::KARPENTER_DO_NOT_DISRUPT) == Some("true")
-        {
+        if !self.cur.labels.contains_key(POOL_LABEL) {
+            return;
+        }
+        if self.cur.annotation(keys::KARPENTER_DO_NOT_DISRUPT) == Some("true") {
+            // A fence mark becomes this node's own (lifted on release, not with the fence).
+            if self.cur.annotation(keys::DO_NOT_DISRUPT_BY) == Some(fence::FENCE) {
+                self.set(keys::DO_NOT_DISRUPT_BY, keys::OWNER);
+                self.record.marked_by_us = true;
+            }
             return;
         }
         self.set(keys::DO_NOT_DISRUPT_BY, keys::OWNER);

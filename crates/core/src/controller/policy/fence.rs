@@ -1,0 +1,85 @@
+//! The Karpenter fence: while nodekeeper voluntarily disrupts a **Ready** node of a Karpenter
+//! NodePool (a repair of a node whose failing condition leaves it Ready, a rebalance drain), the
+//! NodePool's other nodes carry `karpenter.sh/do-not-disrupt`, so Karpenter starts no voluntary
+//! disruption (consolidation, drift) there meanwhile.
+//!
+//! Why: Karpenter's budget arithmetic counts a node as disrupting only when it is NotReady or its
+//! NodeClaim or Node is being deleted; a node nodekeeper drains while it stays Ready is invisible to
+//! it, so Karpenter could disrupt one node more than the NodePool's budget allows. Karpenter takes
+//! no external count, so the fence pauses its voluntary disruptions in that NodePool instead.
+//! Involuntary disruptions (interruptions) are not fenced: neither tool gates them by budgets.
+//!
+//! Pure: computed from the view with the round's actions played forward ([`NodeView::apply`]).
+//! Marks carry `nodekeeper.io/do-not-disrupt-by: fence`; only such marks are lifted, and only once
+//! no node of the NodePool needs the fence. A mark someone else put is never touched.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::view::{keys, NodeView, NoticeKind, State};
+use super::Action;
+use crate::controller::provider::POOL_LABEL;
+
+/// Value of [`keys::DO_NOT_DISRUPT_BY`] on a fence mark.
+pub const FENCE: &str = "fence";
+
+/// Whether `n` (after this round's actions) is a voluntary nodekeeper disruption Karpenter cannot
+/// count: repairing or draining for a rebalance recommendation, Ready, not being deleted, not yet
+/// handed to the provider (once its NodeClaim is deleted Karpenter counts it).
+pub fn invisible_to_karpenter(n: &NodeView) -> bool {
+    let record = n.record();
+    let voluntary = match record.state {
+        State::Repairing => true,
+        State::Interrupted => record
+            .notice
+            .as_ref()
+            .is_some_and(|rn| rn.kind == NoticeKind::Rebalance),
+        _ => false,
+    };
+    voluntary && n.is_ready() && !n.deleting && !record.retire_requested
+}
+
+/// The fence actions for the whole view, given each node's actions of this round.
+pub fn fence(nodes: &[NodeView], round: &BTreeMap<String, Vec<Action>>) -> Vec<(String, Action)> {
+    let after: Vec<NodeView> = nodes
+        .iter()
+        .map(|n| {
+            let mut n = n.clone();
+            for a in round.get(&n.name).into_iter().flatten() {
+                n.apply(a);
+            }
+            n
+        })
+        .collect();
+    let fenced_pools: BTreeSet<&str> = after
+        .iter()
+        .filter(|n| invisible_to_karpenter(n))
+        .filter_map(|n| n.labels.get(POOL_LABEL).map(String::as_str))
+        .collect();
+    let mut out = Vec::new();
+    for n in &after {
+        let Some(pool) = n.labels.get(POOL_LABEL) else {
+            continue;
+        };
+        let marked = n.annotation(keys::KARPENTER_DO_NOT_DISRUPT) == Some("true");
+        let ours = n.annotation(keys::DO_NOT_DISRUPT_BY) == Some(FENCE);
+        let wanted = fenced_pools.contains(pool.as_str()) && !n.deleting;
+        let annotate = |key: &str, value: Option<&str>| {
+            (
+                n.name.clone(),
+                Action::Annotate {
+                    key: key.to_string(),
+                    value: value.map(str::to_string),
+                },
+            )
+        };
+        if wanted && !marked {
+            // Ownership first, so a crash in between never leaves an unowned mark.
+            out.push(annotate(keys::DO_NOT_DISRUPT_BY, Some(FENCE)));
+            out.push(annotate(keys::KARPENTER_DO_NOT_DISRUPT, Some("true")));
+        } else if !wanted && ours {
+            out.push(annotate(keys::KARPENTER_DO_NOT_DISRUPT, None));
+            out.push(annotate(keys::DO_NOT_DISRUPT_BY, None));
+        }
+    }
+    out
+}
