@@ -555,3 +555,232 @@ spec:
     );
     assert!(out.status.success());
 }
+
+const FENCE_POOL: &str = "nk-fence";
+const FENCE_APP: &str = "nk-fence-app";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repair_of_a_ready_node_fences_its_nodepool_and_karpenter_holds_off() {
+    init_tracing();
+    let _one = ONE_AT_A_TIME.lock().await;
+    let c = karpenter_cluster();
+    let admin = c.admin().await;
+    let fixtures = repo().join("tests/fixtures/karpenter");
+    let out = kubectl(
+        c,
+        &[
+            "apply",
+            "-f",
+            fixtures.join("kwoknodeclass.yaml").to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "kubectl apply of the KWOKNodeClass");
+    // Consolidation at once: every node is a candidate Karpenter evaluates on each pass.
+    crate::drain::apply(
+        c,
+        &format!(
+            r#"
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {{name: {FENCE_POOL}}}
+spec:
+  template:
+    spec:
+      requirements:
+        - {{key: kubernetes.io/arch, operator: In, values: [amd64]}}
+        - {{key: kubernetes.io/os, operator: In, values: [linux]}}
+        - {{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}}
+      nodeClassRef: {{group: karpenter.kwok.sh, kind: KWOKNodeClass, name: default}}
+      expireAfter: Never
+  limits: {{cpu: "64"}}
+  disruption:
+    consolidationPolicy: WhenEmptyOrUnderutilized
+    consolidateAfter: 0s
+    budgets: [{{nodes: "100%"}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {FENCE_APP}, namespace: default}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: {FENCE_APP}}}}}
+  template:
+    metadata: {{labels: {{app: {FENCE_APP}}}}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      nodeSelector: {{karpenter.sh/nodepool: {FENCE_POOL}}}
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            - {{labelSelector: {{matchLabels: {{app: {FENCE_APP}}}}}, topologyKey: kubernetes.io/hostname}}
+      containers:
+        - {{name: pause, image: "registry.k8s.io/pause:3.10", resources: {{requests: {{cpu: 1500m, memory: 512Mi}}}}}}
+---
+# No eviction allowed: the repair's drain waits (and the fence stays) until the test deletes it.
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{name: {FENCE_APP}, namespace: default}}
+spec:
+  maxUnavailable: 0
+  selector: {{matchLabels: {{app: {FENCE_APP}}}}}
+"#
+        ),
+    );
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let hosts: Vec<String> = wait_for(
+        Duration::from_secs(180),
+        "both pods Running on two nodes of the NodePool",
+        || {
+            let pods = pods.clone();
+            async move {
+                let on: BTreeSet<String> = app_pods_of(&pods, FENCE_APP)
+                    .await
+                    .iter()
+                    .filter_map(running_on)
+                    .map(String::from)
+                    .collect();
+                (on.len() == 2).then(|| on.into_iter().collect())
+            }
+        },
+    )
+    .await;
+    let (sick, other) = (hosts[0].clone(), hosts[1].clone());
+
+    // A repair for a condition that leaves the node Ready (Karpenter's budgets cannot count it).
+    let dir = tempfile::tempdir().unwrap();
+    let config = controller_toml(dir.path(), "karpenter-fence", |t| {
+        let r = t["repair"].as_table_mut().unwrap();
+        r.insert("max_unhealthy".into(), "50%".into());
+        r.insert(
+            "policy".into(),
+            toml::Value::Array(vec![toml::Value::Table(
+                toml::from_str(
+                    "condition_type = \"KernelDeadlock\"\ncondition_status = \"True\"\ntoleration = \"1s\"",
+                )
+                .unwrap(),
+            )]),
+        );
+        let mut provider = toml::Table::new();
+        provider.insert("kind".into(), "karpenter".into());
+        t["controller"]
+            .as_table_mut()
+            .unwrap()
+            .insert("provider".into(), provider.into());
+    });
+    let ctl = ControllerProc::start(c, &config, "karpenter-fence").await;
+    // KWOK keeps the node Ready (its Lease); the label stops it rewriting the conditions.
+    let label =
+        json!({ "metadata": { "labels": { "nodekeeper.test/kubelet": "kernel-deadlock" } } });
+    nodes
+        .patch(&sick, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let status = json!({ "status": { "conditions": [{
+        "type": "KernelDeadlock", "status": "True", "reason": "DockerHung",
+        "message": "task docker:7 blocked for more than 120 seconds",
+        "lastHeartbeatTime": now, "lastTransitionTime": now
+    }] } });
+    nodes
+        .patch_status(&sick, &PatchParams::default(), &Patch::Strategic(&status))
+        .await
+        .unwrap();
+
+    // The sick node is repaired (its own mark); the NodePool's other node is fenced, and Karpenter
+    // says its disruption is blocked by the annotation.
+    wait_until(
+        Duration::from_secs(60),
+        "sick node repairing, other node fenced",
+        || {
+            let (nodes, sick, other) = (nodes.clone(), sick.clone(), other.clone());
+            async move {
+                let (Ok(s), Ok(o)) = (nodes.get(&sick).await, nodes.get(&other).await) else {
+                    return false;
+                };
+                annotation(&s, keys::STATE) == Some("repairing")
+                    && is_ready(&s)
+                    && annotation(&s, keys::DO_NOT_DISRUPT_BY) == Some("nodekeeper")
+                    && annotation(&o, keys::KARPENTER_DO_NOT_DISRUPT) == Some("true")
+                    && annotation(&o, keys::DO_NOT_DISRUPT_BY) == Some("fence")
+            }
+        },
+    )
+    .await;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let blocked = wait_for(
+        // Karpenter's disruption loop took from 20 s to about 2 min to evaluate the node in trials.
+        Duration::from_secs(300),
+        "Karpenter's DisruptionBlocked for the fenced node",
+        || {
+            let (events, other) = (events.clone(), other.clone());
+            async move {
+                events
+                    .list(&ListParams::default().fields(&format!(
+                        "reason=DisruptionBlocked,involvedObject.kind=Node,involvedObject.name={other}"
+                    )))
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter_map(|e| e.message)
+                    .find(|m| m.contains("karpenter.sh/do-not-disrupt"))
+            }
+        },
+    )
+    .await;
+    eprintln!("Karpenter on {other}: {blocked}");
+    assert_eq!(
+        annotation(&nodes.get(&sick).await.unwrap(), keys::STATE),
+        Some("repairing"),
+        "still draining (the PDB allows no eviction)"
+    );
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(admin.clone(), "default");
+    pdbs.delete(FENCE_APP, &Default::default()).await.unwrap();
+
+    // The PDB gone, the repair drains the sick node and hands it over; once its NodeClaim is
+    // deleting, Karpenter counts it and the fence is lifted.
+    wait_until(
+        Duration::from_secs(180),
+        "the fence lifted from the other node",
+        || {
+            let (nodes, other) = (nodes.clone(), other.clone());
+            async move {
+                nodes.get(&other).await.is_ok_and(|o| {
+                    annotation(&o, keys::KARPENTER_DO_NOT_DISRUPT).is_none()
+                        && annotation(&o, keys::DO_NOT_DISRUPT_BY).is_none()
+                })
+            }
+        },
+    )
+    .await;
+    let s = nodes.get_opt(&sick).await.unwrap();
+    assert!(
+        s.as_ref()
+            .is_none_or(|s| annotation(s, keys::RETIRE_REQUESTED).is_some()),
+        "the fence lifts only once the sick node is handed over"
+    );
+    assert_eq!(
+        ctl.forbidden_lines(),
+        Vec::<String>::new(),
+        "the controller hit a 403"
+    );
+    ctl.stop().await;
+    let out = kubectl(
+        c,
+        &["delete", "deployment", FENCE_APP, "--ignore-not-found"],
+    );
+    assert!(out.status.success());
+    let out = kubectl(
+        c,
+        &[
+            "delete",
+            "nodepool",
+            FENCE_POOL,
+            "--ignore-not-found",
+            "--wait=false",
+        ],
+    );
+    assert!(out.status.success());
+}
