@@ -13,6 +13,8 @@ use nodekeeper_core::telemetry::error_chain;
 mod demo;
 #[cfg(feature = "controller")]
 mod drain;
+#[cfg(feature = "demo")]
+mod sim;
 #[cfg(feature = "controller")]
 mod status;
 
@@ -90,7 +92,7 @@ enum Command {
     #[cfg(feature = "demo")]
     Sim {
         #[command(subcommand)]
-        command: nodekeeper_sim::SimCommand,
+        command: sim::SimCmd,
     },
 }
 
@@ -158,10 +160,7 @@ pub fn main() -> ExitCode {
         #[cfg(feature = "controller")]
         Command::Status(args) => status::main(args),
         #[cfg(feature = "demo")]
-        Command::Sim { command } => block_on(async move {
-            nodekeeper_core::telemetry::init(nodekeeper_core::config::LogFormat::Text, "info");
-            nodekeeper_sim::run(command).await
-        }),
+        Command::Sim { command } => sim::main(command),
     };
     ExitCode::from(code)
 }
