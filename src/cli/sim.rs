@@ -154,34 +154,6 @@ impl From<ImdsCmd> for ImdsArgs {
     }
 }
 
-/// Which event to send.
-///
-/// A mirror of [`OciEventKind`] that clap's `ValueEnum` needs: `--help` lists each value with its
-/// own line of help (`Possible values: - preemption: …`), which a `FromStr` value parser cannot
-/// carry, and the trait cannot be implemented here for the library's type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OciEventKindArg {
-    /// `instancepreemptionaction` (TERMINATE).
-    Preemption,
-    /// `instancemaintenance`, lifecycleState SCHEDULED.
-    Maintenance,
-    /// `instancemaintenance`, lifecycleState CANCELED.
-    MaintenanceCanceled,
-    /// `maintenancerescheduled` with a new window.
-    Rescheduled,
-}
-
-impl From<OciEventKindArg> for OciEventKind {
-    fn from(k: OciEventKindArg) -> Self {
-        match k {
-            OciEventKindArg::Preemption => OciEventKind::Preemption,
-            OciEventKindArg::Maintenance => OciEventKind::Maintenance,
-            OciEventKindArg::MaintenanceCanceled => OciEventKind::MaintenanceCanceled,
-            OciEventKindArg::Rescheduled => OciEventKind::Rescheduled,
-        }
-    }
-}
-
 /// Arguments of `nodekeeper sim oci-event`.
 #[derive(Debug, clap::Args)]
 pub struct OciEventCmd {
@@ -192,8 +164,13 @@ pub struct OciEventCmd {
     #[arg(long, env = "NODEKEEPER_OCI_EVENTS_TOKEN")]
     pub token: String,
     /// The event.
-    #[arg(long, value_enum)]
-    pub kind: OciEventKindArg,
+    #[arg(long, value_parser = super::choices::<OciEventKind>(&[
+        ("preemption", "`instancepreemptionaction` (TERMINATE)"),
+        ("maintenance", "`instancemaintenance`, lifecycleState SCHEDULED"),
+        ("maintenance-canceled", "`instancemaintenance`, lifecycleState CANCELED"),
+        ("rescheduled", "`maintenancerescheduled` with a new window"),
+    ]))]
+    pub kind: OciEventKind,
     /// Instance OCID (the node's `spec.providerID` without `oci://`).
     #[arg(long)]
     pub instance: String,
@@ -213,7 +190,7 @@ impl From<OciEventCmd> for OciEventArgs {
         OciEventArgs {
             url: c.url,
             token: c.token,
-            kind: c.kind.into(),
+            kind: c.kind,
             instance: c.instance,
             window_start: c.window_start,
             ca_file: c.ca_file,

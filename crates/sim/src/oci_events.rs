@@ -28,6 +28,42 @@ pub enum OciEventKind {
     Rescheduled,
 }
 
+impl OciEventKind {
+    /// Every value, in the order the command line lists them.
+    pub const ALL: [OciEventKind; 4] = [
+        OciEventKind::Preemption,
+        OciEventKind::Maintenance,
+        OciEventKind::MaintenanceCanceled,
+        OciEventKind::Rescheduled,
+    ];
+
+    /// The spelling on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            OciEventKind::Preemption => "preemption",
+            OciEventKind::Maintenance => "maintenance",
+            OciEventKind::MaintenanceCanceled => "maintenance-canceled",
+            OciEventKind::Rescheduled => "rescheduled",
+        }
+    }
+}
+
+impl std::fmt::Display for OciEventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for OciEventKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        OciEventKind::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown OCI event kind `{s}` (expected preemption, maintenance, maintenance-canceled or rescheduled)"))
+    }
+}
+
 /// Arguments of `nodekeeper sim oci-event` (parsed, with their defaults, by the binary's `cli::sim`).
 #[derive(Debug, Clone)]
 pub struct OciEventArgs {

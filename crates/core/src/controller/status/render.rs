@@ -22,6 +22,36 @@ pub enum StatusOutput {
     Json,
 }
 
+impl StatusOutput {
+    /// Every value, in the order the command line lists them.
+    pub const ALL: [StatusOutput; 3] = [StatusOutput::Text, StatusOutput::Wide, StatusOutput::Json];
+
+    /// The spelling on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            StatusOutput::Text => "text",
+            StatusOutput::Wide => "wide",
+            StatusOutput::Json => "json",
+        }
+    }
+}
+
+impl std::fmt::Display for StatusOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for StatusOutput {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        StatusOutput::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown output `{s}` (expected text, wide or json)"))
+    }
+}
+
 /// The JSON document of `-o json`.
 #[derive(Debug, Serialize)]
 pub struct StatusDocument<'a> {
