@@ -21,8 +21,12 @@ pub struct StatusArgs {
     #[arg(long)]
     pub context: Option<String>,
     /// Output: a table, a wider table (reason, repair step, notice, replacement) or JSON.
-    #[arg(long, short, value_enum, default_value_t = OutputArg::Text)]
-    pub output: OutputArg,
+    #[arg(long, short, default_value_t = StatusOutput::Text, value_parser = super::choices::<StatusOutput>(&[
+        ("text", "NODE GROUP STATE BLOCKER SINCE NEXT"),
+        ("wide", "The table plus REASON, STEP, NOTICE and REPLACEMENT"),
+        ("json", "One JSON document (schema version 1, described in docs/status.md)"),
+    ]))]
+    pub output: StatusOutput,
     /// Only nodes matching this label selector (e.g. `karpenter.sh/nodepool=spot`).
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
@@ -37,34 +41,13 @@ pub struct StatusArgs {
     pub connect_timeout: Duration,
 }
 
-/// `--output` of `nodekeeper status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputArg {
-    /// NODE GROUP STATE BLOCKER SINCE NEXT.
-    Text,
-    /// The table plus REASON, STEP, NOTICE and REPLACEMENT.
-    Wide,
-    /// One JSON document (schema version 1, described in docs/status.md).
-    Json,
-}
-
-impl From<OutputArg> for StatusOutput {
-    fn from(o: OutputArg) -> Self {
-        match o {
-            OutputArg::Text => StatusOutput::Text,
-            OutputArg::Wide => StatusOutput::Wide,
-            OutputArg::Json => StatusOutput::Json,
-        }
-    }
-}
-
 /// Runs the command; returns the exit code.
 pub fn main(args: StatusArgs) -> u8 {
     // An error (kubeconfig, API server unreachable, forbidden...) is printed as
     // `error: <cause chain>` with exit 1 by block_on.
     super::block_on_current_thread(async move {
         let rows = list(&args).await?;
-        print!("{}", render(&rows, args.output.into(), Utc::now()));
+        print!("{}", render(&rows, args.output, Utc::now()));
         Ok(super::EXIT_OK)
     })
 }

@@ -55,6 +55,10 @@ pub enum ControllerError {
     /// No Kubernetes client.
     #[error("kubernetes client: {0}")]
     Client(#[from] kube::Error),
+    /// No client configuration (neither `$KUBECONFIG`, `~/.kube/config` nor in-cluster), or no
+    /// client for it: from the one builder, [`crate::k8s::client`].
+    #[error("kubernetes client: {0}")]
+    Kubeconfig(#[from] crate::k8s::client::ClientError),
     /// Server start.
     #[error(transparent)]
     Server(#[from] crate::serve::ServeError),
@@ -360,10 +364,9 @@ pub async fn run(
     policy: policy::PolicyConfig,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), ControllerError> {
-    let kcfg = kube::Config::infer()
-        .await
-        .map_err(|e| ControllerError::Client(kube::Error::InferConfig(e)))?;
-    let client = kube::Client::try_from(kcfg.clone()).map_err(ControllerError::Client)?;
+    // What kube-rs infers: `$KUBECONFIG` or `~/.kube/config`, else in-cluster.
+    let kcfg = crate::k8s::client::config(None, None).await?;
+    let client = crate::k8s::client::client(kcfg.clone())?;
     let mut opts = engine::EngineOptions::new(policy);
     // Drains handle 429 themselves (a PDB refusal must be seen, not retried for minutes).
     opts.drain_client = Some(drain::client(kcfg).map_err(ControllerError::Client)?);
