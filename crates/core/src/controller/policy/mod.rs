@@ -520,20 +520,21 @@ pub fn decide_interruption(
     Some(p.finish(cfg))
 }
 
-/// Nodes counted against the group's budget: disrupting, deleting, or NotReady (except a
-/// NotReady node waiting for its own repair: it competes for the slot instead, else a budget
-/// of 1 would never let a failed node be repaired).
+/// Nodes counted against the group's budget: disrupting, deleting, chosen by Karpenter for
+/// disruption (its [`view::KARPENTER_DISRUPTED_TAINT`]), or NotReady (except a NotReady node
+/// waiting for its own repair: it competes for the slot instead, else a budget of 1 would never
+/// let a failed node be repaired).
 fn counted(plans: &[Plan<'_>]) -> usize {
-    plans
-        .iter()
-        .filter(|p| {
-            let repair_candidate = p
-                .candidate
-                .as_ref()
-                .is_some_and(|c| c.reason == Reason::Repair);
-            p.disrupting || (!p.cur.is_ready() && !repair_candidate)
-        })
-        .count()
+    plans.iter().filter(|p| is_counted(p)).count()
+}
+
+/// Whether one node is counted against its group's budget (see [`counted`]).
+fn is_counted(p: &Plan<'_>) -> bool {
+    let repair_candidate = p
+        .candidate
+        .as_ref()
+        .is_some_and(|c| c.reason == Reason::Repair);
+    p.disrupting || p.cur.karpenter_disrupted() || (!p.cur.is_ready() && !repair_candidate)
 }
 
 /// Grants budget slots to candidates, earliest first; holds the rest, explained with the
@@ -559,6 +560,8 @@ fn grant(
     let mut taken = counted(plans);
     let mut held = Vec::new();
     for i in order {
+        // Counted already (e.g. NotReady and not waiting for repair, or tainted by Karpenter).
+        let already = is_counted(&plans[i]);
         let Some(c) = plans[i].candidate.take() else {
             continue;
         };
@@ -567,8 +570,7 @@ fn grant(
             continue;
         }
         let p = &mut plans[i];
-        // A NotReady node not waiting for repair was counted already.
-        if p.cur.is_ready() || c.reason == Reason::Repair {
+        if !already {
             taken += 1;
         }
         match c.start {
