@@ -87,6 +87,7 @@ async fn seed(c: &TestCluster, now: DateTime<Utc>) {
         total: 3,
         opens_at: Some(now + Duration::hours(3)),
         timezone: Some("Asia/Shanghai".into()),
+        nodepool: None,
     };
     node(
         c,

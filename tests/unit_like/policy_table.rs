@@ -286,6 +286,7 @@ fn budget_one_holds_the_second_failing_node_until_the_first_finishes() {
             total: 3,
             opens_at: None,
             timezone: None,
+            nodepool: None,
         })
     );
     apply(&mut v, &ds);

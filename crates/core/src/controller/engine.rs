@@ -443,7 +443,10 @@ impl Engine {
         lock(&self.seen_ready).retain(|n| alive.contains_key(n));
         lock(&self.lanes).retain(|n, _| alive.contains_key(n));
         lock(&self.touched).retain(|n, _| alive.contains_key(n));
-        ClusterView { nodes }
+        ClusterView {
+            nodes,
+            ..ClusterView::default()
+        }
     }
 
     /// One reconcile: decide and act. Returns the number of actions decided.

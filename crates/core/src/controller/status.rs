@@ -231,6 +231,10 @@ fn next_when_held(b: &Blocker) -> Option<Next> {
             ),
             None,
         ),
+        Blocker::NodePool { nodepool, .. } => next_at(
+            format!("start when NodePool {nodepool}'s budgets are valid again"),
+            None,
+        ),
         Blocker::ShortCircuit {
             group,
             max_unhealthy,
@@ -406,16 +410,22 @@ pub fn blocker_cell(b: &Blocker) -> String {
             total,
             opens_at,
             timezone,
+            nodepool,
         } => {
-            let mut s = format!(
-                "budget #{budget} nodes={nodes} of {} ({disrupting}/{total} disrupting)",
-                group_name(group)
-            );
+            let of = match nodepool {
+                Some(p) => format!("NodePool {p}"),
+                None => group_name(group).to_string(),
+            };
+            let mut s =
+                format!("budget #{budget} nodes={nodes} of {of} ({disrupting}/{total} disrupting)");
             if let Some(t) = opens_at {
                 s.push_str(&format!(", opens {}", in_zone(*t, timezone.as_deref())));
             }
             s
         }
+        Blocker::NodePool {
+            nodepool, problem, ..
+        } => format!("invalid NodePool {nodepool}: {problem}"),
         Blocker::ShortCircuit {
             group,
             unhealthy,
@@ -584,6 +594,7 @@ mod tests {
                 total: 4,
                 opens_at: Some(t("2026-11-30T15:00:00Z")),
                 timezone: Some("Asia/Shanghai".into()),
+                nodepool: None,
             },
             "2026-11-30T11:50:00Z",
         );
@@ -732,9 +743,33 @@ e-spot     spot        interrupted,cordoned   -                                 
                     total: 10,
                     opens_at: None,
                     timezone: None,
+                    nodepool: None,
                 },
                 "budget #0 nodes=10% of (none) (2/10 disrupting)",
                 "start when a disruption in group (none) finishes",
+            ),
+            (
+                Blocker::Budget {
+                    group: "spot".into(),
+                    budget: 1,
+                    nodes: "0".into(),
+                    disrupting: 0,
+                    total: 3,
+                    opens_at: None,
+                    timezone: None,
+                    nodepool: Some("spot".into()),
+                },
+                "budget #1 nodes=0 of NodePool spot (0/3 disrupting)",
+                "start when a disruption in group spot finishes",
+            ),
+            (
+                Blocker::NodePool {
+                    group: "spot".into(),
+                    nodepool: "spot".into(),
+                    problem: "spec.disruption.budgets[0].nodes: \"150%\" does not match".into(),
+                },
+                "invalid NodePool spot: spec.disruption.budgets[0].nodes: \"150%\" does not match",
+                "start when NodePool spot's budgets are valid again",
             ),
             (
                 Blocker::ShortCircuit {

@@ -8,6 +8,7 @@
 //! - [`repair`]: condition policies with tolerations, escalation drain → reboot → replace,
 //!   short-circuit, flap guard, startup timeout.
 //! - [`budget`]: per-group disruption budgets with cron windows in IANA time zones.
+//! - [`nodepool`]: budgets read from Karpenter NodePools (`[budgets] source = "nodepool"`).
 //! - [`explain`]: the machine-readable "why held" status.
 //! - [`view`]: the inputs and the annotation catalog.
 
@@ -15,6 +16,7 @@ pub mod budget;
 pub mod config;
 pub mod explain;
 pub mod interruption;
+pub mod nodepool;
 pub mod repair;
 pub mod view;
 
@@ -25,7 +27,7 @@ use chrono::{DateTime, Utc};
 pub use config::PolicyConfig;
 pub use view::{ClusterView, NodeView};
 
-use budget::{GroupBudgets, Reason};
+use budget::{GroupBudgets, Origin, Reason};
 use explain::{Blocker, Held};
 use view::{keys, DrainPhase, Record, State};
 
@@ -169,7 +171,8 @@ pub fn decide_with_status(
     let mut out = Vec::new();
     let mut statuses = Vec::new();
     for (group, members) in &groups {
-        let (actions, status) = decide_group(group, members, cfg, now);
+        let budgets = GroupBudgets::in_force(group, &cfg.budgets, &view.nodepools);
+        let (actions, status) = decide_group(group, members, cfg, &budgets, now);
         out.extend(actions);
         statuses.push(status);
     }
@@ -474,6 +477,7 @@ fn decide_group(
     group: &str,
     members: &[&NodeView],
     cfg: &PolicyConfig,
+    budgets: &GroupBudgets,
     now: DateTime<Utc>,
 ) -> (Vec<(String, Action)>, GroupStatus) {
     let repair_cfg = cfg.repair.for_group(group);
@@ -483,9 +487,8 @@ fn decide_group(
             repair::step(p, cfg, &repair_cfg);
         }
     }
-    let budgets = GroupBudgets::new(cfg.budgets.for_group(group));
     let (unhealthy, short_circuited) = repair::short_circuit(group, &mut plans, &repair_cfg);
-    let counted = grant(group, &mut plans, cfg, &budgets, now);
+    let counted = grant(group, &mut plans, cfg, budgets, now);
     let status = GroupStatus {
         group: group.to_string(),
         total: plans.len(),
@@ -580,20 +583,29 @@ fn grant(
     }
     for (i, reason) in held {
         let limit = budgets.limit(reason, total, now);
-        let b = limit
-            .budget_index
-            .and_then(|ix| budgets.budget(ix).map(|b| (ix, b)));
-        if let Some((ix, b)) = b {
-            plans[i].hold = Some(Blocker::Budget {
+        let Some(b) = limit.budget_index.and_then(|pos| budgets.entry(pos)) else {
+            continue;
+        };
+        plans[i].hold = Some(match &b.origin {
+            Origin::InvalidNodePool(e) => Blocker::NodePool {
                 group: group.to_string(),
-                budget: ix,
-                nodes: b.nodes.to_string(),
+                nodepool: e.pool.clone(),
+                problem: format!("{}: {}", e.path, e.problem),
+            },
+            origin => Blocker::Budget {
+                group: group.to_string(),
+                budget: b.index,
+                nodes: b.budget.nodes.to_string(),
                 disrupting: taken,
                 total,
                 opens_at: budgets.opens_at(reason, total, taken, now),
-                timezone: b.timezone.clone(),
-            });
-        }
+                timezone: b.budget.timezone.clone(),
+                nodepool: match origin {
+                    Origin::NodePool(name) => Some(name.clone()),
+                    _ => None,
+                },
+            },
+        });
     }
     taken
 }

@@ -72,6 +72,9 @@ pub const KARPENTER_DISRUPTED_TAINT: &str = "karpenter.sh/disrupted";
 pub struct ClusterView {
     /// Every Node.
     pub nodes: Vec<NodeView>,
+    /// The Karpenter NodePools' budgets by NodePool name (read only with `[budgets] source =
+    /// "nodepool"`; see [`super::nodepool`]).
+    pub nodepools: BTreeMap<String, super::nodepool::PoolBudgets>,
 }
 
 /// A node condition.
