@@ -128,7 +128,7 @@ pub(super) fn validate_budgets(b: &BudgetsConfig) -> Vec<Diagnostic> {
         d.push(Diagnostic::warning(
             cfg_path!["budgets", "source"],
             "\"nodepool\" reads each group's budgets from the Karpenter NodePool of the same name: \
-             the controller needs the NodePool CRD (karpenter.sh/v1 nodepools) and get/list/watch \
+             the controller needs the NodePool CRD (karpenter.sh/v1 nodepools) and list/watch \
              on it, and refuses to start without them (validate does not contact the cluster)",
         ));
     }
