@@ -12,8 +12,10 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use super::policy::budget::in_zone;
+use super::policy::budget::{in_zone, GroupBudgets, Origin, Reason};
+use super::policy::config::{BudgetsConfig, BudgetsSource};
 use super::policy::explain::{group_name, Blocker, Held};
+use super::policy::nodepool::PoolBudgets;
 use super::policy::view::{keys, Record, State};
 use crate::controller::policy::config::RepairStep;
 
@@ -42,6 +44,128 @@ pub enum StatusError {
         #[source]
         source: kube::Error,
     },
+    /// Listing NodePools failed (`--config` with `[budgets] source = "nodepool"`).
+    #[error("cannot list karpenter.sh/v1 nodepools from the API server {server} ([budgets] source = \"nodepool\"): {source}")]
+    ListNodePools {
+        /// API server URL.
+        server: String,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// One budget in force for a group (`nodekeeper status --config`; one element of the JSON
+/// `budgets` array).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BudgetStatus {
+    /// Group (`""`: nodes without the group label).
+    pub group: String,
+    /// `config` or `NodePool <name>` (`NodePool <name> (invalid)`: the group is held).
+    pub source: String,
+    /// Index in its source's list (the configured list, or `spec.disruption.budgets`).
+    pub index: usize,
+    /// `"1"`, `"10%"`.
+    pub nodes: String,
+    /// Cron schedule, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// Window length (`14h`), with `schedule`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
+    /// Time zone of the schedule (`UTC` when a schedule has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// Reasons it is limited to (empty: all).
+    pub reasons: Vec<String>,
+    /// Active now.
+    pub active: bool,
+    /// Nodes it allows disrupted at once now for a repair (resolved against the group's size),
+    /// when it is active and applies to repairs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repair_max: Option<usize>,
+    /// Why the NodePool is refused (then the group is held).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+/// The budgets in force per group of `rows` (groups sorted, `""` for nodes without the label),
+/// from `cfg` and, with `source = "nodepool"`, the NodePools' budgets `pools`.
+pub fn budget_rows(
+    rows: &[NodeStatus],
+    cfg: &BudgetsConfig,
+    pools: &BTreeMap<String, PoolBudgets>,
+    now: DateTime<Utc>,
+) -> Vec<BudgetStatus> {
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    for r in rows {
+        *sizes
+            .entry(r.group.clone().unwrap_or_default())
+            .or_default() += 1;
+    }
+    let mut out = Vec::new();
+    for (group, total) in sizes {
+        let g = GroupBudgets::in_force(&group, cfg, pools);
+        for e in g.entries() {
+            let active = e.is_active(now);
+            let b = &e.budget;
+            out.push(BudgetStatus {
+                group: group.clone(),
+                source: e.origin.describe(),
+                index: e.index,
+                nodes: b.nodes.to_string(),
+                schedule: b.schedule.clone(),
+                duration: b
+                    .duration
+                    .map(|d| humantime::format_duration(d).to_string()),
+                timezone: b
+                    .schedule
+                    .as_ref()
+                    .map(|_| b.timezone.clone().unwrap_or_else(|| "UTC".into())),
+                reasons: b.reasons.clone(),
+                active,
+                repair_max: (active && e.applies_to(Reason::Repair))
+                    .then(|| b.nodes.resolve(total, true)),
+                problem: match &e.origin {
+                    Origin::InvalidNodePool(err) => Some(format!("{}: {}", err.path, err.problem)),
+                    _ => None,
+                },
+            });
+        }
+    }
+    out
+}
+
+/// Lists the NodePools' budgets when `cfg` reads them (`source = "nodepool"`), else none.
+pub async fn list_nodepools(
+    client: kube::Client,
+    server: &str,
+    cfg: &BudgetsConfig,
+) -> Result<BTreeMap<String, PoolBudgets>, StatusError> {
+    if cfg.source != BudgetsSource::NodePool {
+        return Ok(BTreeMap::new());
+    }
+    let api: Api<kube::core::DynamicObject> =
+        Api::all_with(client, &super::nodepools::nodepool_resource());
+    let list =
+        api.list(&ListParams::default())
+            .await
+            .map_err(|source| StatusError::ListNodePools {
+                server: server.to_string(),
+                source,
+            })?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|o| {
+            let name = o.metadata.name.clone()?;
+            let b = super::policy::nodepool::read_budgets(
+                &name,
+                o.data.pointer("/spec/disruption/budgets"),
+            );
+            Some((name, b))
+        })
+        .collect())
 }
 
 /// Who cordoned a node.
@@ -318,10 +442,23 @@ pub struct StatusDocument<'a> {
     pub summary: Summary,
     /// One element per node, sorted by name.
     pub nodes: &'a [NodeStatus],
+    /// The budgets in force per group (only with `--config`).
+    #[serde(skip_serializing_if = "<[BudgetStatus]>::is_empty")]
+    pub budgets: &'a [BudgetStatus],
 }
 
 /// Renders `rows` (sorted by name by the caller) as of `now`.
 pub fn render(rows: &[NodeStatus], output: StatusOutput, now: DateTime<Utc>) -> String {
+    render_with_budgets(rows, &[], output, now)
+}
+
+/// As [`render`], followed by the budgets in force (`--config`; nothing when `budgets` is empty).
+pub fn render_with_budgets(
+    rows: &[NodeStatus],
+    budgets: &[BudgetStatus],
+    output: StatusOutput,
+    now: DateTime<Utc>,
+) -> String {
     match output {
         StatusOutput::Json => {
             let doc = StatusDocument {
@@ -329,15 +466,64 @@ pub fn render(rows: &[NodeStatus], output: StatusOutput, now: DateTime<Utc>) -> 
                 generated_at: now,
                 summary: Summary::of(rows),
                 nodes: rows,
+                budgets,
             };
             let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
             s.push('\n');
             s
         }
         StatusOutput::Text | StatusOutput::Wide => {
-            render_table(rows, output == StatusOutput::Wide, now)
+            let mut s = render_table(rows, output == StatusOutput::Wide, now);
+            if !budgets.is_empty() {
+                s.push('\n');
+                s.push_str(&render_budgets(budgets));
+            }
+            s
         }
     }
+}
+
+/// `GROUP SOURCE BUDGET NODES WINDOW REASONS ACTIVE ALLOWS`, then one line per refused NodePool.
+fn render_budgets(budgets: &[BudgetStatus]) -> String {
+    let dash = || "-".to_string();
+    let mut table = vec![[
+        "GROUP", "SOURCE", "BUDGET", "NODES", "WINDOW", "REASONS", "ACTIVE", "ALLOWS",
+    ]
+    .iter()
+    .map(|h| h.to_string())
+    .collect::<Vec<_>>()];
+    for b in budgets {
+        table.push(vec![
+            group_name(&b.group).to_string(),
+            b.source.clone(),
+            format!("#{}", b.index),
+            b.nodes.clone(),
+            match (&b.schedule, &b.duration) {
+                (Some(s), Some(d)) => {
+                    format!("{s} for {d} ({})", b.timezone.as_deref().unwrap_or("UTC"))
+                }
+                _ => "always".to_string(),
+            },
+            if b.reasons.is_empty() {
+                "all".to_string()
+            } else {
+                b.reasons.join(",")
+            },
+            if b.active { "yes" } else { "no" }.to_string(),
+            b.repair_max.map_or_else(dash, |n| n.to_string()),
+        ]);
+    }
+    let mut out = align(&table);
+    for b in budgets {
+        if let Some(p) = &b.problem {
+            out.push_str(&format!(
+                "{}: {p}: disruptions of group {} are held\n",
+                b.source.trim_end_matches(" (invalid)"),
+                group_name(&b.group)
+            ));
+        }
+    }
+    out
 }
 
 fn render_table(rows: &[NodeStatus], wide: bool, now: DateTime<Utc>) -> String {
@@ -880,5 +1066,73 @@ e-spot     spot        interrupted,cordoned   -                                 
             render(&[], StatusOutput::Text, t(NOW)),
             "NODE   GROUP   STATE   BLOCKER   SINCE   NEXT\n0 nodes, 0 acting, 0 held\n"
         );
+    }
+
+    /// `--config`: the budgets in force per group of the listed nodes, with their origin; a
+    /// refused NodePool is shown as the hold it causes.
+    #[test]
+    fn budgets_in_force_per_group_with_their_source() {
+        use crate::controller::policy::nodepool::read_budgets;
+        use serde_json::json;
+        let now = t("2026-11-30T02:00:00Z");
+        let row = |name: &str, group: Option<&str>| {
+            let labels: BTreeMap<String, String> = group
+                .map(|g| ("pool".to_string(), g.to_string()))
+                .into_iter()
+                .collect();
+            NodeStatus::from_parts(name, &labels, &BTreeMap::new(), false, "pool")
+        };
+        let rows: Vec<NodeStatus> = (0..30)
+            .map(|i| row(&format!("s{i}"), Some("shared-spot")))
+            .chain([row("bad-0", Some("bad")), row("bare", None)])
+            .collect();
+        let mut cfg = BudgetsConfig {
+            source: BudgetsSource::NodePool,
+            ..Default::default()
+        };
+        cfg.groups.insert(
+            "shared-spot".into(),
+            vec![crate::controller::policy::config::Budget {
+                nodes: crate::controller::policy::config::Quantity::Count(0),
+                schedule: Some("0 23 * * *".into()),
+                duration: Some(std::time::Duration::from_secs(10 * 3600)),
+                timezone: Some("Asia/Shanghai".into()),
+                reasons: vec!["repair".into()],
+            }],
+        );
+        let pools: BTreeMap<String, PoolBudgets> = [
+            ("shared-spot", json!([{"nodes": "10%"}, {"nodes": "5%", "schedule": "0 1 * * *", "duration": "14h"}])),
+            ("bad", json!([{"nodes": "150%"}])),
+        ]
+        .into_iter()
+        .map(|(n, b)| (n.to_string(), read_budgets(n, Some(&b))))
+        .collect();
+        let b = budget_rows(&rows, &cfg, &pools, now);
+        let text = render_budgets(&b);
+        let want = "\
+GROUP         SOURCE                   BUDGET   NODES   WINDOW                               REASONS   ACTIVE   ALLOWS
+(none)        config                   #0       10%     always                               all       yes      1
+bad           NodePool bad (invalid)   #0       0       always                               all       yes      0
+shared-spot   NodePool shared-spot     #0       10%     always                               all       yes      3
+shared-spot   NodePool shared-spot     #1       5%      0 1 * * * for 14h (UTC)              all       yes      2
+shared-spot   config                   #0       0       0 23 * * * for 10h (Asia/Shanghai)   repair    no       -
+NodePool bad: spec.disruption.budgets[0].nodes: \"150%\" does not match ^((100|[0-9]{1,2})%|[0-9]+)$ (a node count such as \"1\" or a percentage 0-100% such as \"10%\"): disruptions of group bad are held
+";
+        assert_eq!(text, want, "\n{text}");
+        let doc = render_with_budgets(&rows[..1], &b, StatusOutput::Json, now);
+        let v: serde_json::Value = serde_json::from_str(&doc).unwrap();
+        assert_eq!(v["budgets"][2]["source"], "NodePool shared-spot");
+        assert_eq!(v["budgets"][2]["repair_max"], 3);
+        assert_eq!(
+            v["budgets"][1]["problem"]
+                .as_str()
+                .unwrap()
+                .split(':')
+                .next(),
+            Some("spec.disruption.budgets[0].nodes")
+        );
+        // Without --config: no `budgets` key, and the text ends with the summary line.
+        let plain = render(&rows[..1], StatusOutput::Json, now);
+        assert!(!plain.contains("\"budgets\""), "{plain}");
     }
 }
