@@ -41,7 +41,7 @@ pub enum NodePoolsError {
         #[source]
         source: kube::Error,
     },
-    /// Listing NodePools failed otherwise (forbidden: the ClusterRole needs get/list/watch on
+    /// Listing NodePools failed otherwise (forbidden: the ClusterRole needs list and watch on
     /// `karpenter.sh` `nodepools`).
     #[error("[budgets] source = \"nodepool\": cannot list karpenter.sh/v1 nodepools")]
     List {
@@ -63,7 +63,9 @@ pub async fn watch(
     let api: Api<DynamicObject> = Api::all_with(client, &res);
     match api.list(&ListParams::default().limit(1)).await {
         Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.is_not_found() => {
+        // An API group the server does not serve answers a plain-text "404 page not found"
+        // (no Status object, so reason is not NotFound): the code is what tells.
+        Err(kube::Error::Api(s)) if s.code == 404 => {
             return Err(NodePoolsError::CrdMissing {
                 source: kube::Error::Api(s),
             })
