@@ -181,7 +181,7 @@ pub fn main() -> ExitCode {
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::main(args),
         #[cfg(feature = "controller")]
-        Command::Status(args) => status::main(args),
+        Command::Status(args) => status::main(args, &env),
         #[cfg(feature = "demo")]
         Command::Sim { command } => sim::main(command),
     };

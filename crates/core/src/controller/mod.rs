@@ -17,6 +17,7 @@ pub mod events;
 pub mod labels;
 pub mod leader;
 pub mod metrics;
+pub mod nodepools;
 pub mod nodestate;
 pub mod notify;
 pub mod oci_events;
@@ -68,6 +69,10 @@ pub enum ControllerError {
     /// The notification targets could not be set up.
     #[error(transparent)]
     Notify(#[from] notify::NotifyError),
+    /// `[budgets] source = "nodepool"` without Karpenter's NodePools (CRD not served, or not
+    /// readable).
+    #[error(transparent)]
+    NodePools(#[from] nodepools::NodePoolsError),
     /// A supervised task ended or panicked (the Lease was released).
     #[error(transparent)]
     TaskDied(supervise::TaskDied),
@@ -218,6 +223,13 @@ pub async fn start_with(
     };
     let engine = match engine.filter(|_| cfg.engine.enabled) {
         Some(mut opts) => {
+            let nodepools = match opts.policy.budgets.source {
+                policy::config::BudgetsSource::NodePool => Some(
+                    nodepools::watch(client.clone(), &mut tasks, cancel.clone(), wake.clone())
+                        .await?,
+                ),
+                policy::config::BudgetsSource::Config => None,
+            };
             if opts.notifier.is_none() {
                 opts.notifier = notifier.clone().map(|n| n as Arc<dyn actions::Notifier>);
             }
@@ -228,6 +240,7 @@ pub async fn start_with(
                 recorder: recorder.clone(),
                 states: states.clone(),
                 wake: wake.clone(),
+                nodepools,
             };
             let e = parts.build(opts)?;
             let events = states.subscribe_events();
@@ -319,6 +332,7 @@ struct EngineStart<'a> {
     recorder: events::Recorder,
     states: Arc<NodeStates>,
     wake: Arc<tokio::sync::Notify>,
+    nodepools: Option<reflector::Store<kube::core::DynamicObject>>,
 }
 
 impl EngineStart<'_> {
@@ -349,6 +363,7 @@ impl EngineStart<'_> {
             policy: opts.policy,
             clock: opts.clock,
             store: self.store,
+            nodepools: self.nodepools,
             actor,
             drains,
             metrics,

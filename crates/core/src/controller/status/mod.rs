@@ -12,10 +12,12 @@ mod model;
 mod render;
 
 pub use self::model::{
-    list_rows, next, CordonedBy, HoldStatus, Next, NodeStatus, NoticeStatus, StatusError, Summary,
+    budget_rows, list_nodepools, list_rows, next, BudgetStatus, CordonedBy, HoldStatus, Next,
+    NodeStatus, NoticeStatus, StatusError, Summary,
 };
 pub use self::render::{
-    age, blocker_cell, relative, render, StatusDocument, StatusOutput, SCHEMA_VERSION,
+    age, blocker_cell, relative, render, render_with_budgets, StatusDocument, StatusOutput,
+    SCHEMA_VERSION,
 };
 
 #[cfg(test)]
@@ -24,9 +26,11 @@ mod tests {
 
     use chrono::{DateTime, Utc};
 
-    use super::render::next_cell;
+    use super::render::{next_cell, render_budgets};
     use super::*;
+    use crate::controller::policy::config::{BudgetsConfig, BudgetsSource};
     use crate::controller::policy::explain::{Blocker, Held};
+    use crate::controller::policy::nodepool::PoolBudgets;
     use crate::controller::policy::view::{keys, NoticeKind, RecordedNotice};
 
     fn t(s: &str) -> DateTime<Utc> {
@@ -67,6 +71,7 @@ mod tests {
                 total: 4,
                 opens_at: Some(t("2026-11-30T15:00:00Z")),
                 timezone: Some("Asia/Shanghai".into()),
+                nodepool: None,
             },
             "2026-11-30T11:50:00Z",
         );
@@ -215,9 +220,33 @@ e-spot     spot        interrupted,cordoned   -                                 
                     total: 10,
                     opens_at: None,
                     timezone: None,
+                    nodepool: None,
                 },
                 "budget #0 nodes=10% of (none) (2/10 disrupting)",
                 "start when a disruption in group (none) finishes",
+            ),
+            (
+                Blocker::Budget {
+                    group: "spot".into(),
+                    budget: 1,
+                    nodes: "0".into(),
+                    disrupting: 0,
+                    total: 3,
+                    opens_at: None,
+                    timezone: None,
+                    nodepool: Some("spot".into()),
+                },
+                "budget #1 nodes=0 of NodePool spot (0/3 disrupting)",
+                "start when a disruption in group spot finishes",
+            ),
+            (
+                Blocker::NodePool {
+                    group: "spot".into(),
+                    nodepool: "spot".into(),
+                    problem: "spec.disruption.budgets[0].nodes: \"150%\" does not match".into(),
+                },
+                "invalid NodePool spot: spec.disruption.budgets[0].nodes: \"150%\" does not match",
+                "start when NodePool spot's budgets are valid again",
             ),
             (
                 Blocker::ShortCircuit {
@@ -328,5 +357,73 @@ e-spot     spot        interrupted,cordoned   -                                 
             render(&[], StatusOutput::Text, t(NOW)),
             "NODE   GROUP   STATE   BLOCKER   SINCE   NEXT\n0 nodes, 0 acting, 0 held\n"
         );
+    }
+
+    /// `--config`: the budgets in force per group of the listed nodes, with their origin; a
+    /// refused NodePool is shown as the hold it causes.
+    #[test]
+    fn budgets_in_force_per_group_with_their_source() {
+        use crate::controller::policy::nodepool::read_budgets;
+        use serde_json::json;
+        let now = t("2026-11-30T02:00:00Z");
+        let row = |name: &str, group: Option<&str>| {
+            let labels: BTreeMap<String, String> = group
+                .map(|g| ("pool".to_string(), g.to_string()))
+                .into_iter()
+                .collect();
+            NodeStatus::from_parts(name, &labels, &BTreeMap::new(), false, "pool")
+        };
+        let rows: Vec<NodeStatus> = (0..30)
+            .map(|i| row(&format!("s{i}"), Some("shared-spot")))
+            .chain([row("bad-0", Some("bad")), row("bare", None)])
+            .collect();
+        let mut cfg = BudgetsConfig {
+            source: BudgetsSource::NodePool,
+            ..Default::default()
+        };
+        cfg.groups.insert(
+            "shared-spot".into(),
+            vec![crate::controller::policy::config::Budget {
+                nodes: crate::controller::policy::config::Quantity::Count(0),
+                schedule: Some("0 23 * * *".into()),
+                duration: Some(std::time::Duration::from_secs(10 * 3600)),
+                timezone: Some("Asia/Shanghai".into()),
+                reasons: vec!["repair".into()],
+            }],
+        );
+        let pools: BTreeMap<String, PoolBudgets> = [
+            ("shared-spot", json!([{"nodes": "10%"}, {"nodes": "5%", "schedule": "0 1 * * *", "duration": "14h"}])),
+            ("bad", json!([{"nodes": "150%"}])),
+        ]
+        .into_iter()
+        .map(|(n, b)| (n.to_string(), read_budgets(n, Some(&b))))
+        .collect();
+        let b = budget_rows(&rows, &cfg, &pools, now);
+        let text = render_budgets(&b);
+        let want = "\
+GROUP         SOURCE                   BUDGET   NODES   WINDOW                               REASONS   ACTIVE   ALLOWS
+(none)        config                   #0       10%     always                               all       yes      1
+bad           NodePool bad (invalid)   #0       0       always                               all       yes      0
+shared-spot   NodePool shared-spot     #0       10%     always                               all       yes      3
+shared-spot   NodePool shared-spot     #1       5%      0 1 * * * for 14h (UTC)              all       yes      2
+shared-spot   config                   #0       0       0 23 * * * for 10h (Asia/Shanghai)   repair    no       -
+NodePool bad: spec.disruption.budgets[0].nodes: \"150%\" does not match ^((100|[0-9]{1,2})%|[0-9]+)$ (a node count such as \"1\" or a percentage 0-100% such as \"10%\"): disruptions of group bad are held
+";
+        assert_eq!(text, want, "\n{text}");
+        let doc = render_with_budgets(&rows[..1], &b, StatusOutput::Json, now);
+        let v: serde_json::Value = serde_json::from_str(&doc).unwrap();
+        assert_eq!(v["budgets"][2]["source"], "NodePool shared-spot");
+        assert_eq!(v["budgets"][2]["repair_max"], 3);
+        assert_eq!(
+            v["budgets"][1]["problem"]
+                .as_str()
+                .unwrap()
+                .split(':')
+                .next(),
+            Some("spec.disruption.budgets[0].nodes")
+        );
+        // Without --config: no `budgets` key, and the text ends with the summary line.
+        let plain = render(&rows[..1], StatusOutput::Json, now);
+        assert!(!plain.contains("\"budgets\""), "{plain}");
     }
 }

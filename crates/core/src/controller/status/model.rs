@@ -9,7 +9,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use crate::controller::policy::config::RepairStep;
+use crate::controller::policy::budget::{GroupBudgets, Origin, Reason};
+use crate::controller::policy::config::{BudgetsConfig, BudgetsSource, RepairStep};
+use crate::controller::policy::nodepool::PoolBudgets;
 use crate::controller::policy::explain::{group_name, Blocker, Held};
 use crate::controller::policy::view::{keys, Record, State};
 
@@ -25,6 +27,128 @@ pub enum StatusError {
         #[source]
         source: kube::Error,
     },
+    /// Listing NodePools failed (`--config` with `[budgets] source = "nodepool"`).
+    #[error("cannot list karpenter.sh/v1 nodepools from the API server {server} ([budgets] source = \"nodepool\"): {source}")]
+    ListNodePools {
+        /// API server URL.
+        server: String,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// One budget in force for a group (`nodekeeper status --config`; one element of the JSON
+/// `budgets` array).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BudgetStatus {
+    /// Group (`""`: nodes without the group label).
+    pub group: String,
+    /// `config` or `NodePool <name>` (`NodePool <name> (invalid)`: the group is held).
+    pub source: String,
+    /// Index in its source's list (the configured list, or `spec.disruption.budgets`).
+    pub index: usize,
+    /// `"1"`, `"10%"`.
+    pub nodes: String,
+    /// Cron schedule, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// Window length (`14h`), with `schedule`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
+    /// Time zone of the schedule (`UTC` when a schedule has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// Reasons it is limited to (empty: all).
+    pub reasons: Vec<String>,
+    /// Active now.
+    pub active: bool,
+    /// Nodes it allows disrupted at once now for a repair (resolved against the group's size),
+    /// when it is active and applies to repairs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repair_max: Option<usize>,
+    /// Why the NodePool is refused (then the group is held).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+/// The budgets in force per group of `rows` (groups sorted, `""` for nodes without the label),
+/// from `cfg` and, with `source = "nodepool"`, the NodePools' budgets `pools`.
+pub fn budget_rows(
+    rows: &[NodeStatus],
+    cfg: &BudgetsConfig,
+    pools: &BTreeMap<String, PoolBudgets>,
+    now: DateTime<Utc>,
+) -> Vec<BudgetStatus> {
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    for r in rows {
+        *sizes
+            .entry(r.group.clone().unwrap_or_default())
+            .or_default() += 1;
+    }
+    let mut out = Vec::new();
+    for (group, total) in sizes {
+        let g = GroupBudgets::in_force(&group, cfg, pools);
+        for e in g.entries() {
+            let active = e.is_active(now);
+            let b = &e.budget;
+            out.push(BudgetStatus {
+                group: group.clone(),
+                source: e.origin.describe(),
+                index: e.index,
+                nodes: b.nodes.to_string(),
+                schedule: b.schedule.clone(),
+                duration: b
+                    .duration
+                    .map(|d| humantime::format_duration(d).to_string()),
+                timezone: b
+                    .schedule
+                    .as_ref()
+                    .map(|_| b.timezone.clone().unwrap_or_else(|| "UTC".into())),
+                reasons: b.reasons.clone(),
+                active,
+                repair_max: (active && e.applies_to(Reason::Repair))
+                    .then(|| b.nodes.resolve(total, true)),
+                problem: match &e.origin {
+                    Origin::InvalidNodePool(err) => Some(format!("{}: {}", err.path, err.problem)),
+                    _ => None,
+                },
+            });
+        }
+    }
+    out
+}
+
+/// Lists the NodePools' budgets when `cfg` reads them (`source = "nodepool"`), else none.
+pub async fn list_nodepools(
+    client: kube::Client,
+    server: &str,
+    cfg: &BudgetsConfig,
+) -> Result<BTreeMap<String, PoolBudgets>, StatusError> {
+    if cfg.source != BudgetsSource::NodePool {
+        return Ok(BTreeMap::new());
+    }
+    let api: Api<kube::core::DynamicObject> =
+        Api::all_with(client, &crate::controller::nodepools::nodepool_resource());
+    let list =
+        api.list(&ListParams::default())
+            .await
+            .map_err(|source| StatusError::ListNodePools {
+                server: server.to_string(),
+                source,
+            })?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|o| {
+            let name = o.metadata.name.clone()?;
+            let b = crate::controller::policy::nodepool::read_budgets(
+                &name,
+                o.data.pointer("/spec/disruption/budgets"),
+            );
+            Some((name, b))
+        })
+        .collect())
 }
 
 /// Who cordoned a node.
@@ -212,6 +336,10 @@ fn next_when_held(b: &Blocker) -> Option<Next> {
                 "start when a disruption in group {} finishes",
                 group_name(group)
             ),
+            None,
+        ),
+        Blocker::NodePool { nodepool, .. } => next_at(
+            format!("start when NodePool {nodepool}'s budgets are valid again"),
             None,
         ),
         Blocker::ShortCircuit {

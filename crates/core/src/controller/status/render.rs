@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::model::{CordonedBy, Next, NodeStatus, Summary};
+use super::model::{BudgetStatus, CordonedBy, Next, NodeStatus, Summary};
 use crate::controller::policy::budget::in_zone;
 use crate::controller::policy::explain::{group_name, Blocker};
 use crate::controller::policy::view::keys;
@@ -63,10 +63,23 @@ pub struct StatusDocument<'a> {
     pub summary: Summary,
     /// One element per node, sorted by name.
     pub nodes: &'a [NodeStatus],
+    /// The budgets in force per group (only with `--config`).
+    #[serde(skip_serializing_if = "<[BudgetStatus]>::is_empty")]
+    pub budgets: &'a [BudgetStatus],
 }
 
 /// Renders `rows` (sorted by name by the caller) as of `now`.
 pub fn render(rows: &[NodeStatus], output: StatusOutput, now: DateTime<Utc>) -> String {
+    render_with_budgets(rows, &[], output, now)
+}
+
+/// As [`render`], followed by the budgets in force (`--config`; nothing when `budgets` is empty).
+pub fn render_with_budgets(
+    rows: &[NodeStatus],
+    budgets: &[BudgetStatus],
+    output: StatusOutput,
+    now: DateTime<Utc>,
+) -> String {
     match output {
         StatusOutput::Json => {
             let doc = StatusDocument {
@@ -74,15 +87,64 @@ pub fn render(rows: &[NodeStatus], output: StatusOutput, now: DateTime<Utc>) -> 
                 generated_at: now,
                 summary: Summary::of(rows),
                 nodes: rows,
+                budgets,
             };
             let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
             s.push('\n');
             s
         }
         StatusOutput::Text | StatusOutput::Wide => {
-            render_table(rows, output == StatusOutput::Wide, now)
+            let mut s = render_table(rows, output == StatusOutput::Wide, now);
+            if !budgets.is_empty() {
+                s.push('\n');
+                s.push_str(&render_budgets(budgets));
+            }
+            s
         }
     }
+}
+
+/// `GROUP SOURCE BUDGET NODES WINDOW REASONS ACTIVE ALLOWS`, then one line per refused NodePool.
+pub(super) fn render_budgets(budgets: &[BudgetStatus]) -> String {
+    let dash = || "-".to_string();
+    let mut table = vec![[
+        "GROUP", "SOURCE", "BUDGET", "NODES", "WINDOW", "REASONS", "ACTIVE", "ALLOWS",
+    ]
+    .iter()
+    .map(|h| h.to_string())
+    .collect::<Vec<_>>()];
+    for b in budgets {
+        table.push(vec![
+            group_name(&b.group).to_string(),
+            b.source.clone(),
+            format!("#{}", b.index),
+            b.nodes.clone(),
+            match (&b.schedule, &b.duration) {
+                (Some(s), Some(d)) => {
+                    format!("{s} for {d} ({})", b.timezone.as_deref().unwrap_or("UTC"))
+                }
+                _ => "always".to_string(),
+            },
+            if b.reasons.is_empty() {
+                "all".to_string()
+            } else {
+                b.reasons.join(",")
+            },
+            if b.active { "yes" } else { "no" }.to_string(),
+            b.repair_max.map_or_else(dash, |n| n.to_string()),
+        ]);
+    }
+    let mut out = align(&table);
+    for b in budgets {
+        if let Some(p) = &b.problem {
+            out.push_str(&format!(
+                "{}: {p}: disruptions of group {} are held\n",
+                b.source.trim_end_matches(" (invalid)"),
+                group_name(&b.group)
+            ));
+        }
+    }
+    out
 }
 
 fn render_table(rows: &[NodeStatus], wide: bool, now: DateTime<Utc>) -> String {
@@ -155,16 +217,22 @@ pub fn blocker_cell(b: &Blocker) -> String {
             total,
             opens_at,
             timezone,
+            nodepool,
         } => {
-            let mut s = format!(
-                "budget #{budget} nodes={nodes} of {} ({disrupting}/{total} disrupting)",
-                group_name(group)
-            );
+            let of = match nodepool {
+                Some(p) => format!("NodePool {p}"),
+                None => group_name(group).to_string(),
+            };
+            let mut s =
+                format!("budget #{budget} nodes={nodes} of {of} ({disrupting}/{total} disrupting)");
             if let Some(t) = opens_at {
                 s.push_str(&format!(", opens {}", in_zone(*t, timezone.as_deref())));
             }
             s
         }
+        Blocker::NodePool {
+            nodepool, problem, ..
+        } => format!("invalid NodePool {nodepool}: {problem}"),
         Blocker::ShortCircuit {
             group,
             unhealthy,
