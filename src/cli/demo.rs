@@ -9,6 +9,9 @@ use nodekeeper_sim::demo::{DemoArgs, DemoError};
 use super::{Output, EXIT_FAILURE, EXIT_INVALID, EXIT_OK};
 
 /// Arguments of `nodekeeper demo`.
+///
+/// The clap twin of the stand-ins' plain [`DemoArgs`] (`nodekeeper-sim` has no clap): defaults,
+/// help, conflicts and `-o text|json` (→ `json: bool`) are the command line's.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoCmd {
     /// Policy time runs this many times faster than real time (600 s toleration → 10 s at 60).

@@ -41,8 +41,11 @@ pub struct DrainArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
     pub timeout: Duration,
     /// At the deadline: fail (report the blocker) or force-delete the remaining pods.
-    #[arg(long, value_enum, default_value_t = OnTimeoutArg::Fail)]
-    pub on_timeout: OnTimeoutArg,
+    #[arg(long, default_value_t = OnTimeout::Fail, value_parser = super::choices::<OnTimeout>(&[
+        ("fail", "Stop and report the blocker (the node stays cordoned)"),
+        ("force-delete", "Delete the remaining pods (bypassing PDBs), each with its own grace period clamped to the time left"),
+    ]))]
+    pub on_timeout: OnTimeout,
     /// List what would be evicted; change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -55,24 +58,6 @@ pub struct DrainArgs {
     /// Do not wait for the node's VolumeAttachments to be detached.
     #[arg(long)]
     pub skip_volume_wait: bool,
-}
-
-/// `--on-timeout` of `nodekeeper drain`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OnTimeoutArg {
-    /// Stop and report the blocker (the node stays cordoned).
-    Fail,
-    /// Delete the remaining pods (bypassing PDBs), each with its own grace period clamped to the time left.
-    ForceDelete,
-}
-
-impl From<OnTimeoutArg> for OnTimeout {
-    fn from(a: OnTimeoutArg) -> Self {
-        match a {
-            OnTimeoutArg::Fail => OnTimeout::Fail,
-            OnTimeoutArg::ForceDelete => OnTimeout::ForceDelete,
-        }
-    }
 }
 
 /// One JSON output line.
@@ -115,7 +100,7 @@ async fn run(args: DrainArgs) -> u8 {
     if !args.timeout.is_zero() {
         opts = opts.with_timeout(args.timeout);
     }
-    opts.on_timeout = args.on_timeout.into();
+    opts.on_timeout = args.on_timeout;
     opts.dry_run = args.dry_run;
     opts.concurrency = usize::from(args.concurrency);
     opts.wait_volume_detach = !args.skip_volume_wait;

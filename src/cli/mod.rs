@@ -13,6 +13,8 @@ use nodekeeper_core::telemetry::error_chain;
 mod demo;
 #[cfg(feature = "controller")]
 mod drain;
+#[cfg(feature = "demo")]
+mod sim;
 #[cfg(feature = "controller")]
 mod status;
 
@@ -90,7 +92,7 @@ enum Command {
     #[cfg(feature = "demo")]
     Sim {
         #[command(subcommand)]
-        command: nodekeeper_sim::SimCommand,
+        command: sim::SimCmd,
     },
 }
 
@@ -114,13 +116,36 @@ enum CrioCommand {
     },
 }
 
-/// CLI output format.
+/// CLI output format (`-o`) of `agent --once`, `crio apply`, `drain` and `demo --snapshot`.
+///
+/// The binary's own, not a mirror: the library only returns reports, and the binary chooses how
+/// to print them (the demo gets it as `DemoArgs::json`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
     /// Human-readable lines.
     Text,
     /// One JSON object on one line.
     Json,
+}
+
+/// The value parser of an option whose type is a library enum (parsed with its `FromStr`, its
+/// default shown with its `Display`): `values` are its spellings, each with the help line that
+/// `--help` lists under "Possible values" (what a clap `ValueEnum` lists, without a mirror enum).
+#[cfg(feature = "controller")]
+fn choices<T>(
+    values: &[(&'static str, &'static str)],
+) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: std::str::FromStr + Clone + Send + Sync + 'static,
+    T::Err: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(
+        values
+            .iter()
+            .map(|&(name, help)| PossibleValue::new(name).help(help)),
+    )
+    .try_map(|s| s.parse::<T>())
 }
 
 /// Parses arguments, runs the command, and maps the outcome to an exit code.
@@ -156,12 +181,9 @@ pub fn main() -> ExitCode {
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::main(args),
         #[cfg(feature = "controller")]
-        Command::Status(args) => status::main(args),
+        Command::Status(args) => status::main(args, &env),
         #[cfg(feature = "demo")]
-        Command::Sim { command } => block_on(async move {
-            nodekeeper_core::telemetry::init(nodekeeper_core::config::LogFormat::Text, "info");
-            nodekeeper_sim::run(command).await
-        }),
+        Command::Sim { command } => sim::main(command),
     };
     ExitCode::from(code)
 }
@@ -374,4 +396,48 @@ fn render_text(
         }
     }
     out
+}
+
+#[cfg(all(test, feature = "demo"))]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::Cli;
+
+    /// Every value `--help` lists for an option parsed by [`super::choices`] is one the library
+    /// type's `FromStr` accepts (else clap would list a value it then refuses).
+    #[test]
+    fn every_listed_choice_parses() {
+        Cli::command().debug_assert();
+        // (subcommand path, the other arguments it requires, the option's id)
+        let cases: [(&[&str], &[&str], &str); 3] = [
+            (&["drain"], &["n1"], "on_timeout"),
+            (&["status"], &[], "output"),
+            (
+                &["sim", "oci-event"],
+                &["--url", "u", "--token", "t", "--instance", "i"],
+                "kind",
+            ),
+        ];
+        for (path, rest, id) in cases {
+            let mut cmd = Cli::command();
+            for sub in path {
+                cmd = cmd.find_subcommand(sub).unwrap().clone();
+            }
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+            let values = arg.get_possible_values();
+            assert!(values.len() >= 2, "{id}: {values:?}");
+            let flag = format!("--{}", arg.get_long().unwrap());
+            for v in values {
+                let mut argv = vec!["nodekeeper"];
+                argv.extend(path);
+                argv.extend(rest);
+                argv.extend([flag.as_str(), v.get_name()]);
+                if let Err(e) = Cli::try_parse_from(&argv) {
+                    panic!("{argv:?}: {e}");
+                }
+            }
+        }
+    }
 }

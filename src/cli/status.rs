@@ -8,7 +8,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::Utc;
-use nodekeeper_core::controller::status::{list_rows, render, NodeStatus, StatusOutput};
+use nodekeeper_core::config::Env;
+use nodekeeper_core::controller::policy::config::BudgetsConfig;
+use nodekeeper_core::controller::policy::PolicyConfig;
+use nodekeeper_core::controller::status::{
+    budget_rows, list_nodepools, list_rows, render_with_budgets, BudgetStatus, NodeStatus,
+    StatusOutput,
+};
 use nodekeeper_core::k8s::client;
 
 /// Arguments of `nodekeeper status`.
@@ -21,14 +27,23 @@ pub struct StatusArgs {
     #[arg(long)]
     pub context: Option<String>,
     /// Output: a table, a wider table (reason, repair step, notice, replacement) or JSON.
-    #[arg(long, short, value_enum, default_value_t = OutputArg::Text)]
-    pub output: OutputArg,
+    #[arg(long, short, default_value_t = StatusOutput::Text, value_parser = super::choices::<StatusOutput>(&[
+        ("text", "NODE GROUP STATE BLOCKER SINCE NEXT"),
+        ("wide", "The table plus REASON, STEP, NOTICE and REPLACEMENT"),
+        ("json", "One JSON document (schema version 1, described in docs/status.md)"),
+    ]))]
+    pub output: StatusOutput,
     /// Only nodes matching this label selector (e.g. `karpenter.sh/nodepool=spot`).
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
-    /// The node label naming a node's group (as `[budgets] group_by`).
+    /// The node label naming a node's group (as `[budgets] group_by`; with `--config`, the
+    /// configuration's `group_by`).
     #[arg(long, default_value = "karpenter.sh/nodepool")]
     pub group_label: String,
+    /// The controller's configuration file: also print the budgets in force per group and where
+    /// each comes from (`config` or `NodePool <name>`, which needs `nodepools list`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Nodes fetched per list request (pagination).
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
     pub chunk_size: u32,
@@ -37,51 +52,53 @@ pub struct StatusArgs {
     pub connect_timeout: Duration,
 }
 
-/// `--output` of `nodekeeper status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputArg {
-    /// NODE GROUP STATE BLOCKER SINCE NEXT.
-    Text,
-    /// The table plus REASON, STEP, NOTICE and REPLACEMENT.
-    Wide,
-    /// One JSON document (schema version 1, described in docs/status.md).
-    Json,
-}
-
-impl From<OutputArg> for StatusOutput {
-    fn from(o: OutputArg) -> Self {
-        match o {
-            OutputArg::Text => StatusOutput::Text,
-            OutputArg::Wide => StatusOutput::Wide,
-            OutputArg::Json => StatusOutput::Json,
-        }
-    }
-}
-
 /// Runs the command; returns the exit code.
-pub fn main(args: StatusArgs) -> u8 {
+pub fn main(args: StatusArgs, env: &Env) -> u8 {
+    // `--config`: the `[budgets]` section (an invalid file exits 2, as `validate`).
+    let budgets = match &args.config {
+        Some(path) => match super::load_config(path, env) {
+            Ok(l) => Some(PolicyConfig::from_config(&l.config).budgets),
+            Err(code) => return code,
+        },
+        None => None,
+    };
     // An error (kubeconfig, API server unreachable, forbidden...) is printed as
     // `error: <cause chain>` with exit 1 by block_on.
     super::block_on_current_thread(async move {
-        let rows = list(&args).await?;
-        print!("{}", render(&rows, args.output.into(), Utc::now()));
+        let now = Utc::now();
+        let (rows, budgets) = list(&args, budgets.as_ref(), now).await?;
+        print!(
+            "{}",
+            render_with_budgets(&rows, &budgets, args.output, now)
+        );
         Ok(super::EXIT_OK)
     })
 }
 
+type Listed = (Vec<NodeStatus>, Vec<BudgetStatus>);
+
 async fn list(
     args: &StatusArgs,
-) -> Result<Vec<NodeStatus>, Box<dyn std::error::Error + Send + Sync>> {
+    budgets: Option<&BudgetsConfig>,
+    now: chrono::DateTime<Utc>,
+) -> Result<Listed, Box<dyn std::error::Error + Send + Sync>> {
     let mut cfg = client::config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
     cfg.connect_timeout = Some(args.connect_timeout);
     let server = cfg.cluster_url.to_string();
     let client = client::client(cfg)?;
-    Ok(list_rows(
-        client,
+    let group_label = budgets.map_or(args.group_label.as_str(), |b| b.group_by.as_str());
+    let rows = list_rows(
+        client.clone(),
         &server,
         args.selector.as_deref(),
         args.chunk_size,
-        &args.group_label,
+        group_label,
     )
-    .await?)
+    .await?;
+    let Some(b) = budgets else {
+        return Ok((rows, Vec::new()));
+    };
+    let pools = list_nodepools(client, &server, b).await?;
+    let table = budget_rows(&rows, b, &pools, now);
+    Ok((rows, table))
 }

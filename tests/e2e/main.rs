@@ -21,6 +21,7 @@ mod failover;
 mod identity;
 mod karpenter;
 mod labels;
+mod nodepool;
 mod preemption;
 mod privilege;
 mod rbac;

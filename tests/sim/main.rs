@@ -25,6 +25,7 @@ mod drain_sim_loops;
 mod drain_tiers;
 mod engine_cancel_dryrun;
 mod engine_interruption;
+mod engine_nodepool_budgets;
 mod engine_notify;
 mod engine_oci_notice;
 mod engine_repair;

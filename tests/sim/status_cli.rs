@@ -87,6 +87,7 @@ async fn seed(c: &TestCluster, now: DateTime<Utc>) {
         total: 3,
         opens_at: Some(now + Duration::hours(3)),
         timezone: Some("Asia/Shanghai".into()),
+        nodepool: None,
     };
     node(
         c,
@@ -488,4 +489,166 @@ async fn status_explains_what_the_policy_decided() {
         "{}",
         o.stdout
     );
+}
+
+/// `--config`: the budgets in force per group of the listed nodes and where each comes from; with
+/// `source = "nodepool"` read from the NodePools (a refused one shown as the hold it causes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_config_shows_the_budgets_in_force_and_their_source() {
+    use kube::core::DynamicObject;
+    use nodekeeper_core::controller::nodepools::nodepool_resource;
+    let c = TestCluster::start(SimOptions::bare()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    c.write_kubeconfig(&kc).unwrap();
+    for (name, pool) in [
+        ("s-0", "spot"),
+        ("s-1", "spot"),
+        ("s-2", "spot"),
+        ("b-0", "bad"),
+        ("g-0", "general"),
+    ] {
+        node(&c, name, pool, json!({}), false).await;
+    }
+    let pools: Api<DynamicObject> = Api::all_with(c.client.clone(), &nodepool_resource());
+    for (name, budgets) in [
+        (
+            "spot",
+            json!([{"nodes": "50%"}, {"nodes": "1", "schedule": "@daily", "duration": "1h", "reasons": ["Drifted"]}]),
+        ),
+        ("bad", json!([{"nodes": "1", "schedule": "@daily"}])),
+    ] {
+        let o: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
+            "spec": {"disruption": {"budgets": budgets}},
+        }))
+        .unwrap();
+        pools.create(&PostParams::default(), &o).await.unwrap();
+    }
+    let cfg = dir.path().join("controller.toml");
+    std::fs::write(
+        &cfg,
+        r#"[budgets]
+source = "nodepool"
+budgets = [{ nodes = "2" }]
+[budgets.groups]
+spot = [{ nodes = "0", schedule = "0 23 * * *", duration = "10h", timezone = "Asia/Shanghai", reasons = ["repair"] }]
+"#,
+    )
+    .unwrap();
+    let args = |o: &str| {
+        vec![
+            "--kubeconfig".to_string(),
+            kc.to_str().unwrap().into(),
+            "--config".into(),
+            cfg.to_str().unwrap().into(),
+            "-o".into(),
+            o.into(),
+        ]
+    };
+    let o = status_async(args("text")).await;
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let t = &o.stdout;
+    let (nodes, budgets) = t
+        .split_once("\n\n")
+        .expect("a budgets section after a blank line");
+    assert!(nodes.ends_with("5 nodes, 0 acting, 0 held"), "{t}");
+    let lines: Vec<&str> = budgets.lines().collect();
+    assert!(
+        lines[0].starts_with("GROUP ") && lines[0].ends_with("ACTIVE   ALLOWS"),
+        "{t}"
+    );
+    let cells = |l: &str| {
+        l.split("   ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        cells(lines[1]),
+        [
+            "bad",
+            "NodePool bad (invalid)",
+            "#0",
+            "0",
+            "always",
+            "all",
+            "yes",
+            "0"
+        ],
+        "{t}"
+    );
+    assert_eq!(
+        cells(lines[2]),
+        ["general", "config", "#0", "2", "always", "all", "yes", "2"],
+        "{t}"
+    );
+    assert_eq!(
+        cells(lines[3]),
+        [
+            "spot",
+            "NodePool spot",
+            "#0",
+            "50%",
+            "always",
+            "all",
+            "yes",
+            "2"
+        ],
+        "{t}"
+    );
+    assert_eq!(
+        cells(lines[4])[..6],
+        [
+            "spot",
+            "NodePool spot",
+            "#1",
+            "1",
+            "@daily for 1h (UTC)",
+            "Drifted"
+        ],
+        "{t}"
+    );
+    assert_eq!(
+        cells(lines[4])[7],
+        "-",
+        "a Karpenter reason never gates a repair: {t}"
+    );
+    assert_eq!(
+        cells(lines[5])[..6],
+        [
+            "spot",
+            "config",
+            "#0",
+            "0",
+            "0 23 * * * for 10h (Asia/Shanghai)",
+            "repair"
+        ],
+        "{t}"
+    );
+    assert_eq!(
+        lines[6],
+        "NodePool bad: spec.disruption.budgets[0].schedule: 'schedule' must be set with 'duration': disruptions of group bad are held",
+        "{t}"
+    );
+    // JSON: the same as `budgets[]`.
+    let o = status_async(args("json")).await;
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let v: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["budgets"].as_array().unwrap().len(), 5, "{v}");
+    assert_eq!(v["budgets"][2]["source"], "NodePool spot");
+    assert_eq!(v["budgets"][2]["repair_max"], 2);
+    // Without --config: no budgets.
+    let o = status_async(vec![
+        "--kubeconfig".into(),
+        kc.to_str().unwrap().into(),
+        "-o".into(),
+        "json".into(),
+    ])
+    .await;
+    assert!(serde_json::from_str::<Value>(&o.stdout)
+        .unwrap()
+        .get("budgets")
+        .is_none());
 }

@@ -72,7 +72,10 @@ pub fn budgets(toml_list: &str) -> Vec<nodekeeper_core::controller::policy::conf
 }
 
 pub fn view(nodes: Vec<NodeView>) -> ClusterView {
-    ClusterView { nodes }
+    ClusterView {
+        nodes,
+        ..ClusterView::default()
+    }
 }
 
 pub fn run(v: &ClusterView, c: &PolicyConfig, now: DateTime<Utc>) -> Vec<Decision> {

@@ -15,6 +15,7 @@ mod imds_parsers_prop;
 mod manifests;
 mod notify_webhook;
 mod policy_config;
+mod policy_nodepool;
 mod policy_props;
 mod policy_table;
 mod provider_none;

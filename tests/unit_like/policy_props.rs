@@ -112,7 +112,10 @@ impl Sim {
         }
         Sim {
             rng,
-            view: ClusterView { nodes },
+            view: ClusterView {
+                nodes,
+                ..ClusterView::default()
+            },
             cfg,
             now,
             admin,

@@ -177,6 +177,57 @@ fn interruptions_are_not_gated_but_counted() {
     );
 }
 
+/// Nodes Karpenter has chosen to disrupt (taint `karpenter.sh/disrupted`) use up the budget
+/// like nodekeeper's own disruptions: (tainted nodes, budget, repairs started, `disrupting`
+/// in the blocker of the held one).
+#[test]
+fn karpenter_disrupted_taint_counts_against_the_budget() {
+    use nodekeeper_core::controller::policy::view::{TaintView, KARPENTER_DISRUPTED_TAINT};
+    let table: [(&[&str], &str, usize, Option<usize>); 5] = [
+        (&[], r#"[{ nodes = "1" }]"#, 1, Some(1)),
+        (&["c"], r#"[{ nodes = "1" }]"#, 0, Some(1)),
+        (&["c"], r#"[{ nodes = "2" }]"#, 1, Some(2)),
+        (&["c", "d"], r#"[{ nodes = "2" }]"#, 0, Some(2)),
+        // 50% of 4 nodes = 2: one taken by Karpenter, one left for the earlier failure
+        (&["d"], r#"[{ nodes = "50%" }]"#, 1, Some(2)),
+    ];
+    for (tainted, list, started, disrupting) in table {
+        let now = monday();
+        let mut c = cfg();
+        c.repair.max_unhealthy = Quantity::Percent(100);
+        c.budgets.default = budgets(list);
+        let mut a = node("a", "", now);
+        ready(&mut a, "False", now - mins(12));
+        let mut b = node("b", "", now);
+        ready(&mut b, "False", now - mins(11));
+        let mut nodes = vec![a, b, node("c", "", now), node("d", "", now)];
+        for n in nodes
+            .iter_mut()
+            .filter(|n| tainted.contains(&n.name.as_str()))
+        {
+            n.taints.push(TaintView {
+                key: KARPENTER_DISRUPTED_TAINT.into(),
+                value: String::new(),
+                effect: "NoSchedule".into(),
+            });
+        }
+        let ds = run(&view(nodes), &c, now);
+        let starts = ["a", "b"]
+            .iter()
+            .filter(|n| has(&of(&ds, n), |x| matches!(x, Action::StartDrain { .. })))
+            .count();
+        assert_eq!(starts, started, "{tainted:?} {list}");
+        let held = ds.iter().find_map(|d| match &d.action {
+            Action::Hold(Held {
+                blocker: Blocker::Budget { disrupting, .. },
+                ..
+            }) => Some(*disrupting),
+            _ => None,
+        });
+        assert_eq!(held, disrupting, "{tainted:?} {list}");
+    }
+}
+
 #[test]
 fn repair_starts_at_toleration_expiry_not_before() {
     let now = monday();
@@ -235,6 +286,7 @@ fn budget_one_holds_the_second_failing_node_until_the_first_finishes() {
             total: 3,
             opens_at: None,
             timezone: None,
+            nodepool: None,
         })
     );
     apply(&mut v, &ds);

@@ -566,29 +566,23 @@ pub async fn adopt_nodes(c: &kube::Client) -> Result<usize, kube::Error> {
     Ok(nodes.len())
 }
 
-/// Arguments of `nodekeeper sim oci-compute`.
-#[derive(Debug, clap::Args)]
+/// Arguments of `nodekeeper sim oci-compute` (parsed, with their defaults, by the binary's `cli::sim`).
+#[derive(Debug, Clone)]
 pub struct OciComputeArgs {
     /// Address to listen on (HTTPS).
-    #[arg(long, default_value = "127.0.0.1:8443")]
     pub listen: SocketAddr,
     /// An accepted API key, `KEYID=FILE`: keyId `<tenancy>/<user>/<fingerprint>` and the PEM public
     /// key (`PUBLIC KEY`). Repeatable.
-    #[arg(long = "key", required = true)]
     pub keys: Vec<String>,
     /// File to write the CA certificate (PEM) of the stand-in's TLS certificate to (the
     /// provider's `ca_file`).
-    #[arg(long)]
     pub ca_out: PathBuf,
     /// Cluster whose Nodes stand for the instances (removed and replaced on DELETE); without it,
     /// DELETEs are only answered and logged.
-    #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// First give every node of that cluster an OCI identity (providerID, node-pool annotation).
-    #[arg(long, requires = "kubeconfig")]
     pub adopt_nodes: bool,
     /// Real time from an accepted DELETE to the node's removal and replacement.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub launch_delay: Duration,
 }
 

@@ -16,7 +16,7 @@ const MAINTENANCE: &str = "com.oraclecloud.computeapi.instancemaintenance";
 const RESCHEDULED: &str = "com.oraclecloud.computeapi.maintenancerescheduled";
 
 /// Which event to send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OciEventKind {
     /// `instancepreemptionaction` (TERMINATE).
     Preemption,
@@ -28,29 +28,58 @@ pub enum OciEventKind {
     Rescheduled,
 }
 
-/// Arguments of `nodekeeper sim oci-event`.
-#[derive(Debug, clap::Args)]
+impl OciEventKind {
+    /// Every value, in the order the command line lists them.
+    pub const ALL: [OciEventKind; 4] = [
+        OciEventKind::Preemption,
+        OciEventKind::Maintenance,
+        OciEventKind::MaintenanceCanceled,
+        OciEventKind::Rescheduled,
+    ];
+
+    /// The spelling on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            OciEventKind::Preemption => "preemption",
+            OciEventKind::Maintenance => "maintenance",
+            OciEventKind::MaintenanceCanceled => "maintenance-canceled",
+            OciEventKind::Rescheduled => "rescheduled",
+        }
+    }
+}
+
+impl std::fmt::Display for OciEventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for OciEventKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        OciEventKind::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown OCI event kind `{s}` (expected preemption, maintenance, maintenance-canceled or rescheduled)"))
+    }
+}
+
+/// Arguments of `nodekeeper sim oci-event` (parsed, with their defaults, by the binary's `cli::sim`).
+#[derive(Debug, Clone)]
 pub struct OciEventArgs {
     /// The controller's OCI events URL, e.g. `https://127.0.0.1:8443/v1/oci-events`.
-    #[arg(long)]
     pub url: String,
     /// The shared secret (sent in the `x-nodekeeper-token` header).
-    #[arg(long, env = "NODEKEEPER_OCI_EVENTS_TOKEN")]
     pub token: String,
     /// The event.
-    #[arg(long, value_enum)]
     pub kind: OciEventKind,
     /// Instance OCID (the node's `spec.providerID` without `oci://`).
-    #[arg(long)]
     pub instance: String,
     /// Maintenance window start (RFC 3339).
-    #[arg(long, default_value = "2030-01-01T12:00:00.000Z")]
     pub window_start: String,
     /// CA of the controller's certificate (https).
-    #[arg(long)]
     pub ca_file: Option<PathBuf>,
     /// Name the controller's certificate carries.
-    #[arg(long, default_value = "nodekeeper-controller.nodekeeper.svc")]
     pub server_name: String,
 }
 

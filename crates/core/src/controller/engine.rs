@@ -135,6 +135,8 @@ pub struct Engine {
     policy: PolicyConfig,
     clock: Arc<dyn Clock>,
     store: Store<Node>,
+    /// The NodePool cache (`[budgets] source = "nodepool"`).
+    nodepools: Option<Store<kube::core::DynamicObject>>,
     actor: Arc<Actor>,
     drains: Arc<DrainTasks>,
     /// Metrics (also rendered on `/metrics`).
@@ -206,6 +208,8 @@ pub struct EngineParts {
     pub clock: Arc<dyn Clock>,
     /// Node cache.
     pub store: Store<Node>,
+    /// The NodePool cache, with `[budgets] source = "nodepool"` (see [`super::nodepools`]).
+    pub nodepools: Option<Store<kube::core::DynamicObject>>,
     /// Actor.
     pub actor: Arc<Actor>,
     /// Drain tasks.
@@ -224,6 +228,7 @@ impl Engine {
             policy: p.policy,
             clock: p.clock,
             store: p.store,
+            nodepools: p.nodepools,
             actor: p.actor,
             drains: p.drains,
             metrics: p.metrics,
@@ -443,7 +448,12 @@ impl Engine {
         lock(&self.seen_ready).retain(|n| alive.contains_key(n));
         lock(&self.lanes).retain(|n, _| alive.contains_key(n));
         lock(&self.touched).retain(|n, _| alive.contains_key(n));
-        ClusterView { nodes }
+        let nodepools = self
+            .nodepools
+            .as_ref()
+            .map(super::nodepools::budgets)
+            .unwrap_or_default();
+        ClusterView { nodes, nodepools }
     }
 
     /// One reconcile: decide and act. Returns the number of actions decided.
@@ -594,6 +604,18 @@ impl Engine {
             events,
             cancel.clone(),
         ));
+        // Budgets from NodePools: no decision before the NodePools are known (else a group would
+        // briefly fall back to the configured budgets).
+        if let Some(pools) = &self.nodepools {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = pools.wait_until_ready() => if r.is_err() {
+                    tracing::error!("the NodePool cache was dropped");
+                    return;
+                },
+            }
+            tracing::info!(nodepools = pools.state().len(), "nodepool cache synced");
+        }
         let mut tick = tokio::time::interval(self.cfg.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut was_leader = false;
@@ -849,6 +871,7 @@ mod run_tests {
             policy: PolicyConfig::default(),
             clock,
             store,
+            nodepools: None,
             actor,
             drains,
             metrics,

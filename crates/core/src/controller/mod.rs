@@ -17,6 +17,7 @@ pub mod events;
 pub mod labels;
 pub mod leader;
 pub mod metrics;
+pub mod nodepools;
 pub mod nodestate;
 pub mod notify;
 pub mod oci_events;
@@ -55,6 +56,10 @@ pub enum ControllerError {
     /// No Kubernetes client.
     #[error("kubernetes client: {0}")]
     Client(#[from] kube::Error),
+    /// No client configuration (neither `$KUBECONFIG`, `~/.kube/config` nor in-cluster), or no
+    /// client for it: from the one builder, [`crate::k8s::client`].
+    #[error("kubernetes client: {0}")]
+    Kubeconfig(#[from] crate::k8s::client::ClientError),
     /// Server start.
     #[error(transparent)]
     Server(#[from] crate::serve::ServeError),
@@ -64,6 +69,10 @@ pub enum ControllerError {
     /// The notification targets could not be set up.
     #[error(transparent)]
     Notify(#[from] notify::NotifyError),
+    /// `[budgets] source = "nodepool"` without Karpenter's NodePools (CRD not served, or not
+    /// readable).
+    #[error(transparent)]
+    NodePools(#[from] nodepools::NodePoolsError),
     /// A supervised task ended or panicked (the Lease was released).
     #[error(transparent)]
     TaskDied(supervise::TaskDied),
@@ -214,6 +223,13 @@ pub async fn start_with(
     };
     let engine = match engine.filter(|_| cfg.engine.enabled) {
         Some(mut opts) => {
+            let nodepools = match opts.policy.budgets.source {
+                policy::config::BudgetsSource::NodePool => Some(
+                    nodepools::watch(client.clone(), &mut tasks, cancel.clone(), wake.clone())
+                        .await?,
+                ),
+                policy::config::BudgetsSource::Config => None,
+            };
             if opts.notifier.is_none() {
                 opts.notifier = notifier.clone().map(|n| n as Arc<dyn actions::Notifier>);
             }
@@ -224,6 +240,7 @@ pub async fn start_with(
                 recorder: recorder.clone(),
                 states: states.clone(),
                 wake: wake.clone(),
+                nodepools,
             };
             let e = parts.build(opts)?;
             let events = states.subscribe_events();
@@ -315,6 +332,7 @@ struct EngineStart<'a> {
     recorder: events::Recorder,
     states: Arc<NodeStates>,
     wake: Arc<tokio::sync::Notify>,
+    nodepools: Option<reflector::Store<kube::core::DynamicObject>>,
 }
 
 impl EngineStart<'_> {
@@ -345,6 +363,7 @@ impl EngineStart<'_> {
             policy: opts.policy,
             clock: opts.clock,
             store: self.store,
+            nodepools: self.nodepools,
             actor,
             drains,
             metrics,
@@ -360,10 +379,9 @@ pub async fn run(
     policy: policy::PolicyConfig,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), ControllerError> {
-    let kcfg = kube::Config::infer()
-        .await
-        .map_err(|e| ControllerError::Client(kube::Error::InferConfig(e)))?;
-    let client = kube::Client::try_from(kcfg.clone()).map_err(ControllerError::Client)?;
+    // What kube-rs infers: `$KUBECONFIG` or `~/.kube/config`, else in-cluster.
+    let kcfg = crate::k8s::client::config(None, None).await?;
+    let client = crate::k8s::client::client(kcfg.clone())?;
     let mut opts = engine::EngineOptions::new(policy);
     // Drains handle 429 themselves (a PDB refusal must be seen, not retried for minutes).
     opts.drain_client = Some(drain::client(kcfg).map_err(ControllerError::Client)?);

@@ -356,39 +356,29 @@ impl Drop for TestCluster {
     }
 }
 
-/// Arguments of `nodekeeper sim apiserver`.
-#[derive(Debug, clap::Args)]
+/// Arguments of `nodekeeper sim apiserver` (parsed, with their defaults, by the binary's `cli::sim`).
+#[derive(Debug, Clone)]
 pub struct ApiserverArgs {
     /// Address to listen on (plain HTTP unless --tls; use port 0 for a free port).
-    #[arg(long, default_value = "127.0.0.1:6443")]
     pub listen: String,
     /// Serve HTTPS with a freshly generated self-signed CA and a server certificate for
     /// 127.0.0.1/localhost/::1; the kubeconfig written by --kubeconfig-out trusts that CA.
-    #[arg(long)]
     pub tls: bool,
     /// Write a kubeconfig for the server to this path.
-    #[arg(long)]
     pub kubeconfig_out: Option<PathBuf>,
     /// Scenario TOML (node pools, workloads, PDBs, DaemonSets); default: a small mixed cluster.
-    #[arg(long)]
     pub scenario: Option<PathBuf>,
     /// Scale mode: this many nodes (one pool) instead of the scenario.
-    #[arg(long)]
     pub nodes: Option<usize>,
     /// Scale mode: pods per node.
-    #[arg(long, default_value_t = 0)]
     pub pods_per_node: usize,
     /// Simulated seconds per real second.
-    #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
     /// Start no control loops (a bare API server).
-    #[arg(long)]
     pub no_loops: bool,
     /// Start empty (no default scenario).
-    #[arg(long)]
     pub empty: bool,
     /// Exit once the process with this PID is gone (a test harness that owns this server).
-    #[arg(long)]
     pub owner_pid: Option<i32>,
 }
 
@@ -453,29 +443,22 @@ pub async fn run_apiserver(
     Ok(0)
 }
 
-/// Arguments of `nodekeeper sim token`.
-#[derive(Debug, clap::Args)]
+/// Arguments of `nodekeeper sim token` (parsed, with their defaults, by the binary's `cli::sim`).
+#[derive(Debug, Clone)]
 pub struct TokenArgs {
     /// Pod the token is bound to.
-    #[arg(long)]
     pub pod: String,
     /// Node the token is bound to.
-    #[arg(long)]
     pub node: String,
     /// Audience (repeatable).
-    #[arg(long = "audience")]
     pub audiences: Vec<String>,
     /// Namespace of the pod.
-    #[arg(long, default_value = "default")]
     pub namespace: String,
     /// Service account name.
-    #[arg(long, default_value = "default")]
     pub service_account: String,
     /// Lifetime in simulated seconds.
-    #[arg(long, default_value_t = 3600)]
     pub expiration_seconds: i64,
     /// URL of the running sim apiserver (the token is minted by its admin API).
-    #[arg(long, default_value = "http://127.0.0.1:6443")]
     pub server: String,
 }
 

@@ -298,6 +298,16 @@ pub static RESOURCES: &[ResourceDef] = &[
         &[],
         true
     ),
+    res!(
+        "karpenter.sh",
+        "v1",
+        "NodePool",
+        "nodepools",
+        "nodepool",
+        false,
+        &[],
+        true
+    ),
 ];
 
 /// Looks a resource up by group, version and plural.

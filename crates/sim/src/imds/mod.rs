@@ -38,14 +38,12 @@ use tokio::sync::{oneshot, watch};
 
 use nodekeeper_core::agent::sources::Cloud;
 
-/// Arguments of `nodekeeper sim imds`.
-#[derive(Debug, clap::Args)]
+/// Arguments of `nodekeeper sim imds` (parsed, with their defaults, by the binary's `cli::sim`).
+#[derive(Debug, Clone)]
 pub struct ImdsArgs {
     /// Which cloud's metadata API to serve.
-    #[arg(long)]
     pub cloud: Cloud,
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8169")]
     pub listen: String,
 }
 

@@ -161,12 +161,13 @@ pub enum CheckError {
         source: crate::agent::host::systemd::SystemdError,
     },
     /// A systemd unit could not be queried.
-    #[error("systemd unit {unit}: {message}")]
+    #[error("systemd unit {unit}: {source}")]
     Unit {
         /// The unit, e.g. `kubelet.service`.
         unit: String,
-        /// What failed.
-        message: String,
+        /// What failed (boxed: with the unit's name it would make every `CheckError` large).
+        #[source]
+        source: Box<crate::agent::host::systemd::SystemdError>,
     },
 }
 

@@ -186,15 +186,15 @@ impl<M: UnitManager + Send + Sync + 'static> SystemdUnitCheck<M> {
                 }
                 Err(_) => 0,
             };
-            if let Err(e) = &status {
+            out.conditions.push(self.evaluate(&unit, &status, growth));
+            if let Err(e) = status {
                 if !matches!(e, SystemdError::NoSuchUnit { .. }) {
                     out.problems.push(CheckError::Unit {
                         unit: unit.name.clone(),
-                        message: e.to_string(),
+                        source: Box::new(e),
                     });
                 }
             }
-            out.conditions.push(self.evaluate(&unit, &status, growth));
         }
         Ok(out)
     }

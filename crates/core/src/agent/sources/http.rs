@@ -124,9 +124,9 @@ impl Http {
     }
 
     async fn exchange(&self, req: reqwest::Request, url: &str) -> Result<Response, SourceError> {
-        let transport = |e: reqwest::Error| SourceError::Transport {
+        let transport = |source: reqwest::Error| SourceError::Transport {
             url: url.to_string(),
-            message: crate::telemetry::error_chain(&e),
+            source,
         };
         let mut resp = self.client.execute(req).await.map_err(transport)?;
         let status = resp.status().as_u16();

@@ -284,13 +284,15 @@ pub fn truncate(s: &str, max: usize) -> String {
 /// Why a poll (or part of it) failed. The source keeps working after any of these.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// Could not connect, or the connection broke.
-    #[error("{url}: request failed: {message}")]
+    /// Could not connect, or the connection broke. The message carries the whole cause chain
+    /// (reqwest's own Display is only its first line).
+    #[error("{url}: request failed: {}", crate::telemetry::error_chain(.source))]
     Transport {
         /// The URL requested.
         url: String,
         /// The transport error.
-        message: String,
+        #[source]
+        source: reqwest::Error,
     },
     /// No complete answer within the timeout.
     #[error("{url}: no answer within {timeout:?}")]
@@ -459,6 +461,21 @@ pub fn parse_time(what: &'static str, s: &str) -> Result<DateTime<Utc>, ParseErr
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_transport_error_keeps_its_source_and_shows_the_whole_chain() {
+        let url = "http://127.0.0.1:1/";
+        let client = crate::http::builder(None).unwrap().build().unwrap();
+        let source = client.get(url).send().await.unwrap_err();
+        let chain = crate::telemetry::error_chain(&source);
+        let e = SourceError::Transport {
+            url: url.into(),
+            source,
+        };
+        assert_eq!(e.to_string(), format!("{url}: request failed: {chain}"));
+        assert!(std::error::Error::source(&e).is_some());
+        assert_eq!(crate::telemetry::error_chain(&e), e.to_string());
+    }
 
     #[test]
     fn node_event_json_shape_round_trips() {

@@ -159,6 +159,37 @@ pub enum OnTimeout {
     ForceDelete,
 }
 
+impl OnTimeout {
+    /// Every value, in the order the command line lists them.
+    pub const ALL: [OnTimeout; 2] = [OnTimeout::Fail, OnTimeout::ForceDelete];
+
+    /// The spelling on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            OnTimeout::Fail => "fail",
+            OnTimeout::ForceDelete => "force-delete",
+        }
+    }
+}
+
+impl std::fmt::Display for OnTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for OnTimeout {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        OnTimeout::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| {
+                format!("unknown on-timeout action `{s}` (expected fail or force-delete)")
+            })
+    }
+}
+
 /// Where the drain is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

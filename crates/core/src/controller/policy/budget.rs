@@ -2,13 +2,15 @@
 //! rounded up, nodes already disrupting and NotReady counted), plus IANA time zones for the
 //! cron windows and per-reason budgets, and the computed time a blocked group's window opens.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 
-use super::config::Budget;
+use super::config::{Budget, BudgetsConfig, BudgetsSource, Quantity};
+use super::nodepool::{NodePoolError, PoolBudgets};
 
 /// Why nodekeeper disrupts a node, for per-reason budgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -181,11 +183,36 @@ fn standard_cron(s: &str) -> Result<String, String> {
     Ok(fields.join(" "))
 }
 
+/// Where a budget in force comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// The configuration (`[budgets] budgets` or `[budgets.groups]`).
+    Config,
+    /// `spec.disruption.budgets` of this NodePool (`[budgets] source = "nodepool"`).
+    NodePool(String),
+    /// A NodePool Karpenter would refuse: the group holds (a budget of 0, always active).
+    InvalidNodePool(NodePoolError),
+}
+
+impl Origin {
+    /// `config` or `NodePool <name>` (as `nodekeeper status` shows it).
+    pub fn describe(&self) -> String {
+        match self {
+            Origin::Config => "config".to_string(),
+            Origin::NodePool(name) => format!("NodePool {name}"),
+            Origin::InvalidNodePool(e) => format!("NodePool {} (invalid)", e.pool),
+        }
+    }
+}
+
 /// A budget ready for evaluation (schedule parsed).
 #[derive(Debug, Clone)]
 pub struct CompiledBudget {
-    /// Index in the configured list.
+    /// Index in its source's list (the configured list, or the NodePool's
+    /// `spec.disruption.budgets`).
     pub index: usize,
+    /// Where it comes from.
+    pub origin: Origin,
     /// The configured budget.
     pub budget: Budget,
     window: Option<Window>,
@@ -212,6 +239,7 @@ impl CompiledBudget {
         let reasons: Vec<Reason> = parsed.iter().flatten().copied().collect();
         Self {
             index,
+            origin: Origin::Config,
             budget: budget.clone(),
             window,
             inert: !budget.reasons.is_empty() && reasons.is_empty(),
@@ -241,12 +269,12 @@ pub struct GroupBudgets {
 pub struct Limit {
     /// Max nodes disrupted at once (`None`: no budget active → unlimited).
     pub max: Option<usize>,
-    /// Index of the budget giving `max`.
+    /// Position (see [`GroupBudgets::entry`]) of the budget giving `max`.
     pub budget_index: Option<usize>,
 }
 
 impl GroupBudgets {
-    /// Compiles a group's budgets.
+    /// Compiles a group's budgets (all from the configuration).
     pub fn new(budgets: &[Budget]) -> Self {
         Self {
             budgets: budgets
@@ -257,9 +285,60 @@ impl GroupBudgets {
         }
     }
 
-    /// The configured budget at `index`.
-    pub fn budget(&self, index: usize) -> Option<&Budget> {
-        self.budgets.get(index).map(|b| &b.budget)
+    /// The budgets in force for `group`: with `source = "config"`, the configured ones; with
+    /// `source = "nodepool"` and a NodePool named like the group, the NodePool's budgets (or, if
+    /// Karpenter would refuse them, one budget of 0 that holds the group) plus the group's own
+    /// `[budgets.groups.<group>]` list if there is one; a group without a NodePool (and the
+    /// group `""`) keeps the configured ones.
+    pub fn in_force(
+        group: &str,
+        cfg: &BudgetsConfig,
+        pools: &BTreeMap<String, PoolBudgets>,
+    ) -> Self {
+        let pool = match cfg.source {
+            BudgetsSource::NodePool => pools.get(group).filter(|_| !group.is_empty()),
+            BudgetsSource::Config => None,
+        };
+        let Some(pool) = pool else {
+            return Self::new(cfg.for_group(group));
+        };
+        let mut budgets = match pool {
+            Ok(list) => list
+                .iter()
+                .map(|pb| CompiledBudget {
+                    origin: Origin::NodePool(group.to_string()),
+                    ..CompiledBudget::new(pb.index, &pb.budget)
+                })
+                .collect(),
+            Err(e) => vec![CompiledBudget {
+                origin: Origin::InvalidNodePool(e.clone()),
+                ..CompiledBudget::new(0, &Budget::always(Quantity::Count(0)))
+            }],
+        };
+        if let Some(extra) = cfg.groups.get(group) {
+            budgets.extend(
+                extra
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| CompiledBudget::new(i, b)),
+            );
+        }
+        Self { budgets }
+    }
+
+    /// The configured budget at position `pos` (as in [`Limit::budget_index`]).
+    pub fn budget(&self, pos: usize) -> Option<&Budget> {
+        self.budgets.get(pos).map(|b| &b.budget)
+    }
+
+    /// The budget at position `pos` with its index in its source and its origin.
+    pub fn entry(&self, pos: usize) -> Option<&CompiledBudget> {
+        self.budgets.get(pos)
+    }
+
+    /// Every budget in force, in order (NodePool's first, then the configured ones).
+    pub fn entries(&self) -> &[CompiledBudget] {
+        &self.budgets
     }
 
     /// Min over budgets active at `now` for `reason`, resolved against `total` nodes.
@@ -268,7 +347,7 @@ impl GroupBudgets {
             max: None,
             budget_index: None,
         };
-        for b in &self.budgets {
+        for (pos, b) in self.budgets.iter().enumerate() {
             if !b.applies_to(reason) || !b.is_active(now) {
                 continue;
             }
@@ -276,7 +355,7 @@ impl GroupBudgets {
             if best.max.is_none_or(|m| v < m) {
                 best = Limit {
                     max: Some(v),
-                    budget_index: Some(b.index),
+                    budget_index: Some(pos),
                 };
             }
         }

@@ -47,6 +47,19 @@ pub enum Blocker {
         /// The binding budget's time zone, for display.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timezone: Option<String>,
+        /// The NodePool the binding budget comes from (`[budgets] source = "nodepool"`; then
+        /// `budget` indexes its `spec.disruption.budgets`); absent: the configuration's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nodepool: Option<String>,
+    },
+    /// The group's NodePool has budgets Karpenter would refuse: its disruptions are held.
+    NodePool {
+        /// Node group.
+        group: String,
+        /// The NodePool.
+        nodepool: String,
+        /// The field and what is wrong with it.
+        problem: String,
     },
     /// Too many nodes of the group are unhealthy to start another repair.
     ShortCircuit {
@@ -85,6 +98,7 @@ impl Blocker {
             Blocker::Pdb { .. } => "BlockedByPDB",
             Blocker::DoNotDisrupt { .. } => "BlockedByDoNotDisrupt",
             Blocker::Budget { .. } => "BlockedByBudget",
+            Blocker::NodePool { .. } => "BlockedByNodePool",
             Blocker::ShortCircuit { .. } => "RepairShortCircuited",
             Blocker::Deadline { .. } => "DeadlineExceeded",
             Blocker::StartupRetries { .. } => "StartupRetriesExhausted",
@@ -113,16 +127,28 @@ impl Blocker {
                 total,
                 opens_at,
                 timezone,
+                nodepool,
             } => {
                 let when = match opens_at {
                     Some(t) => format!("; window opens at {}", in_zone(*t, timezone.as_deref())),
                     None => "; waits for a disruption in the group to finish".to_string(),
                 };
+                let of = match nodepool {
+                    Some(p) => format!("of NodePool {p}"),
+                    None => format!("of group {}", group_name(group)),
+                };
                 format!(
-                    "disruption budget #{budget} (nodes={nodes}) of group {} allows no more: {disrupting} of {total} nodes disrupting or NotReady{when}",
-                    group_name(group)
+                    "disruption budget #{budget} (nodes={nodes}) {of} allows no more: {disrupting} of {total} nodes disrupting or NotReady{when}"
                 )
             }
+            Blocker::NodePool {
+                group,
+                nodepool,
+                problem,
+            } => format!(
+                "NodePool {nodepool}: {problem}; Karpenter would refuse it, so disruptions of group {} are held until it is fixed",
+                group_name(group)
+            ),
             Blocker::ShortCircuit {
                 group,
                 unhealthy,
@@ -246,6 +272,7 @@ mod tests {
                     .with_timezone(&Utc),
             ),
             timezone: Some("Asia/Shanghai".into()),
+            nodepool: None,
         };
         assert!(
             b.message().contains("window opens at 2026-11-30 23:00 CST"),

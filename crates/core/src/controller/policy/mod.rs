@@ -10,6 +10,7 @@
 //! - [`budget`]: per-group disruption budgets with cron windows in IANA time zones.
 //! - [`fence`]: keeps Karpenter's voluntary disruptions out of a NodePool while nodekeeper
 //!   voluntarily disrupts a Ready node of it (which Karpenter's budgets cannot count).
+//! - [`nodepool`]: budgets read from Karpenter NodePools (`[budgets] source = "nodepool"`).
 //! - [`explain`]: the machine-readable "why held" status.
 //! - [`view`]: the inputs and the annotation catalog.
 
@@ -18,6 +19,7 @@ pub mod config;
 pub mod explain;
 pub mod fence;
 pub mod interruption;
+pub mod nodepool;
 pub mod repair;
 pub mod view;
 
@@ -29,7 +31,7 @@ pub use config::PolicyConfig;
 pub use view::{ClusterView, NodeView};
 
 use super::provider::POOL_LABEL;
-use budget::{GroupBudgets, Reason};
+use budget::{GroupBudgets, Origin, Reason};
 use explain::{Blocker, Held};
 use view::{keys, DrainPhase, Record, State};
 
@@ -180,7 +182,8 @@ pub fn decide_with_status(
     let mut out = Vec::new();
     let mut statuses = Vec::new();
     for (group, members) in &groups {
-        let (actions, status) = decide_group(group, members, cfg, now);
+        let budgets = GroupBudgets::in_force(group, &cfg.budgets, &view.nodepools);
+        let (actions, status) = decide_group(group, members, cfg, &budgets, now);
         out.extend(actions);
         statuses.push(status);
     }
@@ -536,6 +539,7 @@ fn decide_group(
     group: &str,
     members: &[&NodeView],
     cfg: &PolicyConfig,
+    budgets: &GroupBudgets,
     now: DateTime<Utc>,
 ) -> (Vec<(String, Action)>, GroupStatus) {
     let repair_cfg = cfg.repair.for_group(group);
@@ -545,9 +549,8 @@ fn decide_group(
             repair::step(p, cfg, &repair_cfg);
         }
     }
-    let budgets = GroupBudgets::new(cfg.budgets.for_group(group));
     let (unhealthy, short_circuited) = repair::short_circuit(group, &mut plans, &repair_cfg);
-    let counted = grant(group, &mut plans, cfg, &budgets, now);
+    let counted = grant(group, &mut plans, cfg, budgets, now);
     let status = GroupStatus {
         group: group.to_string(),
         total: plans.len(),
@@ -582,20 +585,21 @@ pub fn decide_interruption(
     Some(p.finish(cfg))
 }
 
-/// Nodes counted against the group's budget: disrupting, deleting, or NotReady (except a
-/// NotReady node waiting for its own repair: it competes for the slot instead, else a budget
-/// of 1 would never let a failed node be repaired).
+/// Nodes counted against the group's budget: disrupting, deleting, chosen by Karpenter for
+/// disruption (its [`view::KARPENTER_DISRUPTED_TAINT`]), or NotReady (except a NotReady node
+/// waiting for its own repair: it competes for the slot instead, else a budget of 1 would never
+/// let a failed node be repaired).
 fn counted(plans: &[Plan<'_>]) -> usize {
-    plans
-        .iter()
-        .filter(|p| {
-            let repair_candidate = p
-                .candidate
-                .as_ref()
-                .is_some_and(|c| c.reason == Reason::Repair);
-            p.disrupting || (!p.cur.is_ready() && !repair_candidate)
-        })
-        .count()
+    plans.iter().filter(|p| is_counted(p)).count()
+}
+
+/// Whether one node is counted against its group's budget (see [`counted`]).
+fn is_counted(p: &Plan<'_>) -> bool {
+    let repair_candidate = p
+        .candidate
+        .as_ref()
+        .is_some_and(|c| c.reason == Reason::Repair);
+    p.disrupting || p.cur.karpenter_disrupted() || (!p.cur.is_ready() && !repair_candidate)
 }
 
 /// Grants budget slots to candidates, earliest first; holds the rest, explained with the
@@ -621,6 +625,8 @@ fn grant(
     let mut taken = counted(plans);
     let mut held = Vec::new();
     for i in order {
+        // Counted already (e.g. NotReady and not waiting for repair, or tainted by Karpenter).
+        let already = is_counted(&plans[i]);
         let Some(c) = plans[i].candidate.take() else {
             continue;
         };
@@ -629,8 +635,7 @@ fn grant(
             continue;
         }
         let p = &mut plans[i];
-        // A NotReady node not waiting for repair was counted already.
-        if p.cur.is_ready() || c.reason == Reason::Repair {
+        if !already {
             taken += 1;
         }
         match c.start {
@@ -640,20 +645,29 @@ fn grant(
     }
     for (i, reason) in held {
         let limit = budgets.limit(reason, total, now);
-        let b = limit
-            .budget_index
-            .and_then(|ix| budgets.budget(ix).map(|b| (ix, b)));
-        if let Some((ix, b)) = b {
-            plans[i].hold = Some(Blocker::Budget {
+        let Some(b) = limit.budget_index.and_then(|pos| budgets.entry(pos)) else {
+            continue;
+        };
+        plans[i].hold = Some(match &b.origin {
+            Origin::InvalidNodePool(e) => Blocker::NodePool {
                 group: group.to_string(),
-                budget: ix,
-                nodes: b.nodes.to_string(),
+                nodepool: e.pool.clone(),
+                problem: format!("{}: {}", e.path, e.problem),
+            },
+            origin => Blocker::Budget {
+                group: group.to_string(),
+                budget: b.index,
+                nodes: b.budget.nodes.to_string(),
                 disrupting: taken,
                 total,
                 opens_at: budgets.opens_at(reason, total, taken, now),
-                timezone: b.timezone.clone(),
-            });
-        }
+                timezone: b.budget.timezone.clone(),
+                nodepool: match origin {
+                    Origin::NodePool(name) => Some(name.clone()),
+                    _ => None,
+                },
+            },
+        });
     }
     taken
 }

@@ -79,11 +79,18 @@ pub mod keys {
     ];
 }
 
+/// The taint Karpenter puts on a node it has chosen to disrupt (effect `NoSchedule`), before it
+/// deletes the node's NodeClaim: such a node counts against its group's budget.
+pub const KARPENTER_DISRUPTED_TAINT: &str = "karpenter.sh/disrupted";
+
 /// The cluster as the controller sees it at one instant.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClusterView {
     /// Every Node.
     pub nodes: Vec<NodeView>,
+    /// The Karpenter NodePools' budgets by NodePool name (read only with `[budgets] source =
+    /// "nodepool"`; see [`super::nodepool`]).
+    pub nodepools: BTreeMap<String, super::nodepool::PoolBudgets>,
 }
 
 /// A node condition.
@@ -355,6 +362,11 @@ impl NodeView {
     /// Has a taint with `key`.
     pub fn has_taint(&self, key: &str) -> bool {
         self.taints.iter().any(|t| t.key == key)
+    }
+
+    /// Karpenter has chosen to disrupt it: it carries [`KARPENTER_DISRUPTED_TAINT`] (any effect).
+    pub fn karpenter_disrupted(&self) -> bool {
+        self.has_taint(KARPENTER_DISRUPTED_TAINT)
     }
 
     /// nodekeeper's recorded progress, parsed from the annotations.

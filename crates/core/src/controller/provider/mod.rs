@@ -135,14 +135,18 @@ pub enum ProviderError {
     Setup(#[from] SetupError),
 }
 
-/// The provider could not be set up (e.g. the HTTP client could not be built).
+/// The provider could not be set up (e.g. the HTTP client could not be built). The message
+/// carries the cause's whole chain (a TLS or reqwest error's own Display is only its first line).
 #[derive(Debug, thiserror::Error)]
-#[error("{provider}: setting up: {message}")]
+#[error("{provider}: setting up: {what}: {}", crate::telemetry::error_chain(.source.as_ref()))]
 pub struct SetupError {
     /// Provider name.
     pub provider: &'static str,
-    /// What failed.
-    pub message: String,
+    /// What was being set up, e.g. `reading key_file /etc/nodekeeper/oci.pem`.
+    pub what: String,
+    /// Cause.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
 }
 
 impl ProviderError {

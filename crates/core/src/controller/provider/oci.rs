@@ -397,15 +397,16 @@ impl std::fmt::Debug for Oci {
     }
 }
 
-fn setup(message: String) -> SetupError {
+fn setup(what: String, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> SetupError {
     SetupError {
         provider: NAME,
-        message,
+        what,
+        source: source.into(),
     }
 }
 
 fn read_key(path: &Path) -> Result<Vec<u8>, SetupError> {
-    std::fs::read(path).map_err(|e| setup(format!("reading key_file {}: {e}", path.display())))
+    std::fs::read(path).map_err(|e| setup(format!("reading key_file {}", path.display()), e))
 }
 
 /// The OCI API client: with `ca_file`, only that CA is trusted; else the system's roots. Each
@@ -426,15 +427,10 @@ impl Oci {
     pub fn new(cfg: OciConfig, client: Client) -> Result<Self, SetupError> {
         let pem = read_key(&cfg.key_file)?;
         let signer = OciSigner::from_pem(&cfg.key_id(), &pem)
-            .map_err(|e| setup(format!("key_file {}: {e}", cfg.key_file.display())))?;
+            .map_err(|e| setup(format!("key_file {}", cfg.key_file.display()), e))?;
         let base = cfg.base_url();
-        reqwest::Url::parse(&base).map_err(|e| setup(format!("endpoint {base}: {e}")))?;
-        let http = oci_client(&cfg).map_err(|e| {
-            setup(format!(
-                "HTTPS client for {base}: {}",
-                crate::telemetry::error_chain(&e)
-            ))
-        })?;
+        reqwest::Url::parse(&base).map_err(|e| setup(format!("endpoint {base}"), e))?;
+        let http = oci_client(&cfg).map_err(|e| setup(format!("HTTPS client for {base}"), e))?;
         Ok(Self {
             cfg,
             signer,

@@ -68,15 +68,16 @@ impl std::fmt::Debug for Webhook {
 impl Webhook {
     /// A provider for `cfg`.
     pub fn new(cfg: WebhookConfig) -> Result<Self, SetupError> {
-        let setup = |message: String| SetupError {
+        let setup = |source: Box<dyn std::error::Error + Send + Sync>| SetupError {
             provider: NAME,
-            message: format!("building the HTTP client for {}: {message}", cfg.url),
+            what: format!("building the HTTP client for {}", cfg.url),
+            source,
         };
         let http = crate::http::builder(cfg.ca_file.as_deref())
-            .map_err(|e| setup(e.to_string()))?
+            .map_err(|e| setup(e.into()))?
             .timeout(cfg.timeout)
             .build()
-            .map_err(|e| setup(e.to_string()))?;
+            .map_err(|e| setup(e.into()))?;
         Ok(Self {
             cfg,
             http,

@@ -49,6 +49,30 @@ impl Budget {
     }
 }
 
+/// `[budgets] source`: where each group's budgets come from.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetsSource {
+    /// This section (`budgets`, `groups`).
+    #[default]
+    Config,
+    /// The Karpenter NodePool named like the group (`spec.disruption.budgets`, read as Karpenter
+    /// reads it), plus the group's `[budgets.groups.<group>]` list if any; groups without a
+    /// NodePool use this section.
+    #[serde(rename = "nodepool")]
+    NodePool,
+}
+
+impl BudgetsSource {
+    /// `config` or `nodepool`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BudgetsSource::Config => "config",
+            BudgetsSource::NodePool => "nodepool",
+        }
+    }
+}
+
 /// `[budgets]`
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -56,6 +80,9 @@ pub struct BudgetsConfig {
     /// The node label whose value names a node's group (nodes without it form group `""`).
     /// Budgets and the repair short-circuit are evaluated per group.
     pub group_by: String,
+    /// Where the budgets come from: `config` (this section) or `nodepool` (Karpenter's NodePools;
+    /// needs the NodePool CRD, checked when the controller starts).
+    pub source: BudgetsSource,
     /// `budgets = [...]`: budgets of every group not listed in `groups` (Karpenter's
     /// default: one `10%`).
     #[serde(rename = "budgets")]
@@ -68,6 +95,7 @@ impl Default for BudgetsConfig {
     fn default() -> Self {
         Self {
             group_by: "karpenter.sh/nodepool".to_string(),
+            source: BudgetsSource::Config,
             default: vec![Budget::always(Quantity::Percent(10))],
             groups: BTreeMap::new(),
         }
@@ -94,6 +122,14 @@ pub(super) fn validate_budgets(b: &BudgetsConfig) -> Vec<Diagnostic> {
             "label key",
             &b.group_by,
             k8s::qualified_name(&b.group_by),
+        ));
+    }
+    if b.source == BudgetsSource::NodePool {
+        d.push(Diagnostic::warning(
+            cfg_path!["budgets", "source"],
+            "\"nodepool\" reads each group's budgets from the Karpenter NodePool of the same name: \
+             the controller needs the NodePool CRD (karpenter.sh/v1 nodepools) and list/watch \
+             on it, and refuses to start without them (validate does not contact the cluster)",
         ));
     }
     for name in b.groups.keys() {

@@ -21,7 +21,7 @@ use budgets::validate_budgets;
 use interruption::validate_interruption;
 use repair::validate_repair;
 
-pub use budgets::{Budget, BudgetsConfig};
+pub use budgets::{Budget, BudgetsConfig, BudgetsSource};
 pub use interruption::{InterruptionAction, InterruptionActions, InterruptionConfig, TaintEffect};
 pub use kpo::parse_kpo_repair_policies;
 pub use repair::{EffectiveRepair, RepairConfig, RepairGroup, RepairPolicy, RepairStep};
