@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use crate::support::wait;
 use kube::api::{Api, ListParams};
 use kube::core::DynamicObject;
 use nodekeeper_core::controller::provider::karpenter::{
@@ -34,8 +36,29 @@ async fn adds_a_nodeclaim_at_once_and_deletes_the_old_one_only_when_retired() {
     let nodes: Api<Node> = Api::all(c.client.clone());
     let claims: Api<DynamicObject> = Api::all_with(c.client.clone(), &nodeclaim_resource());
     let before = nodes.list(&ListParams::default()).await.unwrap().items;
-    let victim = before.iter().find(|n| pool_of(n).is_some()).unwrap();
-    let node = victim.metadata.name.clone().unwrap();
+    // A node of a pool running a workload pod (not a DaemonSet's): the pods that must move are
+    // what makes the provider add capacity.
+    let pods: Api<Pod> = Api::all(c.client.clone());
+    let node = wait::until(
+        Duration::from_secs(20),
+        "a pool node running a workload pod",
+        || {
+            let (pods, before) = (pods.clone(), before.clone());
+            async move {
+                let list = pods.list(&ListParams::default()).await.ok()?.items;
+                before
+                    .iter()
+                    .filter(|n| pool_of(n).is_some())
+                    .filter_map(|n| n.metadata.name.clone())
+                    .find(|name| list.iter().any(|p| runs_workload_on(p, name)))
+            }
+        },
+    )
+    .await;
+    let victim = before
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(node.as_str()))
+        .unwrap();
     let pool = pool_of(victim).unwrap();
     let claims_before = claims
         .list(&ListParams::default())
@@ -142,6 +165,84 @@ async fn adds_a_nodeclaim_at_once_and_deletes_the_old_one_only_when_retired() {
         new_nodes,
         vec![twin_name],
         "exactly one replacement launched"
+    );
+}
+
+/// `p` runs on `node` and is not a DaemonSet's.
+fn runs_workload_on(p: &Pod, node: &str) -> bool {
+    let on = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+    let daemon = p
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "DaemonSet");
+    on && !daemon
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_workload_gets_no_new_nodeclaim() {
+    let c = TestCluster::start(SimOptions {
+        scenario: Scenario::default_mixed(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let claims: Api<DynamicObject> = Api::all_with(c.client.clone(), &nodeclaim_resource());
+    let pods: Api<Pod> = Api::all(c.client.clone());
+    let node = nodes
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|n| pool_of(n).is_some())
+        .and_then(|n| n.metadata.name)
+        .unwrap();
+    // Cordoned and its workload pods gone (as after a completed drain): only DaemonSet pods stay.
+    let cordon = serde_json::json!({ "spec": { "unschedulable": true } });
+    nodes
+        .patch(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&cordon),
+        )
+        .await
+        .unwrap();
+    for p in pods.list(&ListParams::default()).await.unwrap().items {
+        if runs_workload_on(&p, &node) {
+            let ns = p.metadata.namespace.clone().unwrap();
+            let api: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+            let _ = api
+                .delete(p.metadata.name.as_deref().unwrap(), &Default::default())
+                .await;
+        }
+    }
+    let p = Karpenter::new(c.client.clone());
+    let req = ReplacementRequest::new(&node, "repair", "e2");
+    let before = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    let t = p.request_replacement(&req).await.unwrap();
+    assert_eq!(t.reference.as_deref(), Some(node.as_str()));
+    assert!(claims
+        .get_opt(&twin_name(&node, &req.request_id))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        claims
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        before,
+        "no NodeClaim added"
     );
 }
 

@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use crate::controller::policy::budget::{GroupBudgets, Origin, Reason};
 use crate::controller::policy::config::{BudgetsConfig, BudgetsSource, RepairStep};
-use crate::controller::policy::nodepool::PoolBudgets;
 use crate::controller::policy::explain::{group_name, Blocker, Held};
+use crate::controller::policy::nodepool::PoolBudgets;
 use crate::controller::policy::view::{keys, Record, State};
 
 /// Errors listing the nodes; each names the server involved.
