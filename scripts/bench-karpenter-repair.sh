@@ -14,8 +14,11 @@
 # Deployment big: 10 × 1500m with required anti-affinity by hostname (→ Karpenter launches 10 nodes), PDB
 # maxUnavailable 1; Deployment small: 10 × 100m, PDB minAvailable 80 %.
 # Fault: the label nodekeeper.test/kubelet=not-ready (KWOK stops re-initialising the node) and Ready=False with
-# lastTransitionTime 10 minutes ago, so that both tools' 10-minute tolerations (Karpenter's KWOK RepairPolicies,
-# nodekeeper's shipped policy; both count from lastTransitionTime) have run out at once.
+# lastTransitionTime backdated so that both tools' 10-minute tolerations (Karpenter's KWOK RepairPolicies,
+# nodekeeper's shipped policy; both count from lastTransitionTime) run out LEAD s (default 5) after the fault:
+# every faulted node is NotReady in both tools' caches before either may act (with LEAD=0 the first node's
+# repair can start before the others are seen, and its replacement lowers the unhealthy ratio below 20 %:
+# the 20 % guard of both tools is then raced, see docs/comparison.md). Times are from that expiry.
 # Measured by scripts/lib/repair-watch.py from the API (pod watch + 200 ms samples): how the pods of the
 # faulted nodes left (DisruptionTarget EvictionByEvictionAPI = evicted; none = deleted), PDB samples with
 # currentHealthy < desiredHealthy, seconds from the fault to a new Ready node of the pool with every app pod
@@ -27,6 +30,7 @@ FAULTS=${1:-"1 3"}
 PROFILE=${BENCH_PROFILE:-debug}
 WINDOW=${WINDOW:-300}
 WINDOW_BLOCKED=${WINDOW_BLOCKED:-120}
+LEAD=${LEAD:-5}
 sh "$REPO/scripts/setup-kubectl.sh" >/dev/null
 KUBECTL="$REPO/.cache/venv/bin/kubectl"
 log "control plane + Karpenter KWOK binaries (scripts/setup-k8s.sh: built once, then cached)"
@@ -40,7 +44,7 @@ else
 fi
 NK="$REPO/target/$PROFILE/nodekeeper"
 OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-karpenter-repair.XXXX)
-DIR="" CTL_PID="" WATCH_PID=""
+DIR="" CTL_PID="" WATCH_PID="" EXPIRY=""
 cleanup() {
   [ -z "$WATCH_PID" ] || kill "$WATCH_PID" 2>/dev/null || true
   [ -z "$CTL_PID" ] || { kill "$CTL_PID" 2>/dev/null || true; wait "$CTL_PID" 2>/dev/null || true; }
@@ -167,9 +171,8 @@ EOF
 # the status patches are sent in parallel, so that the nodes turn NotReady within a few tens of ms.
 fault() {
   local n ago now pids=()
-  ago=$(date -u -d '-10 min' +%Y-%m-%dT%H:%M:%SZ)
+  ago=$(date -u -d "@$(( EXPIRY - 600 ))" +%Y-%m-%dT%H:%M:%SZ)
   now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  k label node "$@" nodekeeper.test/kubelet=not-ready >/dev/null
   for n in "$@"; do
     k patch node "$n" --subresource=status --type=strategic -p "{\"status\":{\"conditions\":[{\"type\":\"Ready\",\"status\":\"False\",\"reason\":\"KubeletNotReady\",\"message\":\"container runtime network not ready: NetworkReady=false\",\"lastHeartbeatTime\":\"$now\",\"lastTransitionTime\":\"$ago\"}]}}" >/dev/null &
     pids+=($!)
@@ -200,8 +203,10 @@ run() {
   WATCH_PID=$!
   sleep 2
   # The fault time: just before the status patches (the label alone changes nothing for either tool).
+  # shellcheck disable=SC2086 # node names
   k label node $victims nodekeeper.test/kubelet=not-ready >/dev/null
-  printf '%s\n%s\n' "$(date +%s.%N)" "$victims" >"$DIR/fault.tmp" && mv "$DIR/fault.tmp" "$DIR/fault"
+  EXPIRY=$(( $(date +%s) + LEAD ))
+  printf '%s\n%s\n%s\n' "$(date +%s.%N)" "$victims" "$EXPIRY" >"$DIR/fault.tmp" && mv "$DIR/fault.tmp" "$DIR/fault"
   # shellcheck disable=SC2086 # node names
   fault $victims
   wait "$WATCH_PID" || true; WATCH_PID=""
@@ -220,7 +225,7 @@ python3 - "$OUTDIR" "$FAULTS" "$K8S_VERSION" <<'EOF'
 import json, sys, os
 out, faults, ver = sys.argv[1], sys.argv[2].split(), sys.argv[3]
 print(f"\nKarpenter v1.14.1 (KWOK provider), Kubernetes {ver}; raw data: {out}\n")
-print("| fault | tool | pods of the faulted nodes: how they left | PDB violating samples; beyond the fault's own (worst currentHealthy − desiredHealthy) | fault → replacement Ready, pods Running | max nodes disrupted at once | repair blocked |")
+print("| fault | tool | pods of the faulted nodes: how they left | PDB violating samples; beyond the fault's own (worst currentHealthy − desiredHealthy) | tolerations' expiry → replacement Ready, pods Running | max nodes disrupted at once | repair blocked |")
 print("|---|---|---|---|---|---|---|")
 for n in faults:
     for tool in ("karpenter", "nodekeeper"):

@@ -8,7 +8,7 @@ pods of namespace NS (every update: how each pod left — the DisruptionTarget c
 puts on a pod evicted through the Eviction API, `EvictionByEvictionAPI`, or none for a plain delete such
 as Karpenter's forced one) and samples every 200 ms the nodes of NodePool POOL and the PDBs of NS.
 FAULTFILE appears when the script injects the fault: line 1 the fault time (epoch seconds), line 2 the
-faulted nodes. From then on it measures:
+faulted nodes, line 3 when the tolerations run out (epoch seconds; "repaired" is reported from then). From then on it measures:
   - PDB violations: samples in which a PDB has status.currentHealthy < status.desiredHealthy (counted
     per PDB and sample; the worst shortfall is kept too);
   - max nodes disrupted at once: from a Node watch, each pool node's span from the first update that shows
@@ -16,7 +16,7 @@ faulted nodes. From then on it measures:
     overlapping spans (the 200 ms samples miss a node deleted within a sample, as Karpenter does on KWOK);
   - repaired: the first sample with a node of the pool created after the fault and Ready, and every pod
     of NS that a Deployment wants Running and Ready on a Ready node that is not a faulted one.
-It stops 20 s after "repaired", or TIMEOUT s after the fault, and writes OUT.json. Stdlib only.
+It stops 20 s after "repaired", or TIMEOUT s after the tolerations' expiry, and writes OUT.json. Stdlib only.
 """
 import json
 import os
@@ -114,7 +114,7 @@ def watch(path, note):
 threading.Thread(target=watch, args=(f"/api/v1/namespaces/{NS}/pods", note_pod), daemon=True).start()
 threading.Thread(target=watch, args=("/api/v1/nodes", note_node), daemon=True).start()
 
-fault_t, victims = None, set()
+fault_t, victims, expiry_t = None, set(), None
 samples = 0
 viol = {}          # pdb -> violating samples after the fault
 beyond = {}        # pdb -> samples below both 0 and what the fault alone leaves (pods of the faulted nodes unhealthy)
@@ -129,8 +129,8 @@ while True:
     if fault_t is None and os.path.exists(FAULTFILE):
         with open(FAULTFILE) as f:
             ls = f.read().split("\n")
-        if len(ls) >= 2 and ls[0].strip():
-            fault_t, victims = float(ls[0]), set(ls[1].split())
+        if len(ls) >= 3 and ls[2].strip():
+            fault_t, victims, expiry_t = float(ls[0]), set(ls[1].split()), float(ls[2])
     try:
         nodes = get(f"/api/v1/nodes?labelSelector=karpenter.sh/nodepool%3D{POOL}")["items"]
         pdbs = get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets")["items"]
@@ -183,7 +183,7 @@ while True:
                 good += 1
         if repaired_t is None and good >= want and any(n in ready_nodes for n in new_nodes):
             repaired_t = now
-        if (repaired_t is not None and now - repaired_t > 20) or now - fault_t > TIMEOUT:
+        if (repaired_t is not None and now - repaired_t > 20) or now - expiry_t > TIMEOUT:
             break
     elif now - started > 600:
         break
@@ -215,7 +215,8 @@ except Exception as e:
     print(f"repair-watch: events: {e}", file=sys.stderr)
 out = {
     "fault_t": fault_t, "victims": sorted(victims), "samples": samples,
-    "repaired_s": None if repaired_t is None or fault_t is None else round(repaired_t - fault_t, 1),
+    "expiry_t": expiry_t,
+    "repaired_s": None if repaired_t is None or fault_t is None else round(repaired_t - expiry_t, 1),
     "pdb_violating_samples": viol, "pdb_worst_slack": worst,
     "pdb_fault_only_slack": fault_only, "pdb_samples_beyond_fault": beyond,
     "max_disrupted_sampled": max_disrupted, "max_disrupted_nodes_sampled": max_disrupted_names,
