@@ -117,7 +117,9 @@ threading.Thread(target=watch, args=("/api/v1/nodes", note_node), daemon=True).s
 fault_t, victims, expiry_t = None, set(), None
 samples = 0
 viol = {}          # pdb -> violating samples after the fault
-beyond = {}        # pdb -> samples below both 0 and what the fault alone leaves (pods of the faulted nodes unhealthy)
+# pdb -> samples below both 0 and what the fault alone would leave if the faulted nodes' pods counted unhealthy
+# (KWOK keeps them Ready, so the PDBs count them healthy: informational, the table uses the plain violations)
+beyond = {}
 fault_only, prev_pdbs, prev_pods = None, [], []
 worst = {}         # pdb -> worst (currentHealthy - desiredHealthy) after the fault
 max_disrupted, max_disrupted_names = 0, []
