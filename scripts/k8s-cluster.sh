@@ -4,11 +4,13 @@
 # kube-controller-manager, kube-scheduler and KWOK (plays kubelet for nodes annotated kwok.x-k8s.io/node=fake),
 # and on request Karpenter's KWOK provider (--karpenter).
 #
-#   scripts/k8s-cluster.sh up DIR [--owner-pid PID] [--karpenter]
+#   scripts/k8s-cluster.sh up DIR [--owner-pid PID] [--karpenter [--karpenter-feature-gates GATES]]
 #                                                     start everything; returns once all are healthy.
 #                                                     --karpenter: also Karpenter's KWOK provider (its CRDs
 #                                                     installed and Established, its chart's RBAC bound to a
 #                                                     client certificate of its own, leader election off)
+#                                                     --karpenter-feature-gates: its FEATURE_GATES env, e.g.
+#                                                     NodeRepair=true (unset: Karpenter's defaults, NodeRepair off)
 #   scripts/k8s-cluster.sh down DIR                   stop exactly what `up` started (by PID), keep the logs
 #   scripts/k8s-cluster.sh install DIR [FILE…]        apply the shipped manifests (`kubectl kustomize manifests/`,
 #                                                     without the controller Deployment, which the tests and the
@@ -23,14 +25,15 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { echo "usage: $0 up DIR [--owner-pid PID] [--karpenter] | down DIR | install DIR [FILE…]" >&2; exit 2; }
+usage() { echo "usage: $0 up DIR [--owner-pid PID] [--karpenter [--karpenter-feature-gates GATES]] | down DIR | install DIR [FILE…]" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 CMD=$1 DIR=$2; shift 2
-OWNER="" KARPENTER=""
+OWNER="" KARPENTER="" KARPENTER_GATES=()
 while [ "$CMD" != install ] && [ $# -gt 0 ]; do
   case $1 in
     --owner-pid) OWNER=${2:?--owner-pid needs a PID}; shift 2 ;;
     --karpenter) KARPENTER=1; shift ;;
+    --karpenter-feature-gates) KARPENTER_GATES=(FEATURE_GATES="${2:?--karpenter-feature-gates needs GATES}"); shift 2 ;;
     *) usage ;;
   esac
 done
@@ -295,7 +298,7 @@ if [ -n "$KARPENTER" ]; then
   # setting in v1.14.1): the ports are free loopback ports, the tests talk to 127.0.0.1 only.
   start karpenter-kwok env KUBECONFIG="$DIR/karpenter.kubeconfig" DISABLE_LEADER_ELECTION=true \
     METRICS_PORT="$P_KARP_METRICS" HEALTH_PROBE_PORT="$P_KARP_HEALTH" LOG_LEVEL="${KARPENTER_LOG_LEVEL:-info}" \
-    "$BIN/karpenter-kwok"
+    ${KARPENTER_GATES[@]+"${KARPENTER_GATES[@]}"} "$BIN/karpenter-kwok"
   # /readyz: its caches synced and NodePool/NodeClaim mapped.
   wait_healthy karpenter-kwok 60 "http://127.0.0.1:$P_KARP_HEALTH/readyz"
 fi
