@@ -31,7 +31,7 @@ mod tests {
     use crate::controller::policy::config::{BudgetsConfig, BudgetsSource};
     use crate::controller::policy::explain::{Blocker, Held};
     use crate::controller::policy::nodepool::PoolBudgets;
-    use crate::controller::policy::view::{keys, NoticeKind, RecordedNotice};
+    use crate::controller::policy::view::{keys, NoticeKind, Record, RecordedNotice, State};
 
     fn t(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
@@ -425,5 +425,23 @@ NodePool bad: spec.disruption.budgets[0].nodes: \"150%\" does not match ^((100|[
         // Without --config: no `budgets` key, and the text ends with the summary line.
         let plain = render(&rows[..1], StatusOutput::Json, now);
         assert!(!plain.contains("\"budgets\""), "{plain}");
+    }
+
+    #[test]
+    fn a_handed_over_node_says_the_provider_removes_it() {
+        let mut rec = Record {
+            state: State::Interrupted,
+            replacement_requested: Some(t("2026-11-30T10:00:00Z")),
+            replacement_accepted: true,
+            ..Record::default()
+        };
+        let before = next(&rec).unwrap().action;
+        assert!(before.contains("finish the drain"), "{before}");
+        rec.retire_requested = true;
+        let after = next(&rec).unwrap().action;
+        assert_eq!(
+            after,
+            "wait for the provider to remove the node (drain over, handed over)"
+        );
     }
 }

@@ -363,6 +363,14 @@ fn next_when_held(b: &Blocker) -> Option<Next> {
 }
 
 fn next_when_free(rec: &Record) -> Option<Next> {
+    if rec.retire_requested && rec.state != State::Idle {
+        // Drained and handed over: the provider takes the node away (`karpenter`: the NodeClaim
+        // is deleted, Karpenter's termination removes the instance and the Node).
+        return next_at(
+            "wait for the provider to remove the node (drain over, handed over)".into(),
+            None,
+        );
+    }
     match rec.state {
         State::Idle => None,
         State::Interrupted => {
