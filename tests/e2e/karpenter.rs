@@ -264,6 +264,109 @@ async fn karpenter_provisions_a_kwok_node_for_pending_pods_and_consolidates_it_w
     assert!(out.status.success());
 }
 
+/// The default KWOKNodeClass, a NodePool `pool` of its own (on-demand, `disruption` as given) and a
+/// Deployment `app` of 2 pods of 1500m pinned to it, one per node, plus `extra` YAML (a PDB); returns
+/// the two nodes once both pods run there.
+async fn pool_with_two_pods(
+    c: &'static Cluster,
+    pods: &Api<Pod>,
+    pool: &str,
+    app: &str,
+    disruption: &str,
+    extra: &str,
+) -> Vec<String> {
+    let fixtures = repo().join("tests/fixtures/karpenter");
+    let out = kubectl(
+        c,
+        &[
+            "apply",
+            "-f",
+            fixtures.join("kwoknodeclass.yaml").to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "kubectl apply of the KWOKNodeClass");
+    crate::drain::apply(
+        c,
+        &format!(
+            r#"
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {{name: {pool}}}
+spec:
+  template:
+    spec:
+      requirements:
+        - {{key: kubernetes.io/arch, operator: In, values: [amd64]}}
+        - {{key: kubernetes.io/os, operator: In, values: [linux]}}
+        - {{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}}
+      nodeClassRef: {{group: karpenter.kwok.sh, kind: KWOKNodeClass, name: default}}
+      expireAfter: Never
+  limits: {{cpu: "64"}}
+  disruption: {disruption}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {app}, namespace: default}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: {app}}}}}
+  template:
+    metadata: {{labels: {{app: {app}}}}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      nodeSelector: {{karpenter.sh/nodepool: {pool}}}
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            - {{labelSelector: {{matchLabels: {{app: {app}}}}}, topologyKey: kubernetes.io/hostname}}
+      containers:
+        - {{name: pause, image: "registry.k8s.io/pause:3.10", resources: {{requests: {{cpu: 1500m, memory: 512Mi}}}}}}
+{extra}"#
+        ),
+    );
+    let app = app.to_string();
+    wait_for(
+        Duration::from_secs(180),
+        "both pods Running on two nodes of the NodePool",
+        || {
+            let (pods, app) = (pods.clone(), app.clone());
+            async move {
+                let on: BTreeSet<String> = app_pods_of(&pods, &app)
+                    .await
+                    .iter()
+                    .filter_map(running_on)
+                    .map(String::from)
+                    .collect();
+                (on.len() == 2).then(|| on.into_iter().collect())
+            }
+        },
+    )
+    .await
+}
+
+/// The shipped controller config with provider `karpenter`, half a group allowed unhealthy and the
+/// one repair policy `policy` (TOML of a `[[repair.policy]]`).
+fn karpenter_controller_toml(
+    dir: &std::path::Path,
+    identity: &str,
+    policy: &str,
+) -> std::path::PathBuf {
+    controller_toml(dir, identity, |t| {
+        let r = t["repair"].as_table_mut().unwrap();
+        r.insert("max_unhealthy".into(), "50%".into());
+        r.insert(
+            "policy".into(),
+            toml::Value::Array(vec![toml::Value::Table(toml::from_str(policy).unwrap())]),
+        );
+        let mut provider = toml::Table::new();
+        provider.insert("kind".into(), "karpenter".into());
+        t["controller"]
+            .as_table_mut()
+            .unwrap()
+            .insert("provider".into(), provider.into());
+    })
+}
+
 const COOP_POOL: &str = "nk-coop";
 const COOP_APP: &str = "nk-coop-app";
 
@@ -293,56 +396,17 @@ async fn nodekeeper_repairs_a_karpenter_node_with_one_drain_and_karpenter_termin
     let admin = c.admin().await;
 
     // A NodePool of its own: empty nodes consolidated after 30 s, no underutilization moves.
-    let fixtures = repo().join("tests/fixtures/karpenter");
-    let out = kubectl(
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let claims_api = nodeclaims(&admin);
+    let hosts = pool_with_two_pods(
         c,
-        &[
-            "apply",
-            "-f",
-            fixtures.join("kwoknodeclass.yaml").to_str().unwrap(),
-        ],
-    );
-    assert!(out.status.success(), "kubectl apply of the KWOKNodeClass");
-    crate::drain::apply(
-        c,
+        &pods,
+        COOP_POOL,
+        COOP_APP,
+        r#"{consolidationPolicy: WhenEmpty, consolidateAfter: 30s, budgets: [{nodes: "100%"}]}"#,
         &format!(
-            r#"
-apiVersion: karpenter.sh/v1
-kind: NodePool
-metadata: {{name: {COOP_POOL}}}
-spec:
-  template:
-    spec:
-      requirements:
-        - {{key: kubernetes.io/arch, operator: In, values: [amd64]}}
-        - {{key: kubernetes.io/os, operator: In, values: [linux]}}
-        - {{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}}
-      nodeClassRef: {{group: karpenter.kwok.sh, kind: KWOKNodeClass, name: default}}
-      expireAfter: Never
-  limits: {{cpu: "64"}}
-  disruption:
-    consolidationPolicy: WhenEmpty
-    consolidateAfter: 30s
-    budgets: [{{nodes: "100%"}}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {COOP_APP}, namespace: default}}
-spec:
-  replicas: 2
-  selector: {{matchLabels: {{app: {COOP_APP}}}}}
-  template:
-    metadata: {{labels: {{app: {COOP_APP}}}}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      nodeSelector: {{karpenter.sh/nodepool: {COOP_POOL}}}
-      affinity:
-        podAntiAffinity:
-          requiredDuringSchedulingIgnoredDuringExecution:
-            - {{labelSelector: {{matchLabels: {{app: {COOP_APP}}}}}, topologyKey: kubernetes.io/hostname}}
-      containers:
-        - {{name: pause, image: "registry.k8s.io/pause:3.10", resources: {{requests: {{cpu: 1500m, memory: 512Mi}}}}}}
----
+            r#"---
 apiVersion: policy/v1
 kind: PodDisruptionBudget
 metadata: {{name: {COOP_APP}, namespace: default}}
@@ -351,25 +415,6 @@ spec:
   selector: {{matchLabels: {{app: {COOP_APP}}}}}
 "#
         ),
-    );
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let nodes: Api<Node> = Api::all(admin.clone());
-    let claims_api = nodeclaims(&admin);
-    let hosts: Vec<String> = wait_for(
-        Duration::from_secs(180),
-        "both pods Running on two nodes of the NodePool",
-        || {
-            let pods = pods.clone();
-            async move {
-                let on: BTreeSet<String> = app_pods_of(&pods, COOP_APP)
-                    .await
-                    .iter()
-                    .filter_map(running_on)
-                    .map(String::from)
-                    .collect();
-                (on.len() == 2).then(|| on.into_iter().collect())
-            }
-        },
     )
     .await;
     let victim = hosts[0].clone();
@@ -393,25 +438,11 @@ spec:
 
     // nodekeeper's controller, the shipped policy (drain → replace, Ready=False) with provider karpenter.
     let dir = tempfile::tempdir().unwrap();
-    let config = controller_toml(dir.path(), "karpenter-coop", |t| {
-        let r = t["repair"].as_table_mut().unwrap();
-        r.insert("max_unhealthy".into(), "50%".into());
-        r.insert(
-            "policy".into(),
-            toml::Value::Array(vec![toml::Value::Table(
-                toml::from_str(
-                    "condition_type = \"Ready\"\ncondition_status = \"False\"\ntoleration = \"3s\"",
-                )
-                .unwrap(),
-            )]),
-        );
-        let mut provider = toml::Table::new();
-        provider.insert("kind".into(), "karpenter".into());
-        t["controller"]
-            .as_table_mut()
-            .unwrap()
-            .insert("provider".into(), provider.into());
-    });
+    let config = karpenter_controller_toml(
+        dir.path(),
+        "karpenter-coop",
+        "condition_type = \"Ready\"\ncondition_status = \"False\"\ntoleration = \"3s\"",
+    );
     let ctl = ControllerProc::start(c, &config, "karpenter-coop").await;
     wait_until(Duration::from_secs(30), "the victim seen ready", || {
         let (nodes, victim) = (nodes.clone(), victim.clone());
@@ -565,58 +596,18 @@ async fn a_repair_of_a_ready_node_fences_its_nodepool_and_karpenter_holds_off() 
     let _one = ONE_AT_A_TIME.lock().await;
     let c = karpenter_cluster();
     let admin = c.admin().await;
-    let fixtures = repo().join("tests/fixtures/karpenter");
-    let out = kubectl(
+    // Consolidation at once: every node is a candidate Karpenter evaluates on each pass. No eviction
+    // allowed: the repair's drain waits (and the fence stays) until the test deletes the PDB.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let hosts = pool_with_two_pods(
         c,
-        &[
-            "apply",
-            "-f",
-            fixtures.join("kwoknodeclass.yaml").to_str().unwrap(),
-        ],
-    );
-    assert!(out.status.success(), "kubectl apply of the KWOKNodeClass");
-    // Consolidation at once: every node is a candidate Karpenter evaluates on each pass.
-    crate::drain::apply(
-        c,
+        &pods,
+        FENCE_POOL,
+        FENCE_APP,
+        r#"{consolidationPolicy: WhenEmptyOrUnderutilized, consolidateAfter: 0s, budgets: [{nodes: "100%"}]}"#,
         &format!(
-            r#"
-apiVersion: karpenter.sh/v1
-kind: NodePool
-metadata: {{name: {FENCE_POOL}}}
-spec:
-  template:
-    spec:
-      requirements:
-        - {{key: kubernetes.io/arch, operator: In, values: [amd64]}}
-        - {{key: kubernetes.io/os, operator: In, values: [linux]}}
-        - {{key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}}
-      nodeClassRef: {{group: karpenter.kwok.sh, kind: KWOKNodeClass, name: default}}
-      expireAfter: Never
-  limits: {{cpu: "64"}}
-  disruption:
-    consolidationPolicy: WhenEmptyOrUnderutilized
-    consolidateAfter: 0s
-    budgets: [{{nodes: "100%"}}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {FENCE_APP}, namespace: default}}
-spec:
-  replicas: 2
-  selector: {{matchLabels: {{app: {FENCE_APP}}}}}
-  template:
-    metadata: {{labels: {{app: {FENCE_APP}}}}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      nodeSelector: {{karpenter.sh/nodepool: {FENCE_POOL}}}
-      affinity:
-        podAntiAffinity:
-          requiredDuringSchedulingIgnoredDuringExecution:
-            - {{labelSelector: {{matchLabels: {{app: {FENCE_APP}}}}}, topologyKey: kubernetes.io/hostname}}
-      containers:
-        - {{name: pause, image: "registry.k8s.io/pause:3.10", resources: {{requests: {{cpu: 1500m, memory: 512Mi}}}}}}
----
-# No eviction allowed: the repair's drain waits (and the fence stays) until the test deletes it.
+            r#"---
 apiVersion: policy/v1
 kind: PodDisruptionBudget
 metadata: {{name: {FENCE_APP}, namespace: default}}
@@ -625,49 +616,17 @@ spec:
   selector: {{matchLabels: {{app: {FENCE_APP}}}}}
 "#
         ),
-    );
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let nodes: Api<Node> = Api::all(admin.clone());
-    let hosts: Vec<String> = wait_for(
-        Duration::from_secs(180),
-        "both pods Running on two nodes of the NodePool",
-        || {
-            let pods = pods.clone();
-            async move {
-                let on: BTreeSet<String> = app_pods_of(&pods, FENCE_APP)
-                    .await
-                    .iter()
-                    .filter_map(running_on)
-                    .map(String::from)
-                    .collect();
-                (on.len() == 2).then(|| on.into_iter().collect())
-            }
-        },
     )
     .await;
     let (sick, other) = (hosts[0].clone(), hosts[1].clone());
 
     // A repair for a condition that leaves the node Ready (Karpenter's budgets cannot count it).
     let dir = tempfile::tempdir().unwrap();
-    let config = controller_toml(dir.path(), "karpenter-fence", |t| {
-        let r = t["repair"].as_table_mut().unwrap();
-        r.insert("max_unhealthy".into(), "50%".into());
-        r.insert(
-            "policy".into(),
-            toml::Value::Array(vec![toml::Value::Table(
-                toml::from_str(
-                    "condition_type = \"KernelDeadlock\"\ncondition_status = \"True\"\ntoleration = \"1s\"",
-                )
-                .unwrap(),
-            )]),
-        );
-        let mut provider = toml::Table::new();
-        provider.insert("kind".into(), "karpenter".into());
-        t["controller"]
-            .as_table_mut()
-            .unwrap()
-            .insert("provider".into(), provider.into());
-    });
+    let config = karpenter_controller_toml(
+        dir.path(),
+        "karpenter-fence",
+        "condition_type = \"KernelDeadlock\"\ncondition_status = \"True\"\ntoleration = \"1s\"",
+    );
     let ctl = ControllerProc::start(c, &config, "karpenter-fence").await;
     // KWOK keeps the node Ready (its Lease); the label stops it rewriting the conditions.
     let label =

@@ -540,27 +540,14 @@ impl Actor {
                     // Transient: asked again by the next reconcile.
                     lock(&self.asked).remove(&req.request_id);
                 }
-                self.metrics
-                    .action("request_replacement", ActionResult::Error);
-                self.notify(node, "replacement", "failed", source.to_string(), false);
                 let about = match cached.as_ref() {
                     Some(n) => Regarding::from(n),
                     None => Regarding::from(node),
                 };
-                self.recorder
-                    .node_with(
-                        about,
-                        "ReplacementFailed",
-                        EventType::Warning,
-                        "Replace",
-                        &source.to_string(),
-                    )
-                    .await;
-                Err(ActionError::Provider {
-                    node: node.to_string(),
-                    request_id: req.request_id,
-                    source: Box::new(source),
-                })
+                let call = ("request_replacement", "replacement", "Replace");
+                Err(self
+                    .provider_failed(node, about, call, req.request_id, source)
+                    .await)
             }
         }
     }
@@ -582,23 +569,41 @@ impl Actor {
             }
             Err(source) => {
                 lock(&self.retired).remove(&req.request_id);
-                self.metrics.action("retire_node", ActionResult::Error);
-                self.notify(node, "retire_node", "failed", source.to_string(), false);
-                self.recorder
-                    .node_with(
-                        Regarding::from(node),
-                        "ReplacementFailed",
-                        EventType::Warning,
-                        "Retire",
-                        &source.to_string(),
-                    )
-                    .await;
-                Err(ActionError::Provider {
-                    node: node.to_string(),
-                    request_id: req.request_id,
-                    source: Box::new(source),
-                })
+                let call = ("retire_node", "retire_node", "Retire");
+                let about = Regarding::from(node);
+                Err(self
+                    .provider_failed(node, about, call, req.request_id, source)
+                    .await)
             }
+        }
+    }
+
+    /// A failed provider call: counted (`call.0`, the metric's action kind), notified (`call.1`),
+    /// a `ReplacementFailed` Warning Event (action `call.2`) on the node; the error to return.
+    async fn provider_failed(
+        &self,
+        node: &str,
+        about: Regarding<'_>,
+        call: (&'static str, &'static str, &'static str),
+        request_id: String,
+        source: ProviderError,
+    ) -> ActionError {
+        let (metric, notice, action) = call;
+        self.metrics.action(metric, ActionResult::Error);
+        self.notify(node, notice, "failed", source.to_string(), false);
+        self.recorder
+            .node_with(
+                about,
+                "ReplacementFailed",
+                EventType::Warning,
+                action,
+                &source.to_string(),
+            )
+            .await;
+        ActionError::Provider {
+            node: node.to_string(),
+            request_id,
+            source: Box::new(source),
         }
     }
 

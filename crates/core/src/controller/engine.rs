@@ -488,8 +488,7 @@ impl Engine {
         self.metrics.set_held(held);
         let dry_run = self.policy.controller.dry_run;
         if !dry_run {
-            self.retry_replacements(&view);
-            self.retry_retires(&view);
+            self.retry_provider_calls(&view);
         }
         let count = decisions.len();
         let mut by_node: BTreeMap<String, Vec<Action>> = BTreeMap::new();
@@ -540,41 +539,20 @@ impl Engine {
         count
     }
 
-    /// Asks again for replacements recorded as requested but not accepted (a crash between the
-    /// annotation and the call, or a failed call), with the same idempotency key.
-    fn retry_replacements(&self, view: &ClusterView) {
+    /// Repeats the provider calls a restart or a failure may have lost, with the same idempotency
+    /// key: replacements recorded as requested but not accepted (a crash between the annotation
+    /// and the call, or a failed call), and nodes recorded as handed over that are not being
+    /// deleted yet (the providers' `retire` is idempotent; the actor asks once per process).
+    fn retry_provider_calls(&self, view: &ClusterView) {
         for n in &view.nodes {
             let Some(at) = n.annotation(keys::REPLACEMENT_REQUESTED) else {
                 continue;
             };
-            if n.annotations.contains_key(REPLACEMENT_ACCEPTED) {
-                continue;
-            }
-            let id = format!("{}/{}", n.name, at);
-            let reason = n
-                .annotation(keys::REASON)
-                .unwrap_or("replacement")
-                .to_string();
-            let (actor, node) = (self.actor.clone(), n.name.clone());
-            tokio::spawn(async move {
-                if let Err(e) = actor.replace(&node, &id, &reason).await {
-                    tracing::warn!(error = %e, "replacement request failed");
-                }
-            });
-        }
-    }
-
-    /// Hands again to the provider the nodes recorded as retired (a failed call, or a restart
-    /// in between; the providers' `retire` is idempotent) that are not being deleted yet.
-    fn retry_retires(&self, view: &ClusterView) {
-        for n in &view.nodes {
-            if n.deleting {
-                continue;
-            }
-            let (Some(_), Some(at)) = (
-                n.annotation(keys::RETIRE_REQUESTED),
-                n.annotation(keys::REPLACEMENT_REQUESTED),
-            ) else {
+            let retire = if !n.annotations.contains_key(REPLACEMENT_ACCEPTED) {
+                false
+            } else if n.annotations.contains_key(keys::RETIRE_REQUESTED) && !n.deleting {
+                true
+            } else {
                 continue;
             };
             let id = format!("{}/{}", n.name, at);
@@ -584,8 +562,13 @@ impl Engine {
                 .to_string();
             let (actor, node) = (self.actor.clone(), n.name.clone());
             tokio::spawn(async move {
-                if let Err(e) = actor.retire(&node, &id, &reason).await {
-                    tracing::warn!(error = %e, "retiring the node failed");
+                let done = if retire {
+                    actor.retire(&node, &id, &reason).await
+                } else {
+                    actor.replace(&node, &id, &reason).await
+                };
+                if let Err(e) = done {
+                    tracing::warn!(error = %e, retire, "provider call failed");
                 }
             });
         }
