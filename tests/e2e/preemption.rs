@@ -353,11 +353,21 @@ async fn oci_events_deliveries_taint_and_cordon_once_stored(c: &'static Cluster)
         let body = serde_json::to_vec(&delivery(node)).unwrap();
         let (https, url) = (&https, &url);
         async move {
+            // As OCI Notifications does: a 503 (the controller's node cache not synced yet) is
+            // delivered again.
             let headers = [("content-type", "application/json")];
-            crate::ctl::request(https, "POST", url, None, &headers, Some(body))
-                .await
-                .unwrap()
-                .0
+            for _ in 0..50 {
+                let code =
+                    crate::ctl::request(https, "POST", url, None, &headers, Some(body.clone()))
+                        .await
+                        .unwrap()
+                        .0;
+                if code != 503 {
+                    return code;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            503
         }
     };
     let mut sent = Vec::new();

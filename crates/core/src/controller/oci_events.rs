@@ -162,6 +162,17 @@ async fn process(
         Ok(p) => p,
         Err(why) => return (StatusCode::OK, Json(json!({"ignored": why}))).into_response(),
     };
+    if !app.ready.load(std::sync::atomic::Ordering::Relaxed) {
+        // The node cache is not filled yet (a controller just started): the event's Node may be
+        // missing from it only for now. 503 makes OCI Notifications deliver it again.
+        tracing::info!(instance = %parsed.instance, "OCI event before the node cache synced: retry later");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [("retry-after", "1")],
+            Json(json!({"error": "node cache not synced yet; retry"})),
+        )
+            .into_response();
+    }
     let Some(node) = oci.node_for(&parsed.instance) else {
         tracing::warn!(instance = %parsed.instance, "OCI event for an instance that is no Node");
         return (
