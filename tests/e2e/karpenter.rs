@@ -429,12 +429,14 @@ spec:
                 .find(|c| c.data["status"]["nodeName"].as_str() == Some(node.as_str()))
         }
     };
-    let victim_claim = claim_of(victim.clone())
-        .await
-        .expect("the node has a NodeClaim")
-        .metadata
-        .name
-        .unwrap();
+    // Karpenter writes status.nodeName at registration, which may lag the pods' start a little.
+    let victim_claim = wait_for(Duration::from_secs(30), "the node's NodeClaim", || {
+        claim_of(victim.clone())
+    })
+    .await
+    .metadata
+    .name
+    .unwrap();
 
     // nodekeeper's controller, the shipped policy (drain → replace, Ready=False) with provider karpenter.
     let dir = tempfile::tempdir().unwrap();
