@@ -117,6 +117,8 @@ async fn karpenter_provisions_a_kwok_node_for_pending_pods_and_consolidates_it_w
                 "metadata": { "labels": { "app": APP } },
                 "spec": {
                     "terminationGracePeriodSeconds": 0,
+                    // Only this NodePool's nodes: another test's pool may still be terminating.
+                    "nodeSelector": { "karpenter.sh/nodepool": POOL },
                     "containers": [{
                         "name": "pause",
                         "image": "registry.k8s.io/pause:3.10",
@@ -262,6 +264,36 @@ async fn karpenter_provisions_a_kwok_node_for_pending_pods_and_consolidates_it_w
     assert!(nodes.get_opt("karp-small").await.unwrap().is_some());
     let out = kubectl(c, &["delete", "deployment", APP, "--ignore-not-found"]);
     assert!(out.status.success());
+}
+
+/// A test's teardown: its app objects (`kinds` named `app`) and its NodePool, waiting until Karpenter has
+/// terminated the pool's nodes, so the next test on the shared cluster never finds them.
+async fn remove_pool(c: &'static Cluster, kinds: &str, app: &str, pool: &str) {
+    let out = kubectl(c, &["delete", kinds, app, "--ignore-not-found"]);
+    assert!(out.status.success(), "kubectl delete {kinds} {app}");
+    let out = kubectl(
+        c,
+        &[
+            "delete",
+            "nodepool",
+            pool,
+            "--ignore-not-found",
+            "--wait=false",
+        ],
+    );
+    assert!(out.status.success(), "kubectl delete nodepool {pool}");
+    let nodes: Api<Node> = Api::all(c.admin().await);
+    let selector = format!("karpenter.sh/nodepool={pool}");
+    wait_until(
+        Duration::from_secs(180),
+        &format!("the nodes of NodePool {pool} gone"),
+        || {
+            let nodes = nodes.clone();
+            let lp = ListParams::default().labels(&selector);
+            async move { nodes.list(&lp).await.unwrap().items.is_empty() }
+        },
+    )
+    .await;
 }
 
 /// The default KWOKNodeClass, a NodePool `pool` of its own (on-demand, `disruption` as given) and a
@@ -571,22 +603,7 @@ spec:
     );
     ctl.stop().await;
 
-    let out = kubectl(
-        c,
-        &["delete", "deployment,pdb", COOP_APP, "--ignore-not-found"],
-    );
-    assert!(out.status.success());
-    let out = kubectl(
-        c,
-        &[
-            "delete",
-            "nodepool",
-            COOP_POOL,
-            "--ignore-not-found",
-            "--wait=false",
-        ],
-    );
-    assert!(out.status.success());
+    remove_pool(c, "deployment,pdb", COOP_APP, COOP_POOL).await;
 }
 
 const FENCE_POOL: &str = "nk-fence";
@@ -728,20 +745,5 @@ spec:
         "the controller hit a 403"
     );
     ctl.stop().await;
-    let out = kubectl(
-        c,
-        &["delete", "deployment", FENCE_APP, "--ignore-not-found"],
-    );
-    assert!(out.status.success());
-    let out = kubectl(
-        c,
-        &[
-            "delete",
-            "nodepool",
-            FENCE_POOL,
-            "--ignore-not-found",
-            "--wait=false",
-        ],
-    );
-    assert!(out.status.success());
+    remove_pool(c, "deployment", FENCE_APP, FENCE_POOL).await;
 }
