@@ -231,11 +231,14 @@ async fn the_standby_resumes_a_drain_whose_leader_was_killed_and_replaces_once(
         },
     )
     .await;
-    assert_eq!(
-        workload_pods(&admin, SPARE).await.0,
-        6,
-        "the workload moved to the spare"
-    );
+    // The last evicted pod's replacement is created and scheduled by the ReplicaSet controller and the
+    // scheduler after the drain ended (a loaded CI machine showed 5 of 6 at that instant).
+    wait_until(
+        Duration::from_secs(60),
+        "the workload moved to the spare (6 pods)",
+        || async { workload_pods(&admin, SPARE).await.0 == 6 },
+    )
+    .await;
     let n = nodes.get(NODE).await.unwrap();
     assert!(unschedulable(&n));
     assert!(

@@ -56,10 +56,12 @@ pub fn fence(nodes: &[NodeView], round: &BTreeMap<String, Vec<Action>>) -> Vec<(
             None => Cow::Borrowed(n),
         })
         .collect();
+    // The pool label first: nodes outside Karpenter NodePools never have their record parsed.
     let fenced_pools: BTreeSet<&str> = after
         .iter()
-        .filter(|n| invisible_to_karpenter(n))
-        .filter_map(|n| n.labels.get(POOL_LABEL).map(String::as_str))
+        .filter_map(|n| Some((n.labels.get(POOL_LABEL)?.as_str(), n)))
+        .filter(|(_, n)| invisible_to_karpenter(n))
+        .map(|(pool, _)| pool)
         .collect();
     let mut out = Vec::new();
     for n in &after {
