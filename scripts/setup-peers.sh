@@ -25,9 +25,9 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 ROOT="${NODEKEEPER_K8S_CACHE:-$HOME/.cache/nodekeeper/k8s}"
 
-# peer NAME: sets BIN_NAME PKG VERSION_VAR TAGS CGO NOSUMDB for NAME.
+# peer NAME: sets BIN_NAME PKG VERSION_VAR TAGS CGO LDF NOSUMDB for NAME.
 peer() {
-  NOSUMDB="" TAGS="" CGO=0
+  NOSUMDB="" TAGS="" CGO=0 LDF="-s -w"
   case $1 in
     aemm) BIN_NAME=ec2-metadata-mock PKG=github.com/aws/amazon-ec2-metadata-mock/cmd/ec2-metadata-mock
           VERSION_VAR=AEMM_VERSION ;;
@@ -36,8 +36,11 @@ peer() {
     # proxy served it on the day it was added (docs/testing.md, "Peers").
     nth)  BIN_NAME=node-termination-handler PKG=github.com/aws/aws-node-termination-handler/cmd
           VERSION_VAR=NTH_VERSION NOSUMDB=github.com/aws/aws-node-termination-handler ;;
+    # As upstream's Makefile builds it for Linux (ENABLE_JOURNALD=1): the journald log watcher (build tag
+    # journald) needs cgo and libsystemd's headers; its version comes from ldflags.
     npd)  BIN_NAME=node-problem-detector PKG=k8s.io/node-problem-detector/cmd/nodeproblemdetector
-          VERSION_VAR=NPD_VERSION ;;
+          VERSION_VAR=NPD_VERSION TAGS=journald CGO=1
+          LDF="-s -w -X k8s.io/node-problem-detector/pkg/version.version=v$NPD_VERSION" ;;
     *) echo "setup-peers: unknown peer '$1' (aemm, nth, npd)" >&2; exit 2 ;;
   esac
 }
@@ -47,7 +50,7 @@ bindir() {
   peer "$1"
   local k
   k=$( { go env GOVERSION; grep "^$VERSION_VAR=" "$TOOLS/versions.env"; cat "$TOOLS/$1/go.mod" "$TOOLS/$1/go.sum"
-         echo "$PKG tags=$TAGS cgo=$CGO"; } | sha256sum | cut -c1-16)
+         echo "$PKG tags=$TAGS cgo=$CGO"; [ "$LDF" = "-s -w" ] || echo "ldflags=$LDF"; } | sha256sum | cut -c1-16)
   BIN="$ROOT/peer-$1-$k/bin"
 }
 
@@ -65,10 +68,11 @@ build_peer() {
       tail -20 "$BIN/../download.log" >&2
       exit 1
     fi
+    if [ "$CGO" = 1 ]; then apt_install gcc libc6-dev libsystemd-dev pkg-config; fi
     log "building $name ($PKG) …"
     t0=$(date +%s)
     if ! (cd "$TOOLS/$name" && GONOSUMDB="$NOSUMDB" CGO_ENABLED=$CGO go build -trimpath ${TAGS:+-tags "$TAGS"} \
-          -ldflags "-s -w" -o "$BIN/.$BIN_NAME.tmp" "$PKG") >"$log_file" 2>&1; then
+          -ldflags "$LDF" -o "$BIN/.$BIN_NAME.tmp" "$PKG") >"$log_file" 2>&1; then
       echo "setup-peers: building $name failed ($PKG in tools/k8s/$name); log: $log_file" >&2
       tail -20 "$log_file" >&2
       rm -f "$BIN/.$BIN_NAME.tmp"
