@@ -3,7 +3,8 @@
 //! network namespace (the harness of `imds_netns`, `tests/support/netns.rs`). AEMM runs with
 //! `--imdsv2` (a GET without a token is refused), and each scenario reads what AEMM serves over
 //! plain HTTP in the namespace, then asserts that what the source yields — kind, times, ids,
-//! action — is exactly that: the spot interruption notice, the rebalance recommendation,
+//! action — is exactly that: the spot interruption notice (also after AEMM's delay, 404 until
+//! then), the rebalance recommendation,
 //! scheduled events (maintenance, stop, a canceled one), the identity document, the IMDSv2 token
 //! (its TTL header, renewal before expiry, renewal on 401 after AEMM restarts), and auto-detection.
 //! A missing AEMM binary or Go fails the test; nothing is sent to 169.254.169.254 from the host
@@ -229,6 +230,8 @@ async fn inner_aws_source_against_aemm() {
     println!("aemm: spot (fixed times), identity, IMDSv2 tokens ok");
     spot_with_moving_times(dir.path(), &reader).await;
     println!("aemm: spot (AEMM's moving times) ok");
+    spot_after_a_delay(dir.path(), &reader).await;
+    println!("aemm: spot (AEMM's delay: 404, then the notice) ok");
     scheduled_events(dir.path(), &reader).await;
     println!("aemm: scheduled events ok");
     detection(dir.path()).await;
@@ -369,6 +372,38 @@ async fn spot_with_moving_times(dir: &Path, reader: &Reader) {
     // … then the same notices: nothing new, no cancellation.
     let again = poll(&mut src).await;
     assert!(again.events.is_empty(), "{:#?}", again.events);
+}
+
+/// `spot -d 3`: AEMM answers 404 for the notice until 3 s after its start (the rebalance
+/// recommendation, with no delay of its own, at once). The source yields nothing for the 404, no
+/// error, then the notice once AEMM serves it, once.
+async fn spot_after_a_delay(dir: &Path, reader: &Reader) {
+    let _aemm = Aemm::start(dir, "spot-delay", &["spot", "-d", "3"]).await;
+    let mut src = build(Cloud::Aws, &config(dir)).unwrap();
+    let first = poll(&mut src).await;
+    assert_eq!(
+        reader.get(SPOT, false).await.0,
+        404,
+        "AEMM still delays the notice after the first poll (3 s after its start)"
+    );
+    let kinds: Vec<_> = first.events.iter().map(|e| e.kind.clone()).collect();
+    assert_eq!(kinds, [EventKind::Rebalance], "{:#?}", first.events);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut later = Vec::new();
+    while !later
+        .iter()
+        .any(|e: &NodeEvent| e.kind == EventKind::Preemption)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no notice 10 s after AEMM's 3 s delay"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        later.extend(poll(&mut src).await.events);
+    }
+    let kinds: Vec<_> = later.iter().map(|e| e.kind.clone()).collect();
+    assert_eq!(kinds, [EventKind::Preemption], "{later:#?}");
+    assert_eq!(reader.get(SPOT, false).await.0, 200);
 }
 
 /// `events -o CODE -t STATE -b B -a A -l L`: one scheduled event. An active one yields its kind,
