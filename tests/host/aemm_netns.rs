@@ -3,10 +3,11 @@
 //! network namespace (the harness of `imds_netns`, `tests/support/netns.rs`). AEMM runs with
 //! `--imdsv2` (a GET without a token is refused), and each scenario reads what AEMM serves over
 //! plain HTTP in the namespace, then asserts that what the source yields — kind, times, ids,
-//! action — is exactly that: the spot interruption notice (also after AEMM's delay, 404 until
-//! then), the rebalance recommendation,
-//! scheduled events (maintenance, stop, a canceled one), the identity document, the IMDSv2 token
-//! (its TTL header, renewal before expiry, renewal on 401 after AEMM restarts), and auto-detection.
+//! action — is exactly that: the spot interruption notice (at a fixed time, at AEMM's moving
+//! default, and after AEMM's delay, 404 until then), the rebalance recommendation, scheduled
+//! events (maintenance, stop, reboot; canceled and completed ones), the identity document, the
+//! IMDSv2 token (its TTL header, renewal before expiry, renewal on 401 after AEMM restarts), and
+//! auto-detection.
 //! A missing AEMM binary or Go fails the test; nothing is sent to 169.254.169.254 from the host
 //! namespace.
 #![allow(clippy::unwrap_used)]
