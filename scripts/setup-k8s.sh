@@ -2,8 +2,8 @@
 # Builds the real Kubernetes control plane the tests run (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kwok, and Karpenter's KWOK provider as karpenter-kwok) from Go modules, once, into a cache keyed by the versions pinned in tools/k8s/:
 #   ${NODEKEEPER_K8S_CACHE:-$HOME/.cache/nodekeeper/k8s}/<key>/bin
-# The key hashes each tools/k8s/*/go.mod + go.sum and the Go version, so a warm machine rebuilds nothing and a
-# version bump builds into a new directory. Prints the bin directory on stdout (the last line), how long each
+# The key hashes the control plane's tools/k8s/*/go.mod + go.sum (not the peers': scripts/setup-peers.sh) and
+# the Go version, so a warm machine rebuilds nothing and a version bump builds into a new directory. Prints the bin directory on stdout (the last line), how long each
 # build took on stderr. Idempotent; safe to run from several shells at once (a lock serialises them).
 #
 #   scripts/setup-k8s.sh            build what is missing, print the bin dir
@@ -20,7 +20,13 @@ if ! command -v go >/dev/null 2>&1; then
   export PATH="/usr/local/go/bin:$PATH"
 fi
 
-key=$( { go env GOVERSION; cat "$TOOLS/versions.env" "$TOOLS"/*/go.mod "$TOOLS"/*/go.sum; } | sha256sum | cut -c1-16)
+# The control plane's modules. Peers (tools/k8s/aemm, nth, npd: scripts/setup-peers.sh) have keys of their own,
+# so adding or bumping one rebuilds no kube-apiserver: the key hashes only these modules and the part of
+# versions.env above its peers' section, byte for byte what it hashed before the peers came.
+CP_MODULES=(etcd karpenter kubernetes kwok)
+key=$( { go env GOVERSION; sed '/^# --- peers/,$d' "$TOOLS/versions.env"
+         for d in "${CP_MODULES[@]}"; do cat "$TOOLS/$d/go.mod"; done
+         for d in "${CP_MODULES[@]}"; do cat "$TOOLS/$d/go.sum"; done; } | sha256sum | cut -c1-16)
 ROOT="${NODEKEEPER_K8S_CACHE:-$HOME/.cache/nodekeeper/k8s}"
 BIN="$ROOT/$key/bin"
 ALL=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok karpenter-kwok)
@@ -108,7 +114,7 @@ build() {
 }
 
 # Module downloads first, so "not served" is told apart from a compile error.
-for d in kubernetes etcd kwok karpenter; do
+for d in "${CP_MODULES[@]}"; do
   if ! (cd "$TOOLS/$d" && go mod download) >"$ROOT/$key/download-$d.log" 2>&1; then
     echo "setup-k8s: downloading the Go modules of tools/k8s/$d failed; log: $ROOT/$key/download-$d.log" >&2
     tail -20 "$ROOT/$key/download-$d.log" >&2

@@ -2,7 +2,8 @@
 # Installs everything nodekeeper's demo and tests need on a fresh Debian machine (idempotent):
 # Debian packages (openssl: tests/sim/provider_oci.rs makes its RSA keys with it; rpm and cpio for the .rpm
 # test), cargo-generate-rpm, real kubectl in a venv, the cached nspawn rootfs, and the real Kubernetes
-# control plane built from Go modules (scripts/setup-k8s.sh; needs Go and the Go module proxy).
+# control plane built from Go modules (scripts/setup-k8s.sh; needs Go and the Go module proxy), and Amazon's EC2
+# metadata mock (scripts/setup-peers.sh aemm).
 . "$(dirname "$0")/lib.sh"
 
 apt_install ca-certificates systemd systemd-container debootstrap dbus iproute2 util-linux hyperfine python3-venv \
@@ -15,4 +16,6 @@ ensure_generate_rpm
 [ -x "$REPO/scripts/nspawn-rootfs.sh" ] && "$REPO/scripts/nspawn-rootfs.sh"
 # The real control plane (etcd, kube-apiserver, kcm, scheduler, KWOK) from Go modules, cached by version.
 "$REPO/scripts/setup-k8s.sh" >/dev/null
+# Amazon's EC2 metadata mock, the AWS source's real peer (tests/host/aemm_netns.rs), keyed by its own version.
+"$REPO/scripts/setup-peers.sh" aemm >/dev/null
 log "setup done"

@@ -506,15 +506,21 @@ async fn emulators_enforce_access_rules() {
             .header("X-aws-ec2-metadata-token-ttl-seconds", bad);
         assert_eq!(status(r).await, 400, "ttl {bad}");
     }
-    let tok = http
+    let granted = http
         .put(format!("{u}/latest/api/token"))
         .header("X-aws-ec2-metadata-token-ttl-seconds", "1")
         .send()
         .await
-        .unwrap()
-        .text()
-        .await
         .unwrap();
+    // The granted TTL comes back in the same header, as IMDS and AEMM answer (NTH needs it).
+    assert_eq!(
+        granted
+            .headers()
+            .get("X-aws-ec2-metadata-token-ttl-seconds")
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    let tok = granted.text().await.unwrap();
     let get = |p: &str| {
         http.get(format!("{u}{p}"))
             .header("X-aws-ec2-metadata-token", tok.clone())

@@ -9,6 +9,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod aemm_netns;
 mod agent_cli;
 mod agent_reboot_nspawn;
 mod agent_shutdown_nspawn;

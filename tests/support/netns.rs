@@ -21,6 +21,12 @@ pub fn is_root() -> bool {
 /// Re-runs this test binary's ignored test `inner` inside a new network namespace and returns
 /// its stdout; panics with the full output unless exactly that one test ran and passed.
 pub fn run_inner(inner: &str) -> String {
+    run_inner_with(inner, &[])
+}
+
+/// [`run_inner`] with extra environment variables for the inner test (e.g. the path of a peer
+/// binary the outer test built).
+pub fn run_inner_with(inner: &str, envs: &[(&str, &std::ffi::OsStr)]) -> String {
     let exe = std::env::current_exe().unwrap();
     let script = "ip link set lo up && ip addr add 169.254.169.254/32 dev lo && exec \"$0\" \"$@\"";
     let out = Command::new("unshare")
@@ -34,6 +40,7 @@ pub fn run_inner(inner: &str) -> String {
             "--test-threads=1",
         ])
         .env(MARKER_ENV, "1")
+        .envs(envs.iter().copied())
         .output()
         .expect("run unshare (util-linux) and ip (iproute2)");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -1,7 +1,11 @@
 //! AWS EC2 IMDS in IMDSv2-required mode: `PUT /latest/api/token` with
-//! `X-aws-ec2-metadata-token-ttl-seconds` (1..=21600, else 400) returns a token; every GET needs
-//! a valid, unexpired `X-aws-ec2-metadata-token` (else 401); requests with `X-Forwarded-For` are
-//! refused (403).
+//! `X-aws-ec2-metadata-token-ttl-seconds` (1..=21600, else 400) returns a token, and the granted
+//! TTL in the same header (NTH refuses a token answer without it); every GET needs a valid,
+//! unexpired `X-aws-ec2-metadata-token` (else 401); requests with `X-Forwarded-For` are refused
+//! (403). Notices are shaped as Amazon's EC2 metadata mock (AEMM) v1.13.0 serves them, the real
+//! peer of the agent's AWS source (`tests/host/aemm_netns.rs`): scheduled events' times in the Go
+//! layout `2 Jan 2006 15:04:05 GMT` (day not padded) with `NotBeforeDeadline`, IMDS's XHTML 404
+//! page, and the legacy `spot/termination-time`. Where they differ is in `docs/sources.md`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +26,7 @@ const TOKEN_PATH: &str = "/latest/api/token";
 const TTL_HEADER: &str = "X-aws-ec2-metadata-token-ttl-seconds";
 const TOKEN_HEADER: &str = "X-aws-ec2-metadata-token";
 const SPOT_PATH: &str = "/latest/meta-data/spot/instance-action";
+const TERMINATION_TIME_PATH: &str = "/latest/meta-data/spot/termination-time";
 const REBALANCE_PATH: &str = "/latest/meta-data/events/recommendations/rebalance";
 const SCHEDULED_PATH: &str = "/latest/meta-data/events/maintenance/scheduled";
 const LIFECYCLE_PATH: &str = "/latest/meta-data/instance-life-cycle";
@@ -69,7 +74,10 @@ fn token(s: &Shared, headers: &HeaderMap) -> Response {
         i.tokens.retain(|_, exp| *exp > now);
         i.tokens.insert(tok.clone(), now + Duration::from_secs(ttl));
     });
-    text(StatusCode::OK, tok)
+    let mut resp = text(StatusCode::OK, tok);
+    resp.headers_mut()
+        .insert(TTL_HEADER, axum::http::HeaderValue::from(ttl));
+    resp
 }
 
 fn authorized(s: &Shared, headers: &HeaderMap) -> bool {
@@ -86,12 +94,34 @@ fn iso(t: chrono::DateTime<chrono::Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
+/// IMDS's 404 page (as AEMM serves it).
+const NOT_FOUND_PAGE: &str = r#"<?xml version="1.0" encoding="iso-8859-1"?>
+<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 Transitional//EN"
+	"http://www.w3.org/TR/xhtml1/DTD/xhtml1-transitional.dtd">
+<html xmlns="http://www.w3.org/1999/xhtml" xml:lang="en" lang="en">
+ <head>
+  <title>404 - Not Found</title>
+ </head>
+ <body>
+  <h1>404 - Not Found</h1>
+ </body>
+</html>
+"#;
+
+/// Scheduled events' time layout: Go's `2 Jan 2006 15:04:05 GMT`, the day of the month not
+/// padded (AEMM; NTH parses with the same layout).
+const EVENT_TIME: &str = "%-d %b %Y %H:%M:%S GMT";
+
 fn get(s: &Shared, path: &str) -> Response {
     let g = s.lock();
-    let not_found = || text(StatusCode::NOT_FOUND, "Not Found\n");
+    let not_found = || text(StatusCode::NOT_FOUND, NOT_FOUND_PAGE);
     match path {
         SPOT_PATH => match &g.preempt {
             Some(p) => json(&serde_json::json!({ "action": p.code, "time": iso(p.at) })),
+            None => not_found(),
+        },
+        TERMINATION_TIME_PATH => match &g.preempt {
+            Some(p) => text(StatusCode::OK, iso(p.at)),
             None => not_found(),
         },
         REBALANCE_PATH => match &g.rebalance {
@@ -103,13 +133,19 @@ fn get(s: &Shared, path: &str) -> Response {
                 .maintenance
                 .iter()
                 .map(|m| {
-                    let fmt = "%d %b %Y %H:%M:%S GMT";
+                    let after = |h: i64| {
+                        m.at.checked_add_signed(chrono::Duration::hours(h))
+                            .unwrap_or(m.at)
+                            .format(EVENT_TIME)
+                            .to_string()
+                    };
                     serde_json::json!({
-                        "NotBefore": m.at.format(fmt).to_string(),
+                        "NotBefore": m.at.format(EVENT_TIME).to_string(),
                         "Code": m.code,
                         "Description": "scheduled maintenance (emulated)",
                         "EventId": format!("instance-event-{}", m.id),
-                        "NotAfter": m.at.checked_add_signed(chrono::Duration::hours(2)).unwrap_or(m.at).format(fmt).to_string(),
+                        "NotAfter": after(2),
+                        "NotBeforeDeadline": after(1),
                         "State": if m.canceled { "canceled" } else { "active" },
                     })
                 })

@@ -45,8 +45,11 @@ pub fn parse_spot_action(body: &[u8]) -> Result<Vec<Notice>, ParseError> {
         return Err(ParseError::value(WHAT, &a.action));
     }
     let at = parse_time(WHAT, &a.time)?;
-    let mut n = Notice::new(format!("{}@{}", a.action, a.time), EventKind::Preemption)
-        .with("action", &a.action);
+    // Keyed by the action alone: an instance gets one interruption notice, and its `time` is not
+    // part of its identity. Amazon's EC2 metadata mock (AEMM) serves `time` as the request's time
+    // plus 2 minutes unless told a fixed one, so a key with the time looked like a new notice (and
+    // the withdrawal of the previous one) at every poll.
+    let mut n = Notice::new(a.action.clone(), EventKind::Preemption).with("action", &a.action);
     n.deadline = Some(at);
     n.not_before = Some(at);
     Ok(vec![n])
@@ -63,11 +66,11 @@ pub fn parse_rebalance(body: &[u8]) -> Result<Vec<Notice>, ParseError> {
     const WHAT: &str = "aws rebalance recommendation";
     let r: Rebalance = parse_json(WHAT, body)?;
     let at = parse_time(WHAT, &r.notice_time)?;
-    Ok(vec![Notice::new(
-        r.notice_time.clone(),
-        EventKind::Rebalance,
-    )
-    .with("notice_time", at.to_rfc3339())])
+    // One recommendation per instance: keyed by nothing that changes (AEMM serves `noticeTime` as
+    // the request's time unless told a fixed one; see `parse_spot_action`).
+    Ok(vec![
+        Notice::new("rebalance", EventKind::Rebalance).with("notice_time", at.to_rfc3339())
+    ])
 }
 
 #[derive(Deserialize)]
@@ -301,6 +304,41 @@ mod tests {
             n[0].not_before.unwrap().to_rfc3339(),
             "2019-01-21T09:00:43+00:00"
         );
+    }
+
+    /// What AEMM v1.13.0 serves: `json.MarshalIndent` with tabs, the day of the month not padded
+    /// (Go layout `2 Jan 2006 15:04:05 GMT`), and `NotBeforeDeadline`, which AWS's API also has.
+    #[test]
+    fn scheduled_as_aemm_serves_it() {
+        let body = b"[\n\t{\n\t\t\"Code\": \"system-maintenance\",\n\t\t\"Description\": \"The instance is scheduled for system-maintenance\",\n\t\t\"State\": \"active\",\n\t\t\"EventId\": \"instance-event-1234567890abcdef0\",\n\t\t\"NotBefore\": \"5 Mar 2027 06:07:08 GMT\",\n\t\t\"NotAfter\": \"12 Mar 2027 06:07:08 GMT\",\n\t\t\"NotBeforeDeadline\": \"14 Mar 2027 06:07:08 GMT\"\n\t}\n]";
+        let n = parse_scheduled(body).unwrap();
+        assert_eq!(n.len(), 1);
+        assert_eq!(n[0].kind, EventKind::Maintenance);
+        assert_eq!(n[0].key, "instance-event-1234567890abcdef0");
+        assert_eq!(
+            n[0].not_before.unwrap().to_rfc3339(),
+            "2027-03-05T06:07:08+00:00"
+        );
+        assert_eq!(
+            n[0].deadline.unwrap().to_rfc3339(),
+            "2027-03-12T06:07:08+00:00"
+        );
+    }
+
+    #[test]
+    fn a_spot_notice_whose_time_moves_is_the_same_notice() {
+        let a =
+            parse_spot_action(br#"{"action":"terminate","time":"2027-03-05T06:07:08Z"}"#).unwrap();
+        let b =
+            parse_spot_action(br#"{"action":"terminate","time":"2027-03-05T06:07:09Z"}"#).unwrap();
+        assert_eq!(a[0].key, b[0].key);
+        assert_ne!(a[0].deadline, b[0].deadline);
+        let stop =
+            parse_spot_action(br#"{"action":"stop","time":"2027-03-05T06:07:08Z"}"#).unwrap();
+        assert_ne!(a[0].key, stop[0].key);
+        let r1 = parse_rebalance(br#"{"noticeTime":"2027-03-05T06:07:08Z"}"#).unwrap();
+        let r2 = parse_rebalance(br#"{"noticeTime":"2027-03-05T06:07:09Z"}"#).unwrap();
+        assert_eq!(r1[0].key, r2[0].key);
     }
 
     #[test]
