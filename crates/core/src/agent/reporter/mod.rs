@@ -7,7 +7,7 @@
 //! let (report_tx, report_rx) = tokio::sync::watch::channel(initial_report);    // latest full state
 //! let (event_tx, event_rx) = tokio::sync::mpsc::channel(256);                    // NodeEvents as they appear
 //! let (cmd_tx, cmd_rx) = tokio::sync::mpsc::channel(16);                        // commands to execute
-//! tokio::spawn(reporter.run(report_rx, event_rx, cmd_tx, shutdown_rx));
+//! tokio::spawn(reporter.run(report_rx, event_rx, cmd_tx, shutdown.child_token())); // a CancellationToken
 //! ```
 //! - `report_tx.send(..)` whenever conditions, CRI-O state, label-removal requests or command
 //!   results change; the reporter fills in `agent_instance`, `sequence` and `events` itself.
@@ -218,7 +218,7 @@ impl Reporter {
         mut rx: watch::Receiver<NodeReport>,
         mut events: mpsc::Receiver<NodeEvent>,
         commands_tx: mpsc::Sender<AgentCommand>,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: tokio_util::sync::CancellationToken,
     ) {
         let mut next = Instant::now();
         let mut last_send: Option<Instant> = None;
@@ -229,7 +229,7 @@ impl Reporter {
                 last.map_or(Instant::now(), |l| (l + MIN_INTERVAL).max(Instant::now()))
             };
             tokio::select! {
-                r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { break },
+                _ = shutdown.cancelled() => break,
                 r = rx.changed(), if rx_open => match r {
                     Ok(()) => {
                         // Mark the value seen (else `changed()` fires again at once); sends read the latest.
