@@ -31,8 +31,14 @@ pub enum AuthError {
     #[error("forbidden: {0}")]
     Forbidden(String),
     /// The API server could not be asked (503; the agent retries).
-    #[error("cannot review token: {0}")]
-    Upstream(String),
+    #[error("cannot review token: {call}: {source}")]
+    Upstream {
+        /// The call that failed (`TokenReview`, `get pod NS/NAME`).
+        call: String,
+        /// The API server's or the connection's error.
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// An authenticated agent.
@@ -176,7 +182,10 @@ impl Authenticator {
         let out = api
             .create(&PostParams::default(), &tr)
             .await
-            .map_err(|e| AuthError::Upstream(format!("TokenReview: {e}")))?;
+            .map_err(|source| AuthError::Upstream {
+                call: "TokenReview".into(),
+                source,
+            })?;
         let st = out.status.unwrap_or_default();
         if st.authenticated != Some(true) {
             return Err(AuthError::Unauthenticated(
@@ -228,7 +237,10 @@ impl Authenticator {
         let p = api
             .get_opt(pod)
             .await
-            .map_err(|e| AuthError::Upstream(format!("get pod {ns}/{pod}: {e}")))?
+            .map_err(|source| AuthError::Upstream {
+                call: format!("get pod {ns}/{pod}"),
+                source,
+            })?
             .ok_or_else(|| {
                 AuthError::Forbidden(format!("pod {ns}/{pod} of the token does not exist"))
             })?;
