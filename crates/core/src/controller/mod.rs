@@ -400,9 +400,12 @@ pub async fn run(
     // Drains handle 429 themselves (a PDB refusal must be seen, not retried for minutes).
     opts.drain_client = Some(drain::client(kcfg).map_err(ControllerError::Client)?);
     let mut running = start_under(&shutdown, client, &cfg, Some(opts)).await?;
+    // The tasks run on children of `shutdown`: once it is cancelled they end, and that is a
+    // stop, not a death (hence `biased`, and the check after a task's end).
     let died = tokio::select! {
+        biased;
         _ = shutdown.cancelled() => None,
-        died = running.failed() => Some(died),
+        died = running.failed() => Some(died).filter(|_| !shutdown.is_cancelled()),
     };
     match died {
         None => {
