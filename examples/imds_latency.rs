@@ -15,7 +15,7 @@ use nodekeeper_core::agent::sources::config::{NoticeKind, OciPollPath};
 use nodekeeper_core::agent::sources::driver::{run, SourceMessage};
 use nodekeeper_core::agent::sources::{build, Cloud, EventKind, SourcesConfig};
 use nodekeeper_sim::imds::{oci as emu_oci, CancelWhat, ImdsEmulator};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 fn config(url: &str) -> SourcesConfig {
     let mut cfg = SourcesConfig {
@@ -80,8 +80,8 @@ async fn through_driver(
     let emu = ImdsEmulator::start(cloud, "127.0.0.1:0".parse()?).await?;
     let src = build(cloud, &config(&emu.url()))?;
     let (tx, mut rx) = mpsc::channel(16);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let task = tokio::spawn(run(src, interval, Duration::from_secs(5), tx, stop_rx));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(run(src, interval, Duration::from_secs(5), tx, stop.clone()));
     tokio::time::sleep(Duration::from_millis(300)).await; // first answers are in, long polls waiting
     let mut samples = Vec::with_capacity(n);
     for i in 0..n {
@@ -94,7 +94,7 @@ async fn through_driver(
         emu.cancel(CancelWhat::All);
         wait_for(&mut rx, |k| matches!(k, EventKind::Cancelled { .. })).await?;
     }
-    stop_tx.send(true)?;
+    stop.cancel();
     task.await?;
     Ok(samples)
 }

@@ -104,8 +104,7 @@ async fn run(args: DrainArgs) -> u8 {
     opts.dry_run = args.dry_run;
     opts.concurrency = usize::from(args.concurrency);
     opts.wait_volume_detach = !args.skip_volume_wait;
-    let cancel = CancellationToken::new();
-    watch_signals(cancel.clone());
+    let cancel = shutdown_token();
     let output = args.output;
     let result = drain(client, &opts, cancel, |p| print_progress(output, p)).await;
     match result {
@@ -145,19 +144,15 @@ fn failure(output: Output, e: &DrainError) -> u8 {
     }
 }
 
-fn watch_signals(cancel: CancellationToken) {
+/// The process's one shutdown token (cancelled by SIGTERM/SIGINT: the drain stops and reports
+/// `interrupted`); a token nothing cancels when the handlers cannot be installed.
+fn shutdown_token() -> CancellationToken {
     match nodekeeper_core::shutdown::install() {
-        Ok(mut s) => {
-            tokio::spawn(async move {
-                while !*s.shutdown.borrow() {
-                    if s.shutdown.changed().await.is_err() {
-                        return;
-                    }
-                }
-                cancel.cancel();
-            });
+        Ok(s) => s.shutdown,
+        Err(e) => {
+            eprintln!("warning: cannot install signal handlers: {e}");
+            CancellationToken::new()
         }
-        Err(e) => eprintln!("warning: cannot install signal handlers: {e}"),
     }
 }
 

@@ -32,11 +32,22 @@ pub fn main(cmd: SimCmd) -> u8 {
     super::block_on(async move {
         nodekeeper_core::telemetry::init(nodekeeper_core::config::LogFormat::Text, "info");
         match cmd {
-            SimCmd::Apiserver(c) => nodekeeper_sim::apiserver::run_apiserver(c.into()).await,
+            // The servers run until the one shutdown token (SIGTERM/SIGINT) is cancelled; the
+            // one-shot commands keep the default signal handling.
+            SimCmd::Apiserver(c) => {
+                let shutdown = nodekeeper_core::shutdown::install()?.shutdown;
+                nodekeeper_sim::apiserver::run_apiserver(c.into(), shutdown).await
+            }
             SimCmd::Token(c) => nodekeeper_sim::apiserver::run_token(c.into()).await,
-            SimCmd::Imds(c) => nodekeeper_sim::imds::run(c.into()).await,
+            SimCmd::Imds(c) => {
+                let shutdown = nodekeeper_core::shutdown::install()?.shutdown;
+                nodekeeper_sim::imds::run(c.into(), shutdown).await
+            }
             SimCmd::OciEvent(c) => nodekeeper_sim::oci_events::run(c.into()).await,
-            SimCmd::OciCompute(c) => nodekeeper_sim::oci_compute::run(c.into()).await,
+            SimCmd::OciCompute(c) => {
+                let shutdown = nodekeeper_core::shutdown::install()?.shutdown;
+                nodekeeper_sim::oci_compute::run(c.into(), shutdown).await
+            }
         }
     })
 }

@@ -25,7 +25,7 @@ use crate::support::ctl;
 use std::path::Path;
 use std::time::Duration;
 
-use agent_proc::{free_port, report_toml, Agent};
+use agent_proc::{report_toml, Agent};
 use common::nspawn::NspawnNode;
 use ctl::*;
 use nodekeeper_core::agent::host::systemd::Systemd;
@@ -102,10 +102,10 @@ async fn reboot_command_runs_once_through_systemd_and_the_new_boot_is_reported()
         env.token(NODE, "nodekeeper").await,
     )
     .unwrap();
-    let port = free_port();
     let mut cfg = env.config();
-    cfg.listen = format!("127.0.0.1:{port}");
+    cfg.listen = "127.0.0.1:0".into();
     let ctl = env.controller(&cfg, true).await;
+    let port = ctl.addr.port();
     let work = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(work.path().join("root/etc/crio/crio.conf.d")).unwrap();
 

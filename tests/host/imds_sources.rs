@@ -422,13 +422,13 @@ async fn driver_forwards_events_and_stops() {
     let emu = emulator(Cloud::Aws).await;
     let src = nodekeeper_core::agent::sources::build(Cloud::Aws, &config(&emu.url())).unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::channel(8);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(run(
         src,
         Duration::from_millis(50),
         Duration::from_secs(1),
         tx,
-        stop_rx,
+        stop.clone(),
     ));
     emu.preempt(Duration::from_secs(120));
     let msg = tokio::time::timeout(Duration::from_secs(2), rx.recv())
@@ -448,7 +448,7 @@ async fn driver_forwards_events_and_stops() {
         matches!(msg, SourceMessage::Error { source: "aws", .. }),
         "{msg:?}"
     );
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     tokio::time::timeout(Duration::from_secs(2), task)
         .await
         .unwrap()

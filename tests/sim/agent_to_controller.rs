@@ -15,7 +15,7 @@ use crate::support::wait;
 use std::path::Path;
 use std::time::Duration;
 
-use agent_proc::{free_port, report_toml, Agent, NO_BUS};
+use agent_proc::{report_toml, Agent, NO_BUS};
 use ctl::*;
 
 /// An agent config reporting to `port`: only the disk check, on `disk` with a free-space
@@ -77,9 +77,9 @@ async fn agent_binary_reports_conditions_over_tls_and_stops_on_sigterm() {
     )
     .unwrap();
     let mut cfg = env.config();
-    let port = free_port();
-    cfg.listen = format!("127.0.0.1:{port}");
+    cfg.listen = "127.0.0.1:0".into();
     let ctl = env.controller(&cfg, true).await;
+    let port = ctl.addr.port();
 
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("root");

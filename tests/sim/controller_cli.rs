@@ -21,13 +21,9 @@ fn config_text(env: &Env, port: u16) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_serves_leads_and_releases_on_sigterm() {
     let env = Env::new(1).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Port 0: the controller picks its port and logs it (`controller listening`, field `addr`).
     let cfg = env.dir.path().join("controller.toml");
-    std::fs::write(&cfg, config_text(&env, port)).unwrap();
+    std::fs::write(&cfg, config_text(&env, 0)).unwrap();
     let kubeconfig = env.dir.path().join("kubeconfig");
     env.cluster.write_kubeconfig(&kubeconfig).unwrap();
 
@@ -48,16 +44,19 @@ async fn binary_serves_leads_and_releases_on_sigterm() {
         "{text}"
     );
 
+    let log = env.dir.path().join("controller.log");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
         .args(["controller", "--config"])
         .arg(&cfg)
         .env("KUBECONFIG", &kubeconfig)
+        .env("NODEKEEPER_LOG_FORMAT", "json")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let http = https(&env.ca, "127.0.0.1:1".parse().unwrap());
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let addr = crate::support::controller_addr(&log).await;
+    assert!(addr.ip().is_loopback() && addr.port() != 0, "{addr}");
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
         kube::Api::namespaced(env.cluster.client.clone(), "nodekeeper");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);

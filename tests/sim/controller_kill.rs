@@ -20,9 +20,9 @@
 //! on both in `tests/e2e` (`failover`).
 #![allow(clippy::unwrap_used)]
 
+use crate::support::controller_addr;
 use crate::support::ctl;
 use crate::support::engine as engine_support;
-use crate::support::free_port;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -120,7 +120,8 @@ budgets = [{{ nodes = "100%" }}]
     path
 }
 
-/// A controller child process named `identity` listening on `port`, logging to
+/// A controller child process named `identity` listening on `port` (0: a port it picks and logs),
+/// logging JSON lines to
 /// `<dir>/<identity>.log`.
 fn spawn(dir: &Path, kubeconfig: &Path, identity: &str, port: u16) -> Child {
     let cfg = write_config(&dir.join(identity), port, identity);
@@ -129,6 +130,8 @@ fn spawn(dir: &Path, kubeconfig: &Path, identity: &str, port: u16) -> Child {
         .args(["controller", "--config"])
         .arg(&cfg)
         .env("KUBECONFIG", kubeconfig)
+        // JSON lines: the bound address is read from `controller listening` (support::controller_addr)
+        .env("NODEKEEPER_LOG_FORMAT", "json")
         .stdout(Stdio::null())
         .stderr(log)
         .kill_on_drop(true)
@@ -180,7 +183,7 @@ async fn agent_reporter(
     dir: &Path,
     port: u16,
     node: &str,
-    stop: watch::Receiver<bool>,
+    stop: tokio_util::sync::CancellationToken,
 ) -> mpsc::Sender<NodeEvent> {
     let state = dir.join(format!("agent-{node}"));
     std::fs::create_dir_all(&state).unwrap();
@@ -444,13 +447,20 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
     let mut failed: Vec<String> = Vec::new();
     let mut interrupted: Vec<String> = Vec::new();
     let (mut by_agent, mut by_oci) = (0, 0);
-    let (stop_agents, agents_stop) = watch::channel(false);
-    let port = free_port();
+    let stop_agents = tokio_util::sync::CancellationToken::new();
+    // The first controller binds port 0 and logs where; each later one listens there too (a new
+    // process on the port its SIGKILLed predecessor held, as behind a Service).
+    let mut port = 0;
     let started = Instant::now();
     for i in 0..=trials {
         let identity = format!("kill-{i}");
         std::fs::create_dir_all(dir.join(&identity)).unwrap();
         let mut child = spawn(&dir, &kubeconfig, &identity, port);
+        if port == 0 {
+            port = controller_addr(&dir.join(format!("{identity}.log")))
+                .await
+                .port();
+        }
         let id2 = identity.clone();
         wait_until(Duration::from_secs(20), "the new controller leads", || {
             let (c, id) = (&c, id2.clone());
@@ -462,7 +472,7 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
             let res = finish(&c, &failed, &interrupted, &claims, &preempted).await;
             let _ = child.start_kill();
             let _ = child.wait().await;
-            let _ = stop_agents.send(true);
+            stop_agents.cancel();
             if res.is_err() {
                 dump_logs(&dir);
             }
@@ -488,7 +498,7 @@ async fn sigkilled_controller_loses_nothing_and_never_replaces_twice() {
                     }
                     1 => {
                         preempted.lock().unwrap().nodes.insert(n.clone());
-                        let agent = agent_reporter(&c, &dir, port, &n, agents_stop.clone()).await;
+                        let agent = agent_reporter(&c, &dir, port, &n, stop_agents.clone()).await;
                         agent.send(agent_notice(&n)).await.unwrap();
                         if rng.random_bool(0.5) {
                             // Around the report's round trip: before, while and after it is stored.

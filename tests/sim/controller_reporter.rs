@@ -2,7 +2,7 @@
 //! controller is away, persisted queue, commands at most once, pinned server name.
 
 use crate::support::ctl;
-use crate::support::{free_port, wait};
+use crate::support::wait;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -73,10 +73,13 @@ async fn degraded_mode_buffers_and_flushes() {
         env.token("n0", "nodekeeper").await + "\n",
     )
     .unwrap();
-    let port = free_port();
     let mut cfg = env.config();
-    cfg.listen = format!("127.0.0.1:{port}");
+    cfg.listen = "127.0.0.1:0".into();
     let a = env.controller(&cfg, true).await;
+    let port = a.addr.port();
+    // The controller that comes back (below) listens where this one did, as behind a Service: it
+    // binds the port this test's own controller held (no free-port guess).
+    cfg.listen = a.addr.to_string();
     let mut events_a = a.app.states.subscribe_events();
 
     let state = tempfile::tempdir().unwrap();
@@ -84,8 +87,8 @@ async fn degraded_mode_buffers_and_flushes() {
     let (rtx, rrx) = watch::channel(report("n0", 0, &[("NodekeeperDiskPressure", False)]));
     let (etx, erx) = mpsc::channel(16);
     let (ctx, mut crx) = mpsc::channel(16);
-    let (stx, srx) = watch::channel(false);
-    let task = tokio::spawn(reporter.run(rrx, erx, ctx, srx));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(reporter.run(rrx, erx, ctx, stop.clone()));
 
     wait_condition(&env, "False").await;
     etx.send(event("e1")).await.unwrap();
@@ -172,7 +175,7 @@ async fn degraded_mode_buffers_and_flushes() {
     b.stop().await;
     etx.send(event("e4")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stx.send(true).unwrap();
+    stop.cancel();
     task.await.unwrap();
     let again = Reporter::new(reporter_cfg(&env, port, SERVER_NAME), state.path()).unwrap();
     let ids: Vec<&str> = again.queued().map(|e| e.id.as_str()).collect();
@@ -188,9 +191,9 @@ async fn pinned_server_name_is_enforced() {
     )
     .unwrap();
     let mut cfg = env.config();
-    let port = free_port();
-    cfg.listen = format!("127.0.0.1:{port}");
+    cfg.listen = "127.0.0.1:0".into();
     let c = env.controller(&cfg, true).await;
+    let port = c.addr.port();
     let state = tempfile::tempdir().unwrap();
     let mut wrong =
         Reporter::new(reporter_cfg(&env, port, "evil.example.com"), state.path()).unwrap();

@@ -157,7 +157,7 @@ async fn start_agent(
     env: &Env,
     ctl: &nodekeeper_core::controller::Running,
     node: &str,
-    stop: &tokio::sync::watch::Receiver<bool>,
+    stop: &tokio_util::sync::CancellationToken,
 ) -> Agent {
     let dir = env.dir.path().join(node);
     std::fs::create_dir_all(&dir).unwrap();
@@ -237,7 +237,7 @@ async fn scenario(faults: Faults) -> Figures {
     cfg.leader.lease_duration = Duration::from_secs(15) / scale() as u32;
     cfg.leader.retry_period = Duration::from_secs(2) / scale() as u32;
     let ctl = env.controller(&cfg, true).await;
-    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let mut agents = Vec::new();
     for i in 0..NODES {
         agents.push(start_agent(&env, &ctl, &format!("n{i}"), &stop).await);
@@ -309,7 +309,7 @@ async fn scenario(faults: Faults) -> Figures {
         d.abort();
     }
     admin_call(&env, "DELETE", "faults", None).await;
-    let _ = stop_tx.send(true);
+    stop.cancel();
     ctl.stop().await;
     Figures {
         conditions,
@@ -386,14 +386,14 @@ async fn failed_direct_removal_is_retried() {
         }
     }
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);
-    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(labels::watch(
         env.cluster.client.clone(),
         "n0".into(),
         rules(),
         Some(Shared(remover.clone())),
         tx,
-        stop,
+        stop.clone(),
     ));
     tokio::spawn(async move { while rx.recv().await.is_some() {} });
     wait_nodes_one(&env, Duration::from_secs(20)).await;
@@ -402,7 +402,7 @@ async fn failed_direct_removal_is_retried() {
         "{}",
         remover.calls.load(Relaxed)
     );
-    let _ = stop_tx.send(true);
+    stop.cancel();
 }
 
 async fn wait_nodes_one(env: &Env, limit: Duration) {

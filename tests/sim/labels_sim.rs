@@ -88,7 +88,7 @@ async fn label_is_removed_once_cilium_on_this_node_is_ready() {
     };
     let rules = labels::compile(&cfg).unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::channel(8);
-    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let remover = Some(PatchRemover::new(cluster.client.clone()));
     let task = tokio::spawn(labels::watch(
         cluster.client.clone(),
@@ -96,7 +96,7 @@ async fn label_is_removed_once_cilium_on_this_node_is_ready() {
         rules,
         remover,
         tx,
-        stop,
+        stop.clone(),
     ));
 
     // First evaluation: nothing to remove yet.
@@ -134,7 +134,7 @@ async fn label_is_removed_once_cilium_on_this_node_is_ready() {
         .await
         .contains(&"last-migration-failure".to_string()));
 
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     tokio::time::timeout(Duration::from_secs(5), task)
         .await
         .unwrap()

@@ -374,12 +374,9 @@ fn errors_exit_1_naming_the_file_or_server_and_usage_exits_2() {
     assert_eq!(o.code, 1);
     assert!(o.stderr.contains(missing.to_str().unwrap()), "{}", o.stderr);
 
-    // A server nobody listens on: a free port, closed again.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A server nobody listens on: a port bound here, never listening (connections refused).
+    let (_held, addr) = crate::support::refused_addr();
+    let port = addr.port();
     let kc = dir.path().join("kc");
     nodekeeper_sim::apiserver::write_kubeconfig(&kc, &format!("http://127.0.0.1:{port}")).unwrap();
     let started = std::time::Instant::now();

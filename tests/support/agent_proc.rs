@@ -179,6 +179,3 @@ backoff_max = "500ms"
         token = token.display(),
     )
 }
-
-#[allow(unused_imports)] // re-exported for the agent tests
-pub use super::free_port;

@@ -63,12 +63,34 @@ pub fn kubectl_bin() -> PathBuf {
     p
 }
 
-/// A free loopback port (bind to port 0, read the port, close). Another process may take it
-/// before the caller binds it; prefer a listener the code under test binds itself on port 0.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A loopback address where nothing listens, kept so while the returned socket lives: it is
+/// bound (no other process can take the port) but never listens, so a connection is refused at
+/// once. For tests of an unreachable peer; never a port picked, closed and hoped to stay free.
+pub fn refused_addr() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    (socket, addr)
+}
+
+/// The address a `nodekeeper controller` child process bound (its `listen` may name port 0): read
+/// from the documented log line `controller listening` (field `addr`) in its JSON log `log` (run
+/// it with `NODEKEEPER_LOG_FORMAT=json` and stderr to `log`). No test picks a free port for a
+/// server it starts: the server binds port 0 and reports the address (in process:
+/// `controller::Running::addr`).
+pub async fn controller_addr(log: &Path) -> std::net::SocketAddr {
+    wait::until(
+        std::time::Duration::from_secs(30),
+        format!("`controller listening` in {}", log.display()),
+        || {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let addr = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|v| v["message"] == "controller listening")
+                .and_then(|v| v["addr"].as_str().and_then(|a| a.parse().ok()));
+            std::future::ready(addr.ok_or(text))
+        },
+    )
+    .await
 }

@@ -232,12 +232,8 @@ async fn retries_500_with_the_same_body_and_id_then_gives_up_on_4xx_and_exhausti
 
 #[tokio::test]
 async fn unreachable_target_is_retried_then_counted_failed() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut t = target(&format!("http://127.0.0.1:{port}/hook"));
+    let (_held, addr) = crate::support::refused_addr();
+    let mut t = target(&format!("http://{addr}/hook"));
     t.max_attempts = 2;
     let n = Notifier::start(&[t]).unwrap();
     n.notify(note("n1", Phase::Started, ""));

@@ -160,12 +160,9 @@ async fn persistent_503_gives_up_after_max_attempts() {
 
 #[tokio::test]
 async fn connection_refused_is_retried_then_transient() {
-    // Bind then drop: nothing listens on that loopback port.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let p = Webhook::new(config(format!("http://127.0.0.1:{port}/x"), SECRET)).unwrap();
+    // Bound, never listening: every connection is refused.
+    let (_held, addr) = crate::support::refused_addr();
+    let p = Webhook::new(config(format!("http://{addr}/x"), SECRET)).unwrap();
     let err = p.request_replacement(&request()).await.unwrap_err();
     assert!(!err.is_permanent(), "{err}");
 }

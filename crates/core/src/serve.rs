@@ -212,14 +212,7 @@ pub fn serve(
     stats
         .max
         .store(limits.max_connections as u64, Ordering::Relaxed);
-    let router = match limits.request_timeout {
-        Some(deadline) => router.layer(axum::middleware::from_fn(
-            move |req: axum::extract::Request, next: axum::middleware::Next| {
-                request_deadline(deadline, req, next)
-            },
-        )),
-        None => router,
-    };
+    let router = with_deadline(router, limits.request_timeout);
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     accept_loop(listener, router, acceptor, limits, stats, cancel)
 }
@@ -234,6 +227,18 @@ pub fn raise_open_files_limit() -> Result<u64, nix::errno::Errno> {
         setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
     }
     Ok(hard.max(soft))
+}
+
+/// `router` answering 408 to a request not completed within `deadline` (when set).
+fn with_deadline(router: Router, deadline: Option<Duration>) -> Router {
+    match deadline {
+        Some(deadline) => router.layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                request_deadline(deadline, req, next)
+            },
+        )),
+        None => router,
+    }
 }
 
 /// Answers 408 when a request (including reading its body) takes longer than `limit`.
@@ -368,5 +373,111 @@ async fn serve_conn<I>(
         Err(_) => {
             tracing::debug!(%peer, "connection not finished within the shutdown grace: dropped")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+    use tokio::time::Instant;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    /// A router whose `/slow/N` answers after N ms.
+    fn slow() -> Router {
+        Router::new().route(
+            "/slow/{ms}",
+            axum::routing::get(
+                |axum::extract::Path(ms): axum::extract::Path<u64>| async move {
+                    tokio::time::sleep(MS(ms)).await;
+                    "done"
+                },
+            ),
+        )
+    }
+
+    async fn get(router: &Router, path: &str) -> (StatusCode, Duration) {
+        let t0 = Instant::now();
+        let req = axum::http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let status = router.clone().oneshot(req).await.unwrap().status();
+        (status, t0.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_is_cut_with_408_at_exactly_its_deadline() {
+        let r = with_deadline(slow(), Some(S(15)));
+        assert_eq!(get(&r, "/slow/14999").await, (StatusCode::OK, MS(14_999)));
+        assert_eq!(
+            get(&r, "/slow/15001").await,
+            (StatusCode::REQUEST_TIMEOUT, S(15))
+        );
+        let unlimited = with_deadline(slow(), None);
+        assert_eq!(
+            get(&unlimited, "/slow/60000").await,
+            (StatusCode::OK, S(60))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_never_finishes_its_headers_is_closed_at_the_header_timeout() {
+        let limits = ServeLimits::default();
+        let timeout = limits.header_read_timeout.unwrap();
+        let (mut client, server) = tokio::io::duplex(4096);
+        let svc = hyper_util::service::TowerToHyperService::new(slow());
+        let peer = "127.0.0.1:1".parse().unwrap();
+        // Half a request line, then nothing (the connection stays open).
+        client.write_all(b"GET /slow/1 HTTP/1.1\r\n").await.unwrap();
+        let t0 = Instant::now();
+        let cancel = CancellationToken::new();
+        serve_conn(
+            hyper_util::rt::TokioIo::new(server),
+            svc,
+            limits,
+            cancel,
+            peer,
+        )
+        .await;
+        let took = t0.elapsed();
+        assert!(took >= timeout && took <= timeout + MS(1), "{took:?}");
+        drop(client);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_shutdown_a_busy_connection_gets_the_grace_then_is_dropped() {
+        let limits = ServeLimits::default();
+        let grace = limits.shutdown_grace;
+        let (mut client, server) = tokio::io::duplex(4096);
+        let svc = hyper_util::service::TowerToHyperService::new(slow());
+        let peer = "127.0.0.1:1".parse().unwrap();
+        // A whole request whose answer takes a minute.
+        client
+            .write_all(b"GET /slow/60000 HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let cancel = CancellationToken::new();
+        let t0 = Instant::now();
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(S(1)).await;
+            stop.cancel();
+        });
+        serve_conn(
+            hyper_util::rt::TokioIo::new(server),
+            svc,
+            limits,
+            cancel,
+            peer,
+        )
+        .await;
+        let took = t0.elapsed();
+        let want = S(1) + grace;
+        assert!(took >= want && took <= want + MS(2), "{took:?}");
+        drop(client);
     }
 }

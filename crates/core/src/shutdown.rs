@@ -1,13 +1,18 @@
-//! Process signals: SIGTERM/SIGINT ask for a graceful stop (a second one aborts), SIGHUP asks
-//! for a configuration reload.
+//! The one shutdown token. The binary edge calls [`install`] once: SIGTERM or SIGINT cancels the
+//! root [`CancellationToken`] (a graceful stop; a second signal exits at once with code 130), and
+//! SIGHUP asks for a configuration reload. Every long-running part takes a token: the root, or a
+//! [`CancellationToken::child_token`] of it when it must also be stoppable on its own (the agent's
+//! producers on a reload, one controller in a test), so cancelling the root stops the whole tree.
 
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+pub use tokio_util::sync::CancellationToken;
 
 /// Signal-driven control inputs of a long-running command.
+#[derive(Debug)]
 pub struct Signals {
-    /// Becomes `true` on the first SIGTERM or SIGINT.
-    pub shutdown: watch::Receiver<bool>,
+    /// The root token: cancelled on the first SIGTERM or SIGINT.
+    pub shutdown: CancellationToken,
     /// Receives one message per SIGHUP.
     pub reload: mpsc::Receiver<()>,
 }
@@ -17,22 +22,21 @@ pub fn install() -> std::io::Result<Signals> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let root = CancellationToken::new();
     let (reload_tx, reload_rx) = mpsc::channel(4);
+    let cancel = root.clone();
     tokio::spawn(async move {
-        let mut seen = false;
         loop {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
-            if seen {
+            if cancel.is_cancelled() {
                 tracing::warn!("second termination signal: exiting now");
                 std::process::exit(130);
             }
-            seen = true;
             tracing::info!("termination signal received: shutting down gracefully");
-            let _ = stop_tx.send(true);
+            cancel.cancel();
         }
     });
     tokio::spawn(async move {
@@ -43,7 +47,7 @@ pub fn install() -> std::io::Result<Signals> {
         }
     });
     Ok(Signals {
-        shutdown: stop_rx,
+        shutdown: root,
         reload: reload_rx,
     })
 }

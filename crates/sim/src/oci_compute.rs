@@ -586,8 +586,11 @@ pub struct OciComputeArgs {
     pub launch_delay: Duration,
 }
 
-/// `nodekeeper sim oci-compute`: serves until SIGTERM or SIGINT.
-pub async fn run(args: OciComputeArgs) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
+/// `nodekeeper sim oci-compute`: serves until `shutdown` is cancelled (SIGTERM or SIGINT, at the binary edge).
+pub async fn run(
+    args: OciComputeArgs,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
     let mut keys = BTreeMap::new();
     for k in &args.keys {
         let (id, file) = k
@@ -618,10 +621,6 @@ pub async fn run(args: OciComputeArgs) -> Result<u8, Box<dyn std::error::Error +
     std::fs::write(&args.ca_out, &sim.ca_pem)
         .map_err(|e| format!("--ca-out {}: {e}", args.ca_out.display()))?;
     println!("OCI API stand-in listening on {}", sim.url);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    shutdown.cancelled().await;
     Ok(0)
 }

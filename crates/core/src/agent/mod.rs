@@ -31,7 +31,7 @@ use crate::agent::sources::driver::SourceMessage;
 use crate::agent::sources::{EventKind, InstanceIdentity, NodeEvent};
 use crate::agent::state::AgentState;
 use crate::config::{Config, Env, Loaded};
-use crate::shutdown::Signals;
+use crate::shutdown::{CancellationToken, Signals};
 use crate::wire::NodeReport;
 
 /// Options of `nodekeeper agent`.
@@ -54,13 +54,14 @@ enum Input {
 
 /// Runs the agent until a termination signal.
 pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Signals) {
+    let shutdown = signals.shutdown.clone();
     let path = loaded.path.clone();
     let mut config = loaded.config;
     let mut fingerprint = file_fingerprint(&path);
     let mut st = AgentState::new(node_name(&config), instance_id(), boot_id(&config));
     tracing::info!(config = %path.display(), version = crate::VERSION, "agent starting");
     let (in_tx, mut in_rx) = mpsc::channel(256);
-    let mut tasks = Tasks::spawn(&config, in_tx.clone());
+    let mut tasks = Tasks::spawn(&config, in_tx.clone(), &shutdown);
     let mut checks = Checks::from_config(&config.checks);
     apply_crio(&config, &opts, &mut st).await;
     let mut check_tick = tokio::time::interval(config.checks.interval);
@@ -69,10 +70,10 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
     file_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut events: Vec<NodeEvent> = Vec::new();
     let mut held: Vec<Delivered> = Vec::new();
-    let mut sink = Sink::start(&config, &opts, in_tx.clone());
+    let mut sink = Sink::start(&config, &opts, in_tx.clone(), &shutdown);
     loop {
         let reload = tokio::select! {
-            _ = signals.shutdown.changed() => break,
+            _ = shutdown.cancelled() => break,
             Some(()) = signals.reload.recv() => {
                 // Fingerprint first: an edit made after this log line is then always noticed.
                 fingerprint = file_fingerprint(&path);
@@ -106,7 +107,7 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
             if let Some(c) = self::reload(&path, &env) {
                 config = c;
                 tasks.stop().await;
-                tasks = Tasks::spawn(&config, in_tx.clone());
+                tasks = Tasks::spawn(&config, in_tx.clone(), &shutdown);
                 checks = Checks::from_config(&config.checks);
                 check_tick = tokio::time::interval(config.checks.interval);
                 file_tick = tokio::time::interval(config.agent.config_poll_interval);
@@ -181,13 +182,21 @@ fn on_input(
 /// separately: it queues and persists them until the controller acknowledges them).
 struct Sink {
     reporter: Option<(watch::Sender<NodeReport>, mpsc::Sender<NodeEvent>)>,
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Sink {
-    fn start(config: &Config, opts: &AgentOptions, tx: mpsc::Sender<Input>) -> Self {
-        let (stop, stop_rx) = watch::channel(false);
+    /// Starts the reporter under a child of `shutdown`; [`Sink::stop`] waits for it (its queue
+    /// is persisted when it ends).
+    fn start(
+        config: &Config,
+        opts: &AgentOptions,
+        tx: mpsc::Sender<Input>,
+        shutdown: &CancellationToken,
+    ) -> Self {
+        let stop = shutdown.child_token();
+        let stop_rx = stop.clone();
         let mut sink = Sink {
             reporter: None,
             stop,
@@ -238,7 +247,7 @@ impl Sink {
     }
 
     async fn stop(mut self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         self.reporter = None;
         if let Some(t) = self.task.take() {
             let _ = t.await;
@@ -322,34 +331,34 @@ fn log_report(report: &NodeReport) {
 
 /// The background producers: the metadata source and the shutdown watcher.
 struct Tasks {
-    stop: watch::Sender<bool>,
+    stop: CancellationToken,
     set: JoinSet<()>,
 }
 
 impl Tasks {
-    fn spawn(config: &Config, tx: mpsc::Sender<Input>) -> Self {
-        let (stop, _) = watch::channel(false);
+    /// Starts the producers under a child of `shutdown` (a reload stops them and starts new ones).
+    fn spawn(config: &Config, tx: mpsc::Sender<Input>, shutdown: &CancellationToken) -> Self {
+        let stop = shutdown.child_token();
         let mut set = JoinSet::new();
-        let (sources, tx1, stop1) = (config.sources.clone(), tx.clone(), stop.subscribe());
+        let (sources, tx1, stop1) = (config.sources.clone(), tx.clone(), stop.clone());
         set.spawn(async move { run_source(sources, tx1, stop1).await });
         if config.agent.shutdown_watcher {
             let options = WatcherOptions {
                 max_delay: config.agent.shutdown_max_delay,
                 ..WatcherOptions::default()
             };
-            let (tx2, stop2) = (tx.clone(), stop.subscribe());
+            let (tx2, stop2) = (tx.clone(), stop.clone());
             set.spawn(async move { run_shutdown_watcher(options, tx2, stop2).await });
         }
         if !config.labels.cleanup.is_empty() {
-            let (labels, node, stop3) =
-                (config.labels.clone(), node_name(config), stop.subscribe());
+            let (labels, node, stop3) = (config.labels.clone(), node_name(config), stop.clone());
             set.spawn(async move { run_label_rules(labels, node, tx, stop3).await });
         }
         Self { stop, set }
     }
 
     async fn stop(&mut self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         while self.set.join_next().await.is_some() {}
     }
 }
@@ -357,7 +366,7 @@ impl Tasks {
 async fn run_source(
     cfg: crate::agent::sources::SourcesConfig,
     tx: mpsc::Sender<Input>,
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let Some(cloud) = crate::agent::sources::detect::resolve(&cfg).await else {
         tracing::info!("no cloud metadata source (none detected or configured)");
@@ -398,7 +407,7 @@ async fn run_label_rules(
     cfg: crate::agent::labels::LabelsConfig,
     node: String,
     tx: mpsc::Sender<Input>,
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     use crate::agent::labels::{self, PatchRemover, RemovalMode};
     let rules = match labels::compile(&cfg) {
@@ -436,7 +445,7 @@ async fn run_label_rules(
 async fn run_shutdown_watcher(
     options: WatcherOptions,
     tx: mpsc::Sender<Input>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let watcher = match ShutdownWatcher::connect_system(options).await {
         Ok(w) => w,
@@ -456,7 +465,7 @@ async fn run_shutdown_watcher(
     tokio::select! {
         r = watcher.run(sig_tx) => if let Err(error) = r { tracing::warn!(%error, "shutdown watcher stopped") },
         _ = forward => {}
-        _ = stop.changed() => {}
+        _ = stop.cancelled() => {}
     }
 }
 

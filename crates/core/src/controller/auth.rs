@@ -7,7 +7,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock: the wall clock, or a paused one in tests.
+use tokio::time::Instant;
 
 use base64::Engine;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -28,8 +31,14 @@ pub enum AuthError {
     #[error("forbidden: {0}")]
     Forbidden(String),
     /// The API server could not be asked (503; the agent retries).
-    #[error("cannot review token: {0}")]
-    Upstream(String),
+    #[error("cannot review token: {call}: {source}")]
+    Upstream {
+        /// The call that failed (`TokenReview`, `get pod NS/NAME`).
+        call: String,
+        /// The API server's or the connection's error.
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// An authenticated agent.
@@ -173,7 +182,10 @@ impl Authenticator {
         let out = api
             .create(&PostParams::default(), &tr)
             .await
-            .map_err(|e| AuthError::Upstream(format!("TokenReview: {e}")))?;
+            .map_err(|source| AuthError::Upstream {
+                call: "TokenReview".into(),
+                source,
+            })?;
         let st = out.status.unwrap_or_default();
         if st.authenticated != Some(true) {
             return Err(AuthError::Unauthenticated(
@@ -225,7 +237,10 @@ impl Authenticator {
         let p = api
             .get_opt(pod)
             .await
-            .map_err(|e| AuthError::Upstream(format!("get pod {ns}/{pod}: {e}")))?
+            .map_err(|source| AuthError::Upstream {
+                call: format!("get pod {ns}/{pod}"),
+                source,
+            })?
             .ok_or_else(|| {
                 AuthError::Forbidden(format!("pod {ns}/{pod} of the token does not exist"))
             })?;
@@ -276,6 +291,69 @@ mod tests {
         assert!(c.get(&[1; 32], now).is_none(), "oldest evicted");
         assert_eq!(c.get(&[2; 32], now), Some(caller("b")));
         assert!(c.get(&[3; 32], now).is_none(), "expired");
+    }
+
+    const SA: &str = "system:serviceaccount:nodekeeper:nodekeeper-agent";
+
+    /// An authenticator whose API server accepts every token as the agent's, bound to node
+    /// `n1`; its `reviews` counter counts the TokenReviews.
+    fn authenticator(ttl: Duration) -> Authenticator {
+        let svc = tower::service_fn(|_req: hyper::Request<kube::client::Body>| async {
+            let body = serde_json::json!({
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {},
+                "status": {"authenticated": true, "audiences": ["nodekeeper"],
+                    "user": {"username": SA, "extra": {NODE_NAME: ["n1"]}}}
+            });
+            hyper::Response::builder()
+                .status(201)
+                .header("content-type", "application/json")
+                .body(kube::client::Body::from(
+                    serde_json::to_vec(&body).unwrap_or_default(),
+                ))
+        });
+        Authenticator::new(kube::Client::new(svc, "default"), SA, "nodekeeper", 16, ttl)
+    }
+
+    fn reviews(a: &Authenticator) -> u64 {
+        a.reviews.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reviewed_token_is_cached_for_exactly_the_ttl() {
+        let a = authenticator(Duration::from_secs(60));
+        let auth = Some("Bearer not-a-jwt");
+        assert_eq!(a.authenticate(auth).await.unwrap().node, "n1");
+        assert_eq!(reviews(&a), 1);
+        tokio::time::advance(Duration::from_millis(59_999)).await;
+        assert_eq!(a.authenticate(auth).await.unwrap().node, "n1");
+        assert_eq!(reviews(&a), 1, "cached until the TTL");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        a.authenticate(auth).await.unwrap();
+        assert_eq!(reviews(&a), 2, "reviewed again once the TTL is over");
+        a.authenticate(Some("Bearer another")).await.unwrap();
+        assert_eq!(reviews(&a), 3, "per token");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_jwt_is_cached_no_longer_than_its_expiry() {
+        let a = authenticator(Duration::from_secs(600));
+        // `exp` is read against the wall clock (whole seconds): 30 s, or 29 s across a second.
+        let exp = chrono::Utc::now().timestamp() + 30;
+        let p =
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{{\"exp\":{exp}}}"));
+        let auth = format!("Bearer h.{p}.s");
+        a.authenticate(Some(&auth)).await.unwrap();
+        tokio::time::advance(Duration::from_secs(28)).await;
+        a.authenticate(Some(&auth)).await.unwrap();
+        assert_eq!(reviews(&a), 1, "cached while the token is valid");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        a.authenticate(Some(&auth)).await.unwrap();
+        assert_eq!(
+            reviews(&a),
+            2,
+            "not past its expiry, though the TTL is 10 min"
+        );
     }
 
     #[test]

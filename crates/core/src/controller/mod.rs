@@ -85,7 +85,8 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Handler state (node state, counters).
     pub app: Arc<App>,
-    /// Cancel to stop everything (the Lease is released).
+    /// Cancel to stop everything (the Lease is released): a child of the shutdown token it was
+    /// started under ([`start_under`]), or a root of its own.
     pub cancel: CancellationToken,
     /// Finishes after the Lease was released (taken once it ended).
     election: Option<tokio::task::JoinHandle<()>>,
@@ -159,7 +160,19 @@ pub async fn start_with(
     cfg: &ControllerConfig,
     engine: Option<engine::EngineOptions>,
 ) -> Result<Running, ControllerError> {
-    let cancel = CancellationToken::new();
+    start_under(&CancellationToken::new(), client, cfg, engine).await
+}
+
+/// [`start_with`] under `shutdown`: every task runs on a child of it (one token tree), so
+/// cancelling `shutdown` stops them all; [`Running::stop`] still waits for them and for the
+/// Lease's release.
+pub async fn start_under(
+    shutdown: &CancellationToken,
+    client: kube::Client,
+    cfg: &ControllerConfig,
+    engine: Option<engine::EngineOptions>,
+) -> Result<Running, ControllerError> {
+    let cancel = shutdown.child_token();
     let wake = Arc::new(tokio::sync::Notify::new());
     let id = identity(cfg);
     let (store, writer) = reflector::store::<Node>();
@@ -372,12 +385,13 @@ impl EngineStart<'_> {
     }
 }
 
-/// `nodekeeper controller`: runs until `shutdown` becomes true, then releases the Lease. Returns
-/// an error when it cannot start, or when a supervised task died (the Lease is released first).
+/// `nodekeeper controller`: runs until `shutdown` (the process's root token, cancelled by
+/// SIGTERM/SIGINT) is cancelled, then releases the Lease. Returns an error when it cannot start,
+/// or when a supervised task died (the Lease is released first).
 pub async fn run(
     cfg: ControllerConfig,
     policy: policy::PolicyConfig,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
     // What kube-rs infers: `$KUBECONFIG` or `~/.kube/config`, else in-cluster.
     let kcfg = crate::k8s::client::config(None, None).await?;
@@ -385,17 +399,13 @@ pub async fn run(
     let mut opts = engine::EngineOptions::new(policy);
     // Drains handle 429 themselves (a PDB refusal must be seen, not retried for minutes).
     opts.drain_client = Some(drain::client(kcfg).map_err(ControllerError::Client)?);
-    let mut running = start_with(client, &cfg, Some(opts)).await?;
-    let stop = async {
-        while !*shutdown.borrow() {
-            if shutdown.changed().await.is_err() {
-                break;
-            }
-        }
-    };
+    let mut running = start_under(&shutdown, client, &cfg, Some(opts)).await?;
+    // The tasks run on children of `shutdown`: once it is cancelled they end, and that is a
+    // stop, not a death (hence `biased`, and the check after a task's end).
     let died = tokio::select! {
-        _ = stop => None,
-        died = running.failed() => Some(died),
+        biased;
+        _ = shutdown.cancelled() => None,
+        died = running.failed() => Some(died).filter(|_| !shutdown.is_cancelled()),
     };
     match died {
         None => {

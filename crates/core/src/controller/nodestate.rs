@@ -16,7 +16,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock: the wall clock, or a paused one in tests.
+use tokio::time::Instant;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use k8s_openapi::api::core::v1::Node;
@@ -550,5 +553,155 @@ impl NodeStates {
 fn command_id(c: &AgentCommand) -> &str {
     match c {
         AgentCommand::Reboot { id, .. } | AgentCommand::AckScheduledEvent { id, .. } => id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::REPORT_VERSION;
+    use kube::runtime::{reflector, watcher};
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+    const PREFIX: &str = "Nodekeeper";
+
+    /// A kube client whose API server answers every request with the Node `n1`; counts the
+    /// PATCHes of Node status.
+    fn client() -> (kube::Client, Arc<AtomicU64>) {
+        let patches = Arc::new(AtomicU64::new(0));
+        let seen = patches.clone();
+        let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+            if req.method() == "PATCH" && req.uri().path().ends_with("/status") {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+            async move {
+                hyper::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&node_json()).unwrap_or_default(),
+                    ))
+            }
+        });
+        (kube::Client::new(svc, "default"), patches)
+    }
+
+    fn node_json() -> Value {
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+            "status": {"conditions": [{"type": "NodekeeperDiskPressure", "status": "False",
+                "reason": "Fine", "message": "ok", "lastTransitionTime": "2026-01-01T00:00:00Z",
+                "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]}})
+    }
+
+    fn report(sequence: u64) -> NodeReport {
+        NodeReport {
+            version: REPORT_VERSION,
+            node: "n1".into(),
+            agent_version: "test".into(),
+            agent_instance: "i1".into(),
+            sequence,
+            boot_id: "b".into(),
+            generated_at: Utc::now(),
+            identity: None,
+            conditions: vec![CheckResult::new(
+                "NodekeeperDiskPressure",
+                ConditionStatus::False,
+                "Fine",
+                "ok",
+            )],
+            check_events: vec![],
+            events: vec![],
+            crio: None,
+            label_removals: vec![],
+            command_results: vec![],
+            problems: vec![],
+        }
+    }
+
+    fn states(staleness: Duration, heartbeat: Duration) -> (Arc<NodeStates>, Arc<AtomicU64>) {
+        let (client, patches) = client();
+        let (store, mut writer) = reflector::store::<Node>();
+        let node: Node = serde_json::from_value(node_json()).unwrap();
+        writer.apply_watcher_event(&watcher::Event::Apply(node));
+        // (the receiver keeps its last value when the sender is gone)
+        let (_, leader) = watch::channel(true);
+        let recorder = Recorder::new(client.clone(), "test", None);
+        let cfg = NodeStateConfig {
+            prefix: PREFIX.into(),
+            staleness,
+            heartbeat_write_interval: heartbeat,
+            label_allow: vec![],
+        };
+        (
+            NodeStates::new(cfg, client, store, leader, recorder),
+            patches,
+        )
+    }
+
+    fn stale_marked(s: &NodeStates) -> u64 {
+        s.counters.stale_marked.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_agent_is_marked_stale_just_after_staleness_once() {
+        let (s, _) = states(S(60), S(3600));
+        s.handle(report(1)).await.unwrap();
+        tokio::time::advance(S(60)).await;
+        s.tick().await;
+        assert_eq!(
+            stale_marked(&s),
+            0,
+            "silent for exactly `staleness`: not yet"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        s.tick().await;
+        assert_eq!(stale_marked(&s), 1, "silent for longer: marked");
+        tokio::time::advance(S(600)).await;
+        s.tick().await;
+        assert_eq!(stale_marked(&s), 1, "marked once, not on every tick");
+        // A report clears it; the silence counts again from that report.
+        s.handle(report(2)).await.unwrap();
+        tokio::time::advance(S(59)).await;
+        s.tick().await;
+        assert_eq!(stale_marked(&s), 1);
+        tokio::time::advance(S(2)).await;
+        s.tick().await;
+        assert_eq!(stale_marked(&s), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_never_heard_from_counts_from_the_controllers_start() {
+        let (s, _) = states(S(30), S(3600));
+        // The Node has nodekeeper conditions, but no agent reported since the start.
+        tokio::time::advance(S(30)).await;
+        s.tick().await; // not past `staleness` since the start: nothing
+        s.tick().await;
+        assert_eq!(stale_marked(&s), 0);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        s.tick().await; // adopts it
+        s.tick().await; // marks it
+        assert_eq!(stale_marked(&s), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unchanged_conditions_are_rewritten_after_the_heartbeat_interval() {
+        let (s, patches) = states(S(3600), S(60));
+        s.handle(report(1)).await.unwrap();
+        let first = patches.load(Ordering::SeqCst);
+        assert_eq!(first, 1, "the first report is written");
+        tokio::time::advance(S(59)).await;
+        s.handle(report(2)).await.unwrap();
+        assert_eq!(
+            patches.load(Ordering::SeqCst),
+            1,
+            "unchanged within the interval"
+        );
+        tokio::time::advance(S(1)).await;
+        s.handle(report(3)).await.unwrap();
+        assert_eq!(
+            patches.load(Ordering::SeqCst),
+            2,
+            "unchanged, but the interval passed"
+        );
     }
 }

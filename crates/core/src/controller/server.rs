@@ -87,7 +87,7 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) ->
             return err(StatusCode::UNAUTHORIZED, e.to_string());
         }
         Err(e @ AuthError::Forbidden(_)) => return err(StatusCode::FORBIDDEN, e.to_string()),
-        Err(e @ AuthError::Upstream(_)) => {
+        Err(e @ AuthError::Upstream { .. }) => {
             return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
         }
     };

@@ -382,9 +382,11 @@ pub struct ApiserverArgs {
     pub owner_pid: Option<i32>,
 }
 
-/// `nodekeeper sim apiserver`.
+/// `nodekeeper sim apiserver`: serves until `shutdown` (the process's token, cancelled by
+/// SIGTERM/SIGINT) is cancelled or the owner process is gone.
 pub async fn run_apiserver(
     args: ApiserverArgs,
+    shutdown: CancellationToken,
 ) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
     let scenario = match (&args.scenario, args.nodes, args.empty) {
         (Some(path), _, _) => scenario::Scenario::load(path)?,
@@ -404,7 +406,7 @@ pub async fn run_apiserver(
         ..Default::default()
     };
     let sim = Sim::new(opts)?;
-    let cancel = CancellationToken::new();
+    let cancel = shutdown.child_token();
     let tls = args.tls.then(tls::SimTls::generate).transpose()?;
     let server = tls.as_ref().map(|t| t.server.clone());
     let addr = serve_with(sim.clone(), &args.listen, server, cancel.clone()).await?;
@@ -416,7 +418,6 @@ pub async fn run_apiserver(
     println!("nodekeeper sim apiserver listening on {url}");
     tracing::info!(%url, nodes = sim.store.count(resources::well_known::nodes()),
         pods = sim.store.count(resources::well_known::pods()), "sim apiserver ready");
-    let mut signals = nodekeeper_core::shutdown::install()?;
     let owner_gone = async {
         match args.owner_pid {
             // Signal 0 checks that the process exists without signalling it.
@@ -430,13 +431,7 @@ pub async fn run_apiserver(
         }
     };
     tokio::select! {
-        _ = async {
-            while !*signals.shutdown.borrow() {
-                if signals.shutdown.changed().await.is_err() {
-                    break;
-                }
-            }
-        } => {}
+        _ = shutdown.cancelled() => {}
         _ = owner_gone => {}
     }
     cancel.cancel();

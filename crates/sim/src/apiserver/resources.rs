@@ -2,6 +2,8 @@
 
 use serde_json::{json, Value};
 
+pub use super::store::lifecycle::Lifecycle;
+
 /// One served resource (a plural name in a group/version).
 #[derive(Debug, PartialEq, Eq)]
 pub struct ResourceDef {
@@ -23,9 +25,17 @@ pub struct ResourceDef {
     pub has_status: bool,
     /// Create-only virtual resources (TokenReview): nothing is stored.
     pub virtual_create: bool,
+    /// What the store does beyond storing (graceful pod deletion, namespace cascade, …).
+    pub lifecycle: Lifecycle,
 }
 
 impl ResourceDef {
+    /// This definition with `lifecycle`.
+    const fn with_lifecycle(mut self, lifecycle: Lifecycle) -> Self {
+        self.lifecycle = lifecycle;
+        self
+    }
+
     /// `apiVersion` of the objects, e.g. `apps/v1` or `v1`.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
@@ -65,6 +75,7 @@ macro_rules! res {
             short_names: $short,
             has_status: $status,
             virtual_create: false,
+            lifecycle: Lifecycle::Plain,
         }
     };
 }
@@ -72,7 +83,7 @@ macro_rules! res {
 /// Every served resource.
 pub static RESOURCES: &[ResourceDef] = &[
     res!("", "v1", "Node", "nodes", "node", false, &["no"], true),
-    res!("", "v1", "Pod", "pods", "pod", true, &["po"], true),
+    res!("", "v1", "Pod", "pods", "pod", true, &["po"], true).with_lifecycle(Lifecycle::Pod),
     res!(
         "",
         "v1",
@@ -82,7 +93,8 @@ pub static RESOURCES: &[ResourceDef] = &[
         false,
         &["ns"],
         true
-    ),
+    )
+    .with_lifecycle(Lifecycle::Namespace),
     res!("", "v1", "Event", "events", "event", true, &["ev"], false),
     res!(
         "",
@@ -204,7 +216,8 @@ pub static RESOURCES: &[ResourceDef] = &[
         true,
         &["ev"],
         false
-    ),
+    )
+    .with_lifecycle(Lifecycle::MirroredEvent),
     ResourceDef {
         group: "authentication.k8s.io",
         version: "v1",
@@ -215,6 +228,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         short_names: &[],
         has_status: false,
         virtual_create: true,
+        lifecycle: Lifecycle::Plain,
     },
     res!(
         "storage.k8s.io",

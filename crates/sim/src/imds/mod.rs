@@ -47,8 +47,11 @@ pub struct ImdsArgs {
     pub listen: String,
 }
 
-/// `nodekeeper sim imds`: serves until SIGTERM or SIGINT.
-pub async fn run(args: ImdsArgs) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
+/// `nodekeeper sim imds`: serves until `shutdown` is cancelled (SIGTERM or SIGINT, at the binary edge).
+pub async fn run(
+    args: ImdsArgs,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<u8, Box<dyn std::error::Error + Send + Sync>> {
     let cloud = args.cloud;
     let addr: SocketAddr = args.listen.parse().map_err(|e| {
         format!(
@@ -58,11 +61,7 @@ pub async fn run(args: ImdsArgs) -> Result<u8, Box<dyn std::error::Error + Send 
     })?;
     let emu = ImdsEmulator::start(cloud, addr).await?;
     println!("{} metadata emulator listening on {}", cloud, emu.url());
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    shutdown.cancelled().await;
     Ok(0)
 }
 

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
-use tokio::sync::{mpsc, watch as tokio_watch};
+use tokio::sync::mpsc;
 
 pub use config::{CleanupRule, LabelsConfig, RemovalMode};
 
@@ -170,7 +170,7 @@ impl LabelRemover for PatchRemover {
 }
 
 /// Watches the own node and the pods on it and sends the wanted removals whenever they change
-/// (an empty list when none). Runs until `stop` turns true. With `remover`, removals are also
+/// (an empty list when none). Runs until `stop` is cancelled. With `remover`, removals are also
 /// carried out directly (each label once per appearance; a failed patch is retried with jittered
 /// backoff until it succeeds or the rule no longer fires).
 pub async fn watch<R: LabelRemover>(
@@ -179,7 +179,7 @@ pub async fn watch<R: LabelRemover>(
     rules: Vec<Rule>,
     remover: Option<R>,
     tx: mpsc::Sender<Vec<LabelRemoval>>,
-    mut stop: tokio_watch::Receiver<bool>,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     let (node_store, node_writer) = reflector::store::<Node>();
     let (pod_store, pod_writer) = reflector::store::<Pod>();
@@ -200,7 +200,7 @@ pub async fn watch<R: LabelRemover>(
     let mut retry = Retry::default();
     loop {
         let retrying = tokio::select! {
-            _ = stop.changed() => return,
+            _ = stop.cancelled() => return,
             _ = retry.wait() => true,
             item = changes.next() => match item {
                 None => return,

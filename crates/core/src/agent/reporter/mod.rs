@@ -7,7 +7,7 @@
 //! let (report_tx, report_rx) = tokio::sync::watch::channel(initial_report);    // latest full state
 //! let (event_tx, event_rx) = tokio::sync::mpsc::channel(256);                    // NodeEvents as they appear
 //! let (cmd_tx, cmd_rx) = tokio::sync::mpsc::channel(16);                        // commands to execute
-//! tokio::spawn(reporter.run(report_rx, event_rx, cmd_tx, shutdown_rx));
+//! tokio::spawn(reporter.run(report_rx, event_rx, cmd_tx, shutdown.child_token())); // a CancellationToken
 //! ```
 //! - `report_tx.send(..)` whenever conditions, CRI-O state, label-removal requests or command
 //!   results change; the reporter fills in `agent_instance`, `sequence` and `events` itself.
@@ -24,10 +24,14 @@
 //!   (independent of the host in `url`), so commands are accepted only from that controller.
 //! - The projected service-account token is re-read from `token_file` for every request (kubelet
 //!   rotates it in place).
-//! - `shutdown` set to `true` (or dropped) ends `run` after persisting the queue.
+//! - `shutdown` cancelled (a child of the agent's one shutdown token) ends `run` after persisting
+//!   the queue.
+//! - The exchange itself goes through a [`ReportTransport`] (`transport/`: the HTTPS one and a
+//!   fake for the loop's tests on tokio's paused clock).
 
 mod config;
 mod queue;
+pub mod transport;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,6 +42,7 @@ use tokio::time::Instant;
 
 pub use config::ReporterConfig;
 pub use queue::EVENTS_FILE;
+pub use transport::ReportTransport;
 
 use crate::agent::sources::NodeEvent;
 use crate::wire::{AgentCommand, NodeReport, ReportResponse};
@@ -82,9 +87,9 @@ pub enum ReporterError {
     Transport {
         /// URL.
         url: String,
-        /// Cause.
+        /// Cause (a `reqwest::Error` from the real transport).
         #[source]
-        source: reqwest::Error,
+        source: transport::TransportError,
     },
     /// The controller refused the report.
     #[error("POST {url}: HTTP {status}: {body}")]
@@ -122,9 +127,7 @@ pub enum ReporterError {
 #[derive(Debug)]
 pub struct Reporter {
     cfg: ReporterConfig,
-    client: reqwest::Client,
-    /// The URL requested (the configured one, with `server_name` as its host when they differ).
-    target: reqwest::Url,
+    transport: Box<dyn ReportTransport>,
     /// `<url>/v1/reports` as configured, for errors.
     endpoint: String,
     instance: String,
@@ -135,15 +138,23 @@ pub struct Reporter {
 impl Reporter {
     /// A reporter for `cfg`, persisting into `state_dir` (created if missing).
     pub fn new(cfg: ReporterConfig, state_dir: &Path) -> Result<Self, ReporterError> {
-        let endpoint = format!("{}/v1/reports", cfg.url.trim_end_matches('/'));
-        let (client, target) = client(&cfg, &endpoint)?;
+        let transport = transport::http::HttpTransport::new(&cfg, &endpoint(&cfg))?;
+        Self::with_transport(cfg, state_dir, Box::new(transport))
+    }
+
+    /// A reporter sending through `transport` (the loop's tests use a fake one).
+    pub fn with_transport(
+        cfg: ReporterConfig,
+        state_dir: &Path,
+        transport: Box<dyn ReportTransport>,
+    ) -> Result<Self, ReporterError> {
+        let endpoint = endpoint(&cfg);
         let queue = Queue::load(state_dir, cfg.max_queued_events)?;
         let raw: [u8; 8] = rand::rng().random();
         Ok(Reporter {
             endpoint,
-            target,
             cfg,
-            client,
+            transport,
             instance: hex::encode(raw),
             sequence: 0,
             queue,
@@ -173,21 +184,15 @@ impl Reporter {
         report.events.extend(self.queue.events().cloned());
         self.queue.answer_replayed(&mut report);
         let body = serde_json::to_vec(&report).map_err(ReporterError::Encode)?;
-        let transport = |source| ReporterError::Transport {
-            url: self.endpoint.clone(),
-            source,
-        };
-        let resp = self
-            .client
-            .post(self.target.clone())
-            .bearer_auth(token.trim())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
+        let answer = self
+            .transport
+            .post(token.trim(), body)
             .await
-            .map_err(transport)?;
-        let status = resp.status().as_u16();
-        let bytes = resp.bytes().await.map_err(transport)?;
+            .map_err(|source| ReporterError::Transport {
+                url: self.endpoint.clone(),
+                source,
+            })?;
+        let (status, bytes) = (answer.status, answer.body);
         if !(200..300).contains(&status) {
             return Err(ReporterError::Status {
                 url: self.endpoint.clone(),
@@ -218,7 +223,7 @@ impl Reporter {
         mut rx: watch::Receiver<NodeReport>,
         mut events: mpsc::Receiver<NodeEvent>,
         commands_tx: mpsc::Sender<AgentCommand>,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: tokio_util::sync::CancellationToken,
     ) {
         let mut next = Instant::now();
         let mut last_send: Option<Instant> = None;
@@ -229,7 +234,7 @@ impl Reporter {
                 last.map_or(Instant::now(), |l| (l + MIN_INTERVAL).max(Instant::now()))
             };
             tokio::select! {
-                r = shutdown.changed() => if r.is_err() || *shutdown.borrow() { break },
+                _ = shutdown.cancelled() => break,
                 r = rx.changed(), if rx_open => match r {
                     Ok(()) => {
                         // Mark the value seen (else `changed()` fires again at once); sends read the latest.
@@ -278,36 +283,182 @@ impl Reporter {
     }
 }
 
-/// The client for `cfg` and the URL to request for `endpoint`: with `ca_file`, only that CA is
-/// trusted and the certificate must be valid for `server_name` (default: the URL's host); without
-/// it, the system's roots (plain `http://` URLs also work: tests, local demos). Requests time out
-/// after `timeout` (connect to last body byte); idle connections are kept for 60 s.
-fn client(
-    cfg: &ReporterConfig,
-    endpoint: &str,
-) -> Result<(reqwest::Client, reqwest::Url), ReporterError> {
-    let target = reqwest::Url::parse(endpoint).map_err(|source| ReporterError::Url {
-        url: cfg.url.clone(),
-        source,
-    })?;
-    let tls = |source| ReporterError::Client {
-        url: cfg.url.clone(),
-        source,
-    };
-    let builder = match &cfg.ca_file {
-        Some(ca) => crate::http::pinned_builder(ca).map_err(tls)?,
-        None => crate::http::builder(None).map_err(tls)?.no_proxy(),
-    };
-    let (builder, target) = match (&cfg.server_name, target.scheme()) {
-        (Some(name), "https") => {
-            crate::http::pin_server_name(builder, &target, name).map_err(tls)?
+/// `<url>/v1/reports`.
+fn endpoint(cfg: &ReporterConfig) -> String {
+    format!("{}/v1/reports", cfg.url.trim_end_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::transport::fake::{FakeTransport, Script, Seen};
+    use super::*;
+    use crate::agent::sources::EventKind;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    fn report() -> NodeReport {
+        NodeReport {
+            version: crate::wire::REPORT_VERSION,
+            node: "n1".into(),
+            agent_version: "test".into(),
+            agent_instance: String::new(),
+            sequence: 0,
+            boot_id: "b".into(),
+            generated_at: chrono::Utc::now(),
+            identity: None,
+            conditions: vec![],
+            check_events: vec![],
+            events: vec![],
+            crio: None,
+            label_removals: vec![],
+            command_results: vec![],
+            problems: vec![],
         }
-        _ => (builder, target),
-    };
-    let client = builder
-        .timeout(cfg.timeout)
-        .pool_idle_timeout(Duration::from_secs(60))
-        .build()
-        .map_err(|e| tls(e.into()))?;
-    Ok((client, target))
+    }
+
+    /// A reporter loop over a fake transport, started at `t0`.
+    struct Run {
+        seen: Arc<Mutex<Seen>>,
+        report_tx: watch::Sender<NodeReport>,
+        event_tx: mpsc::Sender<NodeEvent>,
+        _commands: mpsc::Receiver<AgentCommand>,
+        stop: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+        t0: Instant,
+        _dir: tempfile::TempDir,
+    }
+
+    fn start(script: &[Script], heartbeat: Duration, backoff_max: Duration) -> Run {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("token"), "t\n").unwrap();
+        let cfg = ReporterConfig {
+            url: "http://controller.test".into(),
+            ca_file: None,
+            token_file: dir.path().join("token"),
+            heartbeat,
+            backoff_max,
+            ..ReporterConfig::default()
+        };
+        let fake = FakeTransport::new(script);
+        let seen = fake.seen.clone();
+        let r = Reporter::with_transport(cfg, dir.path(), Box::new(fake)).unwrap();
+        let (report_tx, rx) = watch::channel(report());
+        let (event_tx, erx) = mpsc::channel(16);
+        let (ctx, crx) = mpsc::channel(16);
+        let stop = CancellationToken::new();
+        let t0 = Instant::now();
+        let task = tokio::spawn(r.run(rx, erx, ctx, stop.clone()));
+        Run {
+            seen,
+            report_tx,
+            event_tx,
+            _commands: crx,
+            stop,
+            task,
+            t0,
+            _dir: dir,
+        }
+    }
+
+    impl Run {
+        /// When each report was sent, from the start.
+        fn sent_at(&self) -> Vec<Duration> {
+            let seen = self.seen.lock().unwrap();
+            seen.at.iter().map(|t| *t - self.t0).collect()
+        }
+        async fn at(&self, offset: Duration) {
+            tokio::time::sleep_until(self.t0 + offset).await;
+        }
+        async fn stop(self) -> Arc<Mutex<Seen>> {
+            self.stop.cancel();
+            self.task.await.unwrap();
+            self.seen
+        }
+    }
+
+    /// Tokio's timer wheel rounds a sleep up to the next millisecond.
+    fn near(got: &[Duration], want: &[Duration]) -> bool {
+        got.len() == want.len()
+            && got
+                .iter()
+                .zip(want)
+                .all(|(g, w)| *g >= *w && *g <= *w + MS(1))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_at_once_then_every_heartbeat_exactly() {
+        let r = start(&[], S(10), S(30));
+        r.at(MS(29_999)).await;
+        let got = r.sent_at();
+        assert!(near(&got, &[S(0), S(10), S(20)]), "{got:?}");
+        r.at(S(30) + MS(1)).await;
+        let got = r.sent_at();
+        assert!(near(&got, &[S(0), S(10), S(20), S(30)]), "{got:?}");
+        let seen = r.stop().await;
+        let seqs: Vec<u64> = seen
+            .lock()
+            .unwrap()
+            .reports
+            .iter()
+            .map(|r| r.sequence)
+            .collect();
+        assert_eq!(seqs, vec![1, 2, 3, 4], "one sequence number per report");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn changes_are_sent_at_most_every_200_ms_and_restart_the_heartbeat() {
+        let r = start(&[], S(10), S(30));
+        r.at(MS(50)).await;
+        r.report_tx.send_modify(|x| x.boot_id = "changed".into());
+        r.at(MS(300)).await;
+        let ev = NodeEvent::on_node(EventKind::ShuttingDown, "t", "k", chrono::Utc::now());
+        r.event_tx.send(ev).await.unwrap();
+        r.at(MS(1_000)).await;
+        r.report_tx.send_modify(|x| x.boot_id = "again".into());
+        r.at(MS(10_999)).await;
+        let got = r.sent_at();
+        // 50 ms: within 200 ms of the first, so at 200; 300: at 400; 1 s: at once.
+        assert!(near(&got, &[S(0), MS(200), MS(400), S(1)]), "{got:?}");
+        r.at(S(11) + MS(1)).await;
+        let got = r.sent_at();
+        assert!(
+            near(&got, &[S(0), MS(200), MS(400), S(1), S(11)]),
+            "{got:?}"
+        );
+        let seen = r.stop().await;
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.reports[1].boot_id, "changed");
+        assert_eq!(
+            seen.reports[2].events.len(),
+            1,
+            "the queued event goes along"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_doubling_to_the_cap_then_the_heartbeat_resumes() {
+        use Script::{Down, Ok};
+        let r = start(&[Down, Down, Down, Down, Ok], S(10), S(2));
+        // A change while degraded does not cut the backoff short.
+        r.at(MS(100)).await;
+        r.report_tx.send_modify(|x| x.boot_id = "changed".into());
+        r.at(S(30)).await;
+        let got = r.sent_at();
+        let gaps: Vec<Duration> = got.windows(2).map(|w| w[1] - w[0]).collect();
+        // after failure n: min(500 ms · 2^n, 2 s), jittered into [d/2, d]
+        for (i, d) in [MS(1_000), S(2), S(2), S(2)].iter().enumerate() {
+            assert!(
+                gaps[i] >= *d / 2 && gaps[i] <= *d + MS(1),
+                "gap {i}: {:?} for {d:?} ({gaps:?})",
+                gaps[i]
+            );
+        }
+        assert!(gaps[4] >= S(10) && gaps[4] <= S(10) + MS(1), "{gaps:?}");
+        r.stop().await;
+    }
 }

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::{EventSource, NodeEvent, SourceError};
 
@@ -23,20 +24,20 @@ pub enum SourceMessage {
     },
 }
 
-/// Polls `source` until `stop` becomes true or the receiver of `tx` is gone.
+/// Polls `source` until `stop` is cancelled or the receiver of `tx` is gone.
 pub async fn run(
     mut source: Box<dyn EventSource>,
     interval: Duration,
     max_backoff: Duration,
     tx: mpsc::Sender<SourceMessage>,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let name = source.name();
     let mut backoff = Backoff::new(interval, max_backoff);
-    while !*stop.borrow() {
+    while !stop.is_cancelled() {
         let out = tokio::select! {
             out = source.poll() => out,
-            _ = stop.changed() => return,
+            _ = stop.cancelled() => return,
         };
         let all_failed = !out.errors.is_empty() && out.events.is_empty();
         for e in out.events {
@@ -68,7 +69,7 @@ pub async fn run(
         };
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = stop.changed() => return,
+            _ = stop.cancelled() => return,
         }
     }
 }
@@ -102,7 +103,7 @@ mod tests {
         long_polls: bool,
         at: Arc<Mutex<Vec<Duration>>>,
         t0: Instant,
-        stop: watch::Sender<bool>,
+        stop: CancellationToken,
     }
 
     impl EventSource for Scripted {
@@ -116,7 +117,7 @@ mod tests {
             self.at.lock().unwrap().push(self.t0.elapsed());
             let step = self.script.pop_front().unwrap();
             if self.script.is_empty() {
-                let _ = self.stop.send(true);
+                self.stop.cancel();
             }
             let ev =
                 || NodeEvent::on_node(EventKind::ShuttingDown, "scripted", "k", chrono::Utc::now());
@@ -151,17 +152,17 @@ mod tests {
         interval: Duration,
         max: Duration,
     ) -> (Vec<Duration>, usize) {
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let stop = CancellationToken::new();
         let at = Arc::new(Mutex::new(Vec::new()));
         let source = Scripted {
             script: script.iter().copied().collect(),
             long_polls,
             at: at.clone(),
             t0: Instant::now(),
-            stop: stop_tx,
+            stop: stop.clone(),
         };
         let (tx, mut rx) = mpsc::channel(64);
-        run(Box::new(source), interval, max, tx, stop_rx).await;
+        run(Box::new(source), interval, max, tx, stop).await;
         let mut messages = 0;
         while rx.try_recv().is_ok() {
             messages += 1;
@@ -221,9 +222,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn stop_ends_the_wait_without_another_poll() {
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let stop = CancellationToken::new();
         let at = Arc::new(Mutex::new(Vec::new()));
-        let (unused, _) = watch::channel(false);
+        let unused = CancellationToken::new();
         let source = Scripted {
             script: [Poll::Ok, Poll::Ok].into_iter().collect(),
             long_polls: false,
@@ -233,9 +234,9 @@ mod tests {
         };
         let (tx, _rx) = mpsc::channel(8);
         let t0 = Instant::now();
-        let task = tokio::spawn(run(Box::new(source), S(3600), S(3600), tx, stop_rx));
+        let task = tokio::spawn(run(Box::new(source), S(3600), S(3600), tx, stop.clone()));
         tokio::time::sleep(S(60)).await;
-        stop_tx.send(true).unwrap();
+        stop.cancel();
         task.await.unwrap();
         assert_eq!(
             at.lock().unwrap().len(),

@@ -275,3 +275,74 @@ fn on_progress(shared: &Mutex<Shared>, metrics: &EngineMetrics, wake: &Notify, p
         wake.notify_one();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::engine::SystemClock;
+
+    /// Drain tasks whose API server refuses everything (403): every drain fails on an API error.
+    fn tasks() -> DrainTasks {
+        let svc = tower::service_fn(|_req: hyper::Request<kube::client::Body>| async {
+            let body = serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                "reason": "Forbidden", "code": 403, "message": "forbidden"});
+            hyper::Response::builder()
+                .status(403)
+                .header("content-type", "application/json")
+                .body(kube::client::Body::from(
+                    serde_json::to_vec(&body).unwrap_or_default(),
+                ))
+        });
+        DrainTasks::new(
+            Client::new(svc, "default"),
+            EngineConfig::default(),
+            Arc::new(SystemClock),
+            Arc::new(EngineMetrics::default()),
+            Arc::new(Notify::new()),
+        )
+    }
+
+    /// Lets the spawned tasks run without moving the paused clock (a ready task keeps tokio from
+    /// advancing it), until `done` holds.
+    async fn run_until(what: &str, mut done: impl FnMut() -> bool) {
+        for _ in 0..10_000 {
+            if done() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("{what}: not reached without time passing");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_failed_on_an_api_error_is_forgotten_exactly_after_the_retry_pause() {
+        let t = tasks();
+        let deadline = Utc::now() + chrono::Duration::minutes(10);
+        assert!(t.start("n1", deadline, "repair:Ready=False"));
+        assert!(
+            !t.start("n1", deadline, "repair:Ready=False"),
+            "one drain per node"
+        );
+        run_until("the drain fails", || t.view("n1").phase == DrainPhase::Idle).await;
+        assert_eq!(t.nodes(), vec!["n1".to_string()], "kept during the pause");
+        tokio::time::advance(RETRY_PAUSE - Duration::from_millis(1)).await;
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            t.nodes(),
+            vec!["n1".to_string()],
+            "not before the pause is over"
+        );
+        assert!(
+            !t.start("n1", deadline, "repair:Ready=False"),
+            "not restarted yet"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        run_until("forgotten after the pause", || t.nodes().is_empty()).await;
+        assert!(
+            t.start("n1", deadline, "repair:Ready=False"),
+            "started again"
+        );
+    }
+}

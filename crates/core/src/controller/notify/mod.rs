@@ -25,6 +25,7 @@ use crate::controller::metrics;
 
 mod config;
 mod deliver;
+mod post;
 mod queue;
 mod template;
 

@@ -87,7 +87,7 @@ pub(super) struct Target {
     pub(super) name: String,
     pub(super) cfg: NotifyConfig,
     pub(super) pieces: Option<Vec<Piece>>,
-    pub(super) http: reqwest::Client,
+    pub(super) http: Box<dyn super::post::WebhookPost>,
     queue: Mutex<VecDeque<Queued>>,
     pub(super) wake: tokio::sync::Notify,
     pub(super) counters: Counters,
@@ -117,7 +117,22 @@ impl Target {
                 })
             }
         };
-        Ok(Target {
+        Ok(Target::with_post(
+            name,
+            cfg,
+            pieces,
+            Box::new(super::post::http::HttpPost(http)),
+        ))
+    }
+
+    /// A target posting through `http` (the delivery tests use a fake one).
+    pub(super) fn with_post(
+        name: String,
+        cfg: &NotifyConfig,
+        pieces: Option<Vec<Piece>>,
+        http: Box<dyn super::post::WebhookPost>,
+    ) -> Self {
+        Target {
             name,
             cfg: cfg.clone(),
             pieces,
@@ -125,7 +140,7 @@ impl Target {
             queue: Mutex::new(VecDeque::new()),
             wake: tokio::sync::Notify::new(),
             counters: Counters::default(),
-        })
+        }
     }
 
     pub(super) fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Queued>> {

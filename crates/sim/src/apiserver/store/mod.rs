@@ -14,6 +14,7 @@ pub use super::object::{StoredObject, Summary};
 use super::resources::{well_known, ResourceDef, RESOURCES};
 use super::selectors::{FieldSelector, LabelSelector};
 
+pub mod lifecycle;
 mod txn;
 mod watch;
 
@@ -348,7 +349,7 @@ impl Store {
             .fields
             .equality("spec.nodeName")
             .filter(|n| !n.is_empty());
-        if let (Some(node), true) = (node, std::ptr::eq(res, well_known::pods())) {
+        if let (Some(node), true) = (node, res.lifecycle.indexed_by_node()) {
             let keys = table.by_node.get(node).into_iter().flatten();
             for k in keys.filter(|k| after.is_none_or(|a| *k > a)) {
                 if filter.namespace.as_ref().is_some_and(|ns| *ns != k.0) {

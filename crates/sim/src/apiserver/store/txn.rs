@@ -69,7 +69,7 @@ impl Txn<'_> {
         let rv = self.inner.rv;
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
         let idx = res.index();
-        let is_pod = std::ptr::eq(res, well_known::pods());
+        let indexed = res.lifecycle.indexed_by_node();
         let stored = Arc::new(StoredObject::new(&obj));
         let table = &mut self.inner.tables[idx];
         table.last_write = rv;
@@ -78,7 +78,7 @@ impl Txn<'_> {
         } else {
             table.objects.insert(key.clone(), stored.clone())
         };
-        if is_pod {
+        if indexed {
             if let Some(old) = prev.as_ref().and_then(|p| p.summary().node()) {
                 if let Some(set) = table.by_node.get_mut(old) {
                     set.remove(&key);
@@ -107,7 +107,7 @@ impl Txn<'_> {
         }
         // No receivers is fine.
         let _ = self.store.tx.send(ev);
-        if std::ptr::eq(res, well_known::new_events()) {
+        if res.lifecycle.mirrored_to_core_events() {
             self.mirror_event(&obj, kind);
         }
         obj
@@ -409,7 +409,7 @@ impl Txn<'_> {
         if !terminating || finalizers {
             return;
         }
-        if std::ptr::eq(res, well_known::pods()) && self.pod_needs_kubelet(obj) {
+        if res.lifecycle.graceful_deletion() && self.pod_needs_kubelet(obj) {
             let due = obj
                 .pointer("/metadata/deletionTimestamp")
                 .and_then(Value::as_str)
@@ -419,7 +419,7 @@ impl Txn<'_> {
                 return;
             }
         }
-        if std::ptr::eq(res, well_known::namespaces()) {
+        if res.lifecycle.cascades() {
             self.delete_namespace_contents(&key.1);
         }
         self.commit(res, key, obj.clone(), EventType::Deleted);
@@ -469,8 +469,8 @@ impl Txn<'_> {
         {
             return Err(ApiError::conflict(res, name, "Precondition failed: the ResourceVersion in the precondition does not match the ResourceVersion in record. The object might have been modified"));
         }
-        let is_pod = std::ptr::eq(res, well_known::pods());
-        let grace = if is_pod {
+        let graceful_kind = res.lifecycle.graceful_deletion();
+        let grace = if graceful_kind {
             opts.grace_seconds
                 .or_else(|| {
                     old.pointer("/spec/terminationGracePeriodSeconds")
@@ -485,9 +485,9 @@ impl Txn<'_> {
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
             .is_some_and(|a| !a.is_empty());
-        let graceful = is_pod && grace > 0 && self.pod_needs_kubelet(&old);
+        let graceful = graceful_kind && grace > 0 && self.pod_needs_kubelet(&old);
         if !has_finalizers && !graceful {
-            if std::ptr::eq(res, well_known::namespaces()) {
+            if res.lifecycle.cascades() {
                 self.delete_namespace_contents(name);
             }
             return Ok(self.commit(res, key, (*old).clone(), EventType::Deleted));
@@ -503,7 +503,7 @@ impl Txn<'_> {
             new["metadata"]["deletionTimestamp"] = json!(fmt_time(due));
             new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
         }
-        if std::ptr::eq(res, well_known::namespaces()) {
+        if res.lifecycle.cascades() {
             // Held by a finalizer: Terminating, so NamespaceLifecycle refuses new content. Its
             // content stays until the finalizers are gone (a stuck namespace controller).
             new["status"]["phase"] = json!("Terminating");

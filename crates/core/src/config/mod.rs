@@ -15,6 +15,15 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod diagnostic;
+mod load;
+mod secret;
+
+use crate::cfg_path;
+pub use diagnostic::{display_path, k8s_value_error, line_col, Diagnostic, PathSeg, Severity};
+use load::{deserialize_all, locate, parse_document};
+pub use secret::{Secret, REDACTED};
+
 /// The whole configuration file. Every section has defaults, so an empty file is valid.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -186,135 +195,6 @@ pub struct DropIn {
     pub adopt: bool,
 }
 
-/// How serious a [`Diagnostic`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    /// The configuration is used, but the user should look.
-    Warning,
-    /// The configuration is refused.
-    Error,
-}
-
-/// One step of a key path inside the document, e.g. `crio` / `dropin` / `1` / `name`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PathSeg {
-    /// A table key.
-    Key(String),
-    /// An array index.
-    Index(usize),
-}
-
-/// Builds a key path from string keys and indices: `path!["crio", "dropin", 2, "name"]`.
-#[macro_export]
-macro_rules! cfg_path {
-    ($($seg:expr),* $(,)?) => { vec![$($crate::config::PathSeg::from($seg)),*] };
-}
-
-impl From<&str> for PathSeg {
-    fn from(s: &str) -> Self {
-        PathSeg::Key(s.to_string())
-    }
-}
-impl From<String> for PathSeg {
-    fn from(s: String) -> Self {
-        PathSeg::Key(s)
-    }
-}
-impl From<usize> for PathSeg {
-    fn from(i: usize) -> Self {
-        PathSeg::Index(i)
-    }
-}
-
-/// A finding about the configuration, located in the file where possible.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Diagnostic {
-    /// Error or warning.
-    pub severity: Severity,
-    /// Key path of the offending value (empty: the whole file).
-    pub path: Vec<PathSeg>,
-    /// What is wrong, in words a user can act on.
-    pub message: String,
-    /// 1-based line and column, filled in by `locate`.
-    pub location: Option<(usize, usize)>,
-}
-
-impl Diagnostic {
-    /// An error at `path`.
-    pub fn error(path: Vec<PathSeg>, message: impl Into<String>) -> Self {
-        Self {
-            severity: Severity::Error,
-            path,
-            message: message.into(),
-            location: None,
-        }
-    }
-    /// A warning at `path`.
-    pub fn warning(path: Vec<PathSeg>, message: impl Into<String>) -> Self {
-        Self {
-            severity: Severity::Warning,
-            path,
-            message: message.into(),
-            location: None,
-        }
-    }
-    /// Renders `FILE:LINE:COL: error: message` (or without LINE:COL when it has no location).
-    pub fn render(&self, file: &Path) -> String {
-        let sev = match self.severity {
-            Severity::Error => "error",
-            Severity::Warning => "warning",
-        };
-        let key = display_path(&self.path);
-        let key = if key.is_empty() {
-            String::new()
-        } else {
-            format!(" [{key}]")
-        };
-        match self.location {
-            Some((line, col)) => format!(
-                "{}:{line}:{col}: {sev}: {}{key}",
-                file.display(),
-                self.message
-            ),
-            None => format!("{}: {sev}: {}{key}", file.display(), self.message),
-        }
-    }
-}
-
-/// An error at `path` when the apiserver would refuse `value` as a `what` (a label key, a taint
-/// value, ...): `problems` are the findings of a [`crate::k8s::validation`] check (none: `None`).
-pub fn k8s_value_error(
-    path: Vec<PathSeg>,
-    what: &str,
-    value: &str,
-    problems: Vec<String>,
-) -> Option<Diagnostic> {
-    crate::k8s::validation::check(problems).err().map(|why| {
-        Diagnostic::error(
-            path,
-            format!("`{value}` is not a valid {what} (the API server would refuse it): {why}"),
-        )
-    })
-}
-
-/// `crio.dropin[1].name`
-pub fn display_path(path: &[PathSeg]) -> String {
-    let mut out = String::new();
-    for seg in path {
-        match seg {
-            PathSeg::Key(k) => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(k);
-            }
-            PathSeg::Index(i) => out.push_str(&format!("[{i}]")),
-        }
-    }
-    out
-}
-
 /// Why a configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -422,7 +302,7 @@ impl Config {
             Ok(doc) => doc,
             Err(diags) => return Err(invalid(diags)),
         };
-        let (parsed, mut diags) = deserialize_all(text);
+        let (parsed, mut diags) = deserialize_all::<Config>(text);
         let Some(mut config) = parsed else {
             return Err(invalid(diags));
         };
@@ -536,171 +416,6 @@ impl Config {
     pub fn to_redacted_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
-}
-
-/// What secrets are replaced with when a configuration is printed.
-pub const REDACTED: &str = "<redacted>";
-
-/// A secret string: deserialized normally, always printed as [`REDACTED`].
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// A secret holding `s`.
-    pub fn new(s: impl Into<String>) -> Self {
-        Secret(s.into())
-    }
-    /// The secret value (compare it in constant time).
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(REDACTED)
-    }
-}
-
-impl Serialize for Secret {
-    /// An unset (empty) secret prints as `""`: there is nothing to hide, and the user sees it is unset.
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(if self.0.is_empty() { "" } else { REDACTED })
-    }
-}
-
-impl From<&str> for Secret {
-    fn from(s: &str) -> Self {
-        Secret(s.to_string())
-    }
-}
-
-impl From<String> for Secret {
-    fn from(s: String) -> Self {
-        Secret(s)
-    }
-}
-
-/// Deserializes the typed config, collecting every type error and unknown key instead of only
-/// the first: each offending line (or table, for a header) is blanked out in place, keeping all
-/// other offsets intact, and deserialization is retried.
-fn deserialize_all(text: &str) -> (Option<Config>, Vec<Diagnostic>) {
-    let mut work = text.to_string();
-    let mut diags = Vec::new();
-    for _ in 0..64 {
-        let err = match toml::from_str::<Config>(&work) {
-            Ok(c) => return (Some(c), diags),
-            Err(e) => e,
-        };
-        let mut d = Diagnostic::error(Vec::new(), err.message().trim().to_string());
-        d.location = err.span().map(|s| line_col(text, s.start));
-        diags.push(d);
-        let Some(span) = err.span() else { break };
-        if !blank_out(&mut work, span.start) || toml::de::DeTable::parse(&work).is_err() {
-            break;
-        }
-    }
-    (None, diags)
-}
-
-/// Replaces the line holding byte `at` with spaces; a table header takes its whole table along.
-/// Returns false when there was nothing left to blank.
-fn blank_out(work: &mut String, at: usize) -> bool {
-    let at = floor_char_boundary(work, at.min(work.len()));
-    let start = work[..at].rfind('\n').map_or(0, |i| i + 1);
-    let line_end = |from: usize| work[from..].find('\n').map_or(work.len(), |i| from + i);
-    let mut end = line_end(start);
-    if work[start..end].trim_start().starts_with('[') {
-        while end < work.len() {
-            let next = end + 1;
-            let next_end = line_end(next);
-            if work[next..next_end].trim_start().starts_with('[') {
-                break;
-            }
-            end = next_end;
-        }
-    }
-    if work[start..end].trim().is_empty() {
-        return false;
-    }
-    let blank: String = work[start..end]
-        .chars()
-        .map(|c| if c == '\n' { '\n' } else { ' ' })
-        .collect();
-    // Same length in bytes only for ASCII; keep offsets exact by padding to the byte length.
-    let pad = (end - start).saturating_sub(blank.len());
-    work.replace_range(start..end, &(blank + &" ".repeat(pad)));
-    true
-}
-
-/// Parses the document keeping spans. Syntax errors are all reported, each located.
-fn parse_document(text: &str) -> Result<toml::Spanned<toml::de::DeTable<'_>>, Vec<Diagnostic>> {
-    let (doc, errors) = toml::de::DeTable::parse_recoverable(text);
-    if errors.is_empty() {
-        return Ok(doc);
-    }
-    Err(errors
-        .into_iter()
-        .map(|e| {
-            let mut d = Diagnostic::error(Vec::new(), e.message().trim().to_string());
-            d.location = e.span().map(|s| line_col(text, s.start));
-            d
-        })
-        .collect())
-}
-
-/// Finds the byte offset of the value (or, failing that, the deepest key) at `path`.
-fn locate(doc: &toml::Spanned<toml::de::DeTable<'_>>, path: &[PathSeg]) -> Option<usize> {
-    use toml::de::DeValue;
-    let mut best = None;
-    let mut table = Some(doc.get_ref());
-    let mut value: Option<&toml::Spanned<DeValue<'_>>> = None;
-    for seg in path {
-        match seg {
-            PathSeg::Key(k) => {
-                let t = match (table, value.map(|v| v.get_ref())) {
-                    (Some(t), None) => t,
-                    (_, Some(DeValue::Table(t))) => t,
-                    _ => return best,
-                };
-                let (key, v) = t
-                    .iter()
-                    .find(|(key, _)| key.get_ref().as_ref() == k.as_str())?;
-                best = Some(key.span().start);
-                value = Some(v);
-                table = None;
-            }
-            PathSeg::Index(i) => {
-                let Some(DeValue::Array(items)) = value.map(|v| v.get_ref()) else {
-                    return best;
-                };
-                let item = items.get(*i)?;
-                best = Some(item.span().start);
-                value = Some(item);
-            }
-        }
-    }
-    match value {
-        Some(v) if !matches!(v.get_ref(), DeValue::Table(_)) => Some(v.span().start),
-        _ => best,
-    }
-}
-
-/// 1-based line and column (in characters) of byte offset `off`.
-pub fn line_col(text: &str, off: usize) -> (usize, usize) {
-    let off = off.min(text.len());
-    let before = &text[..floor_char_boundary(text, off)];
-    let line = before.matches('\n').count() + 1;
-    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, col)
-}
-
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
-    while i > 0 && !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
 }
 
 impl fmt::Display for Config {

@@ -1,0 +1,76 @@
+//! A scripted transport for the reporter loop's tests: answers from a script (then 200 with an
+//! empty response), and records when each POST came (tokio's clock) and what it carried.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use super::{Answer, ReportTransport, TransportError};
+use crate::wire::NodeReport;
+
+/// One scripted answer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Script {
+    /// 200 with an empty [`crate::wire::ReportResponse`].
+    Ok,
+    /// A transport error (the controller unreachable).
+    Down,
+}
+
+/// What the fake saw.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    /// When each POST came.
+    pub at: Vec<Instant>,
+    /// The reports, decoded.
+    pub reports: Vec<NodeReport>,
+}
+
+/// The fake; clone the `seen` handle before boxing it.
+#[derive(Debug, Default)]
+pub(crate) struct FakeTransport {
+    pub script: Mutex<VecDeque<Script>>,
+    pub seen: Arc<Mutex<Seen>>,
+}
+
+impl FakeTransport {
+    pub(crate) fn new(script: &[Script]) -> Self {
+        FakeTransport {
+            script: Mutex::new(script.iter().copied().collect()),
+            seen: Arc::default(),
+        }
+    }
+}
+
+impl ReportTransport for FakeTransport {
+    fn post<'a>(
+        &'a self,
+        _token: &'a str,
+        body: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Answer, TransportError>> {
+        {
+            let mut seen = self.seen.lock().unwrap();
+            seen.at.push(Instant::now());
+            seen.reports.push(serde_json::from_slice(&body).unwrap());
+        }
+        let step = self
+            .script
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or(Script::Ok);
+        Box::pin(async move {
+            match step {
+                Script::Ok => Ok(Answer {
+                    status: 200,
+                    body: br#"{"accepted":true,"acknowledged_events":[],"commands":[]}"#
+                        .to_vec()
+                        .into(),
+                }),
+                Script::Down => Err("connection refused".into()),
+            }
+        })
+    }
+}

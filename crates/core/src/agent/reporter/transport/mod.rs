@@ -1,0 +1,33 @@
+//! How a report reaches the controller: one POST of an encoded report with a bearer token.
+//! The reporter's loop (heartbeat, change limit, failure backoff) talks only to a
+//! [`ReportTransport`]; [`http::HttpTransport`] is the real one (reqwest over rustls, pinned CA and
+//! server name), `fake.rs` a scripted one for the loop's tests on tokio's paused clock (a real
+//! exchange cannot run there: the clock jumps to the request timeout while bytes are in flight).
+
+#[cfg(test)]
+pub(crate) mod fake;
+pub mod http;
+
+use futures::future::BoxFuture;
+
+/// A failed exchange (connect, TLS, timeout, body): the source of `ReporterError::Transport`.
+pub type TransportError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The controller's answer to one POST.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// HTTP status code.
+    pub status: u16,
+    /// The response body.
+    pub body: bytes::Bytes,
+}
+
+/// Sends one encoded report (`POST <url>/v1/reports`, JSON, `Authorization: Bearer <token>`).
+pub trait ReportTransport: Send + Sync + std::fmt::Debug {
+    /// One exchange; a transport error when no answer came.
+    fn post<'a>(
+        &'a self,
+        token: &'a str,
+        body: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Answer, TransportError>>;
+}
