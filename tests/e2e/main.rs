@@ -20,6 +20,7 @@ mod events;
 mod failover;
 mod identity;
 mod karpenter;
+mod karpenter_budgets;
 mod labels;
 mod nodepool;
 mod preemption;
