@@ -21,6 +21,7 @@ mod failover;
 mod identity;
 mod karpenter;
 mod karpenter_budgets;
+mod karpenter_random;
 mod labels;
 mod nodepool;
 mod preemption;
