@@ -292,3 +292,182 @@ spec:
     ctl.stop().await;
     remove_pool(c, "deployment", BUDGET_APP, BUDGET_POOL).await;
 }
+
+const INTR_POOL: &str = "nk-intr";
+const INTR_APP: &str = "nk-intr-app";
+
+/// A preemption nodekeeper drains (the node stays Ready; a do-not-disrupt pod holds the drain) is invisible to
+/// Karpenter's budget arithmetic; with the NodePool drifted meanwhile, Karpenter must not start a
+/// drift of the NodePool's other node (budget `nodes: "1"`, already used by the preemption): at every
+/// observation the other node carries no `karpenter.sh/disrupted` taint and its NodeClaim is not
+/// deleting, until Karpenter reports the disruption blocked by the fence's `karpenter.sh/do-not-disrupt`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preemption_drain_fences_its_nodepool_so_karpenter_drifts_nothing_else_meanwhile() {
+    init_tracing();
+    let _one = ONE_AT_A_TIME.lock().await;
+    let c = karpenter_cluster();
+    let admin = c.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let claims = nodeclaims(&admin);
+    let hosts = pool_with_two_pods(
+        c,
+        &pods,
+        INTR_POOL,
+        INTR_APP,
+        r#"{consolidationPolicy: WhenEmptyOrUnderutilized, consolidateAfter: 0s, budgets: [{nodes: "1"}]}"#,
+        "",
+    )
+    .await;
+    let (preempted, other) = (hosts[0].clone(), hosts[1].clone());
+    // The preempted node's pod is marked do-not-disrupt (the pod itself, not the template): nodekeeper's
+    // drain waits for it until the deadline, and only that node is kept from Karpenter by it.
+    let held_pod = app_pods_of(&pods, INTR_APP)
+        .await
+        .into_iter()
+        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(preempted.as_str()))
+        .and_then(|p| p.metadata.name)
+        .expect("the app's pod on the preempted node");
+    pods.patch(
+        &held_pod,
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({ "metadata": { "annotations": { "karpenter.sh/do-not-disrupt": "true" } } }),
+        ),
+    )
+    .await
+    .unwrap();
+    let other_claim = wait_for(
+        Duration::from_secs(30),
+        "the other node's NodeClaim",
+        || {
+            let (claims, other) = (claims.clone(), other.clone());
+            async move {
+                claims
+                    .list(&kube::api::ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find(|c| c.data["status"]["nodeName"].as_str() == Some(other.as_str()))?
+                    .metadata
+                    .name
+            }
+        },
+    )
+    .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = karpenter_controller_toml_with(
+        dir.path(),
+        "karpenter-intr",
+        "condition_type = \"Ready\"\ncondition_status = \"False\"\ntoleration = \"10m\"",
+        |t| {
+            t["budgets"]
+                .as_table_mut()
+                .unwrap()
+                .insert("source".into(), "nodepool".into());
+        },
+    );
+    let ctl = ControllerProc::start(c, &config, "karpenter-intr").await;
+    wait_leading(&admin, "nodekeeper-karpenter-intr", "karpenter-intr").await;
+    let https = crate::ctl::https(&dir.path().join("ca.pem"), ctl.addr);
+    let token = agent_report_token(&admin, &preempted).await;
+    let now = chrono::Utc::now();
+    let mut report = crate::ctl::report(&preempted, 1, &[]);
+    report.events = vec![nodekeeper_core::agent::sources::NodeEvent {
+        version: nodekeeper_core::agent::sources::NODE_EVENT_VERSION,
+        id: "intr-preempt-1".into(),
+        kind: nodekeeper_core::agent::sources::EventKind::Preemption,
+        cloud: None,
+        source: "oci/instance-action".into(),
+        not_before: Some(now + chrono::Duration::minutes(10)),
+        deadline: None,
+        detected_at: now,
+        detail: Default::default(),
+    }];
+    report_until(&https, ctl.addr, &token, &report, |r| {
+        r["acknowledged_events"]
+            .to_string()
+            .contains("intr-preempt-1")
+    })
+    .await;
+    wait_until(
+        Duration::from_secs(30),
+        "the preempted node interrupted",
+        || {
+            let (nodes, n) = (nodes.clone(), preempted.clone());
+            async move {
+                nodes
+                    .get(&n)
+                    .await
+                    .is_ok_and(|n| annotation(&n, keys::STATE) == Some("interrupted"))
+            }
+        },
+    )
+    .await;
+
+    // Drift: every node of the NodePool is drifted from now on.
+    nodepools(&admin)
+        .patch(
+            INTR_POOL,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "template": { "metadata": {
+                "labels": { "nodekeeper.test/generation": "1" } } } } })),
+        )
+        .await
+        .unwrap();
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let end = tokio::time::Instant::now() + Duration::from_secs(300);
+    let blocked = loop {
+        let o = nodes.get(&other).await.unwrap();
+        let tainted = o
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| t.key == "karpenter.sh/disrupted"));
+        let claim_deleting = claims
+            .get_opt(&other_claim)
+            .await
+            .unwrap()
+            .is_none_or(|c| c.metadata.deletion_timestamp.is_some());
+        let p = nodes.get(&preempted).await.unwrap();
+        assert_eq!(
+            annotation(&p, keys::STATE),
+            Some("interrupted"),
+            "the preemption's drain still waits for the do-not-disrupt pod"
+        );
+        assert!(
+            !tainted && !claim_deleting && o.metadata.deletion_timestamp.is_none(),
+            "Karpenter disrupted {other} while {preempted} was being drained for a preemption (budget 1): tainted {tainted}, claim deleting {claim_deleting}"
+        );
+        let found = events
+            .list(&kube::api::ListParams::default().fields(&format!(
+                "reason=DisruptionBlocked,involvedObject.kind=Node,involvedObject.name={other}"
+            )))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|e| e.message)
+            .find(|m| m.contains("karpenter.sh/do-not-disrupt"));
+        if let Some(m) = found {
+            break m;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "Karpenter never evaluated {other}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("Karpenter on {other}: {blocked}");
+    let o = nodes.get(&other).await.unwrap();
+    assert_eq!(annotation(&o, keys::DO_NOT_DISRUPT_BY), Some("fence"));
+    assert_eq!(
+        ctl.forbidden_lines(),
+        Vec::<String>::new(),
+        "the controller hit a 403"
+    );
+    ctl.stop().await;
+    remove_pool(c, "deployment", INTR_APP, INTR_POOL).await;
+}
