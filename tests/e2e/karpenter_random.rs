@@ -360,6 +360,42 @@ async fn random_repairs_preemptions_drift_and_consolidation_never_exceed_a_nodep
         Vec::<String>::new(),
         "the controller hit a 403"
     );
+    // Quiesce before the teardown: budget "0" (Karpenter starts nothing more), then every NodeClaim
+    // of the pools initialized and none deleting. Deleting a NodePool while Karpenter's drift
+    // replacement is launching left that replacement's KWOK node behind once (its NodeClaim was
+    // deleted before the node registered), and `remove_pool` waits for every node of the pool.
+    for pool in POOLS {
+        nodepools(&admin)
+            .patch(
+                pool,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({ "spec": { "disruption": { "budgets": [{ "nodes": "0" }] } } }),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+    wait_until(
+        Duration::from_secs(120),
+        "the NodePools' NodeClaims initialized, none deleting",
+        || {
+            let claims = claims.clone();
+            async move {
+                let selector = format!("karpenter.sh/nodepool in ({})", POOLS.join(","));
+                claims
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .is_ok_and(|l| {
+                        l.items.iter().all(|c| {
+                            c.metadata.deletion_timestamp.is_none()
+                                && condition_true(c, "Initialized")
+                        })
+                    })
+            }
+        },
+    )
+    .await;
     ctl.stop().await;
     for pool in POOLS {
         remove_pool(c, "deployment", &format!("{pool}-app"), pool).await;

@@ -14,7 +14,9 @@
 //!   `karpenter.sh/do-not-disrupt: "true"` are waited for, not evicted. Once no such pod is left and
 //!   `terminate_delay` has passed since the deletion (the instance's termination), the node is
 //!   removed and the claim released. Not modelled: the NodeClaim's `terminationGracePeriod` (pods
-//!   deleted past it), VolumeAttachments, and the 5 s minimum drain time.
+//!   deleted past it), VolumeAttachments, and the 5 s minimum drain time. Pods stuck terminating
+//!   (more than a minute past their `deletionTimestamp`, e.g. on a node whose kubelet is gone) are
+//!   not waited for, as Karpenter's `IsStuckTerminating`.
 //! - Karpenter brings capacity only for pods left pending; the sim's stand-in for that is the pool's
 //!   size: when the pool (with the claims still launching) is below its scenario count, a
 //!   replacement node appears after `launch_delay`.
@@ -319,8 +321,11 @@ impl Provisioner {
             ..Default::default()
         };
         let taint = json!({"key": DISRUPTED_TAINT, "effect": "NoSchedule"});
+        let now = sim.store.clock.now();
         // Waiting for eviction (`IsWaitingEviction`): not terminal, not tolerating the taint, not a
-        // mirror pod. Terminating pods are still waited for.
+        // mirror pod, not stuck terminating (its deletionTimestamp, which includes the grace period,
+        // more than a minute ago: a dead kubelet's pods do not hold the node). Terminating pods are
+        // otherwise still waited for.
         let waiting: Vec<_> = sim
             .store
             .list(well_known::pods(), &filter, None, None)
@@ -333,6 +338,12 @@ impl Provisioner {
                 )
             })
             .filter(|p| !tolerates(p, &taint) && !owned_by(p, "Node"))
+            .filter(|p| {
+                !p.pointer("/metadata/deletionTimestamp")
+                    .and_then(Value::as_str)
+                    .and_then(parse_time)
+                    .is_some_and(|d| now - d > chrono::Duration::minutes(1))
+            })
             .collect();
         let Some(first) = waiting.iter().map(|p| priority_group(p)).min() else {
             self.refused.retain(|(n, _)| n != node);
