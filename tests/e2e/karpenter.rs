@@ -23,23 +23,23 @@ use crate::support::*;
 use nodekeeper_core::controller::policy::view::keys;
 
 /// One test at a time on the Karpenter cluster.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const POOL: &str = "default";
 const APP: &str = "karpenter-inflate";
 
-fn nodeclaims(admin: &kube::Client) -> Api<DynamicObject> {
+pub(crate) fn nodeclaims(admin: &kube::Client) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("karpenter.sh", "v1", "NodeClaim");
     Api::all_with(admin.clone(), &ApiResource::from_gvk(&gvk))
 }
 
-fn nodepools(admin: &kube::Client) -> Api<DynamicObject> {
+pub(crate) fn nodepools(admin: &kube::Client) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("karpenter.sh", "v1", "NodePool");
     Api::all_with(admin.clone(), &ApiResource::from_gvk(&gvk))
 }
 
 /// `status.conditions[type].status == "True"` of a Karpenter object.
-fn condition_true(o: &DynamicObject, type_: &str) -> bool {
+pub(crate) fn condition_true(o: &DynamicObject, type_: &str) -> bool {
     o.data["status"]["conditions"].as_array().is_some_and(|cs| {
         cs.iter()
             .any(|c| c["type"] == type_ && c["status"] == "True")
@@ -59,7 +59,7 @@ async fn app_pods(pods: &Api<Pod>) -> Vec<Pod> {
     app_pods_of(pods, APP).await
 }
 
-fn running_on(p: &Pod) -> Option<&str> {
+pub(crate) fn running_on(p: &Pod) -> Option<&str> {
     let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
     (phase == Some("Running")).then_some(())?;
     p.spec.as_ref()?.node_name.as_deref()
@@ -268,7 +268,7 @@ async fn karpenter_provisions_a_kwok_node_for_pending_pods_and_consolidates_it_w
 
 /// A test's teardown: its app objects (`kinds` named `app`) and its NodePool, waiting until Karpenter has
 /// terminated the pool's nodes, so the next test on the shared cluster never finds them.
-async fn remove_pool(c: &'static Cluster, kinds: &str, app: &str, pool: &str) {
+pub(crate) async fn remove_pool(c: &'static Cluster, kinds: &str, app: &str, pool: &str) {
     let out = kubectl(c, &["delete", kinds, app, "--ignore-not-found"]);
     assert!(out.status.success(), "kubectl delete {kinds} {app}");
     let out = kubectl(
@@ -299,7 +299,7 @@ async fn remove_pool(c: &'static Cluster, kinds: &str, app: &str, pool: &str) {
 /// The default KWOKNodeClass, a NodePool `pool` of its own (on-demand, `disruption` as given) and a
 /// Deployment `app` of 2 pods of 1500m pinned to it, one per node, plus `extra` YAML (a PDB); returns
 /// the two nodes once both pods run there.
-async fn pool_with_two_pods(
+pub(crate) async fn pool_with_two_pods(
     c: &'static Cluster,
     pods: &Api<Pod>,
     pool: &str,
@@ -378,10 +378,20 @@ spec:
 
 /// The shipped controller config with provider `karpenter`, half a group allowed unhealthy and the
 /// one repair policy `policy` (TOML of a `[[repair.policy]]`).
-fn karpenter_controller_toml(
+pub(crate) fn karpenter_controller_toml(
     dir: &std::path::Path,
     identity: &str,
     policy: &str,
+) -> std::path::PathBuf {
+    karpenter_controller_toml_with(dir, identity, policy, |_| {})
+}
+
+/// [`karpenter_controller_toml`], then `edit` applied.
+pub(crate) fn karpenter_controller_toml_with(
+    dir: &std::path::Path,
+    identity: &str,
+    policy: &str,
+    edit: impl FnOnce(&mut toml::Table),
 ) -> std::path::PathBuf {
     controller_toml(dir, identity, |t| {
         let r = t["repair"].as_table_mut().unwrap();
@@ -396,6 +406,7 @@ fn karpenter_controller_toml(
             .as_table_mut()
             .unwrap()
             .insert("provider".into(), provider.into());
+        edit(t);
     })
 }
 
@@ -413,7 +424,7 @@ async fn coop_pods_on(pods: &Api<Pod>, node: &str) -> Vec<String> {
         .collect()
 }
 
-async fn app_pods_of(pods: &Api<Pod>, app: &str) -> Vec<Pod> {
+pub(crate) async fn app_pods_of(pods: &Api<Pod>, app: &str) -> Vec<Pod> {
     pods.list(&ListParams::default().labels(&format!("app={app}")))
         .await
         .unwrap()

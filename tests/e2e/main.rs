@@ -20,6 +20,8 @@ mod events;
 mod failover;
 mod identity;
 mod karpenter;
+mod karpenter_budgets;
+mod karpenter_random;
 mod labels;
 mod nodepool;
 mod preemption;

@@ -144,7 +144,7 @@ toleration = "3s""#,
 }
 
 /// A ServiceAccount allowed only `nodes list` (what docs/status.md says `nodekeeper status` needs).
-async fn status_reader_token(c: &Cluster, admin: &kube::Client) -> String {
+pub(crate) async fn status_reader_token(c: &Cluster, admin: &kube::Client) -> String {
     crate::drain::apply(
         c,
         r#"

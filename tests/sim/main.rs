@@ -32,6 +32,7 @@ mod engine_repair;
 mod engine_report_notice;
 mod engine_resume;
 mod faults_convergence;
+mod karpenter_sim_drain;
 mod kubectl_everyday;
 mod labels_sim;
 mod metrics_catalog;

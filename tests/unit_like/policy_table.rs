@@ -43,7 +43,15 @@ fn preemption_taints_cordons_excludes_drains_and_replaces_in_one_decision() {
     );
     assert!(repl_mark < repl, "replacement recorded before the request");
     assert!(taint < drain && cordon < drain && label < drain);
-    assert!(of(&ds, "b").is_empty(), "{ds:#?}");
+    // The NodePool's other node is only fenced from Karpenter's voluntary disruptions meanwhile.
+    let b = of(&ds, "b");
+    assert_eq!(b.len(), 2, "{ds:#?}");
+    assert!(
+        b.iter()
+            .all(|x| matches!(x, Action::Annotate { key, value: Some(_) }
+            if key == keys::DO_NOT_DISRUPT_BY || key == keys::KARPENTER_DO_NOT_DISRUPT)),
+        "{ds:#?}"
+    );
 }
 
 #[test]
@@ -1235,7 +1243,7 @@ fn a_voluntary_disruption_of_a_ready_node_fences_its_nodepool_until_it_ends() {
 }
 
 #[test]
-fn no_fence_for_a_notready_repair_nor_for_an_interruption() {
+fn no_fence_for_a_notready_repair_but_one_for_an_interruption_drain_of_a_ready_node() {
     let now = monday();
     // NotReady: Karpenter counts it already.
     let mut a = node("a", "spot", now);
@@ -1251,7 +1259,8 @@ fn no_fence_for_a_notready_repair_nor_for_an_interruption() {
     apply(&mut v, &ds);
     assert_eq!(state(get(&v, "a")), Some("repairing"));
     assert_eq!(mark_of(get(&v, "b")), (None, None), "{ds:#?}");
-    // A preemption of a Ready node: involuntary, gated by neither tool.
+    // A preemption of a Ready node: gated by neither tool, but counted by both; Karpenter cannot see
+    // it while the node stays Ready, so the NodePool is fenced for the drain.
     let mut p = ready_node("p", "spot2", now);
     p.notices.push(notice(
         "ev",
@@ -1264,7 +1273,11 @@ fn no_fence_for_a_notready_repair_nor_for_an_interruption() {
     apply(&mut v, &ds);
     assert_eq!(state(get(&v, "p")), Some("interrupted"));
     assert_eq!(mark_of(get(&v, "p")), (Some("true"), Some("nodekeeper")));
-    assert_eq!(mark_of(get(&v, "q")), (None, None));
+    assert_eq!(
+        mark_of(get(&v, "q")),
+        (Some("true"), Some("fence")),
+        "{ds:#?}"
+    );
 }
 
 #[test]

@@ -1,13 +1,17 @@
-//! The Karpenter fence: while nodekeeper voluntarily disrupts a **Ready** node of a Karpenter
-//! NodePool (a repair of a node whose failing condition leaves it Ready, a rebalance drain), the
-//! NodePool's other nodes carry `karpenter.sh/do-not-disrupt`, so Karpenter starts no voluntary
-//! disruption (consolidation, drift) there meanwhile.
+//! The Karpenter fence: while nodekeeper disrupts a **Ready** node of a Karpenter NodePool (a repair
+//! of a node whose failing condition leaves it Ready, a rebalance drain, the drain of an
+//! interruption), the NodePool's other nodes carry `karpenter.sh/do-not-disrupt`, so Karpenter starts
+//! no voluntary disruption (consolidation, drift) there meanwhile.
 //!
 //! Why: Karpenter's budget arithmetic counts a node as disrupting only when it is NotReady or its
 //! NodeClaim or Node is being deleted; a node nodekeeper drains while it stays Ready is invisible to
 //! it, so Karpenter could disrupt one node more than the NodePool's budget allows. Karpenter takes
 //! no external count, so the fence pauses its voluntary disruptions in that NodePool instead.
-//! Involuntary disruptions (interruptions) are not fenced: neither tool gates them by budgets.
+//! Interruptions are fenced too: neither tool *gates* them by budgets, but both *count* them
+//! (Karpenter's own interruption handling deletes the NodeClaim at once, which its arithmetic
+//! counts), so a voluntary disruption must not start beside one beyond the budget
+//! (tests/e2e/karpenter_budgets.rs saw Karpenter drift the other node of a `nodes: "1"` NodePool
+//! while nodekeeper drained a preempted one).
 //!
 //! Pure: computed from the view with the round's actions played forward ([`NodeView::apply`]).
 //! Marks carry `nodekeeper.io/do-not-disrupt-by: fence`; only such marks are lifted, and only once
@@ -16,27 +20,20 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::view::{keys, NodeView, NoticeKind, State};
+use super::view::{keys, NodeView, State};
 use super::Action;
 use crate::controller::provider::POOL_LABEL;
 
 /// Value of [`keys::DO_NOT_DISRUPT_BY`] on a fence mark.
 pub const FENCE: &str = "fence";
 
-/// Whether `n` (after this round's actions) is a voluntary nodekeeper disruption Karpenter cannot
-/// count: repairing or draining for a rebalance recommendation, Ready, not being deleted, not yet
-/// handed to the provider (once its NodeClaim is deleted Karpenter counts it).
+/// Whether `n` (after this round's actions) is a nodekeeper disruption Karpenter cannot count:
+/// repairing, or interrupted (an interruption's drain or a rebalance recommendation's), Ready, not
+/// being deleted, not yet handed to the provider (once its NodeClaim is deleted Karpenter counts it).
 pub fn invisible_to_karpenter(n: &NodeView) -> bool {
     let record = n.record();
-    let voluntary = match record.state {
-        State::Repairing => true,
-        State::Interrupted => record
-            .notice
-            .as_ref()
-            .is_some_and(|rn| rn.kind == NoticeKind::Rebalance),
-        _ => false,
-    };
-    voluntary && n.is_ready() && !n.deleting && !record.retire_requested
+    let disrupting = matches!(record.state, State::Repairing | State::Interrupted);
+    disrupting && n.is_ready() && !n.deleting && !record.retire_requested
 }
 
 /// The fence actions for the whole view, given each node's actions of this round.

@@ -9,7 +9,7 @@
 //!   short-circuit, flap guard, startup timeout.
 //! - [`budget`]: per-group disruption budgets with cron windows in IANA time zones.
 //! - [`fence`]: keeps Karpenter's voluntary disruptions out of a NodePool while nodekeeper
-//!   voluntarily disrupts a Ready node of it (which Karpenter's budgets cannot count).
+//!   disrupts a Ready node of it (which Karpenter's budgets cannot count).
 //! - [`nodepool`]: budgets read from Karpenter NodePools (`[budgets] source = "nodepool"`).
 //! - [`explain`]: the machine-readable "why held" status.
 //! - [`view`]: the inputs and the annotation catalog.

@@ -31,8 +31,14 @@ impl Kubelets {
         let mut alive = HashMap::new();
         for node in &nodes {
             let name = name_of(node).to_string();
+            // A deleted Node is gone with its kubelet, unless a finalizer holds it: then the machine
+            // still runs (Karpenter's termination drains it before it terminates the instance).
+            let held = node
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_some_and(|f| !f.is_empty());
             let up = !sim.nodes.heartbeat_stopped(&name)
-                && node.pointer("/metadata/deletionTimestamp").is_none();
+                && (node.pointer("/metadata/deletionTimestamp").is_none() || held);
             alive.insert(name.clone(), up);
             if !up {
                 continue;

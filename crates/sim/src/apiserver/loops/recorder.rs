@@ -30,6 +30,19 @@ pub fn record(
     reason: &str,
     note: String,
 ) {
+    record_typed(t, about, controller, action, reason, note, "Normal");
+}
+
+/// [`record`] with the event's `type_` (`Normal` or `Warning`).
+pub fn record_typed(
+    t: &mut Txn<'_>,
+    about: About<'_>,
+    controller: &str,
+    action: &str,
+    reason: &str,
+    note: String,
+    type_: &str,
+) {
     let obj = about.obj;
     let ns = match ns_of(obj) {
         "" => "default",
@@ -47,7 +60,7 @@ pub fn record(
             "namespace": ns_of(obj), "uid": uid_of(obj),
             "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)},
         "note": note,
-        "type": "Normal",
+        "type": type_,
     });
     let _ = t.create(well_known::new_events(), ns, ev);
 }
