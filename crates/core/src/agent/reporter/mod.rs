@@ -20,6 +20,9 @@
 //! - Commands are forwarded on `cmd_tx` at most once per id; ids are persisted to
 //!   `<state_dir>/reporter-commands.json` before forwarding (so a command runs at most once even
 //!   across restarts). The executor reports results through `NodeReport::command_results`.
+//! - Connections: closed after `idle_timeout` (1 s) without a report (the controller closes them
+//!   after its own `idle_timeout`, 3 s), so none is held between heartbeats; a reconnection
+//!   resumes the TLS session (ticket).
 //! - TLS: only the CA in `ca_file` is trusted and the certificate must be valid for `server_name`
 //!   (independent of the host in `url`), so commands are accepted only from that controller.
 //! - The projected service-account token is re-read from `token_file` for every request (kubelet
@@ -281,7 +284,12 @@ impl Reporter {
 /// The client for `cfg` and the URL to request for `endpoint`: with `ca_file`, only that CA is
 /// trusted and the certificate must be valid for `server_name` (default: the URL's host); without
 /// it, the system's roots (plain `http://` URLs also work: tests, local demos). Requests time out
-/// after `timeout` (connect to last body byte); idle connections are kept for 60 s.
+/// after `timeout` (connect to last body byte). A connection is kept for `idle_timeout` (1 s)
+/// after a report (a burst of changes reuses it), then closed: the controller holds no
+/// connection between heartbeats, and the next report reconnects, resuming the TLS session (the
+/// client's rustls config, built once, keeps the session tickets). Below the controller's
+/// `idle_timeout` (3 s), so the agent closes an idle connection before the server does and never
+/// sends a report into one the server is closing.
 fn client(
     cfg: &ReporterConfig,
     endpoint: &str,
@@ -306,7 +314,7 @@ fn client(
     };
     let client = builder
         .timeout(cfg.timeout)
-        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_idle_timeout(cfg.idle_timeout)
         .build()
         .map_err(|e| tls(e.into()))?;
     Ok((client, target))
