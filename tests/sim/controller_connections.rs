@@ -57,7 +57,7 @@ async fn open_agents(
 ) -> Vec<(reqwest::Client, Result<u16, String>)> {
     futures::stream::iter(0..n)
         .map(|_| async {
-            let c = https(&env.ca, addr);
+            let c = https_idle(&env.ca, addr, Duration::from_secs(120));
             let r = get(&c, addr, "/livez").await.map(|(code, _)| code);
             (c, r)
         })
@@ -204,27 +204,33 @@ async fn idle_connections_are_closed_and_the_reporter_resumes_its_tls_session() 
     use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
     install_crypto();
     let env = Env::new(1).await;
-    let mut cfg = env.config();
+    let cfg = env.config();
     assert!(!cfg.http2, "HTTP/1.1 only by default");
-    cfg.idle_timeout = Duration::from_millis(1500);
+    assert_eq!(cfg.idle_timeout, Duration::from_secs(3));
     let ctl = env.controller(&cfg, true).await;
     let c = &ctl.app.connections;
     let counts = || (c.accepted.load(Relaxed), c.resumed.load(Relaxed));
 
-    // The server closes an idle connection that a client would keep (reqwest's 90 s pool).
-    let client = https(&env.ca, ctl.addr);
+    // The server closes an idle connection that a client would keep.
+    let client = https_idle(&env.ca, ctl.addr, Duration::from_secs(90));
     let resp = client.get(url(ctl.addr, "/livez")).send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.version(), reqwest::Version::HTTP_11, "h2 is not offered");
+    assert_eq!(
+        resp.version(),
+        reqwest::Version::HTTP_11,
+        "h2 is not offered"
+    );
     drop(resp);
     assert_eq!(c.open.load(Relaxed), 1);
     let t = std::time::Instant::now();
-    wait::until(Duration::from_secs(10), "the server to close the idle connection", || async {
-        c.open.load(Relaxed) == 0
-    })
+    wait::until(
+        Duration::from_secs(10),
+        "the server to close the idle connection",
+        || async { c.open.load(Relaxed) == 0 },
+    )
     .await;
     assert!(
-        t.elapsed() >= Duration::from_millis(1000),
+        t.elapsed() >= Duration::from_secs(2),
         "closed after {:?}, before the idle timeout",
         t.elapsed()
     );
@@ -233,8 +239,8 @@ async fn idle_connections_are_closed_and_the_reporter_resumes_its_tls_session() 
     assert_eq!(code, 200);
     assert_eq!(counts(), (2, 1), "(accepted, resumed)");
 
-    // The agent's reporter: closes its connection after its idle timeout (shorter than the
-    // server's), and its next report resumes the session.
+    // The agent's reporter (default `[report] idle_timeout`, 1 s): closes its connection before
+    // the server would, and its next report resumes the session.
     let token = env.dir.path().join("token");
     std::fs::write(&token, env.token("n0", "nodekeeper").await).unwrap();
     let rcfg = ReporterConfig {
@@ -242,23 +248,30 @@ async fn idle_connections_are_closed_and_the_reporter_resumes_its_tls_session() 
         ca_file: Some(env.ca.clone()),
         server_name: Some(SERVER_NAME.into()),
         token_file: token,
-        idle_timeout: Duration::from_millis(300),
         ..ReporterConfig::default()
     };
     assert!(rcfg.validate().is_empty());
     let state = tempfile::tempdir().unwrap();
     let mut reporter = Reporter::new(rcfg, state.path()).unwrap();
-    let latest = report("n0", 0, &[("NodekeeperDiskPressure", ConditionStatus::False)]);
-    wait::until(Duration::from_secs(10), "the client's connection to close", || async {
-        c.open.load(Relaxed) == 0
-    })
+    let latest = report(
+        "n0",
+        0,
+        &[("NodekeeperDiskPressure", ConditionStatus::False)],
+    );
+    wait::until(
+        Duration::from_secs(10),
+        "the client's connection to close",
+        || async { c.open.load(Relaxed) == 0 },
+    )
     .await;
     assert!(reporter.send_once(&latest).await.unwrap().accepted);
     assert_eq!(counts(), (3, 1), "a first, full handshake");
     let t = std::time::Instant::now();
-    wait::until(Duration::from_secs(10), "the reporter to close its idle connection", || async {
-        c.open.load(Relaxed) == 0
-    })
+    wait::until(
+        Duration::from_secs(10),
+        "the reporter to close its idle connection",
+        || async { c.open.load(Relaxed) == 0 },
+    )
     .await;
     assert!(
         t.elapsed() < cfg.idle_timeout,
@@ -272,6 +285,9 @@ async fn idle_connections_are_closed_and_the_reporter_resumes_its_tls_session() 
     assert_eq!(counts(), (4, 2), "the connection was reused");
     let text = get(&client, ctl.addr, "/metrics").await.unwrap().1;
     assert!(text.contains("nodekeeper_tls_resumed_total "), "{text}");
-    assert!(text.contains("nodekeeper_connections_accepted_total "), "{text}");
+    assert!(
+        text.contains("nodekeeper_connections_accepted_total "),
+        "{text}"
+    );
     ctl.cancel.cancel();
 }

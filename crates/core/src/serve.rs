@@ -339,7 +339,8 @@ async fn accept_loop(
                     .await
                     {
                         Ok(Ok(s)) => {
-                            if s.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
+                            if s.get_ref().1.handshake_kind()
+                                == Some(rustls::HandshakeKind::Resumed)
                             {
                                 counts.resumed.fetch_add(1, Ordering::Relaxed);
                             }
