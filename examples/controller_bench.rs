@@ -1,16 +1,20 @@
 //! Controller benchmark: authenticated reports per second and report → Node condition latency,
 //! against the in-process sim API server over real TLS with sim-minted tokens.
 //!
-//! `cargo run --release --example controller_bench -- [--nodes 5000] [--seconds 10] [--concurrency 64] [--rate 500] [--connections 1]`
+//! `cargo run --release --example controller_bench -- [--nodes 5000] [--seconds 10] [--concurrency 64] [--rate 500] [--connections 1] [--window 30] [--transport h1-idle]`
 //!
 //! Phase 1 (throughput): `concurrency` workers send heartbeats for random nodes as fast as they
 //! can for `seconds`; a tenth of the reports change a condition (so the Node is written).
 //! Phase 2 (latency): reports flipping a condition are sent at `rate`/s, one per node; a Node
 //! watcher records when each change becomes visible; prints p50/p99/max of send → visible.
-//! Phase 3 (with `--connections 1`): one open connection per node, as agents hold them: a child
-//! process (this example again, `--hold`) opens `nodes` connections, each with its own client as
-//! every agent has, and keeps them; the controller's process (this one, without the clients)
-//! prints its RSS before and after, so the figure is the server side's cost per agent.
+//! Phase 3 (with `--connections 1`): every node's agent reporting at the default interval (10 s):
+//! a child process (this example again, `--agents`) runs `nodes` of the agent's own `Reporter`s,
+//! each with its client; the controller's process (this one, without the clients) prints its RSS
+//! before and during, the connections open, handshakes/s (resumed or full), its CPU, and the
+//! latency of the agents' condition changes (10/s) to a Node watch, over `--window` seconds.
+//! `--transport h2-held | h1-held | h2-idle | h1-idle` (default `h1-idle`, the shipped one) picks
+//! the report API's transport for the whole run (docs/controller.md "Benchmark");
+//! `scripts/bench-controller.sh --transports a,b,…` runs several, one process each, in a row.
 
 mod common;
 
@@ -100,86 +104,257 @@ fn report(node: &str, seq: u64, status: ConditionStatus) -> Vec<u8> {
     serde_json::to_vec(&r).unwrap_or_default()
 }
 
-/// The child of phase 3: `--hold N --port P --ca FILE`: N agents' clients, one `GET /livez` each,
-/// prints `held N` and keeps them (answering the server's HTTP/2 pings) until killed.
-async fn hold(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// The value of `--name VALUE`, or `default`.
+fn str_arg(name: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| default.to_string())
+}
+
+/// `--transport`: the report API's transport, server and agents together.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Transport {
+    /// Before: HTTP/2, every agent holds its connection (60 s client idle > heartbeat), pinged.
+    H2Held,
+    /// HTTP/1.1 only, agents hold their connection (server idle 15 s, client 60 s).
+    H1Held,
+    /// HTTP/2, agents close after 1 s idle and reconnect with TLS resumption.
+    H2Idle,
+    /// HTTP/1.1 only, server idle 3 s, agents close after 1 s and reconnect with TLS
+    /// resumption: the default.
+    H1Idle,
+}
+
+impl Transport {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "h2-held" => Transport::H2Held,
+            "h1-held" => Transport::H1Held,
+            "h2-idle" => Transport::H2Idle,
+            "h1-idle" => Transport::H1Idle,
+            _ => return None,
+        })
+    }
+    /// `[controller] http2`, `[controller] idle_timeout`, `[report] idle_timeout`.
+    fn settings(self) -> (bool, Duration, Duration) {
+        let d = ControllerConfig::default().idle_timeout;
+        let agent = nodekeeper_core::agent::reporter::ReporterConfig::default().idle_timeout;
+        let held = Duration::from_secs(60);
+        match self {
+            Transport::H2Held => (true, d, held),
+            Transport::H1Held => (false, Duration::from_secs(15), held),
+            Transport::H2Idle => (true, d, agent),
+            Transport::H1Idle => (false, d, agent),
+        }
+    }
+}
+
+/// The time since the Unix epoch in nanoseconds (the same clock in both processes).
+fn unix_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// The child of phase 3: `--agents N --port P --dir D --idle-ms I`: N agents' reporters (the
+/// agent's own `Reporter`, each with its client, token file and state directory under D, the
+/// default 10 s heartbeat, `[report] idle_timeout` I), started spread over one heartbeat; prints
+/// `started N`, then changes one agent's condition every 100 ms (its message carries the send
+/// time, for the parent's watch) until killed.
+async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
     let _ = nodekeeper_core::serve::raise_open_files_limit();
     let port = arg("--port", 0);
-    let args: Vec<String> = std::env::args().collect();
-    let ca = args
-        .iter()
-        .position(|a| a == "--ca")
-        .and_then(|i| args.get(i + 1))
-        .ok_or("--hold needs --ca")?;
-    let url = format!("https://127.0.0.1:{port}/livez");
-    let clients: Vec<_> = futures::stream::iter(0..n)
-        .map(|_| {
-            let url = url.clone();
-            async move {
-                let (c, url) = pinned(std::path::Path::new(ca), &url).ok()?;
-                match request(&c, &url, None, None).await {
-                    Ok((200, _)) => Some(c),
-                    _ => None,
-                }
-            }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
-    let held = clients.iter().flatten().count();
-    println!("held {held}");
-    tokio::time::sleep(Duration::from_secs(3600)).await;
-    drop(clients);
+    let dir = std::path::PathBuf::from(str_arg("--dir", ""));
+    let idle = Duration::from_millis(arg("--idle-ms", 1000));
+    let heartbeat = ReporterConfig::default().heartbeat;
+    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut senders = Vec::with_capacity(n);
+    let mut keep = Vec::with_capacity(n);
+    for i in 0..n {
+        let cfg = ReporterConfig {
+            url: format!("https://127.0.0.1:{port}"),
+            ca_file: Some(dir.join("ca.pem")),
+            server_name: Some(NAME.into()),
+            token_file: dir.join("tokens").join(format!("n{i}")),
+            idle_timeout: idle,
+            ..ReporterConfig::default()
+        };
+        let rep = Reporter::new(cfg, &dir.join("state").join(format!("n{i}")))?;
+        let first: NodeReport =
+            serde_json::from_slice(&report(&format!("n{i}"), 0, ConditionStatus::False))?;
+        let (tx, rx) = tokio::sync::watch::channel(first);
+        let (ev_tx, ev_rx) = tokio::sync::mpsc::channel(1);
+        let (cmd_tx, cmd_rx) = tokio::sync::mpsc::channel(16);
+        let stop = stop_rx.clone();
+        let delay = heartbeat.mul_f64(i as f64 / n as f64);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            rep.run(rx, ev_rx, cmd_tx, stop).await
+        });
+        senders.push(tx);
+        keep.push((ev_tx, cmd_rx));
+    }
+    tokio::time::sleep(heartbeat + Duration::from_secs(2)).await;
+    println!("started {n}");
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    for k in 0usize.. {
+        tick.tick().await;
+        let i = k.wrapping_mul(7919) % n;
+        let status = if k % 2 == 0 {
+            ConditionStatus::True
+        } else {
+            ConditionStatus::False
+        };
+        senders[i].send_modify(|r| {
+            r.conditions[0] = CheckResult::new(
+                "NodekeeperDiskPressure",
+                status,
+                "Latency",
+                format!("sent_ns={}", unix_ns()),
+            );
+        });
+    }
+    drop(keep);
     Ok(())
 }
 
-/// Phase 3: the controller process's RSS with `nodes` agent connections held by a child.
+/// This process's CPU time (user + system) in seconds.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // the fields after the command name (which may hold spaces): utime and stime are 14 and 15
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    ticks as f64 / 100.0
+}
+
+/// Phase 3: `nodes` agents reporting at the default interval from a child process (their clients
+/// and memory are not this process's); this process (controller + sim) measures over `window`
+/// seconds its RSS, open connections, handshakes (resumed or full), its CPU, and report → Node
+/// condition latency of the changes the agents send (10/s, each on a fresh connection unless
+/// the agent holds one).
 async fn connections(
     nodes: usize,
-    port: u16,
-    ca: &std::path::Path,
+    ctl: &nodekeeper_core::controller::Running,
+    dir: &std::path::Path,
+    tokens: &[String],
+    napi: Api<Node>,
+    transport: Transport,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     use tokio::io::AsyncBufReadExt;
+    let window = Duration::from_secs(arg("--window", 30));
     let me = std::process::id();
+    std::fs::create_dir_all(dir.join("tokens"))?;
+    for (i, t) in tokens.iter().enumerate() {
+        std::fs::write(dir.join("tokens").join(format!("n{i}")), t)?;
+    }
+    // The agents' changes: `sent_ns=` in the message, seen through a watch.
+    let lat: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let l2 = lat.clone();
+    let watch = tokio::spawn(async move {
+        let mut seen = std::collections::HashSet::new();
+        let mut st = std::pin::pin!(watcher(napi, watcher::Config::default()).applied_objects());
+        while let Some(Ok(n)) = st.next().await {
+            let now = unix_ns();
+            for c in n.status.and_then(|s| s.conditions).unwrap_or_default() {
+                let sent = c
+                    .message
+                    .as_deref()
+                    .and_then(|m| m.strip_prefix("sent_ns="))
+                    .and_then(|v| v.parse::<u128>().ok());
+                if let Some(sent) = sent.filter(|s| seen.insert(*s)) {
+                    if let Ok(mut l) = l2.lock() {
+                        l.push(Duration::from_nanos(now.saturating_sub(sent) as u64));
+                    }
+                }
+            }
+        }
+    });
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = status_kib(me, "VmRSS:");
+    let (_, _, agent_idle) = transport.settings();
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .args([
-            "--hold",
-            &nodes.to_string(),
-            "--port",
-            &port.to_string(),
-            "--ca",
-        ])
-        .arg(ca)
+        .args(["--agents", &nodes.to_string(), "--port"])
+        .arg(ctl.addr.port().to_string())
+        .arg("--dir")
+        .arg(dir)
+        .args(["--idle-ms", &agent_idle.as_millis().to_string()])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;
     let out = child.stdout.take().ok_or("no stdout")?;
     let mut lines = tokio::io::BufReader::new(out).lines();
-    let held = lines.next_line().await?.unwrap_or_default();
-    // a few HTTP/2 keep-alive ping rounds (every 10 s) on every connection
-    tokio::time::sleep(Duration::from_secs(25)).await;
+    let started = lines.next_line().await?.unwrap_or_default();
+    if let Ok(mut l) = lat.lock() {
+        l.clear();
+    }
+    let conns = &ctl.app.connections;
+    let (a0, r0, cpu0, t0) = (
+        conns.accepted.load(Ordering::Relaxed),
+        conns.resumed.load(Ordering::Relaxed),
+        cpu_seconds(),
+        Instant::now(),
+    );
+    let (mut rss_max, mut open_sum, mut open_max, mut samples) = (0u64, 0u64, 0u64, 0u64);
+    while t0.elapsed() < window {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        rss_max = rss_max.max(status_kib(me, "VmRSS:"));
+        let open = conns.open.load(Ordering::Relaxed);
+        open_sum += open;
+        open_max = open_max.max(open);
+        samples += 1;
+    }
+    let secs = t0.elapsed().as_secs_f64();
     let after = status_kib(me, "VmRSS:");
-    let n: u64 = held.trim_start_matches("held ").parse().unwrap_or(0);
+    let accepted = conns.accepted.load(Ordering::Relaxed) - a0;
+    let resumed = conns.resumed.load(Ordering::Relaxed) - r0;
+    let cpu = cpu_seconds() - cpu0;
+    child.kill().await?;
+    watch.abort();
+    let mut l: Vec<f64> = lat
+        .lock()
+        .map(|l| l.iter().map(|d| d.as_secs_f64() * 1e3).collect())
+        .unwrap_or_default();
+    l.sort_by(f64::total_cmp);
+    let (http2, server_idle, _) = transport.settings();
     println!(
-        "connections: {held} of {nodes} agent connections open: controller process RSS {:.1} → {:.1} MiB, +{} KiB per connection",
+        "agents [{transport:?}: http2 {http2}, server idle {server_idle:?}, agent idle {agent_idle:?}]: {started} agents reporting every 10 s for {secs:.0} s: \
+         controller process RSS {:.1} → {:.1} MiB (max {:.1}), +{:.1} MiB = {} KiB per agent; \
+         connections open mean {:.0}, max {open_max}; {:.1} handshakes/s ({resumed} of {accepted} resumed); \
+         CPU {:.0} millicores (controller + sim, whole process); \
+         change → Node condition (watch) {} seen: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         before as f64 / 1024.0,
         after as f64 / 1024.0,
-        after.saturating_sub(before) / n.max(1)
+        rss_max as f64 / 1024.0,
+        after.saturating_sub(before) as f64 / 1024.0,
+        after.saturating_sub(before) / nodes.max(1) as u64,
+        open_sum as f64 / samples.max(1) as f64,
+        accepted as f64 / secs,
+        cpu / secs * 1000.0,
+        l.len(),
+        common::pct(&l, 0.5),
+        common::pct(&l, 0.99),
+        l.last().copied().unwrap_or(f64::NAN),
     );
-    child.kill().await?;
     Ok(())
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     if let Some(n) = std::env::args()
-        .position(|a| a == "--hold")
-        .map(|_| arg("--hold", 0))
+        .position(|a| a == "--agents")
+        .map(|_| arg("--agents", 0))
     {
-        return hold(n as usize).await;
+        return agents(n as usize).await;
     }
+    let transport = Transport::parse(&str_arg("--transport", "h1-idle"))
+        .ok_or("--transport: h2-held, h1-held, h2-idle or h1-idle")?;
     let nodes = arg("--nodes", 5000) as usize;
     let seconds = arg("--seconds", 10);
     let concurrency = arg("--concurrency", 64) as usize;
@@ -205,6 +380,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .create(&PostParams::default(), &ns)
         .await?;
     let napi: Api<Node> = Api::all(cluster.client.clone());
+    let napi3 = napi.clone();
     let t = Instant::now();
     futures::stream::iter(0..nodes)
         .map(|i| {
@@ -249,6 +425,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         ..Default::default()
     };
     cfg.leader.retry_period = Duration::from_millis(200);
+    (cfg.http2, cfg.idle_timeout, _) = transport.settings();
     let ctl = nodekeeper_core::controller::start(cluster.client.clone(), &cfg).await?;
     while !(ctl.app.ready.load(Ordering::Relaxed) && *ctl.app.leader.borrow()) {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -258,6 +435,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         &format!("https://127.0.0.1:{}/v1/reports", ctl.addr.port()),
     )?;
     let tokens = Arc::new(tokens);
+    eprintln!("transport {transport:?}");
 
     // Warm-up: one report per node (first TokenReview, first Node write), not measured.
     let seqs: Arc<Vec<AtomicU64>> = Arc::new((0..nodes).map(|_| AtomicU64::new(1)).collect());
@@ -394,7 +572,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         l.len(), pct(0.50), pct(0.99), l.last().copied().unwrap_or_default()
     );
     if arg("--connections", 0) > 0 {
-        connections(nodes, ctl.addr.port(), &dir.path().join("ca.pem")).await?;
+        drop(client);
+        connections(nodes, &ctl, dir.path(), &tokens, napi3, transport).await?;
     }
     ctl.stop().await;
     Ok(())

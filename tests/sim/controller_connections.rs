@@ -1,8 +1,13 @@
-//! Connection limits of the report API. Every agent keeps its connection open (HTTP/2 over TLS,
-//! a report every 10 s, a 60 s idle pool), so one controller replica holds one connection per
-//! node it serves. The former fixed limit of 1,024 connections left every agent beyond it refused
-//! for as long as the first ones stayed connected; the limit is now `[controller]
-//! max_connections` (default 16,384) and the open-files limit is raised to match.
+//! Connections of the report API. By default agents do not hold a connection between reports:
+//! HTTP/1.1 only, the agent closes its connection after `[report] idle_timeout` (1 s), the
+//! controller closes any connection idle for `[controller] idle_timeout` (3 s), and a reconnecting
+//! agent resumes its TLS session (a ticket), so the controller's memory does not grow by a held
+//! connection per node (docs/controller.md "Benchmark").
+//!
+//! With `[controller] http2` (and agents keeping their connection), one controller replica holds
+//! one connection per node it serves. The former fixed limit of 1,024 connections left every agent
+//! beyond it refused for as long as the first ones stayed connected; the limit is now
+//! `[controller] max_connections` (default 16,384) and the open-files limit is raised to match.
 //!
 //! Sim only: thousands of loopback connections to one replica; no cluster behaviour is involved.
 #![allow(clippy::unwrap_used)]
@@ -17,6 +22,8 @@ use futures::StreamExt;
 use nodekeeper_core::agent::checks::ConditionStatus;
 
 use ctl::*;
+
+use crate::support::wait;
 
 /// Established TCP connections of this process to `addr` (client side), from /proc/net/tcp.
 fn established_to(addr: SocketAddr) -> usize {
@@ -50,7 +57,7 @@ async fn open_agents(
 ) -> Vec<(reqwest::Client, Result<u16, String>)> {
     futures::stream::iter(0..n)
         .map(|_| async {
-            let c = https(&env.ca, addr);
+            let c = https_idle(&env.ca, addr, Duration::from_secs(120));
             let r = get(&c, addr, "/livez").await.map(|(code, _)| code);
             (c, r)
         })
@@ -92,11 +99,13 @@ async fn more_agents_than_the_former_limit_stay_connected_and_a_new_one_still_re
         "open-files hard limit {files} too low for this test"
     );
     let env = Env::new(1).await;
-    let cfg = env.config();
+    let mut cfg = env.config();
     assert_eq!(
         cfg.max_connections,
         nodekeeper_core::serve::DEFAULT_MAX_CONNECTIONS
     );
+    // agents holding their connections: HTTP/2 (the test's clients keep idle connections 90 s)
+    cfg.http2 = true;
     let ctl = env.controller(&cfg, true).await;
     let before = rss_kib();
     let agents = open_agents(&env, ctl.addr, AGENTS).await;
@@ -133,6 +142,8 @@ async fn max_connections_is_configurable_and_a_closed_connection_frees_its_slot(
     let env = Env::new(1).await;
     let mut cfg = env.config();
     cfg.max_connections = 4;
+    // held HTTP/1.1 connections: not closed while the test runs
+    cfg.idle_timeout = Duration::from_secs(120);
     assert!(cfg.validate().is_empty(), "{:?}", cfg.validate());
     let ctl = env.controller(&cfg, true).await;
     let mut agents = open_agents(&env, ctl.addr, 4).await;
@@ -182,4 +193,101 @@ fn max_connections_zero_is_rejected() {
             .any(|d| format!("{d:?}").contains("max_connections")),
         "{d:?}"
     );
+}
+
+/// The default transport: the controller offers HTTP/1.1 only and closes a connection idle for
+/// `[controller] idle_timeout`; the agent's reporter closes its own after `[report] idle_timeout`
+/// and its next report reconnects with a resumed TLS session (counted by the server), which
+/// costs no full handshake (no certificate signature, no chain check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_and_the_reporter_resumes_its_tls_session() {
+    use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
+    install_crypto();
+    let env = Env::new(1).await;
+    let cfg = env.config();
+    assert!(!cfg.http2, "HTTP/1.1 only by default");
+    assert_eq!(cfg.idle_timeout, Duration::from_secs(3));
+    let ctl = env.controller(&cfg, true).await;
+    let c = &ctl.app.connections;
+    let counts = || (c.accepted.load(Relaxed), c.resumed.load(Relaxed));
+
+    // The server closes an idle connection that a client would keep.
+    let client = https_idle(&env.ca, ctl.addr, Duration::from_secs(90));
+    let resp = client.get(url(ctl.addr, "/livez")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.version(),
+        reqwest::Version::HTTP_11,
+        "h2 is not offered"
+    );
+    drop(resp);
+    assert_eq!(c.open.load(Relaxed), 1);
+    let t = std::time::Instant::now();
+    wait::until(
+        Duration::from_secs(10),
+        "the server to close the idle connection",
+        || async { c.open.load(Relaxed) == 0 },
+    )
+    .await;
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "closed after {:?}, before the idle timeout",
+        t.elapsed()
+    );
+    // the client notices and reconnects, resuming its session
+    let (code, _) = get(&client, ctl.addr, "/livez").await.unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(counts(), (2, 1), "(accepted, resumed)");
+
+    // The agent's reporter (default `[report] idle_timeout`, 1 s): closes its connection before
+    // the server would, and its next report resumes the session.
+    let token = env.dir.path().join("token");
+    std::fs::write(&token, env.token("n0", "nodekeeper").await).unwrap();
+    let rcfg = ReporterConfig {
+        url: format!("https://127.0.0.1:{}", ctl.addr.port()),
+        ca_file: Some(env.ca.clone()),
+        server_name: Some(SERVER_NAME.into()),
+        token_file: token,
+        ..ReporterConfig::default()
+    };
+    assert!(rcfg.validate().is_empty());
+    let state = tempfile::tempdir().unwrap();
+    let mut reporter = Reporter::new(rcfg, state.path()).unwrap();
+    let latest = report(
+        "n0",
+        0,
+        &[("NodekeeperDiskPressure", ConditionStatus::False)],
+    );
+    wait::until(
+        Duration::from_secs(10),
+        "the client's connection to close",
+        || async { c.open.load(Relaxed) == 0 },
+    )
+    .await;
+    assert!(reporter.send_once(&latest).await.unwrap().accepted);
+    assert_eq!(counts(), (3, 1), "a first, full handshake");
+    let t = std::time::Instant::now();
+    wait::until(
+        Duration::from_secs(10),
+        "the reporter to close its idle connection",
+        || async { c.open.load(Relaxed) == 0 },
+    )
+    .await;
+    assert!(
+        t.elapsed() < cfg.idle_timeout,
+        "the agent closed it ({:?}), not the server",
+        t.elapsed()
+    );
+    assert!(reporter.send_once(&latest).await.unwrap().accepted);
+    assert_eq!(counts(), (4, 2), "the second report resumed the session");
+    // two reports in a row share one connection
+    assert!(reporter.send_once(&latest).await.unwrap().accepted);
+    assert_eq!(counts(), (4, 2), "the connection was reused");
+    let text = get(&client, ctl.addr, "/metrics").await.unwrap().1;
+    assert!(text.contains("nodekeeper_tls_resumed_total "), "{text}");
+    assert!(
+        text.contains("nodekeeper_connections_accepted_total "),
+        "{text}"
+    );
+    ctl.cancel.cancel();
 }

@@ -202,6 +202,7 @@ async fn agent_reporter(
         timeout: Duration::from_secs(5),
         backoff_max: Duration::from_millis(300),
         max_queued_events: 10,
+        ..ReporterConfig::default()
     };
     let reporter = Reporter::new(cfg, &state).unwrap();
     let (rtx, rrx) = watch::channel(ctl::report(node, 0, &[]));

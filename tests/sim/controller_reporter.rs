@@ -38,6 +38,7 @@ fn reporter_cfg(env: &Env, port: u16, server_name: &str) -> ReporterConfig {
         timeout: Duration::from_secs(2),
         backoff_max: Duration::from_millis(500),
         max_queued_events: 100,
+        ..ReporterConfig::default()
     };
     assert!(c.validate().is_empty());
     c

@@ -172,6 +172,7 @@ async fn start_agent(
         timeout: Duration::from_secs(5),
         backoff_max: Duration::from_secs(30) / scale() as u32,
         max_queued_events: 100,
+        ..ReporterConfig::default()
     };
     let reporter = Reporter::new(cfg, &dir.join("state")).unwrap();
     let (report_tx, report_rx) =

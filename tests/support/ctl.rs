@@ -160,8 +160,16 @@ pub fn admin() -> &'static reqwest::Client {
 }
 
 /// An HTTPS client trusting only the test CA that reaches `addr`'s IP address as SERVER_NAME
-/// (the agent's client, `nodekeeper_core::http`'s pinned builder): requests go to [`url`]s.
+/// (the agent's client, `nodekeeper_core::http`'s pinned builder): requests go to [`url`]s. Like
+/// the agent's reporter it closes a connection after 1 s idle, before the controller does
+/// (`[controller] idle_timeout`, 3 s): a client keeping it longer may send a request just as the
+/// server closes the connection, and fail (seen on a loaded machine).
 pub fn https(ca: &Path, addr: SocketAddr) -> reqwest::Client {
+    https_idle(ca, addr, Duration::from_secs(1))
+}
+
+/// [`https`] keeping idle connections for `idle` (a client that holds its connection).
+pub fn https_idle(ca: &Path, addr: SocketAddr, idle: Duration) -> reqwest::Client {
     install_crypto();
     let base = reqwest::Url::parse(&format!("https://{addr}")).unwrap();
     let (builder, _) = nodekeeper_core::http::pin_server_name(
@@ -170,7 +178,11 @@ pub fn https(ca: &Path, addr: SocketAddr) -> reqwest::Client {
         SERVER_NAME,
     )
     .unwrap();
-    builder.timeout(Duration::from_secs(30)).build().unwrap()
+    builder
+        .timeout(Duration::from_secs(30))
+        .pool_idle_timeout(idle)
+        .build()
+        .unwrap()
 }
 
 /// `path` on the controller at `addr` under SERVER_NAME, for [`https`]'s client.

@@ -1,7 +1,7 @@
 //! The one way nodekeeper serves HTTP (the controller's report API, the sim's API servers, test
-//! servers): a TCP listener, TLS (rustls, HTTP/2 and HTTP/1.1 by ALPN) or plain HTTP, an axum
-//! router, limits that keep slow or greedy clients from tying up the server, and a graceful
-//! shutdown when a cancellation token fires.
+//! servers): a TCP listener, TLS (rustls, HTTP/2 and HTTP/1.1 by ALPN, or HTTP/1.1 only; TLS 1.3
+//! session resumption by tickets) or plain HTTP, an axum router, limits that keep slow or greedy
+//! clients from tying up the server, and a graceful shutdown when a cancellation token fires.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -69,7 +69,10 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Serve
     server_config(certs, key_der).map_err(|e| tls_err(cert)(e.into()))
 }
 
-/// A rustls server config (ring; HTTP/2 and HTTP/1.1 by ALPN) for `chain` and `key`.
+/// A rustls server config (ring; HTTP/2 and HTTP/1.1 by ALPN) for `chain` and `key`, issuing
+/// session tickets (stateless, keys rotated every 6 h), so a client that reconnects resumes its
+/// session (no certificate signature or chain check) instead of a full handshake; a server with
+/// [`ServeLimits::http2`] off offers HTTP/1.1 only.
 pub fn server_config(
     chain: Vec<rustls_pki_types::CertificateDer<'static>>,
     key: rustls_pki_types::PrivateKeyDer<'static>,
@@ -80,6 +83,7 @@ pub fn server_config(
         .with_no_client_auth()
         .with_single_cert(chain, key)?;
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    cfg.ticketer = rustls::crypto::ring::Ticketer::new()?;
     Ok(cfg)
 }
 
@@ -92,6 +96,10 @@ pub struct ConnectionStats {
     pub refused: AtomicU64,
     /// The limit in force.
     pub max: AtomicU64,
+    /// Connections accepted (within the limit) since the start: with TLS, each is a handshake.
+    pub accepted: AtomicU64,
+    /// TLS handshakes that resumed an earlier session (a ticket) rather than a full handshake.
+    pub resumed: AtomicU64,
 }
 
 /// Counts one open connection while alive.
@@ -116,10 +124,15 @@ impl Drop for OpenConnection {
 pub struct ServeLimits {
     /// The TLS handshake must finish within this (else the connection is closed).
     pub tls_handshake_timeout: Duration,
-    /// An HTTP/1 request head must arrive within this (else the connection is closed); an HTTP/2
-    /// connection is pinged this often and closed when a ping is not answered within it. `None`:
-    /// hyper's defaults (no timer).
+    /// An HTTP/1 request head must arrive within this, counted from the end of the TLS handshake
+    /// or of the previous response, else the connection is closed: so it is also how long an idle
+    /// keep-alive connection is kept. `None`: hyper's defaults (no timer).
     pub header_read_timeout: Option<Duration>,
+    /// An HTTP/2 connection is pinged this often and closed when a ping is not answered within
+    /// it. `None`: no pings.
+    pub h2_keep_alive: Option<Duration>,
+    /// Offer HTTP/2 (ALPN `h2`; prior knowledge on plain HTTP). Off: HTTP/1.1 only.
+    pub http2: bool,
     /// A request (body read and handling) must finish within this (else 408). `None`: no
     /// deadline (long-lived requests such as watches).
     pub request_timeout: Option<Duration>,
@@ -132,16 +145,25 @@ pub struct ServeLimits {
     pub shutdown_grace: Duration,
 }
 
-/// Default of [`ServeLimits::max_connections`] and `[controller] max_connections`: agents keep
-/// their connection open, so this bounds the nodes one replica can serve (docs/controller.md).
+/// Default of [`ServeLimits::max_connections`] and `[controller] max_connections`: agents close
+/// their connection between reports, but one agent with HTTP/2 (`[controller] http2`) keeps one
+/// open, so this bounds the nodes one replica can serve then (docs/controller.md).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+
+/// Default of `[controller] idle_timeout`, the report API's [`ServeLimits::header_read_timeout`]:
+/// shorter than the agents' heartbeat (10 s), so a connection is not held between reports
+/// (docs/controller.md "Benchmark"), and longer than the reporter's own idle limit (1 s), so the
+/// agent, not the server, closes it and never sends into a connection being closed.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl Default for ServeLimits {
     /// The report API's limits.
     fn default() -> Self {
         ServeLimits {
             tls_handshake_timeout: Duration::from_secs(10),
-            header_read_timeout: Some(Duration::from_secs(10)),
+            header_read_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            h2_keep_alive: Some(Duration::from_secs(10)),
+            http2: false,
             request_timeout: Some(Duration::from_secs(15)),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_h2_streams: 64,
@@ -152,11 +174,13 @@ impl Default for ServeLimits {
 
 impl ServeLimits {
     /// For servers of long-lived requests (the sim's API servers with their watches): only the
-    /// TLS handshake timeout and the connection count; hyper's defaults otherwise (200 HTTP/2
+    /// TLS handshake timeout and the connection count; hyper's defaults otherwise (HTTP/2 with 200
     /// streams); connections dropped at once on shutdown.
     pub fn streaming() -> Self {
         ServeLimits {
             header_read_timeout: None,
+            h2_keep_alive: None,
+            http2: true,
             request_timeout: None,
             max_h2_streams: 200,
             shutdown_grace: Duration::ZERO,
@@ -213,6 +237,14 @@ pub fn serve(
         .max
         .store(limits.max_connections as u64, Ordering::Relaxed);
     let router = with_deadline(router, limits.request_timeout);
+    let tls = match tls {
+        Some(t) if !limits.http2 && t.alpn_protocols.iter().any(|p| p == b"h2") => {
+            let mut t = (*t).clone();
+            t.alpn_protocols.retain(|p| p != b"h2");
+            Some(Arc::new(t))
+        }
+        t => t,
+    };
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     accept_loop(listener, router, acceptor, limits, stats, cancel)
 }
@@ -296,6 +328,8 @@ async fn accept_loop(
         let acceptor = acceptor.clone();
         let cancel = cancel.clone();
         let open = OpenConnection::new(&stats);
+        stats.accepted.fetch_add(1, Ordering::Relaxed);
+        let counts = stats.clone();
         tokio::spawn(async move {
             let _slot = (slot, open);
             match acceptor {
@@ -309,7 +343,14 @@ async fn accept_loop(
                     )
                     .await
                     {
-                        Ok(Ok(s)) => s,
+                        Ok(Ok(s)) => {
+                            if s.get_ref().1.handshake_kind()
+                                == Some(rustls::HandshakeKind::Resumed)
+                            {
+                                counts.resumed.fetch_add(1, Ordering::Relaxed);
+                            }
+                            s
+                        }
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, error = %e, "TLS handshake failed");
                             return;
@@ -339,6 +380,9 @@ async fn serve_conn<I>(
 {
     let mut builder =
         hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    if !limits.http2 {
+        builder = builder.http1_only();
+    }
     builder
         .http2()
         .max_concurrent_streams(limits.max_h2_streams);
@@ -347,6 +391,8 @@ async fn serve_conn<I>(
             .http1()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(t);
+    }
+    if let Some(t) = limits.h2_keep_alive {
         builder
             .http2()
             .timer(hyper_util::rt::TokioTimer::new())

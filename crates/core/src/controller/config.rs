@@ -45,9 +45,19 @@ pub struct ControllerConfig {
     /// Largest accepted report body in bytes (larger: 413).
     pub max_report_bytes: usize,
     /// Open connections at most on the report API; further ones are closed right after `accept`.
-    /// Every agent keeps one connection open (HTTP/2, a report every 10 s), so this must exceed
-    /// the number of nodes one replica may serve (all of them, when the other replica is down).
+    /// Agents close their connection between reports (HTTP/1.1, `idle_timeout`); with `http2` each
+    /// keeps one open, and this must then exceed the number of nodes one replica may serve (all
+    /// of them, when the other replica is down).
     pub max_connections: usize,
+    /// A report-API connection without a request for this long is closed (HTTP/1.1; also the
+    /// time a new connection has to send its first request head). Shorter than the agents'
+    /// heartbeat, so agents do not hold a connection between reports: they reconnect, resuming
+    /// their TLS session (docs/controller.md "Benchmark").
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Offer HTTP/2 on the report API (off: HTTP/1.1 only). With it, every agent holds one
+    /// connection (pinged every 10 s): ~28 KiB of the controller's memory per node.
+    pub http2: bool,
     /// Namespace of the leader-election Lease. (Events about Nodes are recorded in `default`,
     /// [`crate::controller::events::NODE_EVENT_NAMESPACE`]: the apiserver refuses them elsewhere.)
     pub namespace: String,
@@ -85,6 +95,8 @@ impl Default for ControllerConfig {
             token_cache_ttl: Duration::from_secs(300),
             max_report_bytes: 1 << 20,
             max_connections: crate::serve::DEFAULT_MAX_CONNECTIONS,
+            idle_timeout: crate::serve::DEFAULT_IDLE_TIMEOUT,
+            http2: false,
             namespace: "nodekeeper".into(),
             condition_prefix: "Nodekeeper".into(),
             staleness: Duration::from_secs(60),
@@ -260,6 +272,13 @@ impl ControllerConfig {
             err(
                 &mut d,
                 cfg_path!["controller", "max_connections"],
+                "must be greater than zero",
+            );
+        }
+        if self.idle_timeout.is_zero() {
+            err(
+                &mut d,
+                cfg_path!["controller", "idle_timeout"],
                 "must be greater than zero",
             );
         }

@@ -303,6 +303,8 @@ pub async fn start_under(
     let router = server::router(app.clone(), cfg.max_report_bytes);
     let limits = crate::serve::ServeLimits {
         max_connections: cfg.max_connections,
+        header_read_timeout: Some(cfg.idle_timeout),
+        http2: cfg.http2,
         ..crate::serve::ServeLimits::default()
     };
     match crate::serve::raise_open_files_limit() {

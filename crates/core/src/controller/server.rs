@@ -250,6 +250,18 @@ impl Collector for ApiMetrics {
             "nodekeeper_connections_refused_total",
             "Connections closed at accept because max_connections were open.",
             g(&conns.refused),
+        )?;
+        metrics::encode_counter(
+            &mut enc,
+            "nodekeeper_connections_accepted_total",
+            "Connections accepted (with TLS: handshakes).",
+            g(&conns.accepted),
+        )?;
+        metrics::encode_counter(
+            &mut enc,
+            "nodekeeper_tls_resumed_total",
+            "TLS handshakes that resumed an earlier session.",
+            g(&conns.resumed),
         )
     }
 }

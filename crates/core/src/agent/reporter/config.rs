@@ -28,6 +28,12 @@ pub struct ReporterConfig {
     /// Timeout of one request.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// Close the connection to the controller after this long without a report. The default
+    /// (1 s) is below the controller's `idle_timeout` (3 s) and the heartbeat, so no connection
+    /// is held between heartbeats; longer than the heartbeat (with `[controller] http2`) keeps one
+    /// open all the time, ~28 KiB of the controller's memory per node (docs/controller.md).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
     /// Longest wait between retries while the controller is unreachable.
     #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
@@ -44,6 +50,7 @@ impl Default for ReporterConfig {
             token_file: "/var/run/secrets/nodekeeper/token".into(),
             heartbeat: Duration::from_secs(10),
             timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(1),
             backoff_max: Duration::from_secs(30),
             max_queued_events: 1000,
         }
@@ -68,6 +75,7 @@ impl ReporterConfig {
         for (k, v) in [
             ("heartbeat", self.heartbeat),
             ("timeout", self.timeout),
+            ("idle_timeout", self.idle_timeout),
             ("backoff_max", self.backoff_max),
         ] {
             if v.is_zero() {

@@ -20,6 +20,9 @@
 //! - Commands are forwarded on `cmd_tx` at most once per id; ids are persisted to
 //!   `<state_dir>/reporter-commands.json` before forwarding (so a command runs at most once even
 //!   across restarts). The executor reports results through `NodeReport::command_results`.
+//! - Connections: closed after `idle_timeout` (1 s) without a report (the controller closes them
+//!   after its own `idle_timeout`, 3 s), so none is held between heartbeats; a reconnection
+//!   resumes the TLS session (ticket).
 //! - TLS: only the CA in `ca_file` is trusted and the certificate must be valid for `server_name`
 //!   (independent of the host in `url`), so commands are accepted only from that controller.
 //! - The projected service-account token is re-read from `token_file` for every request (kubelet

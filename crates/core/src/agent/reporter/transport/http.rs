@@ -19,7 +19,12 @@ impl HttpTransport {
     /// The client for `cfg` requesting `endpoint`: with `ca_file`, only that CA is trusted and
     /// the certificate must be valid for `server_name` (default: the URL's host); without it, the
     /// system's roots (plain `http://` URLs also work: tests, local demos). Requests time out
-    /// after `timeout` (connect to last body byte); idle connections are kept for 60 s.
+    /// after `timeout` (connect to last body byte). A connection is kept for `idle_timeout` (1 s)
+    /// after a report (a burst of changes reuses it), then closed: the controller holds no
+    /// connection between heartbeats, and the next report reconnects, resuming the TLS session
+    /// (the client's rustls config, built once, keeps the session tickets). Below the
+    /// controller's `idle_timeout` (3 s), so the agent closes an idle connection before the
+    /// server does and never sends a report into one the server is closing.
     pub fn new(cfg: &ReporterConfig, endpoint: &str) -> Result<Self, ReporterError> {
         let target = reqwest::Url::parse(endpoint).map_err(|source| ReporterError::Url {
             url: cfg.url.clone(),
@@ -41,7 +46,7 @@ impl HttpTransport {
         };
         let client = builder
             .timeout(cfg.timeout)
-            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_idle_timeout(cfg.idle_timeout)
             .build()
             .map_err(|e| tls(e.into()))?;
         Ok(HttpTransport { client, target })
