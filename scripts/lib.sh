@@ -41,3 +41,38 @@ real_cluster() {
     { cat "$dir/logs/install.log" >&2; return 1; }
   REAL_KUBECONFIG="$dir/kubeconfig"
 }
+
+# token_kubeconfig DIR TOKEN OUT: a kubeconfig for the `k8s-cluster.sh up` cluster in DIR that authenticates
+# with TOKEN (a ServiceAccount's, from `kubectl create token`): a tool run outside a pod as its ServiceAccount.
+token_kubeconfig() {
+  local dir=$1 token=$2 out=$3 server
+  server=$(awk '/server:/ {print $2; exit}' "$dir/kubeconfig")
+  cat >"$out" <<EOC
+apiVersion: v1
+kind: Config
+clusters: [{name: real, cluster: {server: $server, certificate-authority: $dir/pki/ca.crt}}]
+users: [{name: sa, user: {token: $token}}]
+contexts: [{name: real, context: {cluster: real, user: sa}}]
+current-context: real
+EOC
+}
+
+# loopback_tls OUTDIR: a self-signed certificate for 127.0.0.1 (nodekeeper's controller on loopback):
+# OUTDIR/tls.crt (also the agents' CA) and OUTDIR/tls.key.
+loopback_tls() {
+  mkdir -p "$1"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=nodekeeper-controller \
+    -addext "subjectAltName=IP:127.0.0.1" -keyout "$1/tls.key" -out "$1/tls.crt" 2>/dev/null
+}
+
+# shipped_controller_config LISTEN TLSDIR: the controller's shipped config.toml (manifests/21-controller-config.yaml)
+# on stdout, run outside the cluster: listening on LISTEN with TLSDIR's files, and acting (dry_run off).
+shipped_controller_config() {
+  awk '/config.toml: \|/ {on=1; next} on { sub(/^    /, ""); print }' "$REPO/manifests/21-controller-config.yaml" |
+    sed -e "s|^listen = .*|listen = \"$1\"|" \
+        -e "s|^tls_cert_file = .*|tls_cert_file = \"$2/tls.crt\"|" -e "s|^tls_key_file = .*|tls_key_file = \"$2/tls.key\"|" \
+        -e 's|^dry_run = true|dry_run = false|'
+}
+
+# free_port: a TCP port free on 127.0.0.1 right now.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# The same spot interruption notice, side by side on the real control plane: the AWS Node Termination Handler
+# (NTH v1.22.0, IMDS mode) on one KWOK node, nodekeeper (agent with its AWS source + controller) on another,
+# each node with its own Amazon EC2 metadata mock (AEMM v1.13.0). Figures go to docs/comparison.md.
+#   scripts/bench-nth.sh [NOTICES]      (default 20)
+#   BENCH_PROFILE=release …              (default debug: target/debug/nodekeeper)
+# One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests). Per notice, fresh:
+#   - nodes nth-N and nk-N (KWOK, same shape: 8 CPU, 32 Gi, 110 pods), each running 4 pods of its own
+#     Deployment (app-nth-N / app-nk-N, required node affinity to its node or its spare, PDB maxUnavailable 1)
+#     and the shipped agent DaemonSet's pod; then spare nodes nth-N-spare / nk-N-spare where the evicted
+#     pods can go (created after the pods are placed, so every pod starts on the interrupted node);
+#   - two AEMMs on loopback ports (`ec2-metadata-mock spot --mock-trigger-time T`, rebalance recommendation
+#     moved a day later): both serve the notice from the same whole second T on — AEMM compares
+#     the request's Unix second with T (pkg/mock/spot/spot.go) — and 404 before;
+#   - NTH with its chart's defaults (cordon + drain through the Eviction API; taint-node false) and
+#     --metadata-url at its AEMM, as the ServiceAccount of its chart's RBAC (tests/fixtures/nth/rbac.yaml):
+#     NTH reads only the in-cluster config, so it runs in a private mount namespace with a tmpfs on /run
+#     holding the token and CA at /run/secrets/kubernetes.io/serviceaccount (the host's /run is untouched);
+#   - a nodekeeper agent: the shipped agent config with `[sources] cloud = "aws"` and `endpoint` at its AEMM
+#     (poll interval: the default), reporting to the controller on loopback with tokens bound to the shipped
+#     DaemonSet's pod on its node (host checks that read this machine's kernel log / systemd are off, as in
+#     the demo). The controller (shipped config, acting) runs for the whole benchmark as its ServiceAccount.
+# Measured by scripts/lib/notice-watch.py from the API: T → cordon and taint seen by a watch, T → the last
+# workload pod deleted (drained), how the pods left (DisruptionTarget reason), PDB samples below desiredHealthy,
+# and per process (NTH, agent, controller) peak RSS and CPU seconds from T to the end of the run.
+# Needs root (unshare -m, mount), openssl, python3, Go (scripts/setup-peers.sh builds AEMM and NTH once).
+. "$(dirname "$0")/lib.sh"
+cd "$REPO"
+NOTICES=${1:-20}
+PROFILE=${BENCH_PROFILE:-debug}
+LEAD=${LEAD:-6}          # seconds from starting the AEMMs to T (the tools start and poll 404s meanwhile)
+TIMEOUT=${TIMEOUT:-150}  # per notice, from T (NTH's drain gives up after node-termination-grace-period 120 s)
+[ "$(id -u)" -eq 0 ] || { echo "bench-nth: needs root (NTH runs in a private mount namespace)" >&2; exit 1; }
+"$REPO/scripts/setup-kubectl.sh" >/dev/null
+KUBECTL="$REPO/.cache/venv/bin/kubectl"
+log "control plane binaries (scripts/setup-k8s.sh), AEMM and NTH (scripts/setup-peers.sh)"
+"$REPO/scripts/setup-k8s.sh" >/dev/null
+AEMM="$("$REPO/scripts/setup-peers.sh" aemm | tail -1)/ec2-metadata-mock"
+NTH="$("$REPO/scripts/setup-peers.sh" nth | tail -1)/node-termination-handler"
+. "$REPO/tools/k8s/versions.env"
+if [ "$PROFILE" = release ]; then
+  log "cargo build --release --bin nodekeeper"; cargo build --release --bin nodekeeper
+else
+  log "cargo build --bin nodekeeper"; cargo build --bin nodekeeper
+fi
+NK="$REPO/target/$PROFILE/nodekeeper"
+OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-nth.XXXX)
+DIR=$(mktemp -d /tmp/nodekeeper-bench-nth-cluster.XXXX)
+PIDFILE="$OUTDIR/pids"
+ROUND_PIDS=() CTL_PID="" WATCH_PID=""
+stop_round() {
+  local p
+  for p in "${ROUND_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${ROUND_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  ROUND_PIDS=()
+}
+cleanup() {
+  [ -z "$WATCH_PID" ] || kill "$WATCH_PID" 2>/dev/null || true
+  stop_round
+  [ -z "$CTL_PID" ] || { kill "$CTL_PID" 2>/dev/null || true; wait "$CTL_PID" 2>/dev/null || true; }
+  "$REPO/scripts/k8s-cluster.sh" down "$DIR"
+}
+trap cleanup EXIT
+k() { "$KUBECTL" --kubeconfig "$DIR/kubeconfig" "$@"; }
+
+log "cluster up: $DIR"
+"$REPO/scripts/k8s-cluster.sh" up "$DIR" --owner-pid $$
+"$REPO/scripts/k8s-cluster.sh" install "$DIR" >"$DIR/logs/install.log"
+K8S_VERSION=$(k version -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])')
+k apply -f "$REPO/tests/fixtures/nth/rbac.yaml" >/dev/null
+k create namespace bench >/dev/null
+SERVER=$(awk '/server:/ {print $2; exit}' "$DIR/kubeconfig")
+API_HOST=$(echo "$SERVER" | sed -E 's|https://([^:/]+):([0-9]+).*|\1|')
+API_PORT=$(echo "$SERVER" | sed -E 's|https://([^:/]+):([0-9]+).*|\2|')
+
+# The controller: shipped config on a loopback port, as its ServiceAccount, for the whole benchmark.
+CTL_PORT=$(free_port)
+loopback_tls "$DIR/nk-tls"
+token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-controller --duration=6h)" "$DIR/nk-controller.kubeconfig"
+shipped_controller_config "127.0.0.1:$CTL_PORT" "$DIR/nk-tls" >"$DIR/nk-controller.toml"
+KUBECONFIG="$DIR/nk-controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL=info \
+  "$NK" controller --config "$DIR/nk-controller.toml" >"$DIR/logs/nodekeeper-controller.log" 2>&1 &
+CTL_PID=$!
+
+# node NAME: a KWOK node (KWOK plays its kubelet: Ready, pods Running).
+node() {
+  k apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: $1
+  labels: {kubernetes.io/hostname: $1, kubernetes.io/os: linux, kubernetes.io/arch: amd64, node.kubernetes.io/instance-type: m5.2xlarge}
+  annotations: {kwok.x-k8s.io/node: fake}
+spec: {providerID: "kwok://$1"}
+status:
+  allocatable: {cpu: "8", memory: 32Gi, pods: "110"}
+  capacity: {cpu: "8", memory: 32Gi, pods: "110"}
+EOF
+}
+# workload NAME NODE: 4 pods of Deployment NAME on NODE (or its spare, once that exists), PDB maxUnavailable 1.
+workload() {
+  k -n bench apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: $1}
+spec:
+  replicas: 4
+  selector: {matchLabels: {app: $1}}
+  template:
+    metadata: {labels: {app: $1}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [$2, $2-spare]}]}]
+      containers: [{name: app, image: registry.invalid/app:1, resources: {requests: {cpu: 100m, memory: 128Mi}}}]
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: $1}
+spec: {maxUnavailable: 1, selector: {matchLabels: {app: $1}}}
+EOF
+}
+wait_for() {
+  local secs=$1 what=$2 end; shift 2
+  end=$(( $(date +%s) + secs ))
+  until "$@"; do
+    [ "$(date +%s)" -lt $end ] || { echo "bench-nth: $what not reached in ${secs}s (cluster: $DIR)" >&2; exit 1; }
+    sleep 0.5
+  done
+}
+running_on() { k get pods -A --field-selector "spec.nodeName=$1,status.phase=Running" --no-headers 2>/dev/null | grep -c ' 1/1 ' || true; }
+placed() { [ "$(running_on "$1")" -ge 5 ] && [ "$(running_on "$2")" -ge 5 ]; }  # 4 workload pods + the agent's
+pdbs_ok() { [ "$(k -n bench get pdb "$1" "$2" -o jsonpath='{range .items[*]}{.status.currentHealthy}{" "}{end}')" = "4 4 " ]; }
+
+for i in $(seq 1 "$NOTICES"); do
+  a="nth-$i" b="nk-$i"
+  log "notice $i/$NOTICES: nodes $a (NTH) and $b (nodekeeper)"
+  node "$a"; node "$b"
+  workload "app-$a" "$a"; workload "app-$b" "$b"
+  wait_for 120 "4 pods + the agent's Running on $a and $b" placed "$a" "$b"
+  wait_for 60 "both PDBs at 4 healthy" pdbs_ok "app-$a" "app-$b"
+  node "$a-spare"; node "$b-spare"
+  rd="$OUTDIR/$i"; mkdir -p "$rd/sa" "$rd/agent"
+  : >"$PIDFILE"; echo "nk-controller $CTL_PID" >>"$PIDFILE"
+
+  # The notice instant: LEAD s from now, a whole second (AEMM's resolution).
+  T=$(( $(date +%s) + LEAD ))
+  TS=$(date -u -d "@$T" +%Y-%m-%dT%H:%M:%SZ)
+  LATER=$(date -u -d "@$(( T + 86400 ))" +%Y-%m-%dT%H:%M:%SZ)
+  pa=$(free_port) pb=$(free_port)
+  for p in "$pa" "$pb"; do
+    HOME="$rd" "$AEMM" spot --mock-trigger-time "$TS" --rebalance-trigger-time "$LATER" -n 127.0.0.1 -p "$p" \
+      >"$rd/aemm-$p.log" 2>&1 &
+    ROUND_PIDS+=($!)
+  done
+
+  # NTH for node a: its ServiceAccount's token and the cluster CA where rest.InClusterConfig reads them.
+  k -n kube-system create token aws-node-termination-handler --duration=1h >"$rd/sa/token"
+  cp "$DIR/pki/ca.crt" "$rd/sa/ca.crt"; echo kube-system >"$rd/sa/namespace"
+  NODE_NAME="$a" POD_NAME="aws-node-termination-handler-$a" NAMESPACE=kube-system \
+    KUBERNETES_SERVICE_HOST="$API_HOST" KUBERNETES_SERVICE_PORT="$API_PORT" \
+    INSTANCE_METADATA_URL="http://127.0.0.1:$pa" UPTIME_FROM_FILE=/proc/uptime \
+    unshare -m --propagation private sh -c 'mount -t tmpfs nth /run &&
+      mkdir -p /run/secrets/kubernetes.io/serviceaccount &&
+      cp "$1"/token "$1"/ca.crt "$1"/namespace /run/secrets/kubernetes.io/serviceaccount/ &&
+      exec "$2"' sh "$rd/sa" "$NTH" >"$rd/nth.log" 2>&1 &
+  ROUND_PIDS+=($!); echo "nth $!" >>"$PIDFILE"
+
+  # The agent for node b: tokens bound to the shipped DaemonSet's pod on b (API: default audience; reports:
+  # audience nodekeeper), the shipped agent config pointed at its AEMM and the controller on loopback.
+  read -r pod uid < <(k -n nodekeeper get pods -l app.kubernetes.io/name=nodekeeper-agent \
+    --field-selector "spec.nodeName=$b" -o jsonpath='{.items[0].metadata.name} {.items[0].metadata.uid}')
+  bound=(--bound-object-kind Pod --bound-object-name "$pod" --bound-object-uid "$uid" --duration=1h)
+  token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-agent "${bound[@]}")" "$rd/agent/kubeconfig"
+  k -n nodekeeper create token nodekeeper-agent "${bound[@]}" --audience nodekeeper >"$rd/agent/report-token"
+  awk '/config.toml: \|/ {on=1; next} on { sub(/^    /, ""); print }' "$REPO/manifests/12-agent-config.yaml" |
+    sed -e "s|^url = .*|url = \"https://127.0.0.1:$CTL_PORT\"|" -e "s|^ca_file = .*|ca_file = \"$DIR/nk-tls/tls.crt\"|" \
+        -e '/^server_name = /d' -e "s|^token_file = .*|token_file = \"$rd/agent/report-token\"|" \
+        -e "s|^state_dir = .*|state_dir = \"$rd/agent/state\"\ndropin_dir = \"$rd/agent/crio.conf.d\"|" \
+        -e "s|^cloud = .*|cloud = \"aws\"\nendpoint = \"http://127.0.0.1:$pb\"|" >"$rd/agent/agent.toml"
+  cat >>"$rd/agent/agent.toml" <<EOF
+
+[node]
+name = "$b"
+
+[agent]
+shutdown_watcher = false
+
+# This machine is not the node: no kernel log, systemd or logind checks (as the demo's agents).
+[checks.kmsg]
+enabled = false
+[checks.systemd]
+enabled = false
+[checks.disk]
+paths = ["$rd/agent"]
+EOF
+  KUBECONFIG="$rd/agent/kubeconfig" NODEKEEPER_NODE_NAME="$b" \
+    "$NK" agent --config "$rd/agent/agent.toml" >"$rd/agent.log" 2>&1 &
+  ROUND_PIDS+=($!); echo "nk-agent $!" >>"$PIDFILE"
+
+  python3 "$REPO/scripts/lib/notice-watch.py" "$DIR" "$T" bench "$OUTDIR/$i.json" "$TIMEOUT" "$PIDFILE" \
+    "nth=$a=app-$a" "nodekeeper=$b=app-$b" 2>"$rd/watch.log" &
+  WATCH_PID=$!
+  [ "$(date +%s)" -lt "$T" ] || echo "bench-nth: notice $i: the processes started after T (raise LEAD)" >&2
+  wait "$WATCH_PID" || true; WATCH_PID=""
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["tools"]; print("   ", {t: (v["cordon_s"], v["drained_s"]) for t, v in r.items()})' "$OUTDIR/$i.json" >&2 || true
+  stop_round
+  k -n bench delete deployment "app-$a" "app-$b" --wait=false >/dev/null
+  k -n bench delete pdb "app-$a" "app-$b" --wait=false >/dev/null
+  k delete node "$a" "$b" "$a-spare" "$b-spare" --wait=false >/dev/null
+done
+cp "$DIR/logs/nodekeeper-controller.log" "$OUTDIR/"
+
+python3 "$REPO/scripts/lib/notice-table.py" "$OUTDIR" "$NOTICES" \
+  "NTH v$NTH_VERSION, AEMM v$AEMM_VERSION, nodekeeper $PROFILE build $(git -C "$REPO" rev-parse --short HEAD), Kubernetes $K8S_VERSION"
