@@ -172,7 +172,7 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
     let dir = std::path::PathBuf::from(str_arg("--dir", ""));
     let idle = Duration::from_millis(arg("--idle-ms", 1000));
     let heartbeat = ReporterConfig::default().heartbeat;
-    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_all = tokio_util::sync::CancellationToken::new();
     let mut senders = Vec::with_capacity(n);
     let mut keep = Vec::with_capacity(n);
     for i in 0..n {
@@ -190,7 +190,7 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
         let (tx, rx) = tokio::sync::watch::channel(first);
         let (ev_tx, ev_rx) = tokio::sync::mpsc::channel(1);
         let (cmd_tx, cmd_rx) = tokio::sync::mpsc::channel(16);
-        let stop = stop_rx.clone();
+        let stop = stop_all.child_token();
         let delay = heartbeat.mul_f64(i as f64 / n as f64);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;

@@ -339,10 +339,10 @@ impl Provisioner {
             })
             .filter(|p| !tolerates(p, &taint) && !owned_by(p, "Node"))
             .filter(|p| {
-                !p.pointer("/metadata/deletionTimestamp")
+                p.pointer("/metadata/deletionTimestamp")
                     .and_then(Value::as_str)
                     .and_then(parse_time)
-                    .is_some_and(|d| now - d > chrono::Duration::minutes(1))
+                    .is_none_or(|d| now - d <= chrono::Duration::minutes(1))
             })
             .collect();
         let Some(first) = waiting.iter().map(|p| priority_group(p)).min() else {

@@ -1,7 +1,5 @@
 //! The real transport: reqwest over rustls through [`crate::http`].
 
-use std::time::Duration;
-
 use futures::future::BoxFuture;
 
 use super::{Answer, ReportTransport, TransportError};
