@@ -206,23 +206,16 @@ pub async fn serve_with(
     let _ = sim.addr.set(addr.to_string());
     loops::spawn(sim.clone(), cancel.clone());
     let app = router(sim);
-    if let Some(cfg) = tls {
-        tokio::spawn(nodekeeper_core::serve::serve(
-            listener,
-            app,
-            Some(cfg),
-            nodekeeper_core::serve::ServeLimits::streaming(),
-            Default::default(),
-            cancel,
-        ));
-        return Ok(addr);
-    }
-    tokio::spawn(async move {
-        let server = axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned());
-        if let Err(e) = server.await {
-            tracing::error!(error = %e, "sim apiserver stopped");
-        }
-    });
+    // The one server (`nodekeeper_core::serve`), plain or TLS: HTTP/1.1 and HTTP/2 (prior
+    // knowledge on plain HTTP), watches unbounded, open connections dropped at once on `cancel`.
+    tokio::spawn(nodekeeper_core::serve::serve(
+        listener,
+        app,
+        tls,
+        nodekeeper_core::serve::ServeLimits::streaming(),
+        Default::default(),
+        cancel,
+    ));
     Ok(addr)
 }
 

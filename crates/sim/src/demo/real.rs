@@ -417,11 +417,15 @@ impl Cloud {
                 }
             }),
         );
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::warn!(error = %e, "the demo's cloud stand-in stopped");
-            }
-        });
+        // Served for the rest of the demo's process (the token is never cancelled).
+        tokio::spawn(nodekeeper_core::serve::serve(
+            listener,
+            app,
+            None,
+            nodekeeper_core::serve::ServeLimits::default(),
+            Default::default(),
+            tokio_util::sync::CancellationToken::new(),
+        ));
         Ok(Cloud {
             url: format!("http://{addr}/replace"),
         })

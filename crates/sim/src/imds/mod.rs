@@ -34,7 +34,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use chrono::{DateTime, Utc};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use nodekeeper_core::agent::sources::Cloud;
 
@@ -185,7 +186,7 @@ pub enum CancelWhat {
 pub struct ImdsEmulator {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
+    stop: CancellationToken,
 }
 
 impl ImdsEmulator {
@@ -195,20 +196,18 @@ impl ImdsEmulator {
         let app = router(shared.clone());
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let served = axum::serve(listener, app).with_graceful_shutdown(async {
-                let _ = stopped.await;
-            });
-            if let Err(e) = served.await {
-                tracing::warn!("metadata emulator on {addr} stopped: {e}");
-            }
-        });
-        Ok(Self {
-            shared,
-            addr,
-            stop: Some(stop),
-        })
+        let stop = CancellationToken::new();
+        // The one server (`nodekeeper_core::serve`); a long poll in flight is dropped on stop,
+        // as a metadata service going away would drop it.
+        tokio::spawn(nodekeeper_core::serve::serve(
+            listener,
+            app,
+            None,
+            nodekeeper_core::serve::ServeLimits::streaming(),
+            Default::default(),
+            stop.clone(),
+        ));
+        Ok(Self { shared, addr, stop })
     }
 
     /// `http://ADDR`
@@ -291,9 +290,7 @@ impl ImdsEmulator {
 
 impl Drop for ImdsEmulator {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.stop.cancel();
     }
 }
 
