@@ -283,6 +283,17 @@ spec:
         },
     )
     .await;
+    // The second repair runs to its hand-over too, so that the teardown finds no node that
+    // nodekeeper holds mid-drain (cordoned, marked do-not-disrupt, its drain cancelled by the
+    // controller's stop) when the NodePool goes: such a node outlived remove_pool's wait once.
+    let end = tokio::time::Instant::now() + Duration::from_secs(120);
+    while at("node handed to the provider", &second).is_none() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "{second} never handed over"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     assert_eq!(
         ctl.forbidden_lines(),
