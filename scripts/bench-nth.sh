@@ -13,7 +13,11 @@
 #     moved a day later): both serve the notice from the same whole second T on — AEMM compares
 #     the request's Unix second with T (pkg/mock/spot/spot.go) — and 404 before;
 #   - NTH with its chart's defaults (cordon + drain through the Eviction API; taint-node false) and
-#     --metadata-url at its AEMM, as the ServiceAccount of its chart's RBAC (tests/fixtures/nth/rbac.yaml):
+#     --metadata-url at its AEMM, but for one: ENABLE_SCHEDULED_EVENT_DRAINING=false. AEMM's `spot` mode
+#     does not serve events/maintenance/scheduled (404, where EC2 answers []); NTH counts a non-2xx answer
+#     there as a monitor error and exits after 4 in a row ("Duplicate Error Threshold hit"). That monitor is
+#     a goroutine of its own beside the spot one (each polls every 2 s); off, it also skips the 8 s
+#     uncordon-after-reboot poll NTH runs at start. As the ServiceAccount of its chart's RBAC (tests/fixtures/nth/rbac.yaml):
 #     NTH reads only the in-cluster config, so it runs in a private mount namespace with a tmpfs on /run
 #     holding the token and CA at /run/secrets/kubernetes.io/serviceaccount (the host's /run is untouched);
 #   - a nodekeeper agent: the shipped agent config with `[sources] cloud = "aws"` and `endpoint` at its AEMM
@@ -28,7 +32,7 @@
 cd "$REPO"
 NOTICES=${1:-20}
 PROFILE=${BENCH_PROFILE:-debug}
-LEAD=${LEAD:-6}          # seconds from starting the AEMMs to T (the tools start and poll 404s meanwhile)
+LEAD=${LEAD:-10}         # seconds from starting the AEMMs to T (the tools start and poll 404s meanwhile)
 TIMEOUT=${TIMEOUT:-150}  # per notice, from T (NTH's drain gives up after node-termination-grace-period 120 s)
 [ "$(id -u)" -eq 0 ] || { echo "bench-nth: needs root (NTH runs in a private mount namespace)" >&2; exit 1; }
 "$REPO/scripts/setup-kubectl.sh" >/dev/null
@@ -161,7 +165,7 @@ for i in $(seq 1 "$NOTICES"); do
   cp "$DIR/pki/ca.crt" "$rd/sa/ca.crt"; echo kube-system >"$rd/sa/namespace"
   NODE_NAME="$a" POD_NAME="aws-node-termination-handler-$a" NAMESPACE=kube-system \
     KUBERNETES_SERVICE_HOST="$API_HOST" KUBERNETES_SERVICE_PORT="$API_PORT" \
-    INSTANCE_METADATA_URL="http://127.0.0.1:$pa" UPTIME_FROM_FILE=/proc/uptime \
+    INSTANCE_METADATA_URL="http://127.0.0.1:$pa" UPTIME_FROM_FILE=/proc/uptime ENABLE_SCHEDULED_EVENT_DRAINING=false \
     unshare -m --propagation private sh -c 'mount -t tmpfs nth /run &&
       mkdir -p /run/secrets/kubernetes.io/serviceaccount &&
       cp "$1"/token "$1"/ca.crt "$1"/namespace /run/secrets/kubernetes.io/serviceaccount/ &&
@@ -203,7 +207,14 @@ EOF
   python3 "$REPO/scripts/lib/notice-watch.py" "$DIR" "$T" bench "$OUTDIR/$i.json" "$TIMEOUT" "$PIDFILE" \
     "nth=$a=app-$a" "nodekeeper=$b=app-$b" 2>"$rd/watch.log" &
   WATCH_PID=$!
-  [ "$(date +%s)" -lt "$T" ] || echo "bench-nth: notice $i: the processes started after T (raise LEAD)" >&2
+  # Both tools polling before T: NTH's monitors start after its "started successfully" line and poll every 2 s
+  # from then (a first poll 2 s after it); the agent's source has read AEMM's identity. A notice whose tools
+  # were not both up 2 s before T is counted as late (its times would include the tools' start).
+  wait_for $(( LEAD + 30 )) "NTH on $a started" grep -q "has started successfully" "$rd/nth.log"
+  wait_for $(( LEAD + 30 )) "the agent on $b read its AEMM" grep -q "instance identity" "$rd/agent.log"
+  if [ "$(date +%s%N)" -gt $(( (T - 2) * 1000000000 )) ]; then
+    echo "bench-nth: notice $i: NTH or the agent was up less than 2 s before T (raise LEAD)" >&2; echo "$i" >>"$OUTDIR/late"
+  fi
   wait "$WATCH_PID" || true; WATCH_PID=""
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["tools"]; print("   ", {t: (v["cordon_s"], v["drained_s"]) for t, v in r.items()})' "$OUTDIR/$i.json" >&2 || true
   stop_round
