@@ -9,8 +9,8 @@
 #     Deployment (app-nth-N / app-nk-N, required node affinity to its node or its spare, PDB maxUnavailable 1)
 #     and the shipped agent DaemonSet's pod; then spare nodes nth-N-spare / nk-N-spare where the evicted
 #     pods can go (created after the pods are placed, so every pod starts on the interrupted node);
-#   - two AEMMs on loopback ports (`ec2-metadata-mock spot --mock-trigger-time T`, rebalance recommendation
-#     moved a day later): both serve the notice from the same whole second T on — AEMM compares
+#   - two AEMMs on loopback ports (`ec2-metadata-mock spot --mock-trigger-time T -t T+2min`, rebalance
+#     recommendation moved a day later): both serve the notice from the same whole second T on — AEMM compares
 #     the request's Unix second with T (pkg/mock/spot/spot.go) — and 404 before;
 #   - NTH with its chart's defaults (cordon + drain through the Eviction API; taint-node false) and
 #     --metadata-url at its AEMM, but for one: ENABLE_SCHEDULED_EVENT_DRAINING=false. AEMM's `spot` mode
@@ -52,9 +52,18 @@ OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-nth.XXXX)
 DIR=$(mktemp -d /tmp/nodekeeper-bench-nth-cluster.XXXX)
 PIDFILE="$OUTDIR/pids"
 ROUND_PIDS=() CTL_PID="" WATCH_PID=""
+# SIGTERM, then SIGKILL whatever still runs 3 s later: NTH v1.22.0 does not exit on SIGTERM (its main loop's
+# `case <-signalChan: break` leaves the select, not the loop; in a pod the kubelet's SIGKILL ends it).
 stop_round() {
-  local p
+  local p="" i
+  [ ${#ROUND_PIDS[@]} -gt 0 ] || return 0
   for p in "${ROUND_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for i in $(seq 1 30); do
+    for p in "${ROUND_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && break; done
+    kill -0 "$p" 2>/dev/null || break
+    sleep 0.1
+  done
+  for p in "${ROUND_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   for p in "${ROUND_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   ROUND_PIDS=()
 }
@@ -153,9 +162,12 @@ for i in $(seq 1 "$NOTICES"); do
   T=$(( $(date +%s) + LEAD ))
   TS=$(date -u -d "@$T" +%Y-%m-%dT%H:%M:%SZ)
   LATER=$(date -u -d "@$(( T + 86400 ))" +%Y-%m-%dT%H:%M:%SZ)
+  # The termination time in the notice: T + 2 min, fixed, as on EC2 (unset, AEMM answers "now + 2 min" to each
+  # request, so every poll sees a different notice: NTH files each as a new event and drains again).
+  TERM_AT=$(date -u -d "@$(( T + 120 ))" +%Y-%m-%dT%H:%M:%SZ)
   pa=$(free_port) pb=$(free_port)
   for p in "$pa" "$pb"; do
-    HOME="$rd" "$AEMM" spot --mock-trigger-time "$TS" --rebalance-trigger-time "$LATER" -n 127.0.0.1 -p "$p" \
+    HOME="$rd" "$AEMM" spot --mock-trigger-time "$TS" --rebalance-trigger-time "$LATER" -t "$TERM_AT" -n 127.0.0.1 -p "$p" \
       >"$rd/aemm-$p.log" 2>&1 &
     ROUND_PIDS+=($!)
   done
@@ -175,7 +187,7 @@ for i in $(seq 1 "$NOTICES"); do
   # The agent for node b: tokens bound to the shipped DaemonSet's pod on b (API: default audience; reports:
   # audience nodekeeper), the shipped agent config pointed at its AEMM and the controller on loopback.
   read -r pod uid < <(k -n nodekeeper get pods -l app.kubernetes.io/name=nodekeeper-agent \
-    --field-selector "spec.nodeName=$b" -o jsonpath='{.items[0].metadata.name} {.items[0].metadata.uid}')
+    --field-selector "spec.nodeName=$b" -o jsonpath='{.items[0].metadata.name} {.items[0].metadata.uid}{"\n"}')  # read needs the newline
   bound=(--bound-object-kind Pod --bound-object-name "$pod" --bound-object-uid "$uid" --duration=1h)
   token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-agent "${bound[@]}")" "$rd/agent/kubeconfig"
   k -n nodekeeper create token nodekeeper-agent "${bound[@]}" --audience nodekeeper >"$rd/agent/report-token"
