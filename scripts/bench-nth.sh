@@ -4,6 +4,7 @@
 # each node with its own Amazon EC2 metadata mock (AEMM v1.13.0). Figures go to docs/comparison.md.
 #   scripts/bench-nth.sh [NOTICES]      (default 20)
 #   BENCH_PROFILE=release …              (default debug: target/debug/nodekeeper)
+#   NK_POLL=200ms …                      the agent's [sources] poll_interval (default: unset, the shipped 1 s)
 # One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests). Per notice, fresh:
 #   - nodes nth-N and nk-N (KWOK, same shape: 8 CPU, 32 Gi, 110 pods), each running 4 pods of its own
 #     Deployment (app-nth-N / app-nk-N, required node affinity to its node or its spare, PDB maxUnavailable 1)
@@ -32,6 +33,7 @@
 cd "$REPO"
 NOTICES=${1:-20}
 PROFILE=${BENCH_PROFILE:-debug}
+NK_POLL=${NK_POLL:-}
 LEAD=${LEAD:-10}         # seconds from starting the AEMMs to T (the tools start and poll 404s meanwhile)
 TIMEOUT=${TIMEOUT:-150}  # per notice, from T (NTH's drain gives up after node-termination-grace-period 120 s)
 [ "$(id -u)" -eq 0 ] || { echo "bench-nth: needs root (NTH runs in a private mount namespace)" >&2; exit 1; }
@@ -195,7 +197,7 @@ for i in $(seq 1 "$NOTICES"); do
     sed -e "s|^url = .*|url = \"https://127.0.0.1:$CTL_PORT\"|" -e "s|^ca_file = .*|ca_file = \"$DIR/nk-tls/tls.crt\"|" \
         -e '/^server_name = /d' -e "s|^token_file = .*|token_file = \"$rd/agent/report-token\"|" \
         -e "s|^state_dir = .*|state_dir = \"$rd/agent/state\"\ndropin_dir = \"$rd/agent/crio.conf.d\"|" \
-        -e "s|^cloud = .*|cloud = \"aws\"\nendpoint = \"http://127.0.0.1:$pb\"|" >"$rd/agent/agent.toml"
+        -e "s|^cloud = .*|cloud = \"aws\"\nendpoint = \"http://127.0.0.1:$pb\"${NK_POLL:+\\npoll_interval = \"$NK_POLL\"}|" >"$rd/agent/agent.toml"
   cat >>"$rd/agent/agent.toml" <<EOF
 
 [node]
@@ -237,4 +239,4 @@ done
 cp "$DIR/logs/nodekeeper-controller.log" "$OUTDIR/"
 
 python3 "$REPO/scripts/lib/notice-table.py" "$OUTDIR" "$NOTICES" \
-  "NTH v$NTH_VERSION, AEMM v$AEMM_VERSION, nodekeeper $PROFILE build $(git -C "$REPO" rev-parse --short HEAD), Kubernetes $K8S_VERSION"
+  "NTH v$NTH_VERSION, AEMM v$AEMM_VERSION, nodekeeper $PROFILE build${NK_POLL:+ (agent poll_interval $NK_POLL)} $(git -C "$REPO" rev-parse --short HEAD), Kubernetes $K8S_VERSION"
