@@ -4,16 +4,21 @@
 # each node with its own Amazon EC2 metadata mock (AEMM v1.13.0). Figures go to docs/comparison.md.
 #   scripts/bench-nth.sh [NOTICES]      (default 20)
 #   BENCH_PROFILE=release …              (default debug: target/debug/nodekeeper)
+#   NK_POLL=200ms …                      the agent's [sources] poll_interval (default: unset, the shipped 1 s)
 # One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests). Per notice, fresh:
 #   - nodes nth-N and nk-N (KWOK, same shape: 8 CPU, 32 Gi, 110 pods), each running 4 pods of its own
 #     Deployment (app-nth-N / app-nk-N, required node affinity to its node or its spare, PDB maxUnavailable 1)
 #     and the shipped agent DaemonSet's pod; then spare nodes nth-N-spare / nk-N-spare where the evicted
 #     pods can go (created after the pods are placed, so every pod starts on the interrupted node);
-#   - two AEMMs on loopback ports (`ec2-metadata-mock spot --mock-trigger-time T`, rebalance recommendation
-#     moved a day later): both serve the notice from the same whole second T on — AEMM compares
+#   - two AEMMs on loopback ports (`ec2-metadata-mock spot --mock-trigger-time T -t T+2min`, rebalance
+#     recommendation moved a day later): both serve the notice from the same whole second T on — AEMM compares
 #     the request's Unix second with T (pkg/mock/spot/spot.go) — and 404 before;
 #   - NTH with its chart's defaults (cordon + drain through the Eviction API; taint-node false) and
-#     --metadata-url at its AEMM, as the ServiceAccount of its chart's RBAC (tests/fixtures/nth/rbac.yaml):
+#     --metadata-url at its AEMM, but for one: ENABLE_SCHEDULED_EVENT_DRAINING=false. AEMM's `spot` mode
+#     does not serve events/maintenance/scheduled (404, where EC2 answers []); NTH counts a non-2xx answer
+#     there as a monitor error and exits after 4 in a row ("Duplicate Error Threshold hit"). That monitor is
+#     a goroutine of its own beside the spot one (each polls every 2 s); off, it also skips the 8 s
+#     uncordon-after-reboot poll NTH runs at start. As the ServiceAccount of its chart's RBAC (tests/fixtures/nth/rbac.yaml):
 #     NTH reads only the in-cluster config, so it runs in a private mount namespace with a tmpfs on /run
 #     holding the token and CA at /run/secrets/kubernetes.io/serviceaccount (the host's /run is untouched);
 #   - a nodekeeper agent: the shipped agent config with `[sources] cloud = "aws"` and `endpoint` at its AEMM
@@ -28,7 +33,8 @@
 cd "$REPO"
 NOTICES=${1:-20}
 PROFILE=${BENCH_PROFILE:-debug}
-LEAD=${LEAD:-6}          # seconds from starting the AEMMs to T (the tools start and poll 404s meanwhile)
+NK_POLL=${NK_POLL:-}
+LEAD=${LEAD:-10}         # seconds from starting the AEMMs to T (the tools start and poll 404s meanwhile)
 TIMEOUT=${TIMEOUT:-150}  # per notice, from T (NTH's drain gives up after node-termination-grace-period 120 s)
 [ "$(id -u)" -eq 0 ] || { echo "bench-nth: needs root (NTH runs in a private mount namespace)" >&2; exit 1; }
 "$REPO/scripts/setup-kubectl.sh" >/dev/null
@@ -48,9 +54,18 @@ OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-nth.XXXX)
 DIR=$(mktemp -d /tmp/nodekeeper-bench-nth-cluster.XXXX)
 PIDFILE="$OUTDIR/pids"
 ROUND_PIDS=() CTL_PID="" WATCH_PID=""
+# SIGTERM, then SIGKILL whatever still runs 3 s later: NTH v1.22.0 does not exit on SIGTERM (its main loop's
+# `case <-signalChan: break` leaves the select, not the loop; in a pod the kubelet's SIGKILL ends it).
 stop_round() {
-  local p
+  local p="" i
+  [ ${#ROUND_PIDS[@]} -gt 0 ] || return 0
   for p in "${ROUND_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for i in $(seq 1 30); do
+    for p in "${ROUND_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && break; done
+    kill -0 "$p" 2>/dev/null || break
+    sleep 0.1
+  done
+  for p in "${ROUND_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   for p in "${ROUND_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   ROUND_PIDS=()
 }
@@ -149,9 +164,12 @@ for i in $(seq 1 "$NOTICES"); do
   T=$(( $(date +%s) + LEAD ))
   TS=$(date -u -d "@$T" +%Y-%m-%dT%H:%M:%SZ)
   LATER=$(date -u -d "@$(( T + 86400 ))" +%Y-%m-%dT%H:%M:%SZ)
+  # The termination time in the notice: T + 2 min, fixed, as on EC2 (unset, AEMM answers "now + 2 min" to each
+  # request, so every poll sees a different notice: NTH files each as a new event and drains again).
+  TERM_AT=$(date -u -d "@$(( T + 120 ))" +%Y-%m-%dT%H:%M:%SZ)
   pa=$(free_port) pb=$(free_port)
   for p in "$pa" "$pb"; do
-    HOME="$rd" "$AEMM" spot --mock-trigger-time "$TS" --rebalance-trigger-time "$LATER" -n 127.0.0.1 -p "$p" \
+    HOME="$rd" "$AEMM" spot --mock-trigger-time "$TS" --rebalance-trigger-time "$LATER" -t "$TERM_AT" -n 127.0.0.1 -p "$p" \
       >"$rd/aemm-$p.log" 2>&1 &
     ROUND_PIDS+=($!)
   done
@@ -161,7 +179,7 @@ for i in $(seq 1 "$NOTICES"); do
   cp "$DIR/pki/ca.crt" "$rd/sa/ca.crt"; echo kube-system >"$rd/sa/namespace"
   NODE_NAME="$a" POD_NAME="aws-node-termination-handler-$a" NAMESPACE=kube-system \
     KUBERNETES_SERVICE_HOST="$API_HOST" KUBERNETES_SERVICE_PORT="$API_PORT" \
-    INSTANCE_METADATA_URL="http://127.0.0.1:$pa" UPTIME_FROM_FILE=/proc/uptime \
+    INSTANCE_METADATA_URL="http://127.0.0.1:$pa" UPTIME_FROM_FILE=/proc/uptime ENABLE_SCHEDULED_EVENT_DRAINING=false \
     unshare -m --propagation private sh -c 'mount -t tmpfs nth /run &&
       mkdir -p /run/secrets/kubernetes.io/serviceaccount &&
       cp "$1"/token "$1"/ca.crt "$1"/namespace /run/secrets/kubernetes.io/serviceaccount/ &&
@@ -171,7 +189,7 @@ for i in $(seq 1 "$NOTICES"); do
   # The agent for node b: tokens bound to the shipped DaemonSet's pod on b (API: default audience; reports:
   # audience nodekeeper), the shipped agent config pointed at its AEMM and the controller on loopback.
   read -r pod uid < <(k -n nodekeeper get pods -l app.kubernetes.io/name=nodekeeper-agent \
-    --field-selector "spec.nodeName=$b" -o jsonpath='{.items[0].metadata.name} {.items[0].metadata.uid}')
+    --field-selector "spec.nodeName=$b" -o jsonpath='{.items[0].metadata.name} {.items[0].metadata.uid}{"\n"}')  # read needs the newline
   bound=(--bound-object-kind Pod --bound-object-name "$pod" --bound-object-uid "$uid" --duration=1h)
   token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-agent "${bound[@]}")" "$rd/agent/kubeconfig"
   k -n nodekeeper create token nodekeeper-agent "${bound[@]}" --audience nodekeeper >"$rd/agent/report-token"
@@ -179,7 +197,7 @@ for i in $(seq 1 "$NOTICES"); do
     sed -e "s|^url = .*|url = \"https://127.0.0.1:$CTL_PORT\"|" -e "s|^ca_file = .*|ca_file = \"$DIR/nk-tls/tls.crt\"|" \
         -e '/^server_name = /d' -e "s|^token_file = .*|token_file = \"$rd/agent/report-token\"|" \
         -e "s|^state_dir = .*|state_dir = \"$rd/agent/state\"\ndropin_dir = \"$rd/agent/crio.conf.d\"|" \
-        -e "s|^cloud = .*|cloud = \"aws\"\nendpoint = \"http://127.0.0.1:$pb\"|" >"$rd/agent/agent.toml"
+        -e "s|^cloud = .*|cloud = \"aws\"\nendpoint = \"http://127.0.0.1:$pb\"${NK_POLL:+\\npoll_interval = \"$NK_POLL\"}|" >"$rd/agent/agent.toml"
   cat >>"$rd/agent/agent.toml" <<EOF
 
 [node]
@@ -203,7 +221,14 @@ EOF
   python3 "$REPO/scripts/lib/notice-watch.py" "$DIR" "$T" bench "$OUTDIR/$i.json" "$TIMEOUT" "$PIDFILE" \
     "nth=$a=app-$a" "nodekeeper=$b=app-$b" 2>"$rd/watch.log" &
   WATCH_PID=$!
-  [ "$(date +%s)" -lt "$T" ] || echo "bench-nth: notice $i: the processes started after T (raise LEAD)" >&2
+  # Both tools polling before T: NTH's monitors start after its "started successfully" line and poll every 2 s
+  # from then (a first poll 2 s after it); the agent's source has read AEMM's identity. A notice whose tools
+  # were not both up 2 s before T is counted as late (its times would include the tools' start).
+  wait_for $(( LEAD + 30 )) "NTH on $a started" grep -q "has started successfully" "$rd/nth.log"
+  wait_for $(( LEAD + 30 )) "the agent on $b read its AEMM" grep -q "instance identity" "$rd/agent.log"
+  if [ "$(date +%s%N)" -gt $(( (T - 2) * 1000000000 )) ]; then
+    echo "bench-nth: notice $i: NTH or the agent was up less than 2 s before T (raise LEAD)" >&2; echo "$i" >>"$OUTDIR/late"
+  fi
   wait "$WATCH_PID" || true; WATCH_PID=""
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["tools"]; print("   ", {t: (v["cordon_s"], v["drained_s"]) for t, v in r.items()})' "$OUTDIR/$i.json" >&2 || true
   stop_round
@@ -214,4 +239,4 @@ done
 cp "$DIR/logs/nodekeeper-controller.log" "$OUTDIR/"
 
 python3 "$REPO/scripts/lib/notice-table.py" "$OUTDIR" "$NOTICES" \
-  "NTH v$NTH_VERSION, AEMM v$AEMM_VERSION, nodekeeper $PROFILE build $(git -C "$REPO" rev-parse --short HEAD), Kubernetes $K8S_VERSION"
+  "NTH v$NTH_VERSION, AEMM v$AEMM_VERSION, nodekeeper $PROFILE build${NK_POLL:+ (agent poll_interval $NK_POLL)} $(git -C "$REPO" rev-parse --short HEAD), Kubernetes $K8S_VERSION"

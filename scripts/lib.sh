@@ -58,11 +58,13 @@ EOC
 }
 
 # loopback_tls OUTDIR: a self-signed certificate for 127.0.0.1 (nodekeeper's controller on loopback):
-# OUTDIR/tls.crt (also the agents' CA) and OUTDIR/tls.key.
+# OUTDIR/tls.crt (also the agents' CA) and OUTDIR/tls.key. An end-entity certificate (CA:FALSE): `req -x509`
+# marks it a CA by default, which rustls (webpki) refuses as a server's certificate (CaUsedAsEndEntity).
 loopback_tls() {
   mkdir -p "$1"
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=nodekeeper-controller \
-    -addext "subjectAltName=IP:127.0.0.1" -keyout "$1/tls.key" -out "$1/tls.crt" 2>/dev/null
+    -addext "subjectAltName=IP:127.0.0.1" -addext "basicConstraints=critical,CA:FALSE" \
+    -addext "keyUsage=critical,digitalSignature" -addext "extendedKeyUsage=serverAuth" -keyout "$1/tls.key" -out "$1/tls.crt" 2>/dev/null
 }
 
 # shipped_controller_config LISTEN TLSDIR: the controller's shipped config.toml (manifests/21-controller-config.yaml)

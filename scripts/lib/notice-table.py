@@ -32,7 +32,12 @@ def fmt(x, unit=" s"):
 
 
 TOOLS = {"nth": ["nth"], "nodekeeper": ["nk-agent", "nk-controller"]}
-print(f"\n{what}; {len(runs)} of {n} notices; raw data: {out}\n")
+try:
+    late = open(os.path.join(out, "late")).read().split()
+except FileNotFoundError:
+    late = []
+print(f"\n{what}; {len(runs)} of {n} notices; raw data: {out}")
+print(f"notices where NTH or the agent was up less than 2 s before the notice: {len(late)} {late or ''}\n")
 print("| | NTH | nodekeeper |")
 print("|---|---|---|")
 rows = {}
