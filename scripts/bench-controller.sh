@@ -7,6 +7,7 @@
 #                               [--connections 1 [--window 30]] [--transport h1-idle]
 #   scripts/bench-controller.sh --transports h2-held,h1-held,h2-idle,h1-idle [other flags]
 #     runs the example once per transport, in a row (side by side in one run; each its own process).
+#     (with --connections 1 --seconds 0: phase 3 only, the transport comparison of docs/controller.md)
 # Figures are recorded in docs/controller.md.
 . "$(dirname "$0")/lib.sh"
 cd "$REPO"

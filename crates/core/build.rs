@@ -15,10 +15,16 @@ fn git(args: &[&str]) -> Option<String> {
 fn main() {
     let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=NODEKEEPER_GIT_COMMIT={commit}");
-    // Watch the files that exist: in a git worktree `.git` is a file and HEAD lives elsewhere
-    // (a path that does not exist would make cargo re-run this script, and rebuild the crate,
-    // on every build).
-    for rel in ["HEAD", "refs/heads"] {
+    // Watch this checkout's HEAD and the ref file of its branch (or packed-refs when the ref is
+    // packed), only files that exist: a path that does not exist makes cargo re-run this script,
+    // and rebuild the crate, on every build. Not the whole `refs/heads` directory: in a git
+    // worktree it is shared, so a commit on any other worktree's branch rebuilt this crate.
+    let mut watch = vec!["HEAD".to_string()];
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watch.push(branch);
+    }
+    watch.push("packed-refs".into());
+    for rel in &watch {
         if let Some(p) = git(&["rev-parse", "--git-path", rel]) {
             if std::path::Path::new(&p).exists() {
                 println!("cargo:rerun-if-changed={p}");
