@@ -237,6 +237,11 @@ pub fn serve(
         .max
         .store(limits.max_connections as u64, Ordering::Relaxed);
     let router = with_deadline(router, limits.request_timeout);
+    let router = if limits.http2 {
+        router
+    } else {
+        router.layer(axum::middleware::from_fn(close_after_error))
+    };
     let tls = match tls {
         Some(t) if !limits.http2 && t.alpn_protocols.iter().any(|p| p == b"h2") => {
             let mut t = (*t).clone();
@@ -271,6 +276,23 @@ fn with_deadline(router: Router, deadline: Option<Duration>) -> Router {
         )),
         None => router,
     }
+}
+
+/// On an HTTP/1.1-only server (the report API), an error answer (4xx, 5xx) to an HTTP/1.x request
+/// carries `Connection: close`, and hyper closes the connection after it: the handler may have
+/// refused before reading the request's body (413, 401, a follower's 503), and a client reusing
+/// the connection would send its next request into one the server is closing (broken pipes under
+/// load). Errors are rare; the client's next request opens a connection, resuming its TLS session.
+async fn close_after_error(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let h1 = req.version() < axum::http::Version::HTTP_2;
+    let mut resp = next.run(req).await;
+    if h1 && (resp.status().is_client_error() || resp.status().is_server_error()) {
+        resp.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    resp
 }
 
 /// Answers 408 when a request (including reading its body) takes longer than `limit`.
@@ -432,6 +454,47 @@ mod tests {
 
     const S: fn(u64) -> Duration = Duration::from_secs;
     const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[tokio::test]
+    async fn an_error_answer_over_http1_closes_the_connection_and_a_success_keeps_it() {
+        let router = Router::new()
+            .route("/ok", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/no",
+                axum::routing::get(|| async { StatusCode::UNAUTHORIZED }),
+            );
+        let cancel = CancellationToken::new();
+        let stats = Arc::new(ConnectionStats::default());
+        let (addr, run) = bind(
+            "127.0.0.1:0",
+            router,
+            None,
+            ServeLimits::default(),
+            stats.clone(),
+            cancel.clone(),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(run);
+        let client = crate::http::builder(None)
+            .unwrap()
+            .no_proxy()
+            .build()
+            .unwrap();
+        let get = |path: &str| client.get(format!("http://{addr}{path}")).send();
+        let ok = get("/ok").await.unwrap();
+        assert_eq!(ok.status(), 200);
+        assert!(ok.headers().get("connection").is_none());
+        let no = get("/no").await.unwrap();
+        assert_eq!(no.status(), 401);
+        assert_eq!(no.headers()["connection"], "close");
+        drop((ok, no));
+        // The first connection was kept for the second request, which closed it: a third opens
+        // a new one.
+        assert_eq!(get("/ok").await.unwrap().status(), 200);
+        assert_eq!(stats.accepted.load(Ordering::Relaxed), 2);
+        cancel.cancel();
+    }
 
     /// A router whose `/slow/N` answers after N ms.
     fn slow() -> Router {
