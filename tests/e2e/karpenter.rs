@@ -38,6 +38,18 @@ pub(crate) fn nodepools(admin: &kube::Client) -> Api<DynamicObject> {
     Api::all_with(admin.clone(), &ApiResource::from_gvk(&gvk))
 }
 
+/// Sets `pool`'s disruption budgets to the one budget `nodes` (a count or a percentage).
+pub(crate) async fn set_pool_budget(admin: &kube::Client, pool: &str, nodes: &str) {
+    nodepools(admin)
+        .patch(
+            pool,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "disruption": { "budgets": [{ "nodes": nodes }] } } })),
+        )
+        .await
+        .unwrap();
+}
+
 /// `status.conditions[type].status == "True"` of a Karpenter object.
 pub(crate) fn condition_true(o: &DynamicObject, type_: &str) -> bool {
     o.data["status"]["conditions"].as_array().is_some_and(|cs| {

@@ -51,17 +51,6 @@ async fn status_rows(c: &'static Cluster, admin: &kube::Client, dir: &std::path:
     text
 }
 
-async fn set_budget(pools: &Api<kube::core::DynamicObject>, nodes: &str) {
-    pools
-        .patch(
-            BUDGET_POOL,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "disruption": { "budgets": [{ "nodes": nodes }] } } })),
-        )
-        .await
-        .unwrap();
-}
-
 /// Two NotReady nodes of a NodePool whose budget nodekeeper reads from the NodePool:
 /// - budget `nodes: "0"`: both held (`BlockedByBudget`, naming the NodePool), neither cordoned;
 /// - the NodePool edited to `nodes: "1"`: one repair starts, the other stays held by budget #0 of the
@@ -79,7 +68,6 @@ async fn nodepool_budget_read_from_karpenter_holds_the_second_repair_until_the_f
     let admin = c.admin().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let nodes: Api<Node> = Api::all(admin.clone());
-    let pools = nodepools(&admin);
     // Budget "0" to start with: nothing may be disrupted, by Karpenter or by nodekeeper.
     let hosts = pool_with_two_pods(
         c,
@@ -160,7 +148,7 @@ spec:
     .await;
 
     // The NodePool edited to "1" (on the real API; nodekeeper reads it through its watch).
-    set_budget(&pools, "1").await;
+    set_pool_budget(&admin, BUDGET_POOL, "1").await;
     let (first, second) = wait_for(
         Duration::from_secs(60),
         "one repairing, the other held by nodes=1",
@@ -208,7 +196,7 @@ spec:
 
     // Edited to "0" and back to "1" while the first drains: the hold follows each edit.
     for budget in ["0", "1"] {
-        set_budget(&pools, budget).await;
+        set_pool_budget(&admin, BUDGET_POOL, budget).await;
         wait_until(
             Duration::from_secs(30),
             &format!("{second} held by nodes={budget}"),

@@ -365,16 +365,7 @@ async fn random_repairs_preemptions_drift_and_consolidation_never_exceed_a_nodep
     // replacement is launching left that replacement's KWOK node behind once (its NodeClaim was
     // deleted before the node registered), and `remove_pool` waits for every node of the pool.
     for pool in POOLS {
-        nodepools(&admin)
-            .patch(
-                pool,
-                &PatchParams::default(),
-                &Patch::Merge(
-                    json!({ "spec": { "disruption": { "budgets": [{ "nodes": "0" }] } } }),
-                ),
-            )
-            .await
-            .unwrap();
+        set_pool_budget(&admin, pool, "0").await;
     }
     wait_until(
         Duration::from_secs(120),
