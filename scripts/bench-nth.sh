@@ -5,6 +5,7 @@
 #   scripts/bench-nth.sh [NOTICES]      (default 20)
 #   BENCH_PROFILE=release …              (default debug: target/debug/nodekeeper)
 #   NK_POLL=200ms …                      the agent's [sources] poll_interval (default: unset, the shipped 1 s)
+#   NK_SPOT_POLL=1s …                    its [sources.aws] spot_poll_interval (default: unset, the shipped 100 ms)
 # One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests). Per notice, fresh:
 #   - nodes nth-N and nk-N (KWOK, same shape: 8 CPU, 32 Gi, 110 pods), each running 4 pods of its own
 #     Deployment (app-nth-N / app-nk-N, required node affinity to its node or its spare, PDB maxUnavailable 1)
@@ -22,7 +23,7 @@
 #     NTH reads only the in-cluster config, so it runs in a private mount namespace with a tmpfs on /run
 #     holding the token and CA at /run/secrets/kubernetes.io/serviceaccount (the host's /run is untouched);
 #   - a nodekeeper agent: the shipped agent config with `[sources] cloud = "aws"` and `endpoint` at its AEMM
-#     (poll interval: the default), reporting to the controller on loopback with tokens bound to the shipped
+#     (poll intervals: the defaults, the Spot notice every 100 ms, the other paths every 1 s), reporting to the controller on loopback with tokens bound to the shipped
 #     DaemonSet's pod on its node (host checks that read this machine's kernel log / systemd are off, as in
 #     the demo). The controller (shipped config, acting) runs for the whole benchmark as its ServiceAccount.
 # Measured by scripts/lib/notice-watch.py from the API: T → cordon and taint seen by a watch, T → the last
@@ -34,6 +35,7 @@ cd "$REPO"
 NOTICES=${1:-20}
 PROFILE=${BENCH_PROFILE:-debug}
 NK_POLL=${NK_POLL:-}
+NK_SPOT_POLL=${NK_SPOT_POLL:-}
 LEAD=${LEAD:-10}         # seconds from starting the AEMMs to T (the tools start and poll 404s meanwhile)
 TIMEOUT=${TIMEOUT:-150}  # per notice, from T (NTH's drain gives up after node-termination-grace-period 120 s)
 [ "$(id -u)" -eq 0 ] || { echo "bench-nth: needs root (NTH runs in a private mount namespace)" >&2; exit 1; }
@@ -214,6 +216,7 @@ enabled = false
 [checks.disk]
 paths = ["$rd/agent"]
 EOF
+  [ -z "$NK_SPOT_POLL" ] || printf '[sources.aws]\nspot_poll_interval = "%s"\n' "$NK_SPOT_POLL" >>"$rd/agent/agent.toml"
   KUBECONFIG="$rd/agent/kubeconfig" NODEKEEPER_NODE_NAME="$b" \
     "$NK" agent --config "$rd/agent/agent.toml" >"$rd/agent.log" 2>&1 &
   ROUND_PIDS+=($!); echo "nk-agent $!" >>"$PIDFILE"
@@ -239,4 +242,4 @@ done
 cp "$DIR/logs/nodekeeper-controller.log" "$OUTDIR/"
 
 python3 "$REPO/scripts/lib/notice-table.py" "$OUTDIR" "$NOTICES" \
-  "NTH v$NTH_VERSION, AEMM v$AEMM_VERSION, nodekeeper $PROFILE build${NK_POLL:+ (agent poll_interval $NK_POLL)} $(git -C "$REPO" rev-parse --short HEAD), Kubernetes $K8S_VERSION"
+  "NTH v$NTH_VERSION, AEMM v$AEMM_VERSION, nodekeeper $PROFILE build${NK_POLL:+ (agent poll_interval $NK_POLL)}${NK_SPOT_POLL:+ (agent spot_poll_interval $NK_SPOT_POLL)} $(git -C "$REPO" rev-parse --short HEAD), Kubernetes $K8S_VERSION"

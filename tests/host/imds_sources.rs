@@ -24,6 +24,8 @@ fn config(url: &str) -> SourcesConfig {
         ..SourcesConfig::default()
     };
     cfg.request_timeout = Duration::from_millis(700);
+    // every poll reads every path (the AWS source reads its slower paths once per poll_interval)
+    cfg.poll_interval = Duration::ZERO;
     cfg.gcp.long_poll_timeout = Duration::from_secs(2);
     cfg.host_root = std::env::temp_dir().join("nodekeeper-no-dmi");
     cfg.oci.poll_paths = vec![
@@ -453,6 +455,42 @@ async fn driver_forwards_events_and_stops() {
         .await
         .unwrap()
         .unwrap();
+}
+
+/// The AWS source reads the Spot notice every `spot_poll_interval` (the driver polls that often)
+/// and the rebalance and scheduled-events paths only once per `poll_interval`.
+#[tokio::test]
+async fn aws_reads_the_spot_notice_more_often_than_the_other_paths() {
+    use nodekeeper_core::agent::sources::driver::run;
+    use nodekeeper_sim::imds::aws::{SCHEDULED_PATH, SPOT_PATH};
+    let emu = emulator(Cloud::Aws).await;
+    let mut cfg = config(&emu.url());
+    cfg.poll_interval = Duration::from_secs(10);
+    cfg.aws.spot_poll_interval = Duration::from_millis(50);
+    let src = nodekeeper_core::agent::sources::build(Cloud::Aws, &cfg).unwrap();
+    let (tx, _rx) = tokio::sync::mpsc::channel(8);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(run(
+        src,
+        cfg.poll_interval,
+        Duration::from_secs(30),
+        tx,
+        stop.clone(),
+    ));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while emu.requests_to(SPOT_PATH) < 10 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Spot notice was read {} times in 10 s",
+            emu.requests_to(SPOT_PATH)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    task.await.unwrap();
+    // 10 Spot reads take ~0.5 s: the scheduled events were read once (first poll), not again
+    // before poll_interval (10 s) had passed
+    assert_eq!(emu.requests_to(SCHEDULED_PATH), 1);
 }
 
 /// The emulators enforce each cloud's access rules.

@@ -25,10 +25,12 @@ use super::{forwarded, json, text, Shared};
 const TOKEN_PATH: &str = "/latest/api/token";
 const TTL_HEADER: &str = "X-aws-ec2-metadata-token-ttl-seconds";
 const TOKEN_HEADER: &str = "X-aws-ec2-metadata-token";
-const SPOT_PATH: &str = "/latest/meta-data/spot/instance-action";
+/// The Spot interruption notice.
+pub const SPOT_PATH: &str = "/latest/meta-data/spot/instance-action";
 const TERMINATION_TIME_PATH: &str = "/latest/meta-data/spot/termination-time";
 const REBALANCE_PATH: &str = "/latest/meta-data/events/recommendations/rebalance";
-const SCHEDULED_PATH: &str = "/latest/meta-data/events/maintenance/scheduled";
+/// Scheduled maintenance events.
+pub const SCHEDULED_PATH: &str = "/latest/meta-data/events/maintenance/scheduled";
 const LIFECYCLE_PATH: &str = "/latest/meta-data/instance-life-cycle";
 const IDENTITY_PATH: &str = "/latest/dynamic/instance-identity/document";
 

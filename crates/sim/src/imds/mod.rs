@@ -115,6 +115,8 @@ pub struct Inner {
     pub seq: u64,
     /// Metadata requests served (admin excluded).
     pub requests: u64,
+    /// The same, per path.
+    pub requests_by_path: HashMap<String, u64>,
 }
 
 /// State plus a change signal for long polls.
@@ -286,6 +288,16 @@ impl ImdsEmulator {
     pub fn requests(&self) -> u64 {
         self.shared.lock().requests
     }
+
+    /// Requests served so far for `path`.
+    pub fn requests_to(&self, path: &str) -> u64 {
+        self.shared
+            .lock()
+            .requests_by_path
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 impl Drop for ImdsEmulator {
@@ -313,6 +325,9 @@ async fn faults(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> 
     let (latency, fault) = {
         let mut g = shared.lock();
         g.requests += 1;
+        *g.requests_by_path
+            .entry(req.uri().path().to_string())
+            .or_default() += 1;
         let fault = (g.faults.remaining > 0).then(|| {
             g.faults.remaining -= 1;
             g.faults.clone()

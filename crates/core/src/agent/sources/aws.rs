@@ -1,6 +1,8 @@
 //! AWS EC2 IMDSv2: a session token (PUT `/latest/api/token` with a TTL header, refreshed before
 //! it expires and on 401), then the Spot interruption notice, the rebalance recommendation and
-//! scheduled maintenance events. 404 on a notice path means nothing is pending.
+//! scheduled maintenance events. 404 on a notice path means nothing is pending. The Spot notice
+//! (2 minutes ahead) is read every `[sources.aws] spot_poll_interval`, the other two every
+//! `[sources] poll_interval`.
 
 use std::time::{Duration, Instant};
 
@@ -170,6 +172,27 @@ pub struct AwsSource {
     ttl: Duration,
     token: Option<(String, Instant)>,
     tracker: NoticeTracker,
+    cadence: Cadence,
+    spot_every: Duration,
+}
+
+/// When the slower paths (rebalance, scheduled events) are due: each poll reads the Spot notice,
+/// and these only once `every` has passed since they were last read.
+#[derive(Debug)]
+struct Cadence {
+    every: Duration,
+    next: Option<tokio::time::Instant>,
+}
+
+impl Cadence {
+    /// Whether the slower paths are due at `now`; if so, the next time is `now + every`.
+    fn due(&mut self, now: tokio::time::Instant) -> bool {
+        if self.next.is_some_and(|next| now < next) {
+            return false;
+        }
+        self.next = Some(now + self.every);
+        true
+    }
 }
 
 impl AwsSource {
@@ -180,6 +203,11 @@ impl AwsSource {
             ttl: cfg.aws.token_ttl,
             token: None,
             tracker: NoticeTracker::new(Some(Cloud::Aws)),
+            cadence: Cadence {
+                every: cfg.poll_interval,
+                next: None,
+            },
+            spot_every: cfg.aws.spot_poll_interval.min(cfg.poll_interval),
         })
     }
 
@@ -242,10 +270,12 @@ impl AwsSource {
         let mut out = PollOutcome::default();
         self.channel(&mut out, "aws/spot", SPOT_PATH, parse_spot_action)
             .await;
-        self.channel(&mut out, "aws/rebalance", REBALANCE_PATH, parse_rebalance)
-            .await;
-        self.channel(&mut out, "aws/scheduled", SCHEDULED_PATH, parse_scheduled)
-            .await;
+        if self.cadence.due(tokio::time::Instant::now()) {
+            self.channel(&mut out, "aws/rebalance", REBALANCE_PATH, parse_rebalance)
+                .await;
+            self.channel(&mut out, "aws/scheduled", SCHEDULED_PATH, parse_scheduled)
+                .await;
+        }
         out
     }
 
@@ -269,6 +299,9 @@ impl EventSource for AwsSource {
     }
     fn identity(&mut self) -> BoxFuture<'_, Result<InstanceIdentity, SourceError>> {
         Box::pin(self.read_identity())
+    }
+    fn poll_interval(&self) -> Option<Duration> {
+        (self.spot_every < self.cadence.every).then_some(self.spot_every)
     }
 }
 
@@ -339,6 +372,27 @@ mod tests {
         let r1 = parse_rebalance(br#"{"noticeTime":"2027-03-05T06:07:08Z"}"#).unwrap();
         let r2 = parse_rebalance(br#"{"noticeTime":"2027-03-05T06:07:09Z"}"#).unwrap();
         assert_eq!(r1[0].key, r2[0].key);
+    }
+
+    #[test]
+    fn the_slower_paths_are_due_once_per_interval() {
+        let t0 = tokio::time::Instant::now();
+        let ms = Duration::from_millis;
+        let mut c = Cadence {
+            every: ms(1000),
+            next: None,
+        };
+        let due: Vec<bool> = (0..=25).map(|i| c.due(t0 + ms(100 * i))).collect();
+        let at: Vec<usize> = (0..due.len()).filter(|&i| due[i]).collect();
+        assert_eq!(
+            at,
+            vec![0, 10, 20],
+            "the first poll reads all, then every 1 s"
+        );
+        // a late poll (the driver backed off) reads them at once, and the next 1 s after it
+        assert!(c.due(t0 + ms(3500)));
+        assert!(!c.due(t0 + ms(4400)));
+        assert!(c.due(t0 + ms(4500)));
     }
 
     #[test]

@@ -142,12 +142,18 @@ pub struct AwsConfig {
     /// IMDSv2 session-token lifetime (1 s ..= 6 h); refreshed before it expires and on 401.
     #[serde(with = "humantime_serde")]
     pub token_ttl: Duration,
+    /// How often the Spot interruption notice (`spot/instance-action`) is read; the rebalance
+    /// recommendation and scheduled events are read at `[sources] poll_interval`. The notice is
+    /// the one with a 2-minute deadline, and reading it is one small GET on a kept connection.
+    #[serde(with = "humantime_serde")]
+    pub spot_poll_interval: Duration,
 }
 
 impl Default for AwsConfig {
     fn default() -> Self {
         Self {
             token_ttl: Duration::from_secs(21600),
+            spot_poll_interval: Duration::from_millis(100),
         }
     }
 }
@@ -188,6 +194,9 @@ impl Default for GcpConfig {
         }
     }
 }
+
+/// The shortest `[sources.aws] spot_poll_interval` accepted.
+pub const AWS_MIN_SPOT_POLL: Duration = Duration::from_millis(50);
 
 /// The largest IMDSv2 token TTL AWS accepts.
 pub const AWS_MAX_TOKEN_TTL: Duration = Duration::from_secs(21600);
@@ -242,6 +251,18 @@ impl SourcesConfig {
                 "must be whole seconds between 1s and 6h (AWS accepts 1..=21600)",
             ));
         }
+        let spot = self.aws.spot_poll_interval;
+        if spot < AWS_MIN_SPOT_POLL {
+            out.push(Diagnostic::error(
+                cfg_path!["sources", "aws", "spot_poll_interval"],
+                "must be at least 50ms (IMDS is throttled per instance; more than 20 reads a second buys nothing on a 2-minute notice)",
+            ));
+        } else if spot > self.poll_interval {
+            out.push(Diagnostic::warning(
+                cfg_path!["sources", "aws", "spot_poll_interval"],
+                "is longer than `poll_interval`; the Spot notice is read at `poll_interval`",
+            ));
+        }
         if self.azure.api_version.trim().is_empty() {
             out.push(Diagnostic::error(
                 cfg_path!["sources", "azure", "api_version"],
@@ -287,7 +308,7 @@ mod tests {
     #[test]
     fn bad_values_are_errors_with_paths() {
         let cfg: SourcesConfig = toml::from_str(
-            "endpoint = \"169.254.169.254\"\npoll_interval = \"0s\"\n[aws]\ntoken_ttl = \"7h\"\n[[oci.poll_paths]]\npath = \"/opc/v1/x\"\nkind = \"preemption\"\n",
+            "endpoint = \"169.254.169.254\"\npoll_interval = \"0s\"\n[aws]\ntoken_ttl = \"7h\"\nspot_poll_interval = \"10ms\"\n[[oci.poll_paths]]\npath = \"/opc/v1/x\"\nkind = \"preemption\"\n",
         )
         .unwrap();
         let d = cfg.validate();
@@ -305,9 +326,26 @@ mod tests {
             "{paths:?}"
         );
         assert!(
+            paths.contains(&"sources.aws.spot_poll_interval".to_string()),
+            "{paths:?}"
+        );
+        assert!(
             paths.contains(&"sources.oci.poll_paths[0].path".to_string()),
             "{paths:?}"
         );
+    }
+
+    #[test]
+    fn a_spot_poll_slower_than_the_poll_interval_is_a_warning() {
+        let cfg: SourcesConfig =
+            toml::from_str("poll_interval = \"1s\"\n[aws]\nspot_poll_interval = \"2s\"\n").unwrap();
+        let d = cfg.validate();
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(
+            crate::config::display_path(&d[0].path),
+            "sources.aws.spot_poll_interval"
+        );
+        assert_eq!(d[0].severity, crate::config::Severity::Warning, "{d:?}");
     }
 
     #[test]

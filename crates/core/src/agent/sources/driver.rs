@@ -24,7 +24,8 @@ pub enum SourceMessage {
     },
 }
 
-/// Polls `source` until `stop` is cancelled or the receiver of `tx` is gone.
+/// Polls `source` until `stop` is cancelled or the receiver of `tx` is gone, every `interval`,
+/// or more often if the source asks to ([`EventSource::poll_interval`]).
 pub async fn run(
     mut source: Box<dyn EventSource>,
     interval: Duration,
@@ -33,6 +34,9 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let name = source.name();
+    let interval = source
+        .poll_interval()
+        .map_or(interval, |own| own.min(interval));
     let mut backoff = Backoff::new(interval, max_backoff);
     while !stop.is_cancelled() {
         let out = tokio::select! {

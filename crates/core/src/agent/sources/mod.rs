@@ -19,6 +19,7 @@ pub mod tracker;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
@@ -381,6 +382,11 @@ pub trait EventSource: Send {
     /// Whether [`EventSource::poll`] waits for changes itself (no sleep needed between polls).
     fn long_polls(&self) -> bool {
         false
+    }
+    /// The pause between polls when this source reads some path more often than
+    /// `[sources] poll_interval` (each poll then reads only what is due); `None`: that interval.
+    fn poll_interval(&self) -> Option<Duration> {
+        None
     }
 }
 
