@@ -6,6 +6,7 @@
 #   BENCH_PROFILE=release …              (default debug: target/debug/nodekeeper)
 #   NK_POLL=200ms …                      the agent's [sources] poll_interval (default: unset, the shipped 1 s)
 #   NK_SPOT_POLL=1s …                    its [sources.aws] spot_poll_interval (default: unset, the shipped 100 ms)
+#   NK_LOG=debug …                       the controller's log level / directives (default info)
 # One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests). Per notice, fresh:
 #   - nodes nth-N and nk-N (KWOK, same shape: 8 CPU, 32 Gi, 110 pods), each running 4 pods of its own
 #     Deployment (app-nth-N / app-nk-N, required node affinity to its node or its spare, PDB maxUnavailable 1)
@@ -95,7 +96,7 @@ CTL_PORT=$(free_port)
 loopback_tls "$DIR/nk-tls"
 token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-controller --duration=6h)" "$DIR/nk-controller.kubeconfig"
 shipped_controller_config "127.0.0.1:$CTL_PORT" "$DIR/nk-tls" >"$DIR/nk-controller.toml"
-KUBECONFIG="$DIR/nk-controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL=info \
+KUBECONFIG="$DIR/nk-controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL="${NK_LOG:-info}" \
   "$NK" controller --config "$DIR/nk-controller.toml" >"$DIR/logs/nodekeeper-controller.log" 2>&1 &
 CTL_PID=$!
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::super::{Blocker, DrainError, DrainProgress, DrainReport, OnTimeout};
 use super::Drainer;
+use crate::controller::drain::{Blocker, DrainError, DrainProgress, DrainReport, OnTimeout};
 
 impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
     /// How long one call may take: `call_timeout`, cut at the deadline (at least 100 ms).
@@ -103,10 +103,10 @@ mod tests {
     use serde_json::json;
     use tokio_util::sync::CancellationToken;
 
-    use super::super::mock::{mock, status, EVICT, GET};
-    use super::super::{drain, DrainOptions};
     use super::*;
+    use crate::controller::drain::exec::mock::{mock, status, EVICT, GET};
     use crate::controller::drain::BlockReason;
+    use crate::controller::drain::{drain, DrainOptions};
 
     /// A cordoned node `n1` with one ReplicaSet pod (grace 10 s) whose eviction a PDB always
     /// refuses (429); deletions are accepted but the pod stays listed. Runs the drain with

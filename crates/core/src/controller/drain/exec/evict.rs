@@ -11,10 +11,10 @@ use kube::core::Status;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::super::select::{self, Class, Plan};
-use super::super::{blocker, Blocker, DrainError, DrainProgress, OnTimeout, Removal};
 use super::{uid, Drainer, Track};
 use crate::backoff::delay as backoff;
+use crate::controller::drain::select::{self, Class, Plan};
+use crate::controller::drain::{blocker, Blocker, DrainError, DrainProgress, OnTimeout, Removal};
 
 /// Result of one eviction or deletion call.
 #[derive(Debug)]
@@ -346,8 +346,10 @@ async fn force_delete(api: &Api<Pod>, pod: &Pod, grace: u32) -> Outcome {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::super::mock::{conflict, mock, pod, status, terminating, EVICT, GET};
     use super::*;
+    use crate::controller::drain::exec::mock::{
+        conflict, mock, pod, status, terminating, EVICT, GET,
+    };
     use crate::controller::drain::BlockReason;
 
     #[test]

@@ -3,9 +3,9 @@
 use kube::api::ListParams;
 use tokio::time::Instant;
 
-use super::super::{BlockReason, Blocker, DrainError, DrainProgress, Phase};
 use super::evict::retriable;
 use super::Drainer;
+use crate::controller::drain::{BlockReason, Blocker, DrainError, DrainProgress, Phase};
 
 impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
     /// Waits until no VolumeAttachment names the node (bounded by the deadline).
