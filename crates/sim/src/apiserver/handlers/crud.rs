@@ -166,15 +166,8 @@ pub(super) fn list(
         .into_response())
 }
 
-pub(super) fn patch_object(
-    sim: &Arc<Sim>,
-    headers: &HeaderMap,
-    q: &HashMap<String, String>,
-    t: &Target,
-    name: &str,
-    status: bool,
-    body: &Bytes,
-) -> ApiResult<Response> {
+/// A PATCH request's type (from its Content-Type) and its parsed body.
+pub(super) fn patch_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<(PatchType, Value)> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -186,7 +179,19 @@ pub(super) fn patch_object(
             format!("the body of the request was in an unknown format: {ct:?}"),
         )
     })?;
-    let doc = parse_doc(kind == PatchType::Apply, body)?;
+    Ok((kind, parse_doc(kind == PatchType::Apply, body)?))
+}
+
+pub(super) fn patch_object(
+    sim: &Arc<Sim>,
+    headers: &HeaderMap,
+    q: &HashMap<String, String>,
+    t: &Target,
+    name: &str,
+    status: bool,
+    body: &Bytes,
+) -> ApiResult<Response> {
+    let (kind, doc) = patch_body(headers, body)?;
     let res = t.res;
     let target = if status {
         WriteTarget::Status

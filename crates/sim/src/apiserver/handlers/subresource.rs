@@ -3,13 +3,13 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::*;
 use crate::apiserver::error::{ApiError, ApiResult};
-use crate::apiserver::patch::{self, PatchType};
+use crate::apiserver::patch;
 use crate::apiserver::resources::{self};
 use crate::apiserver::store::WriteTarget;
 use crate::apiserver::Sim;
@@ -115,18 +115,7 @@ pub(super) fn scale(
         "GET" => return Ok(json_response(StatusCode::OK, &scale_of(&current))),
         "PUT" => parse_body(headers, body)?,
         _ => {
-            let ct = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            let kind = PatchType::from_content_type(ct).ok_or_else(|| {
-                ApiError::new(
-                    415,
-                    "UnsupportedMediaType",
-                    format!("the body of the request was in an unknown format: {ct:?}"),
-                )
-            })?;
-            let doc = parse_doc(kind == PatchType::Apply, body)?;
+            let (kind, doc) = patch_body(headers, body)?;
             patch::apply(kind, &scale_of(&current), &doc)
                 .map_err(|e| ApiError::bad_request(e.to_string()))?
         }
