@@ -21,11 +21,12 @@ It stops 1 s after every node is drained (or TIMEOUT s after NOTICE_T) and write
 """
 import json
 import os
-import ssl
 import sys
 import threading
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kwatch import Api, cond  # noqa: E402
 
 DIR, NOTICE_T, PDBNS, OUT, TIMEOUT, PIDFILE = sys.argv[1:7]
 NOTICE_T, TIMEOUT = float(NOTICE_T), float(TIMEOUT)
@@ -34,25 +35,8 @@ for spec in sys.argv[7:]:
     tool, node, pdb = spec.split("=")
     TARGETS[node] = (tool, pdb)
 
-server = None
-with open(os.path.join(DIR, "kubeconfig")) as f:
-    for line in f:
-        if "server:" in line:
-            server = line.split("server:", 1)[1].strip()
-ctx = ssl.create_default_context(cafile=os.path.join(DIR, "pki/ca.crt"))
-ctx.load_cert_chain(os.path.join(DIR, "pki/admin.crt"), os.path.join(DIR, "pki/admin.key"))
-
-
-def get(path, timeout=10):
-    with urllib.request.urlopen(server + path, context=ctx, timeout=timeout) as r:
-        return json.load(r)
-
-
-def cond(obj, type_):
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return c
-    return {}
+api = Api(DIR)
+get = api.get
 
 
 lock = threading.Lock()
@@ -93,24 +77,7 @@ def note_pod(p, deleted, now):
 
 
 def watch(path, note):
-    while not stop.is_set():
-        try:
-            lst = get(path)
-            rv = lst["metadata"]["resourceVersion"]
-            for o in lst["items"]:
-                note(o, False, time.time())
-            sep = "&" if "?" in path else "?"
-            req = urllib.request.urlopen(server + f"{path}{sep}watch=1&resourceVersion={rv}&timeoutSeconds=600",
-                                         context=ctx, timeout=700)
-            for line in req:
-                if stop.is_set():
-                    return
-                ev = json.loads(line)
-                if ev.get("type") in ("MODIFIED", "DELETED", "ADDED"):
-                    note(ev["object"], ev["type"] == "DELETED", time.time())
-        except Exception as e:  # a broken stream: list again
-            print(f"notice-watch: watch {path}: {e}", file=sys.stderr)
-            time.sleep(0.2)
+    api.watch(path, note, stop, "notice-watch", 0.2)
 
 
 threading.Thread(target=watch, args=("/api/v1/nodes", note_node), daemon=True).start()

@@ -20,39 +20,23 @@ It stops 20 s after "repaired", or TIMEOUT s after the tolerations' expiry, and 
 """
 import json
 import os
-import ssl
 import sys
 import threading
 import time
-import urllib.request
 from datetime import datetime
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kwatch import Api, cond  # noqa: E402
 
 DIR, NS, POOL, FAULTFILE, TIMEOUT, OUT = sys.argv[1:7]
 TIMEOUT = float(TIMEOUT)
 
-server = None
-with open(os.path.join(DIR, "kubeconfig")) as f:
-    for line in f:
-        if "server:" in line:
-            server = line.split("server:", 1)[1].strip()
-ctx = ssl.create_default_context(cafile=os.path.join(DIR, "pki/ca.crt"))
-ctx.load_cert_chain(os.path.join(DIR, "pki/admin.crt"), os.path.join(DIR, "pki/admin.key"))
-
-
-def get(path, timeout=10):
-    with urllib.request.urlopen(server + path, context=ctx, timeout=timeout) as r:
-        return json.load(r)
+api = Api(DIR)
+get = api.get
 
 
 def ts(s):
     return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=__import__("datetime").timezone.utc).timestamp()
-
-
-def cond(obj, type_):
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return c
-    return {}
 
 
 lock = threading.Lock()
@@ -91,24 +75,7 @@ def note_node(n, deleted, now):
 
 
 def watch(path, note):
-    while not stop.is_set():
-        try:
-            lst = get(path)
-            rv = lst["metadata"]["resourceVersion"]
-            for o in lst["items"]:
-                note(o, False, time.time())
-            sep = "&" if "?" in path else "?"
-            req = urllib.request.urlopen(server + f"{path}{sep}watch=1&resourceVersion={rv}&timeoutSeconds=600",
-                                         context=ctx, timeout=700)
-            for line in req:
-                if stop.is_set():
-                    return
-                ev = json.loads(line)
-                if ev.get("type") in ("MODIFIED", "DELETED", "ADDED"):
-                    note(ev["object"], ev["type"] == "DELETED", time.time())
-        except Exception as e:  # a broken stream: list again
-            print(f"repair-watch: watch {path}: {e}", file=sys.stderr)
-            time.sleep(0.5)
+    api.watch(path, note, stop, "repair-watch", 0.5)
 
 
 threading.Thread(target=watch, args=(f"/api/v1/namespaces/{NS}/pods", note_pod), daemon=True).start()
