@@ -359,33 +359,43 @@ async fn accept_loop(
                     serve_conn(hyper_util::rt::TokioIo::new(tcp), svc, limits, cancel, peer).await
                 }
                 Some(acceptor) => {
-                    let tls = match tokio::time::timeout(
-                        limits.tls_handshake_timeout,
-                        acceptor.accept(tcp),
-                    )
-                    .await
-                    {
-                        Ok(Ok(s)) => {
-                            if s.get_ref().1.handshake_kind()
-                                == Some(rustls::HandshakeKind::Resumed)
-                            {
-                                counts.resumed.fetch_add(1, Ordering::Relaxed);
-                            }
-                            s
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
+                    let Some(tls) = handshake(&acceptor, tcp, &limits, &counts, peer).await else {
+                        return;
                     };
                     serve_conn(hyper_util::rt::TokioIo::new(tls), svc, limits, cancel, peer).await
                 }
             }
         });
+    }
+}
+
+/// The server side of a TLS handshake on `io`, given up after `tls_handshake_timeout` (a client
+/// that connects and sends nothing holds a connection slot until then); counts resumed sessions.
+async fn handshake<I>(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    io: I,
+    limits: &ServeLimits,
+    counts: &ConnectionStats,
+    peer: std::net::SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<I>>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(io)).await {
+        Ok(Ok(s)) => {
+            if s.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                counts.resumed.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(s)
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
     }
 }
 
@@ -445,6 +455,7 @@ async fn serve_conn<I>(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use tokio::io::AsyncWriteExt;
     use tokio::time::Instant;
@@ -555,6 +566,64 @@ mod tests {
         let took = t0.elapsed();
         assert!(took >= timeout && took <= timeout + MS(1), "{took:?}");
         drop(client);
+    }
+
+    /// A self-signed server config for `localhost`, and a client config trusting it.
+    fn tls_pair() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let der = cert.der().clone();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![der.clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (Arc::new(server), Arc::new(client))
+    }
+
+    /// A client that connects and sends nothing is let go at exactly the handshake timeout; a
+    /// client that shakes hands gets its stream.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_tls_client_is_dropped_at_the_handshake_timeout() {
+        let (server, client) = tls_pair();
+        let acceptor = tokio_rustls::TlsAcceptor::from(server);
+        let limits = ServeLimits::default();
+        let counts = ConnectionStats::default();
+        let peer = "127.0.0.1:1".parse().unwrap();
+
+        let (silent, io) = tokio::io::duplex(16 * 1024);
+        let t0 = Instant::now();
+        assert!(handshake(&acceptor, io, &limits, &counts, peer)
+            .await
+            .is_none());
+        assert_eq!(t0.elapsed(), limits.tls_handshake_timeout);
+        drop(silent);
+
+        let (c, io) = tokio::io::duplex(16 * 1024);
+        let connector = tokio_rustls::TlsConnector::from(client);
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let t0 = Instant::now();
+        let (server_side, client_side) = tokio::join!(
+            handshake(&acceptor, io, &limits, &counts, peer),
+            connector.connect(name, c)
+        );
+        assert!(server_side.is_some() && client_side.is_ok());
+        assert!(t0.elapsed() < limits.tls_handshake_timeout);
     }
 
     #[tokio::test(start_paused = true)]
