@@ -380,6 +380,28 @@ mod tests {
         );
     }
 
+    /// `flush` returns at once when nothing is queued, and gives up at exactly its timeout while
+    /// a delivery keeps failing (paused time: the retries' backoff and the timeout are virtual).
+    #[tokio::test(start_paused = true)]
+    async fn flush_waits_for_the_queues_up_to_its_timeout() {
+        let idle = Notifier::start(&[NotifyConfig::new("http://127.0.0.1:1/")]).unwrap();
+        let t0 = tokio::time::Instant::now();
+        assert!(idle.flush(Duration::from_secs(5)).await);
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+
+        let mut cfg = NotifyConfig::new("http://127.0.0.1:1/");
+        cfg.max_attempts = 1_000;
+        let failing = Notifier::start(&[cfg]).unwrap();
+        failing.notify(q("m").n);
+        let t0 = tokio::time::Instant::now();
+        assert!(!failing.flush(Duration::from_secs(5)).await);
+        assert_eq!(t0.elapsed(), Duration::from_secs(5));
+        let st = &failing.stats()[0];
+        // still waiting (queued, or in flight between retries), never sent
+        assert_eq!(st.queued as u64 + st.in_flight, 1, "{st:?}");
+        assert_eq!(st.sent, 0, "{st:?}");
+    }
+
     #[tokio::test]
     async fn queue_drops_the_oldest_when_full() {
         let mut cfg = NotifyConfig::new("http://127.0.0.1:1/");
