@@ -221,7 +221,7 @@ pub async fn start_under(
         leader_rx.clone(),
         recorder.clone(),
     );
-    let period = (cfg.staleness / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let period = NodeStates::maintenance_period(cfg.staleness);
     tasks.spawn(
         "node maintenance",
         states.clone().run_maintenance(period, cancel.clone()),

@@ -533,6 +533,12 @@ impl NodeStates {
         Ok(())
     }
 
+    /// How often [`run_maintenance`](Self::run_maintenance) ticks for `staleness`: a quarter of
+    /// it (a silent agent is marked at most a quarter late), between 100 ms and 5 s.
+    pub fn maintenance_period(staleness: Duration) -> Duration {
+        (staleness / 4).clamp(Duration::from_millis(100), Duration::from_secs(5))
+    }
+
     /// Runs [`tick`](Self::tick) every `period` until `cancel`.
     pub async fn run_maintenance(
         self: Arc<Self>,
@@ -667,6 +673,31 @@ mod tests {
         tokio::time::advance(S(2)).await;
         s.tick().await;
         assert_eq!(stale_marked(&s), 2);
+    }
+
+    /// The maintenance loop ticks every quarter of `staleness` (5 s for 20 s): an agent silent
+    /// since t = 0 is marked at the first tick past 20 s, i.e. at 25 s, not before.
+    #[tokio::test(start_paused = true)]
+    async fn maintenance_ticks_every_quarter_of_the_staleness() {
+        assert_eq!(NodeStates::maintenance_period(S(20)), S(5));
+        assert_eq!(NodeStates::maintenance_period(S(3600)), S(5));
+        assert_eq!(
+            NodeStates::maintenance_period(S(0)),
+            Duration::from_millis(100)
+        );
+        let (s, _) = states(S(20), S(3600));
+        s.handle(report(1)).await.unwrap();
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(
+            s.clone()
+                .run_maintenance(NodeStates::maintenance_period(S(20)), cancel.clone()),
+        );
+        tokio::time::sleep(Duration::from_millis(24_900)).await;
+        assert_eq!(stale_marked(&s), 0, "no tick between 20 s and 24.9 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(stale_marked(&s), 1, "the tick at 25 s marks it");
+        cancel.cancel();
+        task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
