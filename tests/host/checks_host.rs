@@ -198,7 +198,10 @@ async fn default_config_round_on_this_machine() {
     if std::env::var_os("DBUS_SYSTEM_BUS_ADDRESS").is_none()
         && !Path::new("/run/dbus/system_bus_socket").exists()
     {
-        for t in ["KubeletUnhealthy", "ContainerRuntimeUnhealthy"] {
+        for t in [
+            "NodekeeperKubeletUnhealthy",
+            "NodekeeperContainerRuntimeUnhealthy",
+        ] {
             let c = find(&round, t);
             assert_eq!(
                 (c.status, c.reason.as_str()),

@@ -61,7 +61,7 @@ async fn file_source_starts_at_the_end() {
     let mut c = KmsgCheck::new(kmsg_cfg(&path, false));
     assert_eq!(
         c.condition_types(),
-        ["KernelDeadlock", "ReadonlyFilesystem"]
+        ["NodekeeperKernelDeadlock", "NodekeeperReadonlyFilesystem"]
     );
     let out = c.check().await.unwrap();
     assert!(
@@ -70,7 +70,7 @@ async fn file_source_starts_at_the_end() {
         out.events
     );
     assert_eq!(
-        status(&out, "ReadonlyFilesystem"),
+        status(&out, "NodekeeperReadonlyFilesystem"),
         (ConditionStatus::False, "NoKernelLogMatch".into())
     );
 
@@ -98,12 +98,15 @@ async fn file_source_starts_at_the_end() {
     let out = c.check().await.unwrap();
     assert!(out.events.is_empty());
     assert_eq!(
-        status(&out, "ReadonlyFilesystem"),
+        status(&out, "NodekeeperReadonlyFilesystem"),
         (ConditionStatus::True, "FilesystemIsReadOnly".into())
     );
     // permanent: still True later
     let out = c.check().await.unwrap();
-    assert_eq!(status(&out, "ReadonlyFilesystem").0, ConditionStatus::True);
+    assert_eq!(
+        status(&out, "NodekeeperReadonlyFilesystem").0,
+        ConditionStatus::True
+    );
     assert!(
         out.conditions[1].message.contains("sdb1"),
         "{:?}",
@@ -120,7 +123,7 @@ async fn replay_restores_conditions_but_not_events() {
     let out = c.check().await.unwrap();
     assert!(out.events.is_empty(), "{:?}", out.events);
     assert_eq!(
-        status(&out, "ReadonlyFilesystem"),
+        status(&out, "NodekeeperReadonlyFilesystem"),
         (ConditionStatus::True, "FilesystemIsReadOnly".into())
     );
     append(

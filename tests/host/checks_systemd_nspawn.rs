@@ -57,8 +57,8 @@ async fn unit_check_against_real_systemd() {
     let mut check = SystemdUnitCheck::new(cfg, systemd);
 
     // both stand-ins run after boot; an unknown unit is Unknown
-    let out = wait_reason(&mut check, "KubeletUnhealthy", "UnitActive").await;
-    let (st, reason, msg) = cond(&out, "KubeletUnhealthy");
+    let out = wait_reason(&mut check, "NodekeeperKubeletUnhealthy", "UnitActive").await;
+    let (st, reason, msg) = cond(&out, "NodekeeperKubeletUnhealthy");
     assert_eq!(
         (st, reason.as_str()),
         (ConditionStatus::False, "UnitActive"),
@@ -70,7 +70,10 @@ async fn unit_check_against_real_systemd() {
         ),
         "{msg}"
     );
-    assert_eq!(cond(&out, "ContainerRuntimeUnhealthy").1, "UnitActive");
+    assert_eq!(
+        cond(&out, "NodekeeperContainerRuntimeUnhealthy").1,
+        "UnitActive"
+    );
     assert_eq!(cond(&out, "AbsentUnhealthy").0, ConditionStatus::Unknown);
     assert_eq!(cond(&out, "AbsentUnhealthy").1, "UnitNotFound");
 
@@ -83,7 +86,7 @@ async fn unit_check_against_real_systemd() {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let out = check.check().await.unwrap();
-            let msg = cond(&out, "KubeletUnhealthy").2;
+            let msg = cond(&out, "NodekeeperKubeletUnhealthy").2;
             if msg.contains(&format!(
                 "ActiveState=active SubState=running NRestarts={i} "
             )) {
@@ -94,7 +97,7 @@ async fn unit_check_against_real_systemd() {
         }
     }
     let out = check.check().await.unwrap();
-    let (st, reason, msg) = cond(&out, "KubeletUnhealthy");
+    let (st, reason, msg) = cond(&out, "NodekeeperKubeletUnhealthy");
     assert_eq!(
         (st, reason.as_str()),
         (ConditionStatus::True, "FrequentRestarts"),
@@ -104,8 +107,8 @@ async fn unit_check_against_real_systemd() {
 
     // stopped by hand → inactive
     node.exec_ok(&["systemctl", "stop", "kubelet.service"]);
-    let out = wait_reason(&mut check, "KubeletUnhealthy", "UnitNotActive").await;
-    let (st, reason, msg) = cond(&out, "KubeletUnhealthy");
+    let out = wait_reason(&mut check, "NodekeeperKubeletUnhealthy", "UnitNotActive").await;
+    let (st, reason, msg) = cond(&out, "NodekeeperKubeletUnhealthy");
     assert_eq!(
         (st, reason.as_str()),
         (ConditionStatus::True, "UnitNotActive"),
@@ -116,8 +119,13 @@ async fn unit_check_against_real_systemd() {
     // a start that fails for real → failed
     std::fs::write(node.dropin_dir().join("99-broken.conf"), "BROKEN\n").unwrap();
     let _ = node.exec(&["systemctl", "restart", "crio.service"]);
-    let out = wait_reason(&mut check, "ContainerRuntimeUnhealthy", "UnitFailed").await;
-    let (st, reason, msg) = cond(&out, "ContainerRuntimeUnhealthy");
+    let out = wait_reason(
+        &mut check,
+        "NodekeeperContainerRuntimeUnhealthy",
+        "UnitFailed",
+    )
+    .await;
+    let (st, reason, msg) = cond(&out, "NodekeeperContainerRuntimeUnhealthy");
     assert_eq!(
         (st, reason.as_str()),
         (ConditionStatus::True, "UnitFailed"),

@@ -73,16 +73,22 @@ async fn unit_states_map_to_conditions() {
     let (fake, _clock, mut check) = setup();
     assert_eq!(
         check.condition_types(),
-        ["KubeletUnhealthy", "ContainerRuntimeUnhealthy"]
+        [
+            "NodekeeperKubeletUnhealthy",
+            "NodekeeperContainerRuntimeUnhealthy"
+        ]
     );
     let out = check.check().await.unwrap();
-    let (st, reason, msg) = cond(&out, "KubeletUnhealthy");
+    let (st, reason, msg) = cond(&out, "NodekeeperKubeletUnhealthy");
     assert_eq!(
         (st, reason.as_str()),
         (ConditionStatus::False, "UnitActive")
     );
     assert_eq!(msg, "kubelet.service: LoadState=loaded ActiveState=active SubState=running NRestarts=0 (+0 in the last 10m)");
-    assert_eq!(cond(&out, "ContainerRuntimeUnhealthy").1, "UnitActive");
+    assert_eq!(
+        cond(&out, "NodekeeperContainerRuntimeUnhealthy").1,
+        "UnitActive"
+    );
 
     let cases = [
         (
@@ -117,7 +123,7 @@ async fn unit_states_map_to_conditions() {
     for (s, want_status, want_reason) in cases {
         set(&fake, "kubelet.service", s.clone()).await;
         let out = check.check().await.unwrap();
-        let (st, reason, msg) = cond(&out, "KubeletUnhealthy");
+        let (st, reason, msg) = cond(&out, "NodekeeperKubeletUnhealthy");
         assert_eq!(
             (st, reason.as_str()),
             (want_status, want_reason),
@@ -131,7 +137,7 @@ async fn unit_states_map_to_conditions() {
             "{msg}"
         );
         assert_eq!(
-            cond(&out, "ContainerRuntimeUnhealthy").1,
+            cond(&out, "NodekeeperContainerRuntimeUnhealthy").1,
             "UnitActive",
             "other unit unaffected"
         );
@@ -150,18 +156,18 @@ async fn nrestarts_growth_within_the_window() {
         clock.advance(Duration::from_secs(after));
         set(&fake, "crio.service", status("active", "running", n)).await;
         let out = check.check().await.unwrap();
-        let (_, reason, msg) = cond(&out, "ContainerRuntimeUnhealthy");
+        let (_, reason, msg) = cond(&out, "NodekeeperContainerRuntimeUnhealthy");
         assert_eq!(reason, want, "NRestarts={n}: {msg}");
     }
     let out = check.check().await.unwrap();
-    assert!(cond(&out, "ContainerRuntimeUnhealthy")
+    assert!(cond(&out, "NodekeeperContainerRuntimeUnhealthy")
         .2
         .contains("NRestarts=5 (+3 in the last 10m)"));
     // ten quiet minutes later the old restarts have left the window
     clock.advance(Duration::from_secs(601));
     let out = check.check().await.unwrap();
     assert_eq!(
-        cond(&out, "ContainerRuntimeUnhealthy").0,
+        cond(&out, "NodekeeperContainerRuntimeUnhealthy").0,
         ConditionStatus::False
     );
 }
@@ -173,7 +179,7 @@ async fn unknown_unit_is_unknown_not_an_error() {
     );
     let mut check = SystemdUnitCheck::new(SystemdConfig::default(), fake);
     let out = check.check().await.unwrap();
-    let (st, reason, msg) = cond(&out, "ContainerRuntimeUnhealthy");
+    let (st, reason, msg) = cond(&out, "NodekeeperContainerRuntimeUnhealthy");
     assert_eq!(
         (st, reason.as_str()),
         (ConditionStatus::Unknown, "UnitNotFound")
@@ -206,7 +212,7 @@ async fn query_failure_is_unknown_and_a_problem() {
     }
     let mut check = SystemdUnitCheck::new(SystemdConfig::default(), Arc::new(Broken));
     let out = check.check().await.unwrap();
-    let (st, reason, msg) = cond(&out, "KubeletUnhealthy");
+    let (st, reason, msg) = cond(&out, "NodekeeperKubeletUnhealthy");
     assert_eq!(
         (st, reason.as_str()),
         (ConditionStatus::Unknown, "UnitQueryFailed")

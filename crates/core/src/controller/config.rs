@@ -98,7 +98,7 @@ impl Default for ControllerConfig {
             idle_timeout: crate::serve::DEFAULT_IDLE_TIMEOUT,
             http2: false,
             namespace: "nodekeeper".into(),
-            condition_prefix: "Nodekeeper".into(),
+            condition_prefix: crate::agent::checks::config::OWNED_PREFIX.into(),
             staleness: Duration::from_secs(60),
             heartbeat_write_interval: Duration::from_secs(60),
             label_removal_allow: Vec::new(),

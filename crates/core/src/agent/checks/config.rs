@@ -276,11 +276,11 @@ impl Default for SystemdConfig {
             units: vec![
                 UnitCheckConfig {
                     name: "kubelet.service".into(),
-                    condition_type: "KubeletUnhealthy".into(),
+                    condition_type: "NodekeeperKubeletUnhealthy".into(),
                 },
                 UnitCheckConfig {
                     name: "crio.service".into(),
-                    condition_type: "ContainerRuntimeUnhealthy".into(),
+                    condition_type: "NodekeeperContainerRuntimeUnhealthy".into(),
                 },
             ],
             max_restarts: 3,
@@ -340,7 +340,7 @@ impl KmsgRule {
     }
 }
 
-/// The built-in kernel-log rules (NPD's kernel-monitor names where one exists).
+/// The built-in kernel-log rules (NPD's kernel-monitor names, with the `Nodekeeper` prefix).
 pub fn default_kmsg_rules() -> Vec<KmsgRule> {
     use RuleKind::{Condition, Event};
     vec![
@@ -359,7 +359,7 @@ pub fn default_kmsg_rules() -> Vec<KmsgRule> {
         KmsgRule::new(
             r"task (crio|conmon|kubelet|containerd|runc|crun):\w+ blocked for more than \w+ seconds",
             Condition,
-            Some("KernelDeadlock"),
+            Some("NodekeeperKernelDeadlock"),
             "ContainerRuntimeTaskHung",
         ),
         KmsgRule::new(
@@ -371,7 +371,7 @@ pub fn default_kmsg_rules() -> Vec<KmsgRule> {
         KmsgRule::new(
             r"Remounting filesystem read-only",
             Condition,
-            Some("ReadonlyFilesystem"),
+            Some("NodekeeperReadonlyFilesystem"),
             "FilesystemIsReadOnly",
         ),
     ]
@@ -589,7 +589,7 @@ fn check_type(t: &str, path: Vec<PathSeg>) -> Vec<Diagnostic> {
     if !is_camel_case(t) {
         return vec![Diagnostic::error(
             path,
-            format!("condition type `{t}` must be CamelCase (e.g. `KernelDeadlock`)"),
+            format!("condition type `{t}` must be CamelCase (e.g. `NodekeeperKernelDeadlock`)"),
         )];
     }
     if KUBELET_CONDITIONS.contains(&t) {
@@ -598,8 +598,19 @@ fn check_type(t: &str, path: Vec<PathSeg>) -> Vec<Diagnostic> {
             format!("condition type `{t}` is owned by the kubelet, which would overwrite it; pick another name"),
         )];
     }
+    if !t.starts_with(OWNED_PREFIX) {
+        return vec![Diagnostic::warning(
+            path,
+            format!("condition type `{t}` does not start with `{OWNED_PREFIX}`: a controller with the default `condition_prefix` does not write it to the Node"),
+        )];
+    }
     Vec::new()
 }
+
+/// The prefix of the condition types the controller writes by default (`[controller]
+/// condition_prefix`): it writes only its own types, so that it never fights another writer
+/// (the Node Problem Detector's `KernelDeadlock`, ...).
+pub const OWNED_PREFIX: &str = "Nodekeeper";
 
 fn check_percent(v: f64, path: Vec<PathSeg>) -> Vec<Diagnostic> {
     if !(0.0..=100.0).contains(&v) {
@@ -669,5 +680,8 @@ mod tests {
         assert_eq!(check_type("MemoryPressure", cfg_path!["x"]).len(), 1);
         assert_eq!(check_type("memory pressure", cfg_path!["x"]).len(), 1);
         assert!(check_type("NodekeeperMemoryPressure", cfg_path!["x"]).is_empty());
+        let w = check_type("KernelDeadlock", cfg_path!["x"]);
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].severity, crate::config::Severity::Warning);
     }
 }

@@ -495,9 +495,18 @@ mod tests {
                 .cloned()
                 .expect("present")
         };
-        assert_eq!(get("ReadonlyFilesystem").reason, "FilesystemIsReadOnly");
-        assert_eq!(get("ReadonlyFilesystem").status, ConditionStatus::True);
-        assert_eq!(get("KernelDeadlock").reason, "ContainerRuntimeTaskHung");
+        assert_eq!(
+            get("NodekeeperReadonlyFilesystem").reason,
+            "FilesystemIsReadOnly"
+        );
+        assert_eq!(
+            get("NodekeeperReadonlyFilesystem").status,
+            ConditionStatus::True
+        );
+        assert_eq!(
+            get("NodekeeperKernelDeadlock").reason,
+            "ContainerRuntimeTaskHung"
+        );
     }
 
     #[test]
