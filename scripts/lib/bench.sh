@@ -49,12 +49,14 @@ not_ready() {
 
 # start_nk_controller NK: nodekeeper's controller (binary NK) with its shipped config (acting) on a loopback
 # port, as its ServiceAccount (a TokenRequest token, 6 h), logging to DIR/logs/nodekeeper-controller.log.
-# Sets CTL_PORT, CTL_PID and DIR/nk-tls (tls.crt: the agents' CA).
+# Sets CTL_PORT, CTL_PID and DIR/nk-tls (tls.crt: the agents' CA). NK_CONTROLLER_SET: TOML lines added to the
+# [controller] table (e.g. 'heartbeat_write_interval = "5m"'), for a variant of the shipped config.
 start_nk_controller() {
   CTL_PORT=$(free_port)
   loopback_tls "$DIR/nk-tls"
   token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-controller --duration=6h)" "$DIR/nk-controller.kubeconfig"
-  shipped_controller_config "127.0.0.1:$CTL_PORT" "$DIR/nk-tls" >"$DIR/nk-controller.toml"
+  shipped_controller_config "127.0.0.1:$CTL_PORT" "$DIR/nk-tls" |
+    awk -v set="${NK_CONTROLLER_SET:-}" '{ print } /^\[controller\]$/ && set != "" { print set }' >"$DIR/nk-controller.toml"
   KUBECONFIG="$DIR/nk-controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL=info \
     "$1" controller --config "$DIR/nk-controller.toml" >"$DIR/logs/nodekeeper-controller.log" 2>&1 &
   CTL_PID=$!
