@@ -56,12 +56,7 @@ NPD="$("$REPO/scripts/setup-peers.sh" npd | tail -1)/node-problem-detector"
 . "$REPO/tools/k8s/versions.env"
 NPD_CONFIG="$(cd "$REPO/tools/k8s/npd" && PATH="$PATH:/usr/local/go/bin" go env GOMODCACHE)/k8s.io/node-problem-detector@v$NPD_VERSION/config"
 [ -f "$NPD_CONFIG/kernel-monitor.json" ] || { echo "bench-npd: NPD's config not found at $NPD_CONFIG" >&2; exit 1; }
-if [ "$PROFILE" = release ]; then
-  log "cargo build --release --bin nodekeeper"; cargo build --release --bin nodekeeper
-else
-  log "cargo build --bin nodekeeper"; cargo build --bin nodekeeper
-fi
-NK="$REPO/target/$PROFILE/nodekeeper"
+build_nk "$PROFILE"  # sets NK (scripts/lib/bench.sh)
 if [ -n "${AGENT_BIN:-}" ]; then AGENT=$AGENT_BIN; AGENT_PROFILE="given ($("$AGENT_BIN" --version | head -1))"; else
 case $AGENT_PROFILE in
   agent) log "cargo build --profile agent --no-default-features (the agent build)"

@@ -45,12 +45,7 @@ log "control plane binaries (scripts/setup-k8s.sh), AEMM and NTH (scripts/setup-
 AEMM="$("$REPO/scripts/setup-peers.sh" aemm | tail -1)/ec2-metadata-mock"
 NTH="$("$REPO/scripts/setup-peers.sh" nth | tail -1)/node-termination-handler"
 . "$REPO/tools/k8s/versions.env"
-if [ "$PROFILE" = release ]; then
-  log "cargo build --release --bin nodekeeper"; cargo build --release --bin nodekeeper
-else
-  log "cargo build --bin nodekeeper"; cargo build --bin nodekeeper
-fi
-NK="$REPO/target/$PROFILE/nodekeeper"
+build_nk "$PROFILE"  # sets NK (scripts/lib/bench.sh)
 OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-nth.XXXX)
 DIR=$(mktemp -d /tmp/nodekeeper-bench-nth-cluster.XXXX)
 PIDFILE="$OUTDIR/pids"

@@ -12,6 +12,16 @@ wait_for() {
   done
 }
 
+# build_nk PROFILE: builds nodekeeper's full binary (debug, or release) and sets NK to it.
+build_nk() {
+  if [ "$1" = release ]; then
+    log "cargo build --release --bin nodekeeper"; cargo build --release --bin nodekeeper
+  else
+    log "cargo build --bin nodekeeper"; cargo build --bin nodekeeper
+  fi
+  NK="$REPO/target/$1/nodekeeper"
+}
+
 # kwok_nodes NAME…: KWOK nodes (KWOK plays their kubelet: Ready, pods Running), all of the same shape
 # (8 CPU, 32 Gi, 110 pods), created by one apply.
 kwok_nodes() {
