@@ -27,6 +27,7 @@
 # deleting at once. A run stops 20 s after that, or after WINDOW s (300; WINDOW_BLOCKED, 120, for more than 2
 # faulted nodes, which both tools' 20 % guards hold). The script also needs openssl and python3.
 . "$(dirname "$0")/lib.sh"
+. "$REPO/scripts/lib/bench.sh"
 cd "$REPO"
 FAULTS=${1:-"1 3"}
 PROFILE=${BENCH_PROFILE:-debug}
@@ -122,14 +123,6 @@ EOF
 }
 
 # wait_for SECS WHAT CMD…: until CMD succeeds.
-wait_for() {
-  local secs=$1 what=$2 end; shift 2
-  end=$(( $(date +%s) + secs ))
-  until "$@"; do
-    [ "$(date +%s)" -lt $end ] || { echo "bench: $what not reached in ${secs}s (cluster: $DIR)" >&2; exit 1; }
-    sleep 1
-  done
-}
 pool_nodes() { k get nodes -l karpenter.sh/nodepool=bench -o name | sed 's|node/||'; }
 settled() {
   [ "$(k get nodes -l karpenter.sh/nodepool=bench --no-headers 2>/dev/null | grep -c ' Ready ')" -ge 10 ] &&
@@ -169,19 +162,6 @@ EOF
   CTL_PID=$!
 }
 
-# fault NODES…: Ready=False since 10 minutes ago, KWOK kept off the status (the label, on every node first);
-# the status patches are sent in parallel, so that the nodes turn NotReady within a few tens of ms.
-fault() {
-  local n ago now pids=()
-  ago=$(date -u -d "@$(( EXPIRY - 600 ))" +%Y-%m-%dT%H:%M:%SZ)
-  now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  for n in "$@"; do
-    k patch node "$n" --subresource=status --type=strategic -p "{\"status\":{\"conditions\":[{\"type\":\"Ready\",\"status\":\"False\",\"reason\":\"KubeletNotReady\",\"message\":\"container runtime network not ready: NetworkReady=false\",\"lastHeartbeatTime\":\"$now\",\"lastTransitionTime\":\"$ago\"}]}}" >/dev/null &
-    pids+=($!)
-  done
-  for n in "${pids[@]}"; do wait "$n"; done
-}
-
 # run TOOL N: one fresh cluster, N of 10 nodes faulted; the watcher's JSON in $OUTDIR/TOOL-N.json.
 run() {
   local tool=$1 n=$2 gates=() victims window
@@ -210,7 +190,7 @@ run() {
   EXPIRY=$(( $(date +%s) + LEAD ))
   printf '%s\n%s\n%s\n' "$(date +%s.%N)" "$victims" "$EXPIRY" >"$DIR/fault.tmp" && mv "$DIR/fault.tmp" "$DIR/fault"
   # shellcheck disable=SC2086 # node names
-  fault $victims
+  not_ready "$EXPIRY" $victims  # (scripts/lib/bench.sh)
   wait "$WATCH_PID" || true; WATCH_PID=""
   k get events -A -o json >"$OUTDIR/$tool-$n.events.json" || true
   cp -r "$DIR/logs" "$OUTDIR/$tool-$n.logs"

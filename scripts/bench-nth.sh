@@ -32,6 +32,7 @@
 # and per process (NTH, agent, controller) peak RSS and CPU seconds from T to the end of the run.
 # Needs root (unshare -m, mount), openssl, python3, Go (scripts/setup-peers.sh builds AEMM and NTH once).
 . "$(dirname "$0")/lib.sh"
+. "$REPO/scripts/lib/bench.sh"
 cd "$REPO"
 NOTICES=${1:-20}
 PROFILE=${BENCH_PROFILE:-debug}
@@ -47,12 +48,7 @@ log "control plane binaries (scripts/setup-k8s.sh), AEMM and NTH (scripts/setup-
 AEMM="$("$REPO/scripts/setup-peers.sh" aemm | tail -1)/ec2-metadata-mock"
 NTH="$("$REPO/scripts/setup-peers.sh" nth | tail -1)/node-termination-handler"
 . "$REPO/tools/k8s/versions.env"
-if [ "$PROFILE" = release ]; then
-  log "cargo build --release --bin nodekeeper"; cargo build --release --bin nodekeeper
-else
-  log "cargo build --bin nodekeeper"; cargo build --bin nodekeeper
-fi
-NK="$REPO/target/$PROFILE/nodekeeper"
+build_nk "$PROFILE"  # sets NK (scripts/lib/bench.sh)
 OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-nth.XXXX)
 DIR=$(mktemp -d /tmp/nodekeeper-bench-nth-cluster.XXXX)
 PIDFILE="$OUTDIR/pids"
@@ -92,29 +88,8 @@ API_HOST=$(echo "$SERVER" | sed -E 's|https://([^:/]+):([0-9]+).*|\1|')
 API_PORT=$(echo "$SERVER" | sed -E 's|https://([^:/]+):([0-9]+).*|\2|')
 
 # The controller: shipped config on a loopback port, as its ServiceAccount, for the whole benchmark.
-CTL_PORT=$(free_port)
-loopback_tls "$DIR/nk-tls"
-token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-controller --duration=6h)" "$DIR/nk-controller.kubeconfig"
-shipped_controller_config "127.0.0.1:$CTL_PORT" "$DIR/nk-tls" >"$DIR/nk-controller.toml"
-KUBECONFIG="$DIR/nk-controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL="${NK_LOG:-info}" \
-  "$NK" controller --config "$DIR/nk-controller.toml" >"$DIR/logs/nodekeeper-controller.log" 2>&1 &
-CTL_PID=$!
+start_nk_controller "$NK"
 
-# node NAME: a KWOK node (KWOK plays its kubelet: Ready, pods Running).
-node() {
-  k apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Node
-metadata:
-  name: $1
-  labels: {kubernetes.io/hostname: $1, kubernetes.io/os: linux, kubernetes.io/arch: amd64, node.kubernetes.io/instance-type: m5.2xlarge}
-  annotations: {kwok.x-k8s.io/node: fake}
-spec: {providerID: "kwok://$1"}
-status:
-  allocatable: {cpu: "8", memory: 32Gi, pods: "110"}
-  capacity: {cpu: "8", memory: 32Gi, pods: "110"}
-EOF
-}
 # workload NAME NODE: 4 pods of Deployment NAME on NODE (or its spare, once that exists), PDB maxUnavailable 1.
 workload() {
   k -n bench apply -f - >/dev/null <<EOF
@@ -140,14 +115,6 @@ metadata: {name: $1}
 spec: {maxUnavailable: 1, selector: {matchLabels: {app: $1}}}
 EOF
 }
-wait_for() {
-  local secs=$1 what=$2 end; shift 2
-  end=$(( $(date +%s) + secs ))
-  until "$@"; do
-    [ "$(date +%s)" -lt $end ] || { echo "bench-nth: $what not reached in ${secs}s (cluster: $DIR)" >&2; exit 1; }
-    sleep 0.5
-  done
-}
 running_on() { k get pods -A --field-selector "spec.nodeName=$1,status.phase=Running" --no-headers 2>/dev/null | grep -c ' 1/1 ' || true; }
 placed() { [ "$(running_on "$1")" -ge 5 ] && [ "$(running_on "$2")" -ge 5 ]; }  # 4 workload pods + the agent's
 pdbs_ok() { [ "$(k -n bench get pdb "$1" "$2" -o jsonpath='{range .items[*]}{.status.currentHealthy}{" "}{end}')" = "4 4 " ]; }
@@ -155,11 +122,11 @@ pdbs_ok() { [ "$(k -n bench get pdb "$1" "$2" -o jsonpath='{range .items[*]}{.st
 for i in $(seq 1 "$NOTICES"); do
   a="nth-$i" b="nk-$i"
   log "notice $i/$NOTICES: nodes $a (NTH) and $b (nodekeeper)"
-  node "$a"; node "$b"
+  kwok_nodes "$a" "$b"
   workload "app-$a" "$a"; workload "app-$b" "$b"
   wait_for 120 "4 pods + the agent's Running on $a and $b" placed "$a" "$b"
   wait_for 60 "both PDBs at 4 healthy" pdbs_ok "app-$a" "app-$b"
-  node "$a-spare"; node "$b-spare"
+  kwok_nodes "$a-spare" "$b-spare"
   rd="$OUTDIR/$i"; mkdir -p "$rd/sa" "$rd/agent"
   : >"$PIDFILE"; echo "nk-controller $CTL_PID" >>"$PIDFILE"
 
@@ -196,11 +163,8 @@ for i in $(seq 1 "$NOTICES"); do
   bound=(--bound-object-kind Pod --bound-object-name "$pod" --bound-object-uid "$uid" --duration=1h)
   token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-agent "${bound[@]}")" "$rd/agent/kubeconfig"
   k -n nodekeeper create token nodekeeper-agent "${bound[@]}" --audience nodekeeper >"$rd/agent/report-token"
-  awk '/config.toml: \|/ {on=1; next} on { sub(/^    /, ""); print }' "$REPO/manifests/12-agent-config.yaml" |
-    sed -e "s|^url = .*|url = \"https://127.0.0.1:$CTL_PORT\"|" -e "s|^ca_file = .*|ca_file = \"$DIR/nk-tls/tls.crt\"|" \
-        -e '/^server_name = /d' -e "s|^token_file = .*|token_file = \"$rd/agent/report-token\"|" \
-        -e "s|^state_dir = .*|state_dir = \"$rd/agent/state\"\ndropin_dir = \"$rd/agent/crio.conf.d\"|" \
-        -e "s|^cloud = .*|cloud = \"aws\"\nendpoint = \"http://127.0.0.1:$pb\"${NK_POLL:+\\npoll_interval = \"$NK_POLL\"}|" >"$rd/agent/agent.toml"
+  shipped_agent_config "$rd/agent" |
+    sed -e "s|^cloud = .*|cloud = \"aws\"\nendpoint = \"http://127.0.0.1:$pb\"${NK_POLL:+\\npoll_interval = \"$NK_POLL\"}|" >"$rd/agent/agent.toml"
   cat >>"$rd/agent/agent.toml" <<EOF
 
 [node]

@@ -4,8 +4,12 @@
 # kube-controller-manager, kube-scheduler and KWOK (plays kubelet for nodes annotated kwok.x-k8s.io/node=fake),
 # and on request Karpenter's KWOK provider (--karpenter).
 #
-#   scripts/k8s-cluster.sh up DIR [--owner-pid PID] [--karpenter [--karpenter-feature-gates GATES]]
+#   scripts/k8s-cluster.sh up DIR [--owner-pid PID] [--audit] [--karpenter [--karpenter-feature-gates GATES]]
 #                                                     start everything; returns once all are healthy.
+#                                                     --audit: kube-apiserver writes an audit log of every
+#                                                     request at Metadata level (who, verb, resource, code,
+#                                                     user agent; no bodies) to DIR/logs/audit.log, JSON
+#                                                     lines: the API load per caller (scripts/lib/api-load.py)
 #                                                     --karpenter: also Karpenter's KWOK provider (its CRDs
 #                                                     installed and Established, its chart's RBAC bound to a
 #                                                     client certificate of its own, leader election off)
@@ -25,14 +29,15 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { echo "usage: $0 up DIR [--owner-pid PID] [--karpenter [--karpenter-feature-gates GATES]] | down DIR | install DIR [FILE…]" >&2; exit 2; }
+usage() { echo "usage: $0 up DIR [--owner-pid PID] [--audit] [--karpenter [--karpenter-feature-gates GATES]] | down DIR | install DIR [FILE…]" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 CMD=$1 DIR=$2; shift 2
-OWNER="" KARPENTER="" KARPENTER_GATES=()
+OWNER="" KARPENTER="" KARPENTER_GATES=() AUDIT=()
 while [ "$CMD" != install ] && [ $# -gt 0 ]; do
   case $1 in
     --owner-pid) OWNER=${2:?--owner-pid needs a PID}; shift 2 ;;
     --karpenter) KARPENTER=1; shift ;;
+    --audit) AUDIT=(1); shift ;;
     --karpenter-feature-gates) KARPENTER_GATES=(FEATURE_GATES="${2:?--karpenter-feature-gates needs GATES}"); shift 2 ;;
     *) usage ;;
   esac
@@ -226,6 +231,18 @@ start etcd "$BIN/etcd" --name local --data-dir "$DIR/etcd" \
   --initial-cluster "local=http://127.0.0.1:$P_PEER" --unsafe-no-fsync --log-level warn
 wait_healthy etcd 20 "http://127.0.0.1:$P_ETCD/health"
 
+if [ ${#AUDIT[@]} -gt 0 ]; then
+  # Metadata level: one JSON line per request and stage (user, user agent, verb, URI, code), no bodies;
+  # RequestReceived omitted, so a request has one ResponseComplete line (a watch also a ResponseStarted).
+  cat >"$DIR/audit-policy.yaml" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules: [{level: Metadata}]
+EOF
+  AUDIT=(--audit-policy-file="$DIR/audit-policy.yaml" --audit-log-path="$DIR/logs/audit.log" --audit-log-format=json
+         --audit-log-maxsize=0 --audit-log-maxbackup=0)
+fi
 start kube-apiserver "$BIN/kube-apiserver" \
   --etcd-servers="http://127.0.0.1:$P_ETCD" \
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$P_API" \
@@ -238,7 +255,7 @@ start kube-apiserver "$BIN/kube-apiserver" \
   --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true \
   --enable-admission-plugins=NodeRestriction \
   --endpoint-reconciler-type=none \
-  --profiling=false
+  --profiling=false ${AUDIT[@]+"${AUDIT[@]}"}
 wait_healthy kube-apiserver 60 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$API/readyz"
 
 start kube-controller-manager "$BIN/kube-controller-manager" \

@@ -1,0 +1,84 @@
+# Helpers shared by the benchmarks on the real control plane (scripts/bench-nth.sh, bench-karpenter-repair.sh,
+# bench-npd.sh). Source it after scripts/lib.sh; the caller defines DIR (the `k8s-cluster.sh up` directory) and
+# k() (the real kubectl with DIR's admin kubeconfig: the harness, never a nodekeeper process).
+
+# wait_for SECS WHAT CMD…: runs CMD every 0.5 s until it succeeds; exits the script after SECS.
+wait_for() {
+  local secs=$1 what=$2 end; shift 2
+  end=$(( $(date +%s) + secs ))
+  until "$@"; do
+    [ "$(date +%s)" -lt $end ] || { echo "$(basename "$0"): $what not reached in ${secs}s (cluster: $DIR)" >&2; exit 1; }
+    sleep 0.5
+  done
+}
+
+# build_nk PROFILE: builds nodekeeper's full binary (debug, or release) and sets NK to it.
+build_nk() {
+  if [ "$1" = release ]; then
+    log "cargo build --release --bin nodekeeper"; cargo build --release --bin nodekeeper
+  else
+    log "cargo build --bin nodekeeper"; cargo build --bin nodekeeper
+  fi
+  NK="$REPO/target/$1/nodekeeper"
+}
+
+# kwok_nodes NAME…: KWOK nodes (KWOK plays their kubelet: Ready, pods Running), all of the same shape
+# (8 CPU, 32 Gi, 110 pods), created by one apply.
+kwok_nodes() {
+  local n
+  for n in "$@"; do
+    cat <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: $n
+  labels: {kubernetes.io/hostname: $n, kubernetes.io/os: linux, kubernetes.io/arch: amd64, node.kubernetes.io/instance-type: m5.2xlarge}
+  annotations: {kwok.x-k8s.io/node: fake}
+spec: {providerID: "kwok://$n"}
+status:
+  allocatable: {cpu: "8", memory: 32Gi, pods: "110"}
+  capacity: {cpu: "8", memory: 32Gi, pods: "110"}
+EOF
+  done | k apply -f - >/dev/null
+}
+
+# not_ready EXPIRY NODE…: Ready=False since EXPIRY - 10 min (so 10-minute tolerations run out at EXPIRY, a Unix
+# second), KWOK kept off the status by the label nodekeeper.test/kubelet=not-ready (set on every node first);
+# the status patches are sent in parallel, so that the nodes turn NotReady within a few tens of ms.
+not_ready() {
+  local expiry=$1 n ago now pids=(); shift
+  ago=$(date -u -d "@$(( expiry - 600 ))" +%Y-%m-%dT%H:%M:%SZ)
+  now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  for n in "$@"; do
+    k patch node "$n" --subresource=status --type=strategic -p "{\"status\":{\"conditions\":[{\"type\":\"Ready\",\"status\":\"False\",\"reason\":\"KubeletNotReady\",\"message\":\"container runtime network not ready: NetworkReady=false\",\"lastHeartbeatTime\":\"$now\",\"lastTransitionTime\":\"$ago\"}]}}" >/dev/null &
+    pids+=($!)
+  done
+  for n in "${pids[@]}"; do wait "$n"; done
+}
+
+# start_nk_controller NK: nodekeeper's controller (binary NK) with its shipped config (acting) on a loopback
+# port, as its ServiceAccount (a TokenRequest token, 6 h), logging to DIR/logs/nodekeeper-controller.log.
+# Sets CTL_PORT, CTL_PID and DIR/nk-tls (tls.crt: the agents' CA). NK_CONTROLLER_SET: TOML lines added to the
+# [controller] table (e.g. 'heartbeat_write_interval = "5m"'), for a variant of the shipped config. NK_LOG: its
+# log level or directives (default info).
+start_nk_controller() {
+  CTL_PORT=$(free_port)
+  loopback_tls "$DIR/nk-tls"
+  token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-controller --duration=6h)" "$DIR/nk-controller.kubeconfig"
+  shipped_controller_config "127.0.0.1:$CTL_PORT" "$DIR/nk-tls" |
+    awk -v set="${NK_CONTROLLER_SET:-}" '{ print } /^\[controller\]$/ && set != "" { print set }' >"$DIR/nk-controller.toml"
+  KUBECONFIG="$DIR/nk-controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL="${NK_LOG:-info}" \
+    "$1" controller --config "$DIR/nk-controller.toml" >"$DIR/logs/nodekeeper-controller.log" 2>&1 &
+  CTL_PID=$!
+}
+
+# shipped_agent_config RUNDIR: the shipped agent config.toml (manifests/12-agent-config.yaml) on stdout, pointed
+# at the controller on CTL_PORT (CA DIR/nk-tls/tls.crt), with its report token at RUNDIR/report-token and its
+# state and CRI-O drop-ins under RUNDIR. Callers append their own sections (or sed the [sources] line).
+shipped_agent_config() {
+  awk '/config.toml: \|/ {on=1; next} on { sub(/^    /, ""); print }' "$REPO/manifests/12-agent-config.yaml" |
+    sed -e "s|^url = .*|url = \"https://127.0.0.1:$CTL_PORT\"|" -e "s|^ca_file = .*|ca_file = \"$DIR/nk-tls/tls.crt\"|" \
+        -e '/^server_name = /d' -e "s|^token_file = .*|token_file = \"$1/report-token\"|" \
+        -e "s|^state_dir = .*|state_dir = \"$1/state\"\ndropin_dir = \"$1/crio.conf.d\"|"
+}
