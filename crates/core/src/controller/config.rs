@@ -100,7 +100,9 @@ impl Default for ControllerConfig {
             namespace: "nodekeeper".into(),
             condition_prefix: crate::agent::checks::config::OWNED_PREFIX.into(),
             staleness: Duration::from_secs(60),
-            heartbeat_write_interval: Duration::from_secs(60),
+            // The kubelet's own nodeStatusReportFrequency, and NPD's heartbeat: unchanged conditions
+            // cost one Node write per node every 5 min, not every minute (docs/comparison.md).
+            heartbeat_write_interval: Duration::from_secs(300),
             label_removal_allow: Vec::new(),
             leader: LeaderConfig::default(),
             oci_events: OciEventsConfig::default(),
