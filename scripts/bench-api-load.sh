@@ -16,11 +16,8 @@
 cd "$REPO"
 MINUTES=${1:-10}
 NODES=${NODES:-20} WAVE=${WAVE:-2} WAVE_MINUTES=${WAVE_MINUTES:-5} WARMUP=${WARMUP:-60}
-"$REPO/scripts/setup-kubectl.sh" >/dev/null
-KUBECTL="$REPO/.cache/venv/bin/kubectl"
+setup_real  # kubectl, the control plane, versions.env (scripts/lib/bench.sh)
 log "control plane + Karpenter KWOK binaries (scripts/setup-k8s.sh)"
-"$REPO/scripts/setup-k8s.sh" >/dev/null
-. "$REPO/tools/k8s/versions.env"
 OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-api-load.XXXX)
 DIR=$(mktemp -d /tmp/nodekeeper-bench-api-load-cluster.XXXX)
 trap '"$REPO/scripts/k8s-cluster.sh" down "$DIR"' EXIT

@@ -34,18 +34,11 @@ PROFILE=${BENCH_PROFILE:-debug}
 WINDOW=${WINDOW:-300}
 WINDOW_BLOCKED=${WINDOW_BLOCKED:-120}
 LEAD=${LEAD:-5}
-sh "$REPO/scripts/setup-kubectl.sh" >/dev/null
-KUBECTL="$REPO/.cache/venv/bin/kubectl"
-log "control plane + Karpenter KWOK binaries (scripts/setup-k8s.sh: built once, then cached)"
-"$REPO/scripts/setup-k8s.sh" >/dev/null
+log "kubectl, control plane + Karpenter KWOK binaries (scripts/setup-k8s.sh: built once, then cached)"
+setup_real  # kubectl, the control plane, versions.env (scripts/lib/bench.sh)
 TOOLS=${TOOLS:-"karpenter nodekeeper"}
-if [[ " $TOOLS " != *" nodekeeper "* ]]; then :
-elif [ "$PROFILE" = release ]; then
-  log "cargo build --release --bin nodekeeper"; cargo build --release --bin nodekeeper
-else
-  log "cargo build --bin nodekeeper"; cargo build --bin nodekeeper
-fi
 NK="$REPO/target/$PROFILE/nodekeeper"
+if [[ " $TOOLS " == *" nodekeeper "* ]]; then build_nk "$PROFILE"; fi
 OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-karpenter-repair.XXXX)
 DIR="" CTL_PID="" WATCH_PID="" EXPIRY=""
 cleanup() {

@@ -48,12 +48,9 @@ AGENT_PROFILE=${AGENT_PROFILE:-agent} PROFILE=${BENCH_PROFILE:-debug}
 FILL=$(( NODES - 2 * PAIRS ))
 [ "$FILL" -ge "$WAVE" ] || { echo "bench-npd: NODES=$NODES leaves $FILL fill nodes, fewer than WAVE=$WAVE" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "bench-npd: needs root (the host checks read /dev/kmsg)" >&2; exit 1; }
-"$REPO/scripts/setup-kubectl.sh" >/dev/null
-KUBECTL="$REPO/.cache/venv/bin/kubectl"
+setup_real  # kubectl, the control plane, versions.env (scripts/lib/bench.sh)
 log "control plane binaries (scripts/setup-k8s.sh), NPD (scripts/setup-peers.sh npd)"
-"$REPO/scripts/setup-k8s.sh" >/dev/null
 NPD="$("$REPO/scripts/setup-peers.sh" npd | tail -1)/node-problem-detector"
-. "$REPO/tools/k8s/versions.env"
 NPD_CONFIG="$(cd "$REPO/tools/k8s/npd" && PATH="$PATH:/usr/local/go/bin" go env GOMODCACHE)/k8s.io/node-problem-detector@v$NPD_VERSION/config"
 [ -f "$NPD_CONFIG/kernel-monitor.json" ] || { echo "bench-npd: NPD's config not found at $NPD_CONFIG" >&2; exit 1; }
 build_nk "$PROFILE"  # sets NK (scripts/lib/bench.sh)

@@ -41,13 +41,10 @@ NK_SPOT_POLL=${NK_SPOT_POLL:-}
 LEAD=${LEAD:-10}         # seconds from starting the AEMMs to T (the tools start and poll 404s meanwhile)
 TIMEOUT=${TIMEOUT:-150}  # per notice, from T (NTH's drain gives up after node-termination-grace-period 120 s)
 [ "$(id -u)" -eq 0 ] || { echo "bench-nth: needs root (NTH runs in a private mount namespace)" >&2; exit 1; }
-"$REPO/scripts/setup-kubectl.sh" >/dev/null
-KUBECTL="$REPO/.cache/venv/bin/kubectl"
+setup_real  # kubectl, the control plane, versions.env (scripts/lib/bench.sh)
 log "control plane binaries (scripts/setup-k8s.sh), AEMM and NTH (scripts/setup-peers.sh)"
-"$REPO/scripts/setup-k8s.sh" >/dev/null
 AEMM="$("$REPO/scripts/setup-peers.sh" aemm | tail -1)/ec2-metadata-mock"
 NTH="$("$REPO/scripts/setup-peers.sh" nth | tail -1)/node-termination-handler"
-. "$REPO/tools/k8s/versions.env"
 build_nk "$PROFILE"  # sets NK (scripts/lib/bench.sh)
 OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-nth.XXXX)
 DIR=$(mktemp -d /tmp/nodekeeper-bench-nth-cluster.XXXX)

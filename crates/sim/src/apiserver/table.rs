@@ -204,7 +204,9 @@ fn containers_images(o: &Value) -> (String, String) {
     (names.join(","), images.join(","))
 }
 
-fn selector(o: &Value) -> String {
+/// A workload's `spec.selector.matchLabels` as `k=v,…`, sorted (kubectl's SELECTOR column, Scale's
+/// `status.selector`).
+pub(crate) fn selector(o: &Value) -> String {
     let mut parts: Vec<String> = o
         .pointer("/spec/selector/matchLabels")
         .and_then(Value::as_object)

@@ -78,23 +78,13 @@ pub(super) fn token_request(sim: &Sim, ns: &str, sa: &str, req: &Value) -> ApiRe
 
 /// The `autoscaling/v1` Scale of a Deployment or ReplicaSet.
 pub(super) fn scale_of(obj: &Value) -> Value {
-    let mut sel: Vec<String> = obj
-        .pointer("/spec/selector/matchLabels")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                .collect()
-        })
-        .unwrap_or_default();
-    sel.sort();
     let meta = |f: &str| obj.pointer(&format!("/metadata/{f}")).cloned();
     json!({"kind": "Scale", "apiVersion": "autoscaling/v1",
         "metadata": {"name": meta("name"), "namespace": meta("namespace"), "uid": meta("uid"),
             "resourceVersion": meta("resourceVersion"), "creationTimestamp": meta("creationTimestamp")},
         "spec": {"replicas": obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1)},
         "status": {"replicas": obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0),
-            "selector": sel.join(",")}})
+            "selector": crate::apiserver::table::selector(obj)}})
 }
 
 /// `GET`, `PUT` and `PATCH` of `<deployments|replicasets>/<name>/scale` (what `kubectl scale` uses).
