@@ -163,7 +163,7 @@ fn unix_ns() -> u128 {
 /// The child of phase 3: `--agents N --port P --dir D --idle-ms I`: N agents' reporters (the
 /// agent's own `Reporter`, each with its client, token file and state directory under D, the
 /// default 10 s heartbeat, `[report] idle_timeout` I), started spread over one heartbeat; prints
-/// `started N`, then changes one agent's condition every `--change-ms` (default 100 ms; its
+/// `started N`, then flips one agent's condition status every `--change-ms` (default 100 ms; its
 /// message carries the send time, for the parent's watch) until killed. With `--notices K`
 /// (scripts/bench-scale-real.sh), the agents of nodes `n{F}`…`n{F+K-1}` (`--notice-from F`) each
 /// report one spot interruption notice, one every `--notice-ms` (default 200 ms), starting
@@ -238,7 +238,9 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
     for k in 0usize.. {
         tick.tick().await;
         let i = k.wrapping_mul(7919) % n;
-        let status = if k % 2 == 0 {
+        // Node i's (k / n)-th change (k ↦ i is a permutation of each run of n: 7919 is prime), so
+        // every change flips its status: False (the first report), True, False, …
+        let status = if (k / n) % 2 == 0 {
             ConditionStatus::True
         } else {
             ConditionStatus::False
