@@ -199,7 +199,7 @@ def watch(d, out):
     """Changes from now on: the watch starts at the list's resourceVersion (what is already cordoned or
     reported is not news), and resumes from the last event's after a disconnect."""
     url, ctx = cluster(d)
-    cordoned, seen = set(), set()
+    seen = set()
     s, lst = Api(d).call("GET", "/api/v1/nodes")
     if s != 200:
         sys.exit(f"scale-fleet: listing nodes: HTTP {s}")
