@@ -163,8 +163,13 @@ fn unix_ns() -> u128 {
 /// The child of phase 3: `--agents N --port P --dir D --idle-ms I`: N agents' reporters (the
 /// agent's own `Reporter`, each with its client, token file and state directory under D, the
 /// default 10 s heartbeat, `[report] idle_timeout` I), started spread over one heartbeat; prints
-/// `started N`, then changes one agent's condition every 100 ms (its message carries the send
-/// time, for the parent's watch) until killed.
+/// `started N`, then flips one agent's condition status every `--change-ms` (default 100 ms; its
+/// message carries the send time, for the parent's watch) until killed. With `--notices K`
+/// (scripts/bench-scale-real.sh), the agents of nodes `n{F}`…`n{F+K-1}` (`--notice-from F`) each
+/// report one spot interruption notice, one every `--notice-ms` (default 200 ms), starting
+/// `--notice-delay-s` (default 2) after `started`; each prints `notice NODE UNIX_NS` (when it
+/// was handed to the reporter, as the agent's source does) on stdout. The agents' setup is the
+/// same on the sim and on the real control plane: only the token files differ.
 async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
     let _ = nodekeeper_core::serve::raise_open_files_limit();
@@ -201,11 +206,41 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
     }
     tokio::time::sleep(heartbeat + Duration::from_secs(2)).await;
     println!("started {n}");
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let (notices, from) = (
+        arg("--notices", 0) as usize,
+        arg("--notice-from", 0) as usize,
+    );
+    let notice_every = Duration::from_millis(arg("--notice-ms", 200));
+    let notify = keep
+        .iter()
+        .skip(from)
+        .take(notices)
+        .map(|(ev, _)| ev.clone());
+    let notify: Vec<_> = (from..).zip(notify).collect();
+    let notice_delay = Duration::from_secs(arg("--notice-delay-s", 2));
+    tokio::spawn(async move {
+        use nodekeeper_core::agent::sources::{EventKind, NodeEvent};
+        tokio::time::sleep(notice_delay).await;
+        let mut tick = tokio::time::interval(notice_every);
+        for (i, ev) in notify {
+            tick.tick().await;
+            let now = chrono::Utc::now();
+            let mut notice =
+                NodeEvent::on_node(EventKind::Preemption, "bench/spot", &format!("n{i}"), now);
+            notice.deadline = Some(now + chrono::Duration::minutes(2));
+            println!("notice n{i} {}", unix_ns());
+            if ev.send(notice).await.is_err() {
+                eprintln!("agent n{i}: reporter gone");
+            }
+        }
+    });
+    let mut tick = tokio::time::interval(Duration::from_millis(arg("--change-ms", 100)));
     for k in 0usize.. {
         tick.tick().await;
         let i = k.wrapping_mul(7919) % n;
-        let status = if k % 2 == 0 {
+        // Node i's (k / n)-th change (k ↦ i is a permutation of each run of n: 7919 is prime), so
+        // every change flips its status: False (the first report), True, False, …
+        let status = if (k / n) % 2 == 0 {
             ConditionStatus::True
         } else {
             ConditionStatus::False

@@ -21,6 +21,10 @@
 #                                                     demo run themselves, and the Prometheus Operator's objects:
 #                                                     no such CRDs here), then FILEs, with the real kubectl
 #
+# Node heartbeats: KWOK's node Leases last 10 s and kube-controller-manager marks a node NotReady 8 s after its
+# last one (fast tests); K8S_NODE_LEASE_SECONDS and K8S_NODE_MONITOR_GRACE override both (e.g. 40 and 50s, the
+# kubelet's and kube-controller-manager's defaults, for thousands of nodes: scripts/bench-scale-real.sh).
+#
 # `up` writes DIR/kubeconfig (the harness's admin: O=system:masters — never given to a nodekeeper process),
 # DIR/env (`export KUBECONFIG=…`), DIR/ports, DIR/pids, and one log per component in DIR/logs/.
 # With --owner-pid, a watcher runs `down DIR` when that process exits (test binaries use this).
@@ -265,7 +269,7 @@ start kube-controller-manager "$BIN/kube-controller-manager" \
   --use-service-account-credentials=true \
   --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
   --controllers=serviceaccount-token-controller,serviceaccount-controller,namespace-controller,root-ca-certificate-publisher-controller,garbage-collector-controller,replicaset-controller,deployment-controller,statefulset-controller,daemonset-controller,disruption-controller,node-lifecycle-controller,taint-eviction-controller,pod-garbage-collector-controller,validatingadmissionpolicy-status-controller \
-  --node-monitor-period=1s --node-monitor-grace-period=8s --node-startup-grace-period=20s \
+  --node-monitor-period=1s --node-monitor-grace-period="${K8S_NODE_MONITOR_GRACE:-8s}" --node-startup-grace-period=20s \
   --concurrent-gc-syncs=5 --profiling=false
 wait_healthy kube-controller-manager 40 -k "https://127.0.0.1:$P_KCM/healthz"
 
@@ -286,7 +290,7 @@ stage_args=()
 for f in "$STAGES"/*.yaml; do stage_args+=(--config "$f"); done
 start kwok "$BIN/kwok" --kubeconfig="$DIR/kwok.kubeconfig" \
   --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-  --node-lease-duration-seconds=10 \
+  --node-lease-duration-seconds="${K8S_NODE_LEASE_SECONDS:-10}" \
   --server-address="127.0.0.1:$P_KWOK" --node-ip=127.0.0.1 "${stage_args[@]}"
 wait_healthy kwok 20 "http://127.0.0.1:$P_KWOK/healthz"
 

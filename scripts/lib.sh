@@ -57,13 +57,14 @@ current-context: real
 EOC
 }
 
-# loopback_tls OUTDIR: a self-signed certificate for 127.0.0.1 (nodekeeper's controller on loopback):
+# loopback_tls OUTDIR: a self-signed certificate for 127.0.0.1 and the shipped Service's name
+# nodekeeper-controller.nodekeeper.svc (the server name examples/controller_bench.rs's agents pin):
 # OUTDIR/tls.crt (also the agents' CA) and OUTDIR/tls.key. An end-entity certificate (CA:FALSE): `req -x509`
 # marks it a CA by default, which rustls (webpki) refuses as a server's certificate (CaUsedAsEndEntity).
 loopback_tls() {
   mkdir -p "$1"
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=nodekeeper-controller \
-    -addext "subjectAltName=IP:127.0.0.1" -addext "basicConstraints=critical,CA:FALSE" \
+    -addext "subjectAltName=IP:127.0.0.1,DNS:nodekeeper-controller.nodekeeper.svc" -addext "basicConstraints=critical,CA:FALSE" \
     -addext "keyUsage=critical,digitalSignature" -addext "extendedKeyUsage=serverAuth" -keyout "$1/tls.key" -out "$1/tls.crt" 2>/dev/null
 }
 

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# nodekeeper's controller at scale on the real control plane (issue #17 item 6). Figures go to docs/comparison.md
+# ("Scale on the real control plane").
+#   scripts/bench-scale-real.sh [--nodes 500,1000,2000,5000] [--pods-per-node 20] [--max-pods N]
+#     --max-pods: at most N bench pods in all (the nodes of a size past it get fewer or none; pods are created
+#     at ~50–150/s on the shared 2 cores, so 100,000 take longer than one run may)
+#   BENCH_PROFILE=dev …                             a debug build (default release)
+#   BENCH_BUILD=0 …                                 run the binaries already built (a commit makes cargo rebuild
+#                                                   nodekeeper-core: its build.rs records the commit)
+#   WINDOW=30 NOTICES=50 FAILS=20 TOLERATION=20 …   seconds per measurement, notices and Ready=False nodes per size,
+#                                                   the repair toleration (s) of the bench's controller config
+# One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests, with the kubelet's and
+# kube-controller-manager's default node heartbeat: Leases of 40 s, NotReady after 50 s), grown size by size:
+#   - KWOK nodes n0 … nN-1 (label karpenter.sh/nodepool=pool-(i % 100)), PODS-PER-NODE pods each bound with
+#     spec.nodeName (namespace bench; no scheduler work, KWOK marks them Running) and the shipped agent
+#     DaemonSet's pod (placed by kube-scheduler); waits until all are Running;
+#   - one token per node: TokenRequest for nodekeeper-agent, audience nodekeeper, bound to the DaemonSet's pod on it;
+# then per size, each phase measured over WINDOW s by scripts/lib/scale-fleet.py (RSS and CPU of each process from
+# /proc; kube-apiserver's apiserver_request_total from its /metrics, read with the harness's admin certificate):
+#   1. base: the control plane without nodekeeper;
+#   2. idle: a fresh controller (release build, the shipped config acting — dry_run off — with budgets and
+#      max_unhealthy at 100 % and a TOLERATION s repair toleration, so that neither holds what is timed), as its
+#      ServiceAccount (token from `kubectl create token`), on a loopback port, no agent connected yet;
+#   3. agents: N agents connected, examples/controller_bench.rs `--agents` (the agent's own Reporter, one
+#      connection each, the default 10 s heartbeat and 1 s idle close, one condition change per 100 ms);
+#   4. notice → cordon: the agents of NOTICES new nodes each report a spot interruption notice (one per 200 ms),
+#      from the notice handed to the agent's reporter to the cordon seen by a Node watch;
+#   5. decision after a toleration expires: the kubelets of FAILS new nodes post Ready=False with one whole-second
+#      lastTransitionTime T; from T + TOLERATION to the repair's cordon seen by the same watch.
+# Needs root (only for the cluster's ports and /proc of its processes), openssl, python3, the cached control plane.
+. "$(dirname "$0")/lib.sh"
+cd "$REPO"
+SIZES=500,1000,2000,5000 PER=20 MAXPODS=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --nodes) SIZES=$2; shift 2 ;;
+    --pods-per-node) PER=$2; shift 2 ;;
+    --max-pods) MAXPODS=$2; shift 2 ;;
+    *) echo "usage: $0 [--nodes 500,1000,2000,5000] [--pods-per-node 20] [--max-pods N]" >&2; exit 2 ;;
+  esac
+done
+WINDOW=${WINDOW:-30} NOTICES=${NOTICES:-50} FAILS=${FAILS:-20} TOLERATION=${TOLERATION:-20}
+PROFILE=${BENCH_PROFILE:-release}
+if [ "${BENCH_BUILD:-1}" = 0 ]; then
+  log "BENCH_BUILD=0: the $PROFILE binaries already built ($("$REPO/target/${PROFILE/dev/debug}/nodekeeper" --version))"
+else
+  log "nice -n 10 cargo build --profile $PROFILE --bin nodekeeper --example controller_bench"
+  nice -n 10 cargo build --profile "$PROFILE" --bin nodekeeper --example controller_bench
+fi
+[ "$PROFILE" = dev ] && PROFILE=debug
+NK="$REPO/target/$PROFILE/nodekeeper" FLEET_BIN="$REPO/target/$PROFILE/examples/controller_bench"
+F=(python3 "$REPO/scripts/lib/scale-fleet.py")
+OUT=$(mktemp -d /tmp/nodekeeper-bench-scale.XXXX)
+DIR="$OUT/cluster" FLEET="$OUT/fleet" RESULTS="$OUT/results.jsonl"
+mkdir -p "$FLEET/state"
+export K8S_NODE_LEASE_SECONDS=40 K8S_NODE_MONITOR_GRACE=50s
+real_cluster "$DIR"
+CTL_PID="" AGENTS_PID="" WATCH_PID=""
+stop() { [ -z "$1" ] || { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }; }
+cleanup() { stop "$WATCH_PID"; stop "$AGENTS_PID"; stop "$CTL_PID"; "$REPO/scripts/k8s-cluster.sh" down "$DIR"; }
+trap cleanup EXIT
+k() { "$REPO/.cache/venv/bin/kubectl" --kubeconfig "$DIR/kubeconfig" "$@"; }
+pid_of() { awk -v n="$1" '$1 == n {print $2}' "$DIR/pids"; }
+CP=("apiserver=$(pid_of kube-apiserver)" "etcd=$(pid_of etcd)" "kcm=$(pid_of kube-controller-manager)" \
+    "scheduler=$(pid_of kube-scheduler)" "kwok=$(pid_of kwok)")
+K8S=$(k version -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])')
+
+CTL_PORT=$(free_port)
+loopback_tls "$OUT/tls"
+cp "$OUT/tls/tls.crt" "$FLEET/ca.pem"
+token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-controller --duration=6h)" "$OUT/controller.kubeconfig"
+shipped_controller_config "127.0.0.1:$CTL_PORT" "$OUT/tls" |
+  sed -e "s|^toleration = .*|toleration = \"${TOLERATION}s\"|" -e 's|^max_unhealthy = .*|max_unhealthy = "100%"|' \
+      -e 's|^budgets = .*|budgets = [{ nodes = "100%" }]|' >"$OUT/controller.toml"
+ctl_metric() { curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+# phase NAME LABEL=PID…: WINDOW s of samples and kube-apiserver's request counters around them.
+phase() {
+  local name=$1; shift
+  "${F[@]}" requests "$DIR" "$SD/req-$name-0.json"
+  "${F[@]}" sample "$WINDOW" "$SD/$name.json" "${CP[@]}" "$@"
+  "${F[@]}" requests "$DIR" "$SD/req-$name-1.json"
+}
+
+prev=0 pods=0
+IFS=, read -r -a sizes <<<"$SIZES"
+for n in "${sizes[@]}"; do
+  SD="$OUT/$n"; mkdir -p "$SD"
+  per=$PER
+  [ -z "$MAXPODS" ] || per=$(( (MAXPODS - pods) / (n - prev) < PER ? (MAXPODS - pods) / (n - prev) : PER ))
+  [ "$per" -ge 0 ] || per=0
+  pods=$(( pods + per * (n - prev) ))
+  log "size $n: nodes n$prev … n$((n - 1)), $per pods each, $pods in all ($(date -u +%H:%M:%S), load $(cut -d' ' -f1-3 /proc/loadavg))"
+  t0=$(date +%s)
+  "${F[@]}" nodes "$DIR" "$prev" "$n" 100
+  [ "$per" -eq 0 ] || "${F[@]}" pods "$DIR" "$prev" "$n" "$per"
+  t1=$(date +%s)
+  "${F[@]}" wait "$DIR" "$n" 1800
+  t2=$(date +%s)
+  "${F[@]}" tokens "$DIR" "$prev" "$n" "$FLEET"
+  log "size $n: created in $((t1 - t0)) s, all Running $((t2 - t1)) s later; tokens in $(( $(date +%s) - t2 )) s"
+  phase base
+
+  KUBECONFIG="$OUT/controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL=info \
+    "$NK" controller --config "$OUT/controller.toml" >"$SD/controller.log" 2>&1 &
+  CTL_PID=$!
+  end=$(( $(date +%s) + 120 ))
+  until curl -skf "https://127.0.0.1:$CTL_PORT/readyz" >/dev/null; do
+    [ "$(date +%s)" -lt $end ] || { echo "bench-scale-real: controller not ready in 120 s: $SD/controller.log" >&2; exit 1; }
+    sleep 0.5
+  done
+  sleep 10   # the first reconcile (seen-ready stamps on nodes younger than 2 minutes)
+  phase idle "controller=$CTL_PID"
+
+  "${F[@]}" watch "$DIR" "$SD/watch.log" &
+  WATCH_PID=$!
+  rm -rf "$FLEET/state"   # each size's agents start afresh (no notice queued from the last size)
+  "$FLEET_BIN" --agents "$n" --port "$CTL_PORT" --dir "$FLEET" --idle-ms 1000 \
+    --notices "$NOTICES" --notice-from "$prev" --notice-delay-s $((WINDOW + 15)) >"$SD/agents.out" 2>"$SD/agents.err" &
+  AGENTS_PID=$!
+  until grep -q '^started' "$SD/agents.out"; do
+    kill -0 "$AGENTS_PID" 2>/dev/null || { echo "bench-scale-real: agents exited: $SD/agents.err" >&2; exit 1; }
+    sleep 0.5
+  done
+  "${F[@]}" sample 5 "$SD/warm.json" "controller=$CTL_PID"  # the agents' first TokenReviews
+  open=$(ctl_metric nodekeeper_connections_open)
+  phase agents "controller=$CTL_PID" "agents=$AGENTS_PID"
+  sleep $(( 10 + NOTICES / 5 + 5 ))
+  fails=()
+  for i in $(seq $((prev + NOTICES)) $((prev + NOTICES + FAILS - 1))); do fails+=("n$i"); done
+  "${F[@]}" not-ready "$DIR" "$TOLERATION" "${fails[@]}" >"$SD/expiry.out"
+  sleep $((TOLERATION + 15))
+  accepted=$(ctl_metric nodekeeper_connections_accepted_total)
+  stop "$AGENTS_PID"; AGENTS_PID=""
+  stop "$WATCH_PID"; WATCH_PID=""
+  stop "$CTL_PID"; CTL_PID=""
+  python3 - "$SD" "$n" "$pods" "$open" "$accepted" "$((t2 - t0))" "$K8S" \
+    "$("${F[@]}" latency "$SD/agents.out" "$SD/expiry.out" "$SD/watch.log")" >>"$RESULTS" <<'EOF'
+import json, sys
+sd, n, pods, open_, accepted, grow, k8s, lat = sys.argv[1:]
+ph = {p: json.load(open(f"{sd}/{p}.json")) for p in ("base", "idle", "agents")}
+def rate(p):
+    a, b = (json.load(open(f"{sd}/req-{p}-{i}.json")) for i in (0, 1))
+    return {k: (v - a["total"].get(k, 0)) / (b["t"] - a["t"]) for k, v in b["total"].items()}
+rates = {p: rate(p) for p in ph}
+extra = {k: round(v - rates["base"].get(k, 0), 1) for k, v in rates["agents"].items()}
+top = dict(sorted(((k, v) for k, v in extra.items() if abs(v) >= 0.5), key=lambda kv: -abs(kv[1]))[:8])
+print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(grow),
+                  "connections_open": open_, "accepted_total": accepted, "phases": ph,
+                  "apiserver_req_per_s": {p: round(sum(r.values()), 1) for p, r in rates.items()},
+                  "agents_minus_base_req_per_s": top, "latency": json.loads(lat)}))
+EOF
+  tail -1 "$RESULTS" >&2
+  prev=$n
+done
+log "results: $RESULTS"
+python3 - "$RESULTS" <<'EOF'
+import json, sys
+print("| nodes | pods | controller RSS idle / agents (max) MiB | controller CPU agents m | apiserver RSS base → agents MiB | apiserver CPU base → agents m | etcd RSS base → agents MiB | API req/s base → agents | notice→cordon p50/p99 ms | decision p50/p99 ms | change→visible p50/p99 ms | load |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for line in open(sys.argv[1]):
+    r = json.loads(line); p = r["phases"]; l = r["latency"]
+    c, a, e = p["agents"]["controller"], p["agents"]["apiserver"], p["agents"]["etcd"]
+    print(f'| {r["nodes"]} | {r["pods"]} | {p["idle"]["controller"]["rss_mib_end"]} / {c["rss_mib_end"]} ({c["rss_mib_max"]}) | {c["cpu_millicores"]} '
+          f'| {p["base"]["apiserver"]["rss_mib_end"]} → {a["rss_mib_end"]} | {p["base"]["apiserver"]["cpu_millicores"]} → {a["cpu_millicores"]} '
+          f'| {p["base"]["etcd"]["rss_mib_end"]} → {e["rss_mib_end"]} | {r["apiserver_req_per_s"]["base"]} → {r["apiserver_req_per_s"]["agents"]} '
+          f'| {l["notice"]["p50_ms"]}/{l["notice"]["p99_ms"]} ({l["notice"]["cordoned"]}/{l["notice"]["sent"]}) '
+          f'| {l["expiry"]["p50_ms"]}/{l["expiry"]["p99_ms"]} ({l["expiry"]["cordoned"]}/{l["expiry"]["sent"]}) '
+          f'| {l["change"]["p50_ms"]}/{l["change"]["p99_ms"]} | {" ".join(p["agents"]["loadavg"])} |')
+EOF

@@ -1,0 +1,335 @@
+#!/usr/bin/env python3
+"""The harness side of scripts/bench-scale-real.sh (stdlib only). DIR is a `scripts/k8s-cluster.sh up`
+directory: every call here uses its admin client certificate (the harness, never nodekeeper).
+
+    scale-fleet.py nodes DIR FROM TO GROUPS         KWOK nodes nFROM … nTO-1, label karpenter.sh/nodepool=pool-(i % GROUPS)
+    scale-fleet.py pods DIR FROM TO PER             PER pods per node in namespace bench, bound with spec.nodeName
+    scale-fleet.py wait DIR TO SECONDS              until the agent DaemonSet has a Running pod on n0 … nTO-1 and no
+                                                    bench pod is Pending (KWOK plays the kubelets)
+    scale-fleet.py tokens DIR FROM TO OUTDIR        OUTDIR/tokens/nI: a TokenRequest of nodekeeper-agent (audience
+                                                    nodekeeper, 6 h) bound to the DaemonSet's pod on nI
+    scale-fleet.py not-ready DIR TOLERATION NODE…   the kubelets of NODEs post Ready=False (as tests/e2e/support.rs's
+                                                    kubelet_reports_not_ready) with one whole-second lastTransitionTime;
+                                                    prints `expiry NODE UNIX_NS` (that time + TOLERATION s) per node
+    scale-fleet.py watch DIR OUT                    until killed: a Node watch writing `cordon NODE UNIX_NS` (first
+                                                    spec.unschedulable seen) and `change SENT_NS UNIX_NS` (an agent
+                                                    condition whose message is sent_ns=…, controller_bench's agents)
+    scale-fleet.py sample SECONDS OUT LABEL=PID…    samples each PID's RSS and CPU every 0.5 s for SECONDS; OUT (JSON):
+                                                    per label rss_mib_start/max/end, cpu_millicores
+    scale-fleet.py requests DIR OUT                 kube-apiserver's apiserver_request_total (admin /metrics) by
+                                                    verb/resource/subresource, as JSON
+    scale-fleet.py latency EVENTS…                  percentiles of from → to from `notice|expiry NODE NS` lines and the
+                                                    watch's `cordon NODE NS` lines, and of the watch's change lines
+"""
+import http.client
+import json
+import os
+import ssl
+import sys
+import threading
+import time
+import urllib.parse
+
+CONC = 16
+
+
+def cluster(d):
+    server = None
+    with open(os.path.join(d, "kubeconfig")) as f:
+        for line in f:
+            if "server:" in line:
+                server = line.split("server:", 1)[1].strip()
+    ctx = ssl.create_default_context(cafile=os.path.join(d, "pki/ca.crt"))
+    ctx.load_cert_chain(os.path.join(d, "pki/admin.crt"), os.path.join(d, "pki/admin.key"))
+    return urllib.parse.urlparse(server), ctx
+
+
+class Api:
+    """One keep-alive HTTPS connection (one per thread)."""
+
+    def __init__(self, d):
+        self.url, self.ctx = cluster(d)
+        self.conn = None
+
+    def call(self, method, path, body=None, ctype="application/json", timeout=60):
+        for attempt in range(5):
+            try:
+                if self.conn is None:
+                    self.conn = http.client.HTTPSConnection(self.url.hostname, self.url.port, context=self.ctx,
+                                                            timeout=timeout)
+                data = json.dumps(body).encode() if body is not None else None
+                self.conn.request(method, path, body=data, headers={"content-type": ctype} if data else {})
+                r = self.conn.getresponse()
+                out = r.read()
+                if r.status == 429 or r.status >= 500:
+                    raise OSError(f"{method} {path}: HTTP {r.status}")
+                return r.status, (json.loads(out) if out else {})
+            except (OSError, http.client.HTTPException) as e:
+                self.conn = None
+                if attempt == 4:
+                    raise RuntimeError(f"{method} {path}: {e}") from e
+                time.sleep(0.5 * (attempt + 1))
+
+
+def parallel(d, items, fn):
+    """fn(api, item) over items with CONC threads, each with its own connection; raises the first error."""
+    items, lock, errors = list(items), threading.Lock(), []
+
+    def work():
+        api = Api(d)
+        while True:
+            with lock:
+                if not items or errors:
+                    return
+                item = items.pop()
+            try:
+                fn(api, item)
+            except Exception as e:  # noqa: BLE001 - reported below with its item
+                with lock:
+                    errors.append(f"{item}: {e}")
+
+    ts = [threading.Thread(target=work) for _ in range(CONC)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        sys.exit(f"scale-fleet: {len(errors)} failed, first: {errors[0]}")
+
+
+def created(status, out, what):
+    if status not in (200, 201, 409):
+        raise RuntimeError(f"creating {what}: HTTP {status}: {out.get('message', out)}")
+
+
+def nodes(d, a, b, groups):
+    def one(api, i):
+        n = f"n{i}"
+        body = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                             "labels": {"kubernetes.io/hostname": n, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                                        "karpenter.sh/nodepool": f"pool-{i % groups}"}},
+                "spec": {"providerID": f"kwok://{n}"},
+                "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                           "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"}}}
+        created(*api.call("POST", "/api/v1/nodes", body), n)
+    parallel(d, range(a, b), one)
+
+
+def pods(d, a, b, per):
+    api = Api(d)
+    s, _ = api.call("GET", "/api/v1/namespaces/bench")
+    if s == 404:
+        created(*api.call("POST", "/api/v1/namespaces", {"metadata": {"name": "bench"}}), "namespace bench")
+
+    def one(api, ij):
+        i, j = ij
+        body = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"p-n{i}-{j}", "labels": {"app": "bench"}},
+                "spec": {"nodeName": f"n{i}", "terminationGracePeriodSeconds": 0,
+                         "containers": [{"name": "app", "image": "registry.invalid/app:1",
+                                         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}
+        created(*api.call("POST", "/api/v1/namespaces/bench/pods", body), f"pod p-n{i}-{j}")
+    parallel(d, [(i, j) for i in range(a, b) for j in range(per)], one)
+
+
+def agent_pods(api):
+    sel = urllib.parse.quote("app.kubernetes.io/name=nodekeeper-agent")
+    s, out = api.call("GET", f"/api/v1/namespaces/nodekeeper/pods?labelSelector={sel}")
+    if s != 200:
+        raise RuntimeError(f"listing the agent DaemonSet's pods: HTTP {s}")
+    return {p["spec"].get("nodeName"): p for p in out.get("items", [])}
+
+
+def wait(d, b, secs):
+    api, end = Api(d), time.time() + secs
+    want = {f"n{i}" for i in range(b)}
+    while True:
+        running = {n for n, p in agent_pods(api).items() if p["status"].get("phase") == "Running"}
+        missing = len(want - running)
+        _, out = api.call("GET", "/api/v1/namespaces/bench/pods?limit=1&fieldSelector=status.phase%3DPending")
+        pending = len(out.get("items", []))
+        if missing == 0 and pending == 0:
+            return
+        if time.time() > end:
+            sys.exit(f"scale-fleet: after {secs} s, {missing} nodes without a Running agent pod, bench pods Pending: {pending > 0}")
+        time.sleep(2)
+
+
+def tokens(d, a, b, outdir):
+    os.makedirs(os.path.join(outdir, "tokens"), exist_ok=True)
+    by_node = agent_pods(Api(d))
+
+    def one(api, i):
+        p = by_node.get(f"n{i}")
+        if p is None:
+            raise RuntimeError(f"no agent pod on n{i}")
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"audiences": ["nodekeeper"], "expirationSeconds": 21600,
+                         "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": p["metadata"]["name"],
+                                            "uid": p["metadata"]["uid"]}}}
+        s, out = api.call("POST", "/api/v1/namespaces/nodekeeper/serviceaccounts/nodekeeper-agent/token", body)
+        if s != 201:
+            raise RuntimeError(f"TokenRequest: HTTP {s}: {out.get('message', out)}")
+        with open(os.path.join(outdir, "tokens", f"n{i}"), "w") as f:
+            f.write(out["status"]["token"])
+    parallel(d, range(a, b), one)
+
+
+def not_ready(d, toleration, names):
+    api = Api(d)
+    ltt = int(time.time())
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ltt))
+    for n in names:
+        # The label keeps KWOK's node-initialize stage from setting Ready again (scripts/setup-k8s.sh's stages).
+        s, out = api.call("PATCH", f"/api/v1/nodes/{n}", {"metadata": {"labels": {"nodekeeper.test/kubelet": "not-ready"}}},
+                          ctype="application/merge-patch+json")
+        if s != 200:
+            raise RuntimeError(f"labelling {n}: HTTP {s}: {out.get('message', out)}")
+        st = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                                         "message": "container runtime network not ready: NetworkReady=false",
+                                         "lastHeartbeatTime": when, "lastTransitionTime": when}]}}
+        s, out = api.call("PATCH", f"/api/v1/nodes/{n}/status", st, ctype="application/strategic-merge-patch+json")
+        if s != 200:
+            raise RuntimeError(f"Ready=False on {n}: HTTP {s}: {out.get('message', out)}")
+        print(f"expiry {n} {(ltt + toleration) * 10**9}", flush=True)
+
+
+def watch(d, out):
+    """Changes from now on: the watch starts at the list's resourceVersion (what is already cordoned or
+    reported is not news), and resumes from the last event's after a disconnect."""
+    url, ctx = cluster(d)
+    seen = set()
+    s, lst = Api(d).call("GET", "/api/v1/nodes")
+    if s != 200:
+        sys.exit(f"scale-fleet: listing nodes: HTTP {s}")
+    rv = lst["metadata"]["resourceVersion"]
+    cordoned = {n["metadata"]["name"] for n in lst["items"] if (n.get("spec") or {}).get("unschedulable")}
+    with open(out, "a", buffering=1) as f:
+        while True:
+            conn = http.client.HTTPSConnection(url.hostname, url.port, context=ctx, timeout=600)
+            conn.request("GET", f"/api/v1/nodes?watch=1&resourceVersion={rv}")
+            r = conn.getresponse()
+            for line in r:
+                now = time.time_ns()
+                ev = json.loads(line)
+                node = ev.get("object") or {}
+                rv = node.get("metadata", {}).get("resourceVersion", rv)
+                name = node.get("metadata", {}).get("name")
+                if (node.get("spec") or {}).get("unschedulable") and name not in cordoned:
+                    cordoned.add(name)
+                    f.write(f"cordon {name} {now}\n")
+                for c in (node.get("status") or {}).get("conditions") or []:
+                    m = c.get("message") or ""
+                    if m.startswith("sent_ns=") and m not in seen:
+                        seen.add(m)
+                        f.write(f"change {m[8:]} {now}\n")
+            conn.close()
+
+
+def proc(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/status") as f:
+            rss = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+        return rss / 1024, (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, IndexError):
+        return None
+
+
+def sample(secs, out, specs):
+    pids = dict(s.split("=", 1) for s in specs)
+    first = {k: proc(p) for k, p in pids.items()}
+    peak = {k: (v[0] if v else 0) for k, v in first.items()}
+    t0 = time.time()
+    while time.time() - t0 < secs:
+        time.sleep(0.5)
+        for k, p in pids.items():
+            v = proc(p)
+            if v:
+                peak[k] = max(peak[k], v[0])
+    el = time.time() - t0
+    res = {}
+    for k, p in pids.items():
+        a, b = first[k], proc(p)
+        if a and b:
+            res[k] = {"rss_mib_start": round(a[0], 1), "rss_mib_max": round(peak[k], 1), "rss_mib_end": round(b[0], 1),
+                      "cpu_millicores": round((b[1] - a[1]) / el * 1000)}
+    res["seconds"] = round(el, 1)
+    res["loadavg"] = open("/proc/loadavg").read().split()[:3]
+    with open(out, "w") as f:
+        json.dump(res, f)
+
+
+def requests(d, out):
+    api = Api(d)
+    conn = api.conn = http.client.HTTPSConnection(api.url.hostname, api.url.port, context=api.ctx, timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    tot = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, val = line[len("apiserver_request_total{"):].rsplit("} ", 1)
+        kv = dict(p.split("=", 1) for p in labels.split('",') if "=" in p)
+        kv = {k: v.strip('"') for k, v in kv.items()}
+        key = f"{kv.get('verb')} {kv.get('resource')}{'/' + kv['subresource'] if kv.get('subresource') else ''}"
+        tot[key] = tot.get(key, 0) + float(val)
+    with open(out, "w") as f:
+        json.dump({"t": time.time(), "total": tot}, f)
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round((len(xs) - 1) * p))] if xs else float("nan")
+
+
+def latency(files):
+    start, cordon, change = {}, {}, []
+    for fn in files:
+        with open(fn) as f:
+            for line in f:
+                w = line.split()
+                if len(w) == 3 and w[0] in ("notice", "expiry"):
+                    start[w[1]] = (w[0], int(w[2]))
+                elif len(w) == 3 and w[0] == "cordon":
+                    cordon[w[1]] = int(w[2])
+                elif len(w) == 3 and w[0] == "change":
+                    change.append((int(w[2]) - int(w[1])) / 1e6)
+    res = {}
+    for kind in ("notice", "expiry"):
+        nodes = [n for n, (k, _) in start.items() if k == kind]
+        ms = [(cordon[n] - start[n][1]) / 1e6 for n in nodes if n in cordon]
+        res[kind] = {"sent": len(nodes), "cordoned": len(ms), "p50_ms": round(pct(ms, 0.5), 1),
+                     "p99_ms": round(pct(ms, 0.99), 1), "max_ms": round(max(ms), 1) if ms else None}
+    res["change"] = {"seen": len(change), "p50_ms": round(pct(change, 0.5), 1), "p99_ms": round(pct(change, 0.99), 1)}
+    print(json.dumps(res))
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "nodes":
+        nodes(args[0], int(args[1]), int(args[2]), int(args[3]))
+    elif cmd == "pods":
+        pods(args[0], int(args[1]), int(args[2]), int(args[3]))
+    elif cmd == "wait":
+        wait(args[0], int(args[1]), float(args[2]))
+    elif cmd == "tokens":
+        tokens(args[0], int(args[1]), int(args[2]), args[3])
+    elif cmd == "not-ready":
+        not_ready(args[0], int(args[1]), args[2:])
+    elif cmd == "watch":
+        watch(args[0], args[1])
+    elif cmd == "sample":
+        sample(float(args[0]), args[1], args[2:])
+    elif cmd == "requests":
+        requests(args[0], args[1])
+    elif cmd == "latency":
+        latency(args)
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
