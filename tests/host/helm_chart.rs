@@ -457,9 +457,9 @@ agent:
       systemd:
         unit:
           - name: kubelet.service
-            condition_type: KubeletUnhealthy
+            condition_type: NodekeeperKubeletUnhealthy
           - name: crio.service
-            condition_type: ContainerRuntimeUnhealthy
+            condition_type: NodekeeperContainerRuntimeUnhealthy
 controller:
   config:
     budgets:
