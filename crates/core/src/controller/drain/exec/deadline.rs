@@ -96,10 +96,8 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
 
-    use kube::api::Api;
     use serde_json::json;
     use tokio_util::sync::CancellationToken;
 
@@ -111,7 +109,7 @@ mod tests {
     /// A cordoned node `n1` with one ReplicaSet pod (grace 10 s) whose eviction a PDB always
     /// refuses (429); deletions are accepted but the pod stays listed. Runs the drain with
     /// `opts` on paused time; returns its result and each request with its time.
-    pub(super) async fn refused_drain(
+    async fn refused_drain(
         opts: DrainOptions,
     ) -> (Result<DrainReport, DrainError>, Vec<(Duration, String)>) {
         let t0 = Instant::now();
@@ -153,7 +151,7 @@ mod tests {
         (r, log)
     }
 
-    pub(super) fn opts(deadline: Duration, on_timeout: OnTimeout) -> DrainOptions {
+    fn opts(deadline: Duration, on_timeout: OnTimeout) -> DrainOptions {
         let mut o = DrainOptions::new("n1").with_timeout(deadline);
         o.on_timeout = on_timeout;
         o.wait_volume_detach = false;
@@ -166,7 +164,7 @@ mod tests {
     /// `fail`: a drain blocked by a PDB times out at its deadline — not a poll later, not
     /// earlier — naming the pod left and the refusal, with evictions retried until then.
     #[tokio::test(start_paused = true)]
-    pub(super) async fn a_blocked_drain_times_out_exactly_at_its_deadline() {
+    async fn a_blocked_drain_times_out_exactly_at_its_deadline() {
         let (r, log) = refused_drain(opts(S(30), OnTimeout::Fail)).await;
         let Err(DrainError::TimedOut {
             waited,
@@ -203,7 +201,7 @@ mod tests {
     /// deadline (30 s), i.e. at the first round from 20 s; the drain then gives the deletion
     /// `force_settle` (5 s) and times out at 35 s (rounds are at most a poll interval apart).
     #[tokio::test(start_paused = true)]
-    pub(super) async fn force_delete_starts_when_the_grace_no_longer_fits_and_settles_after() {
+    async fn force_delete_starts_when_the_grace_no_longer_fits_and_settles_after() {
         let (r, log) = refused_drain(opts(S(30), OnTimeout::ForceDelete)).await;
         let Err(DrainError::TimedOut { waited, .. }) = r else {
             panic!("{r:?}")
@@ -226,25 +224,12 @@ mod tests {
     /// deadline, at least 5 ms; a call's limit: `call_timeout` cut at the deadline, at least
     /// 100 ms.
     #[tokio::test(start_paused = true)]
-    pub(super) async fn next_wake_and_call_limit_are_cut_at_the_deadline() {
+    async fn next_wake_and_call_limit_are_cut_at_the_deadline() {
         let (client, _) = mock(|_, _| (404, json!({})));
         let mut o = DrainOptions::new("n1").with_timeout(S(1));
         o.poll_interval = S(10);
         o.call_timeout = S(10);
-        let d = Drainer {
-            pods: Api::all(client.clone()),
-            nodes: Api::all(client.clone()),
-            pdbs: Api::all(client.clone()),
-            volumes: Api::all(client),
-            opts: &o,
-            start: Instant::now(),
-            tracks: HashMap::new(),
-            report: DrainReport::default(),
-            last: None,
-            progress: |_: &DrainProgress| {},
-            cancel: CancellationToken::new(),
-            initial_ds: None,
-        };
+        let d = Drainer::new(client, &o, CancellationToken::new(), |_: &DrainProgress| {});
         let now = Instant::now();
         assert_eq!(d.next_wake(now), S(1));
         assert_eq!(d.call_limit(now), S(1));

@@ -353,7 +353,7 @@ mod tests {
     use crate::controller::drain::BlockReason;
 
     #[test]
-    pub(super) fn a_timeout_after_a_pdb_refusal_keeps_the_pdb_as_the_reason() {
+    fn a_timeout_after_a_pdb_refusal_keeps_the_pdb_as_the_reason() {
         let b = |reason, pdb: Option<&str>| Blocker {
             pod: "ns/p".into(),
             pdb: pdb.map(str::to_string),
@@ -387,7 +387,7 @@ mod tests {
     }
 
     #[tokio::test]
-    pub(super) async fn a_409_means_gone_only_if_the_pod_is_gone_or_replaced() {
+    async fn a_409_means_gone_only_if_the_pod_is_gone_or_replaced() {
         // Still there with the same UID: retried, not taken as gone.
         let (c, seen) = mock(|m, p| match (m, p) {
             ("POST", EVICT) => (409, conflict()),
@@ -456,7 +456,7 @@ mod tests {
     }
 
     #[tokio::test]
-    pub(super) async fn a_terminating_namespace_is_waited_for_other_403s_are_fatal() {
+    async fn a_terminating_namespace_is_waited_for_other_403s_are_fatal() {
         let (c, _) = mock(|_, _| (403, terminating()));
         let o = evict(&Api::all(c), &pod("u1")).await;
         let Outcome::Retry(s) = &o else {
@@ -485,7 +485,7 @@ mod tests {
     }
 
     #[test]
-    pub(super) fn classify_table() {
+    fn classify_table() {
         let api = |v: serde_json::Value| -> Result<(), kube::Error> {
             Err(kube::Error::Api(Box::new(
                 serde_json::from_value(v).unwrap(),

@@ -1,16 +1,15 @@
 //! The drain executor over kube-rs: cordon, evict tier by tier with bounded concurrency and jittered
 //! backoff, confirm deletions by UID, force-delete past the deadline if asked, wait for volumes.
 //!
-//! - this file: the options, the [`drain`] entry point and its round loop (list, plan, evict, wait);
+//! - this file: the options, the [`drain`] entry point, its round loop (list, plan, evict, wait) and the
+//!   wait for VolumeAttachments after the pods are gone;
 //! - `evict.rs`: the eviction and deletion calls, what their answers mean, and per-pod retries;
 //! - `deadline.rs`: the deadline, call limits, the wait between rounds, cancellation;
-//! - `volumes.rs`: the wait for VolumeAttachments after the pods are gone.
 
 mod deadline;
 mod evict;
 #[cfg(test)]
 mod mock;
-mod volumes;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -117,25 +116,31 @@ pub async fn drain(
     cancel: CancellationToken,
     progress: impl FnMut(&DrainProgress) + Send,
 ) -> Result<DrainReport, DrainError> {
-    let mut d = Drainer {
-        pods: Api::all(client.clone()),
-        nodes: Api::all(client.clone()),
-        pdbs: Api::all(client.clone()),
-        volumes: Api::all(client),
-        opts,
-        start: Instant::now(),
-        tracks: HashMap::new(),
-        report: DrainReport {
-            node: opts.node.clone(),
-            dry_run: opts.dry_run,
-            ..DrainReport::default()
-        },
-        last: None,
-        progress,
-        cancel,
-        initial_ds: None,
-    };
-    d.run().await
+    Drainer::new(client, opts, cancel, progress).run().await
+}
+
+impl<'a, F: FnMut(&DrainProgress) + Send> Drainer<'a, F> {
+    /// A drain of `opts.node` through `client`, not started.
+    fn new(client: Client, opts: &'a DrainOptions, cancel: CancellationToken, progress: F) -> Self {
+        Drainer {
+            pods: Api::all(client.clone()),
+            nodes: Api::all(client.clone()),
+            pdbs: Api::all(client.clone()),
+            volumes: Api::all(client),
+            opts,
+            start: Instant::now(),
+            tracks: HashMap::new(),
+            report: DrainReport {
+                node: opts.node.clone(),
+                dry_run: opts.dry_run,
+                ..DrainReport::default()
+            },
+            last: None,
+            progress,
+            cancel,
+            initial_ds: None,
+        }
+    }
 }
 
 struct Drainer<'a, F> {
@@ -352,6 +357,34 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
                     "waiting for the pod to terminate",
                 )
             })
+    }
+
+    /// Waits until no VolumeAttachment names the node (bounded by the deadline).
+    async fn wait_volumes(&mut self) -> Result<(), DrainError> {
+        loop {
+            let left: Vec<String> = match self.volumes.list(&ListParams::default()).await {
+                Ok(l) => l
+                    .items
+                    .into_iter()
+                    .filter(|v| v.spec.node_name == self.opts.node)
+                    .filter_map(|v| v.metadata.name)
+                    .collect(),
+                Err(e) if retriable(&e) => vec![],
+                Err(e) => return Err(self.api_err("list volumeattachments", e)),
+            };
+            let Some(first) = left.first() else {
+                return Ok(());
+            };
+            let b = Blocker {
+                pod: first.clone(),
+                pdb: None,
+                reason: BlockReason::VolumeAttachment,
+                message: format!("{} VolumeAttachment(s) still attached", left.len()),
+            };
+            self.emit(Phase::WaitingVolumes, None, 0, 0, Some(b.clone()));
+            self.check_deadline(Some(b), 0)?;
+            self.sleep(self.next_wake(Instant::now())).await?;
+        }
     }
 
     fn emit(
