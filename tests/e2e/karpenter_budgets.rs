@@ -242,20 +242,21 @@ spec:
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The first went by nodekeeper's hand-over (its NodeClaim deleted by the retire; a NotReady node
-    // whose instance is gone is removed by Karpenter at once, too fast to observe by polling), and
-    // the second's drain started after it, in the controller's own log.
-    let at = |message: &str, node: &str| {
-        ctl.lines.lock().unwrap().iter().position(|l| {
-            l["message"] == message && l["node"].as_str() == Some(node)
-                || l["fields"]["message"] == message && l["fields"]["node"].as_str() == Some(node)
-        })
-    };
-    let handed = at("node handed to the provider", &first).expect("the first handed over");
-    let started = at("drain started", &second).expect("the second's drain started");
+    // The first went by nodekeeper's hand-over (its NodeClaim deleted by the retire, the retire's
+    // last step; a NotReady node whose instance is gone is removed by Karpenter at once, too fast
+    // to observe by polling), and the second's drain started after it, in the controller's own log.
+    let handed = ctl
+        .position("drain over: deleting the old NodeClaim", &first)
+        .unwrap_or_else(|| panic!("{first} never handed over; its log:\n{}", ctl.about(&first)));
+    let started = ctl.position("drain started", &second).unwrap_or_else(|| {
+        panic!(
+            "{second}'s drain never started; its log:\n{}",
+            ctl.about(&second)
+        )
+    });
     assert!(
         handed < started,
-        "handed over at log line {handed}, the second's drain started at {started}"
+        "{first}'s NodeClaim deleted at log line {handed}, {second}'s drain started at {started}"
     );
     wait_until(
         Duration::from_secs(10),
@@ -275,7 +276,10 @@ spec:
     // nodekeeper holds mid-drain (cordoned, marked do-not-disrupt, its drain cancelled by the
     // controller's stop) when the NodePool goes: such a node outlived remove_pool's wait once.
     let end = tokio::time::Instant::now() + Duration::from_secs(120);
-    while at("node handed to the provider", &second).is_none() {
+    while ctl
+        .position("node handed to the provider", &second)
+        .is_none()
+    {
         assert!(
             tokio::time::Instant::now() < end,
             "{second} never handed over"

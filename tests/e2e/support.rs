@@ -670,6 +670,31 @@ impl ControllerProc {
         ControllerProc { child, addr, lines }
     }
 
+    /// Index of the controller's first log line saying `message` about `node` (JSON lines put the
+    /// fields at the top level or under `fields`).
+    pub fn position(&self, message: &str, node: &str) -> Option<usize> {
+        self.lines.lock().unwrap().iter().position(|l| {
+            [l, &l["fields"]]
+                .iter()
+                .any(|f| f["message"] == message && f["node"].as_str() == Some(node))
+        })
+    }
+
+    /// Every log line about `node`, one per line (for a failure message).
+    pub fn about(&self, node: &str) -> String {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| {
+                [l, &l["fields"]]
+                    .iter()
+                    .any(|f| f["node"].as_str() == Some(node))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+
     /// Log lines that tell of a 403 from the API server (a missing permission).
     pub fn forbidden_lines(&self) -> Vec<String> {
         self.lines

@@ -180,8 +180,7 @@ pub async fn start_under(
     let stream = reflector(
         writer,
         watcher(nodes, watcher::Config::default()).default_backoff(),
-    )
-    .applied_objects();
+    );
     let mut tasks = supervise::Tasks::default();
     let c1 = cancel.clone();
     let w1 = wake.clone();
@@ -192,7 +191,14 @@ pub async fn start_under(
                 _ = c1.cancelled() => return,
                 item = s.next() => match item {
                     Some(Err(e)) => tracing::warn!(error = %e, "node watch error"),
-                    Some(Ok(_)) => w1.notify_one(),
+                    Some(Ok(watcher::Event::Delete(n))) => {
+                        // Whoever removed it (nodekeeper's hand-over, Karpenter, an operator),
+                        // the log says when it went.
+                        tracing::info!(node = n.metadata.name.as_deref().unwrap_or_default(), "node left the cluster");
+                        w1.notify_one();
+                    }
+                    Some(Ok(watcher::Event::Apply(_) | watcher::Event::InitDone)) => w1.notify_one(),
+                    Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
                     None => return,
                 },
             }

@@ -251,21 +251,12 @@ impl Karpenter {
         }
     }
 
-    /// Deletes the old node's NodeClaim (once: not when already deleting or gone) and lifts the
-    /// `do-not-disrupt` of the replacement's claim and node.
+    /// Lifts the `do-not-disrupt` of the replacement's claim and node, then deletes the old node's
+    /// NodeClaim (once: not when already deleting or gone). The deletion comes last: Karpenter
+    /// removes a NotReady node at once when its NodeClaim goes, and the engine retries a failed
+    /// retire only while the node is there, so every step that may fail runs before it.
     async fn retire_node(&self, req: &ReplacementRequest) -> Result<(), ProviderError> {
         let api = self.claims();
-        if let Some(claim) = self.find_claim(&req.node).await? {
-            let name = claim.metadata.name.clone().unwrap_or_default();
-            if claim.metadata.deletion_timestamp.is_none() {
-                tracing::info!(node = %req.node, nodeclaim = %name, request = %req.request_id, "drain over: deleting the old NodeClaim");
-                match api.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                    Err(source) => return Err(kube_err("deleting NodeClaim", &req.node, source)),
-                }
-            }
-        }
         let twins = api
             .list(&ListParams::default().labels(&format!("{REPLACES_LABEL}={}", req.node)))
             .await
@@ -289,6 +280,17 @@ impl Karpenter {
                 if node.is_some_and(|n| has_annotation(&n.metadata, DO_NOT_DISRUPT)) {
                     self.annotate(&nodes, node_name, &req.node, DO_NOT_DISRUPT, None)
                         .await?;
+                }
+            }
+        }
+        if let Some(claim) = self.find_claim(&req.node).await? {
+            let name = claim.metadata.name.clone().unwrap_or_default();
+            if claim.metadata.deletion_timestamp.is_none() {
+                tracing::info!(node = %req.node, nodeclaim = %name, request = %req.request_id, "drain over: deleting the old NodeClaim");
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                    Err(source) => return Err(kube_err("deleting NodeClaim", &req.node, source)),
                 }
             }
         }
