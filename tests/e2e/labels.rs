@@ -82,6 +82,25 @@ async fn the_shipped_rule_removes_the_label_once_cilium_on_that_node_is_ready(c:
         "another node's label was removed"
     );
 
+    // The label back on lm-0 (a second failed migration): the agent, which stopped watching the
+    // pods when the label went, watches them again and the label goes again.
+    nodes
+        .patch(
+            NODE,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({ "metadata": { "labels": { LABEL: "get_kubesvc_failure" } } }),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "label removed from lm-0 again",
+        || async { !has_label(&nodes.get(NODE).await.unwrap()) },
+    )
+    .await;
+
     agent.terminate(Duration::from_secs(10)).await;
     assert_eq!(
         ctl.forbidden_lines(),

@@ -13,7 +13,9 @@ use agent_proc::{Agent, NO_BUS};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use nodekeeper_core::agent::labels::{self, CleanupRule, LabelsConfig, PatchRemover, RemovalMode};
+use nodekeeper_core::wire::LabelRemoval;
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
+use tokio::sync::mpsc::Receiver;
 
 fn node(name: &str) -> Node {
     serde_json::from_value(serde_json::json!({
@@ -50,6 +52,49 @@ async fn labels_of(nodes: &Api<Node>, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// The watch's next evaluation (10 s at most).
+async fn recv(rx: &mut Receiver<Vec<LabelRemoval>>) -> Vec<LabelRemoval> {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("an evaluation within 10 s")
+        .expect("the watch runs")
+}
+
+/// `labels::watch` of node `node` with the Cilium rule, removing directly.
+fn watch_direct(
+    cluster: &TestCluster,
+    node: &str,
+) -> (
+    Receiver<Vec<LabelRemoval>>,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    let cfg = LabelsConfig {
+        mode: RemovalMode::Direct,
+        cleanup: vec![CleanupRule {
+            label: "last-migration-failure".into(),
+            when_pod_ready: Some(labels::config::PodReady {
+                namespace: "kube-system".into(),
+                selector: "k8s-app=cilium".into(),
+            }),
+            when_condition: None,
+        }],
+    };
+    let rules = labels::compile(&cfg).unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let remover = Some(PatchRemover::new(cluster.client.clone()));
+    let task = tokio::spawn(labels::watch(
+        cluster.client.clone(),
+        node.into(),
+        rules,
+        remover,
+        tx,
+        stop.clone(),
+    ));
+    (rx, stop, task)
+}
+
 #[tokio::test]
 async fn label_is_removed_once_cilium_on_this_node_is_ready() {
     let _ = tracing_subscriber::fmt()
@@ -75,35 +120,10 @@ async fn label_is_removed_once_cilium_on_this_node_is_ready() {
     // The other node's Cilium is Ready: that must not count for n1.
     set_ready(&pods, "cilium-b", true).await;
 
-    let cfg = LabelsConfig {
-        mode: RemovalMode::Direct,
-        cleanup: vec![CleanupRule {
-            label: "last-migration-failure".into(),
-            when_pod_ready: Some(labels::config::PodReady {
-                namespace: "kube-system".into(),
-                selector: "k8s-app=cilium".into(),
-            }),
-            when_condition: None,
-        }],
-    };
-    let rules = labels::compile(&cfg).unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::channel(8);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let remover = Some(PatchRemover::new(cluster.client.clone()));
-    let task = tokio::spawn(labels::watch(
-        cluster.client.clone(),
-        "n1".into(),
-        rules,
-        remover,
-        tx,
-        stop.clone(),
-    ));
+    let (mut rx, stop, task) = watch_direct(&cluster, "n1");
 
     // First evaluation: nothing to remove yet.
-    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let first = recv(&mut rx).await;
     assert!(first.is_empty(), "{first:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(labels_of(&nodes, "n1")
@@ -111,10 +131,7 @@ async fn label_is_removed_once_cilium_on_this_node_is_ready() {
         .contains(&"last-migration-failure".to_string()));
 
     set_ready(&pods, "cilium-a", true).await;
-    let fired = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let fired = recv(&mut rx).await;
     assert_eq!(fired.len(), 1);
     assert_eq!(fired[0].label, "last-migration-failure");
     assert!(
@@ -124,10 +141,7 @@ async fn label_is_removed_once_cilium_on_this_node_is_ready() {
     );
 
     // The removal was carried out on n1 only (the watch then reports the label gone).
-    let gone = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let gone = recv(&mut rx).await;
     assert!(gone.is_empty(), "{gone:?}");
     assert_eq!(labels_of(&nodes, "n1").await, vec!["pool".to_string()]);
     assert!(labels_of(&nodes, "n2")
@@ -199,4 +213,47 @@ async fn agent_reports_the_removal_and_leaves_the_node_alone() {
             .contains(&"last-migration-failure".to_string()),
         "report mode never writes the Node"
     );
+}
+
+/// A node that carries no rule label when the agent starts (its pods are then not watched) and gets
+/// it later, its Cilium pod Ready all along: the label is removed once it appears (the pod watch
+/// starts with it), and again when it comes back.
+#[tokio::test]
+async fn a_label_that_appears_later_is_removed_too() {
+    let cluster = TestCluster::start(SimOptions::bare()).await.unwrap();
+    let nodes: Api<Node> = Api::all(cluster.client.clone());
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "kube-system");
+    let mut clean = node("n1");
+    clean.metadata.labels = Some([("pool".to_string(), "spot".to_string())].into());
+    nodes.create(&PostParams::default(), &clean).await.unwrap();
+    pods.create(&PostParams::default(), &cilium("cilium-a", "n1"))
+        .await
+        .unwrap();
+    set_ready(&pods, "cilium-a", true).await;
+    let (mut rx, stop, task) = watch_direct(&cluster, "n1");
+    let first = recv(&mut rx).await;
+    assert!(first.is_empty(), "{first:?}");
+
+    for round in 0..2 {
+        let add = serde_json::json!({ "metadata": { "labels": { "last-migration-failure": "get_kubesvc_failure" } } });
+        nodes
+            .patch("n1", &PatchParams::default(), &Patch::Merge(&add))
+            .await
+            .unwrap();
+        let fired = recv(&mut rx).await;
+        assert_eq!(fired.len(), 1, "round {round}: {fired:?}");
+        assert!(
+            fired[0].reason.contains("kube-system/cilium-a"),
+            "{fired:?}"
+        );
+        let gone = recv(&mut rx).await;
+        assert!(gone.is_empty(), "round {round}: {gone:?}");
+        assert_eq!(labels_of(&nodes, "n1").await, vec!["pool".to_string()]);
+    }
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
 }

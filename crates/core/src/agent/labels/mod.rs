@@ -2,8 +2,8 @@
 //! `last-migration-failure` once the node's Cilium pod is Ready).
 //!
 //! [`evaluate`] is pure (node + pods on the node → removals). [`watch`] keeps a cache of the own
-//! node and the pods on it (field selectors `metadata.name` and `spec.nodeName`: the agent sees
-//! nothing else) and re-evaluates on every change. Removals go into the node report for the
+//! node and, while a rule's label is on it, of the pods on it (field selectors `metadata.name`
+//! and `spec.nodeName`: the agent sees nothing else) and re-evaluates on every change. Removals go into the node report for the
 //! controller, or — `mode = "direct"` — through [`LabelRemover`] as a patch of the own node.
 
 pub mod config;
@@ -169,10 +169,61 @@ impl LabelRemover for PatchRemover {
     }
 }
 
-/// Watches the own node and the pods on it and sends the wanted removals whenever they change
-/// (an empty list when none). Runs until `stop` is cancelled. With `remover`, removals are also
-/// carried out directly (each label once per appearance; a failed patch is retried with jittered
-/// backoff until it succeeds or the rule no longer fires).
+/// Server-side timeout of the agent's watches, in seconds: the API server's own default for a
+/// client that names none (`--min-request-timeout`, 30 min). kube-rs's default (290 s) would
+/// re-open each watch 12 times an hour on every node; the server's bookmarks (about one a
+/// minute) keep the idle connection alive meanwhile.
+pub const WATCH_TIMEOUT_SECS: u32 = 1800;
+
+/// Whether the pods on `node` can matter now: a rule that waits for a pod has its label on the
+/// node. Only then does [`watch`] watch the node's pods (most nodes carry no such label: their
+/// agents watch their Node alone).
+pub fn needs_pods(rules: &[Rule], node: &Node) -> bool {
+    let labels = node.metadata.labels.as_ref();
+    rules
+        .iter()
+        .any(|r| r.selector.is_some() && labels.is_some_and(|l| l.contains_key(&r.rule.label)))
+}
+
+type EventStream<K> = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>,
+>;
+
+/// The watch of the pods on the node, with its cache; started and dropped by [`watch`].
+struct PodWatch {
+    store: reflector::Store<Pod>,
+    events: EventStream<Pod>,
+}
+
+impl PodWatch {
+    fn start(client: &kube::Client, node: &str) -> Self {
+        let (store, writer) = reflector::store::<Pod>();
+        let cfg = watcher::Config::default()
+            .fields(&format!("spec.nodeName={node}"))
+            .timeout(WATCH_TIMEOUT_SECS);
+        let events = reflector(writer, watcher(Api::<Pod>::all(client.clone()), cfg))
+            .default_backoff()
+            .boxed();
+        PodWatch { store, events }
+    }
+
+    fn pods(&self) -> Vec<Pod> {
+        self.store.state().iter().map(|p| (**p).clone()).collect()
+    }
+}
+
+/// The next event of the pod watch, if one runs; never otherwise.
+async fn next_pod_event(w: &mut Option<PodWatch>) -> Option<Result<(), watcher::Error>> {
+    match w {
+        Some(w) => w.events.next().await.map(|r| r.map(|_| ())),
+        None => std::future::pending().await,
+    }
+}
+
+/// Watches the own node, and the pods on it while [`needs_pods`], and sends the wanted removals
+/// whenever they change (an empty list when none). Runs until `stop` is cancelled. With
+/// `remover`, removals are also carried out directly (each label once per appearance; a failed
+/// patch is retried with jittered backoff until it succeeds or the rule no longer fires).
 pub async fn watch<R: LabelRemover>(
     client: kube::Client,
     node: String,
@@ -182,37 +233,50 @@ pub async fn watch<R: LabelRemover>(
     stop: tokio_util::sync::CancellationToken,
 ) {
     let (node_store, node_writer) = reflector::store::<Node>();
-    let (pod_store, pod_writer) = reflector::store::<Pod>();
-    let node_cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let pod_cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let nodes = reflector(
+    let node_cfg = watcher::Config::default()
+        .fields(&format!("metadata.name={node}"))
+        .timeout(WATCH_TIMEOUT_SECS);
+    // Every watcher event counts, not only touched objects: the stores fill at `InitDone`.
+    let mut nodes = reflector(
         node_writer,
         watcher(Api::<Node>::all(client.clone()), node_cfg),
     )
-    .default_backoff();
-    // Every watcher event counts, not only touched objects: the stores fill at `InitDone`.
-    let pods = reflector(pod_writer, watcher(Api::<Pod>::all(client), pod_cfg)).default_backoff();
-    let mut changes = std::pin::pin!(futures::stream::select(
-        nodes.map(|r| r.map(|_| ())),
-        pods.map(|r| r.map(|_| ()))
-    ));
+    .default_backoff()
+    .boxed();
+    let mut pods: Option<PodWatch> = None;
     let mut last: Option<Vec<LabelRemoval>> = None;
     let mut retry = Retry::default();
     loop {
         let retrying = tokio::select! {
             _ = stop.cancelled() => return,
             _ = retry.wait() => true,
-            item = changes.next() => match item {
+            item = nodes.next() => match item {
                 None => return,
-                Some(Err(error)) => { tracing::warn!(%node, %error, "label rules: watch error (retrying)"); continue; }
+                Some(Err(error)) => { tracing::warn!(%node, %error, "label rules: node watch error (retrying)"); continue; }
+                Some(Ok(_)) => false,
+            },
+            item = next_pod_event(&mut pods) => match item {
+                None => { pods = None; false }
+                Some(Err(error)) => { tracing::warn!(%node, %error, "label rules: pod watch error (retrying)"); continue; }
                 Some(Ok(())) => false,
-            }
+            },
         };
         let Some(n) = node_store.get(&reflector::ObjectRef::new(&node)) else {
             continue;
         };
-        let pods: Vec<Pod> = pod_store.state().iter().map(|p| (**p).clone()).collect();
-        let wanted = evaluate(&rules, &n, &pods);
+        match (needs_pods(&rules, &n), pods.is_some()) {
+            (true, false) => {
+                tracing::debug!(%node, "label rules: a rule's label is on the node; watching its pods");
+                pods = Some(PodWatch::start(&client, &node));
+            }
+            (false, true) => {
+                tracing::debug!(%node, "label rules: no rule's label left; pod watch stopped");
+                pods = None;
+            }
+            _ => {}
+        }
+        let on_node = pods.as_ref().map(PodWatch::pods).unwrap_or_default();
+        let wanted = evaluate(&rules, &n, &on_node);
         let changed = last.as_ref() != Some(&wanted);
         if !changed && !retrying {
             continue;
@@ -392,6 +456,22 @@ mod tests {
             vec!["last-migration-failure", "example.com/net-pending"]
         );
         assert!(got[0].reason.contains("kube-system/c1"), "{got:?}");
+    }
+
+    #[test]
+    fn the_pods_are_watched_only_while_a_pod_rules_label_is_on_the_node() {
+        let r = rules();
+        // (node labels, pods needed)
+        let cases: [(&[(&str, &str)], bool); 4] = [
+            (&[], false),
+            (&[("pool", "spot")], false),
+            // The condition rule's label: its condition is on the Node, no pod needed.
+            (&[("example.com/net-pending", "")], false),
+            (&[("last-migration-failure", "x"), ("pool", "spot")], true),
+        ];
+        for (labels, want) in cases {
+            assert_eq!(needs_pods(&r, &node(labels, &[])), want, "{labels:?}");
+        }
     }
 
     #[test]
