@@ -32,7 +32,16 @@ pub struct TokenRequest {
     /// Lifetime in simulated seconds.
     #[serde(default = "default_ttl")]
     pub expiration_seconds: i64,
+    /// UID of the bound pod (a TokenRequest with `boundObjectRef`); empty for the sim's own
+    /// tokens (`POST /sim/v1/tokens`), which name a pod that need not exist. With it, as on
+    /// kube-apiserver, the review names the uid and refuses the token once the pod is gone,
+    /// recreated, or terminating for more than 60 s.
+    #[serde(default)]
+    pub pod_uid: String,
 }
+
+/// What a review needs to know of a bound pod: its uid and, when terminating, since when.
+pub type PodLookup<'a> = &'a dyn Fn(&str, &str) -> Option<(String, Option<DateTime<Utc>>)>;
 
 fn default_ns() -> String {
     "default".into()
@@ -76,15 +85,21 @@ impl Tokens {
         (token, fmt_time(expires))
     }
 
-    /// Answers a TokenReview request body with the full TokenReview (spec + status).
-    pub fn review(&self, clock: &SimClock, body: &Value) -> Value {
+    /// Answers a TokenReview request body with the full TokenReview (spec + status); `pod`
+    /// looks up a bound pod by namespace and name.
+    pub fn review(&self, clock: &SimClock, body: &Value, pod: PodLookup<'_>) -> Value {
         // A malformed spec reviews as an empty one: not authenticated.
         let spec: TokenReviewSpec = body
             .get("spec")
             .and_then(|s| serde_json::from_value(s.clone()).ok())
             .unwrap_or_default();
         let token = spec.token.as_deref().unwrap_or_default();
-        let status = self.status(clock, token, spec.audiences.as_deref().unwrap_or_default());
+        let status = self.status(
+            clock,
+            token,
+            spec.audiences.as_deref().unwrap_or_default(),
+            pod,
+        );
         let mut out = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
             "metadata": {"creationTimestamp": null}, "spec": body.get("spec").cloned().unwrap_or(json!({})),
             "status": status});
@@ -94,7 +109,13 @@ impl Tokens {
         out
     }
 
-    fn status(&self, clock: &SimClock, token: &str, wanted: &[String]) -> Value {
+    fn status(
+        &self,
+        clock: &SimClock,
+        token: &str,
+        wanted: &[String],
+        pod: PodLookup<'_>,
+    ) -> Value {
         let minted = {
             let m = self.minted.lock().unwrap_or_else(|e| e.into_inner());
             m.get(token).cloned()
@@ -118,12 +139,28 @@ impl Tokens {
                 "error": "invalid bearer token, token audiences is invalid for the target audiences"});
         }
         let r = &minted.req;
+        if !r.pod_uid.is_empty() {
+            let grace = chrono::Duration::seconds(60);
+            let valid = match pod(&r.namespace, &r.pod) {
+                Some((uid, deleting)) => {
+                    uid == r.pod_uid && deleting.is_none_or(|at| at + grace >= clock.now())
+                }
+                None => false,
+            };
+            if !valid {
+                return json!({"authenticated": false,
+                    "error": "invalid bearer token, Token has been invalidated"});
+            }
+        }
         let mut extra = json!({
             "authentication.kubernetes.io/credential-id": [format!("JTI={}", &token[token.len().saturating_sub(8)..])]
         });
         // A token bound to no pod (TokenRequest without boundObjectRef) names none, as on kube-apiserver.
         if !r.pod.is_empty() {
             extra["authentication.kubernetes.io/pod-name"] = json!([r.pod]);
+        }
+        if !r.pod_uid.is_empty() {
+            extra["authentication.kubernetes.io/pod-uid"] = json!([r.pod_uid]);
         }
         if !r.node.is_empty() {
             extra["authentication.kubernetes.io/node-name"] = json!([r.node]);
@@ -149,6 +186,7 @@ mod tests {
             namespace: "kube-system".into(),
             service_account: "nodekeeper".into(),
             expiration_seconds: ttl,
+            pod_uid: String::new(),
         }
     }
 
@@ -161,6 +199,7 @@ mod tests {
         let ok = tokens.review(
             &clock,
             &json!({"spec": {"token": tok, "audiences": ["nodekeeper"]}}),
+            &|_, _| None,
         );
         assert_eq!(ok["status"]["authenticated"], true);
         assert_eq!(
@@ -175,18 +214,58 @@ mod tests {
         let wrong_aud = tokens.review(
             &clock,
             &json!({"spec": {"token": tok, "audiences": ["other"]}}),
+            &|_, _| None,
         );
         assert_eq!(wrong_aud["status"]["authenticated"], false);
-        let unknown = tokens.review(&clock, &json!({"spec": {"token": "nope"}}));
+        let unknown = tokens.review(&clock, &json!({"spec": {"token": "nope"}}), &|_, _| None);
         assert_eq!(unknown["status"]["authenticated"], false);
-        let default_aud = tokens.review(&clock, &json!({"spec": {"token": short}}));
+        let default_aud = tokens.review(&clock, &json!({"spec": {"token": short}}), &|_, _| None);
         assert_eq!(default_aud["status"]["audiences"][0], DEFAULT_AUDIENCE);
         clock.advance(std::time::Duration::from_secs(11));
-        let expired = tokens.review(&clock, &json!({"spec": {"token": short}}));
+        let expired = tokens.review(&clock, &json!({"spec": {"token": short}}), &|_, _| None);
         assert_eq!(expired["status"]["authenticated"], false);
         assert!(expired["status"]["error"]
             .as_str()
             .unwrap()
             .contains("expired"));
+    }
+
+    #[test]
+    fn a_bound_pods_token_lives_no_longer_than_its_pod() {
+        let clock = SimClock::new(1.0);
+        let tokens = Tokens::default();
+        let mut r = req(&["nodekeeper"], 3600);
+        r.pod_uid = "u1".into();
+        let (tok, _) = tokens.mint(&clock, r);
+        let body = json!({"spec": {"token": tok, "audiences": ["nodekeeper"]}});
+        let now = clock.now();
+        // (the pod as the store has it: uid, terminating since (s); authenticated)
+        type Pod<'a> = Option<(&'a str, Option<i64>)>;
+        let cases: [(Pod<'_>, bool); 5] = [
+            (Some(("u1", None)), true),
+            (Some(("u1", Some(-59))), true),
+            (Some(("u1", Some(-61))), false),
+            (Some(("u2", None)), false),
+            (None, false),
+        ];
+        for (pod, want) in cases {
+            let lookup = move |ns: &str, name: &str| {
+                assert_eq!((ns, name), ("kube-system", "agent-x"));
+                pod.map(|(uid, since)| {
+                    (
+                        uid.to_string(),
+                        since.map(|s| now + chrono::Duration::seconds(s)),
+                    )
+                })
+            };
+            let out = tokens.review(&clock, &body, &lookup);
+            assert_eq!(out["status"]["authenticated"], want, "{pod:?}: {out}");
+            if want {
+                assert_eq!(
+                    out["status"]["user"]["extra"]["authentication.kubernetes.io/pod-uid"][0],
+                    "u1"
+                );
+            }
+        }
     }
 }

@@ -460,6 +460,7 @@ pub async fn run_token(args: TokenArgs) -> Result<u8, Box<dyn std::error::Error 
         namespace: args.namespace,
         service_account: args.service_account,
         expiration_seconds: args.expiration_seconds,
+        pod_uid: String::new(),
     };
     let req = axum::http::Request::post("/sim/v1/tokens")
         .header("content-type", "application/json")

@@ -93,6 +93,7 @@ impl Credentials for SimCredentials {
                     namespace: "nodekeeper".into(),
                     service_account: "nodekeeper-agent".into(),
                     expiration_seconds: 24 * 3600,
+                    pod_uid: String::new(),
                 },
             );
             let token_file = dir.join("token");

@@ -120,7 +120,7 @@ pub(super) fn list(
     res: &ResourceDef,
     filter: &Filter,
     q: &HashMap<String, String>,
-    as_table: bool,
+    render: Render,
 ) -> ApiResult<Response> {
     let limit = match q.get("limit") {
         Some(l) => Some(
@@ -139,7 +139,13 @@ pub(super) fn list(
     if let Some(next) = &page.next {
         meta["continue"] = json!(encode_continue(next));
     }
-    if as_table && crate::apiserver::table::supported(res.kind) {
+    if render == Render::Metadata {
+        let items: Vec<Value> = page.items.iter().map(|i| partial(&i.value())).collect();
+        let list = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+            "metadata": meta, "items": items});
+        return Ok(json_response(StatusCode::OK, &list));
+    }
+    if render == Render::Table && crate::apiserver::table::supported(res.kind) {
         let items: Vec<Value> = page.items.iter().map(|i| i.value()).collect();
         let t =
             crate::apiserver::table::render(res.kind, items.iter(), meta, sim.store.clock.now());

@@ -195,16 +195,20 @@ async fn dispatch(
         ("GET", None, None) => {
             let filter = filter_from(res, &t.ns, query)?;
             if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
-                return watch(sim, res, filter, query, as_table(headers));
+                return watch(sim, res, filter, query, Render::of(headers));
             }
-            list(sim, res, &filter, query, as_table(headers))
+            list(sim, res, &filter, query, Render::of(headers))
         }
         ("GET", Some(name), None | Some("status")) => {
             let obj = sim
                 .store
                 .get_stored(res, &t.ns, name)
                 .ok_or_else(|| ApiError::not_found(res, name))?;
-            if as_table(headers) && super::table::supported(res.kind) {
+            let render = Render::of(headers);
+            if render == Render::Metadata {
+                return Ok(json_response(StatusCode::OK, &partial(&obj.value())));
+            }
+            if render == Render::Table && super::table::supported(res.kind) {
                 let meta = json!({"resourceVersion": sim.store.resource_version().to_string()});
                 let t = super::table::render(
                     res.kind,
@@ -217,9 +221,19 @@ async fn dispatch(
             Ok(raw_json_response(StatusCode::OK, obj.raw().clone()))
         }
         ("POST", None, None) if res.virtual_create => {
+            let pods = super::resources::well_known::pods();
+            let lookup = |ns: &str, name: &str| {
+                let pod = sim.store.get(pods, ns, name)?;
+                let uid = pod.pointer("/metadata/uid")?.as_str()?.to_string();
+                let deleting = pod
+                    .pointer("/metadata/deletionTimestamp")
+                    .and_then(Value::as_str)
+                    .and_then(super::clock::parse_time);
+                Some((uid, deleting))
+            };
             let review = sim
                 .tokens
-                .review(&sim.store.clock, &parse_body(headers, body)?);
+                .review(&sim.store.clock, &parse_body(headers, body)?, &lookup);
             Ok(json_response(StatusCode::CREATED, &review))
         }
         ("POST", None, None) => {
@@ -280,11 +294,38 @@ async fn dispatch(
     }
 }
 
-fn as_table(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(super::table::wanted)
+/// How a read answers: the `as=` of its Accept header, as kube-apiserver reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Render {
+    /// The objects themselves.
+    Object,
+    /// A `meta.k8s.io/v1` Table (`as=Table`; kinds without columns are answered as objects).
+    Table,
+    /// `meta.k8s.io/v1` PartialObjectMetadata (`as=PartialObjectMetadata` or `…List`): the
+    /// metadata alone, what kube-rs's `metadata_watcher` and client-go's metadata informers ask for.
+    Metadata,
+}
+
+impl Render {
+    fn of(headers: &HeaderMap) -> Render {
+        let accept = headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if super::table::wanted(accept) {
+            Render::Table
+        } else if accept.contains("as=PartialObjectMetadata") {
+            Render::Metadata
+        } else {
+            Render::Object
+        }
+    }
+}
+
+/// An object as `meta.k8s.io/v1` PartialObjectMetadata.
+pub(super) fn partial(obj: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({}))})
 }
 
 #[cfg(test)]

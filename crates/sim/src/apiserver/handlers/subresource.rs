@@ -26,7 +26,7 @@ pub(super) fn token_request(sim: &Sim, ns: &str, sa: &str, req: &Value) -> ApiRe
     let mut spec: TokenRequestSpec =
         serde_json::from_value(req.get("spec").cloned().unwrap_or_else(|| json!({})))
             .map_err(|e| ApiError::bad_request(format!("TokenRequest spec: {e}")))?;
-    let (mut pod, mut node) = (String::new(), String::new());
+    let (mut pod, mut node, mut pod_uid) = (String::new(), String::new(), String::new());
     if let Some(bound) = &spec.bound_object_ref {
         let kind = bound.kind.as_deref().unwrap_or_default();
         let name = bound.name.as_deref().unwrap_or_default();
@@ -51,6 +51,7 @@ pub(super) fn token_request(sim: &Sim, ns: &str, sa: &str, req: &Value) -> ApiRe
             }
         }
         pod = name.to_string();
+        pod_uid = uid.unwrap_or_default().to_string();
         node = obj
             .pointer("/spec/nodeName")
             .and_then(Value::as_str)
@@ -67,6 +68,7 @@ pub(super) fn token_request(sim: &Sim, ns: &str, sa: &str, req: &Value) -> ApiRe
             namespace: ns.to_string(),
             service_account: sa.to_string(),
             expiration_seconds,
+            pod_uid,
         },
     );
     Ok(

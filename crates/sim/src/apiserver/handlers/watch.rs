@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
+use super::{partial, Render};
 use crate::apiserver::error::{ApiError, ApiResult};
 use crate::apiserver::resources::ResourceDef;
 use crate::apiserver::store::{EventType, Filter, WatchEvent, WatchFrom};
@@ -68,7 +69,7 @@ pub(super) fn watch(
     res: &'static ResourceDef,
     filter: Filter,
     q: &HashMap<String, String>,
-    as_table: bool,
+    render_as: Render,
 ) -> ApiResult<Response> {
     let initial = q.get("sendInitialEvents").is_some_and(|v| v == "true");
     let rv = q
@@ -90,7 +91,7 @@ pub(super) fn watch(
         .unwrap_or(1800)
         .min(3600);
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
-    let table = as_table && crate::apiserver::table::supported(res.kind);
+    let table = render_as == Render::Table && crate::apiserver::table::supported(res.kind);
     let clock = sim.store.clock.clone();
     let render = move |k: EventType, ev: &WatchEvent| {
         if table {
@@ -99,6 +100,8 @@ pub(super) fn watch(
             let t =
                 crate::apiserver::table::render(res.kind, std::iter::once(&obj), meta, clock.now());
             event_line(k.as_str(), &t)
+        } else if render_as == Render::Metadata {
+            event_line(k.as_str(), &partial(&ev.object.value()))
         } else {
             event_line_raw(k.as_str(), ev.object.raw())
         }
