@@ -108,5 +108,48 @@ async fn a_bound_agent_token_reports_for_its_own_node_only(c: &'static Cluster) 
     let ctl_tok = sa_token(&admin, NS, CONTROLLER_SA, Some(REPORT_AUDIENCE), None).await;
     let (code, body) = post_report(&https, running.addr, &ctl_tok, &r).await;
     assert!(code == 403 || code == 401, "{code} {body}");
+
+    // The agent pod's token, while its pod lives, is reviewed once for its life (the controller
+    // watches the agent pods): more reports, no more TokenReviews.
+    let reviews = || {
+        running
+            .app
+            .auth
+            .reviews
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    let before = reviews();
+    for seq in 3..6 {
+        let (code, body) = post_report(
+            &https,
+            running.addr,
+            &token_a,
+            &ctl::report("id-a", seq, &[]),
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+    }
+    assert_eq!(reviews(), before, "the live pod's token was reviewed again");
+    // The pod deleted (its DaemonSet makes another): its token stops working as soon as the API
+    // server refuses it (gone, or 60 s into its termination), not after a cache lifetime.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin.clone(), NS);
+    pods.delete(&pod_a, &Default::default()).await.unwrap();
+    let deleted = tokio::time::Instant::now();
+    let (mut seq, addr) = (6, running.addr);
+    wait_until(
+        Duration::from_secs(90),
+        "the deleted pod's token refused",
+        || {
+            seq += 1;
+            let report = ctl::report("id-a", seq, &[]);
+            let (https, token) = (https.clone(), token_a.clone());
+            async move { post_report(&https, addr, &token, &report).await.0 == 401 }
+        },
+    )
+    .await;
+    eprintln!(
+        "the deleted pod's token refused {:?} after the deletion",
+        deleted.elapsed()
+    );
     running.stop().await;
 }

@@ -1,25 +1,40 @@
 //! Who is calling: TokenReview of the agent's projected service-account token, with a bounded TTL
 //! cache, and the node the token is bound to.
 //!
+//! A token bound to an agent pod that [`LivePods`] sees is cached until the token expires (at most
+//! [`BOUND_TOKEN_TTL`]), and dropped from the cache the moment its pod is deleted or starts
+//! terminating; a token bound to a pod it does not see is not cached; any other token (no pod
+//! uid: an API server older than 1.30, or no pod) for `token_cache_ttl`. The kubelet renews a projected token before
+//! 80 % of its life (one hour by default), so each agent costs about one TokenReview an hour.
+//!
 //! The node comes from `user.extra["authentication.kubernetes.io/node-name"]` (Kubernetes ≥ 1.30
 //! with bound tokens); without it the pod named in `authentication.kubernetes.io/pod-name` is looked
 //! up and its `spec.nodeName` used. Only the configured service account and audience are accepted.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 // tokio's clock: the wall clock, or a paused one in tests.
 use tokio::time::Instant;
 
 use base64::Engine;
+use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::{watcher, WatchStreamExt};
 use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
 
 const NODE_NAME: &str = "authentication.kubernetes.io/node-name";
 const POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+const POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+
+/// Longest a review of a token bound to a live agent pod is cached (the default life of a
+/// projected service-account token).
+pub const BOUND_TOKEN_TTL: Duration = Duration::from_secs(3600);
 
 /// Why a caller was refused.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +71,8 @@ pub struct Caller {
 struct Entry {
     caller: Caller,
     until: Instant,
+    /// The pod (name, uid) the entry lives no longer than, when cached for the token's life.
+    bound_to: Option<(String, String)>,
 }
 
 /// A bounded cache keyed by the token's SHA-256 (tokens themselves are never stored).
@@ -67,9 +84,14 @@ struct Cache {
 }
 
 impl Cache {
-    fn get(&mut self, k: &[u8; 32], now: Instant) -> Option<Caller> {
+    fn get(&mut self, k: &[u8; 32], now: Instant, live: Option<&LivePods>) -> Option<Caller> {
+        let pod_lives = |e: &Entry| match (&e.bound_to, live) {
+            (None, _) => true,
+            (Some((name, uid)), Some(live)) => live.has(name, uid),
+            (Some(_), None) => false,
+        };
         match self.map.get(k) {
-            Some(e) if e.until > now => Some(e.caller.clone()),
+            Some(e) if e.until > now && pod_lives(e) => Some(e.caller.clone()),
             Some(_) => {
                 self.map.remove(k);
                 None
@@ -104,6 +126,7 @@ pub struct Authenticator {
     service_account: String,
     ttl: Duration,
     cache: Mutex<Cache>,
+    live: Option<Arc<LivePods>>,
     /// TokenReviews sent (for the metrics and the cache test).
     pub reviews: std::sync::atomic::AtomicU64,
 }
@@ -136,8 +159,16 @@ impl Authenticator {
                 map: HashMap::new(),
                 order: VecDeque::new(),
             }),
+            live: None,
             reviews: Default::default(),
         }
+    }
+
+    /// Tokens bound to a pod `live` sees are cached for their life ([`BOUND_TOKEN_TTL`] at most)
+    /// while that pod lives.
+    pub fn with_live_pods(mut self, live: Arc<LivePods>) -> Self {
+        self.live = Some(live);
+        self
     }
 
     /// Authenticates an `Authorization` header value (`Bearer <token>`).
@@ -149,16 +180,27 @@ impl Authenticator {
             .ok_or_else(|| AuthError::Unauthenticated("missing bearer token".into()))?;
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = Instant::now();
-        if let Some(c) = self.lock().get(&key, now) {
+        let live = self.live.as_deref();
+        if let Some(c) = self.lock().get(&key, now, live) {
             return Ok(c);
         }
-        let caller = self.review(token).await?;
-        let until = now + self.ttl.min(jwt_remaining(token).unwrap_or(self.ttl));
+        let (caller, uid) = self.review(token).await?;
+        let (ttl, bound_to) = match (&caller.pod, uid, live) {
+            (Some(pod), Some(uid), Some(live)) if live.has(pod, &uid) => {
+                (BOUND_TOKEN_TTL, Some((pod.clone(), uid)))
+            }
+            // Bound to a pod the watch does not hold (yet, or any more: the API server accepts
+            // a terminating pod's token for 60 s): not cached, so it stops working with its pod.
+            (Some(_), Some(_), Some(_)) => return Ok(caller),
+            _ => (self.ttl, None),
+        };
+        let until = now + ttl.min(jwt_remaining(token).unwrap_or(ttl));
         self.lock().put(
             key,
             Entry {
                 caller: caller.clone(),
                 until,
+                bound_to,
             },
         );
         Ok(caller)
@@ -168,7 +210,8 @@ impl Authenticator {
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn review(&self, token: &str) -> Result<Caller, AuthError> {
+    /// The caller, and the uid of the pod its token is bound to (when the token names one).
+    async fn review(&self, token: &str) -> Result<(Caller, Option<String>), AuthError> {
         self.reviews
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tr = TokenReview {
@@ -215,6 +258,7 @@ impl Authenticator {
                 .cloned()
         };
         let pod = first(POD_NAME);
+        let uid = first(POD_UID);
         let node = match (first(NODE_NAME), &pod) {
             (Some(n), _) => n,
             (None, Some(p)) => self.node_of_pod(&username, p).await?,
@@ -224,11 +268,14 @@ impl Authenticator {
                 ))
             }
         };
-        Ok(Caller {
-            node,
-            pod,
-            username,
-        })
+        Ok((
+            Caller {
+                node,
+                pod,
+                username,
+            },
+            uid,
+        ))
     }
 
     async fn node_of_pod(&self, username: &str, pod: &str) -> Result<String, AuthError> {
@@ -247,6 +294,84 @@ impl Authenticator {
         p.spec
             .and_then(|s| s.node_name)
             .ok_or_else(|| AuthError::Forbidden(format!("pod {ns}/{pod} is not scheduled")))
+    }
+}
+
+/// The pods of the agents' namespace that exist and are not terminating (name → uid), from a
+/// metadata-only watch; empty until its first list. A pod the set does not hold never extends a
+/// cache entry: its token is reviewed again after `token_cache_ttl`.
+#[derive(Debug, Default)]
+pub struct LivePods {
+    pods: Mutex<HashMap<String, String>>,
+}
+
+impl LivePods {
+    /// Whether pod `name` with `uid` lives.
+    pub fn has(&self, name: &str, uid: &str) -> bool {
+        self.lock().get(name).is_some_and(|u| u == uid)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.pods.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps the set by a watch of the pods in `namespace` (names and uids only) until `cancel`.
+    pub async fn run(
+        self: Arc<Self>,
+        client: kube::Client,
+        namespace: String,
+        cancel: CancellationToken,
+    ) {
+        // `PartialObjectMeta` makes the list and the watch metadata-only.
+        let api: Api<PartialObjectMeta<Pod>> = Api::namespaced(client, &namespace);
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+        // A re-list is gathered here and swapped in whole at its end.
+        let mut relist = HashMap::new();
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                item = events.next() => match item {
+                    None => return,
+                    Some(Err(error)) => tracing::warn!(%namespace, %error, "agent pod watch error (retrying)"),
+                    Some(Ok(event)) => self.apply(event, &mut relist),
+                },
+            }
+        }
+    }
+
+    /// One watch event.
+    pub fn apply(
+        &self,
+        event: watcher::Event<PartialObjectMeta<Pod>>,
+        relist: &mut HashMap<String, String>,
+    ) {
+        let entry = |m: &PartialObjectMeta<Pod>| {
+            let live = m.metadata.deletion_timestamp.is_none();
+            Some((m.metadata.name.clone()?, m.metadata.uid.clone()?, live))
+        };
+        match event {
+            watcher::Event::Init => relist.clear(),
+            watcher::Event::InitApply(m) => {
+                if let Some((name, uid, true)) = entry(&m) {
+                    relist.insert(name, uid);
+                }
+            }
+            watcher::Event::InitDone => *self.lock() = std::mem::take(relist),
+            watcher::Event::Apply(m) => match entry(&m) {
+                Some((name, uid, true)) => {
+                    self.lock().insert(name, uid);
+                }
+                Some((name, _, false)) => {
+                    self.lock().remove(&name);
+                }
+                None => {}
+            },
+            watcher::Event::Delete(m) => {
+                if let Some(name) = &m.metadata.name {
+                    self.lock().remove(name);
+                }
+            }
+        }
     }
 }
 
@@ -283,14 +408,15 @@ mod tests {
         let e = |n: &str, secs| Entry {
             caller: caller(n),
             until: now + Duration::from_secs(secs),
+            bound_to: None,
         };
         c.put([1; 32], e("a", 10));
         c.put([2; 32], e("b", 10));
         c.put([3; 32], e("c", 0));
         assert_eq!(c.map.len(), 2);
-        assert!(c.get(&[1; 32], now).is_none(), "oldest evicted");
-        assert_eq!(c.get(&[2; 32], now), Some(caller("b")));
-        assert!(c.get(&[3; 32], now).is_none(), "expired");
+        assert!(c.get(&[1; 32], now, None).is_none(), "oldest evicted");
+        assert_eq!(c.get(&[2; 32], now, None), Some(caller("b")));
+        assert!(c.get(&[3; 32], now, None).is_none(), "expired");
     }
 
     const SA: &str = "system:serviceaccount:nodekeeper:nodekeeper-agent";
@@ -298,19 +424,26 @@ mod tests {
     /// An authenticator whose API server accepts every token as the agent's, bound to node
     /// `n1`; its `reviews` counter counts the TokenReviews.
     fn authenticator(ttl: Duration) -> Authenticator {
-        let svc = tower::service_fn(|_req: hyper::Request<kube::client::Body>| async {
+        authenticator_with(ttl, serde_json::json!({NODE_NAME: ["n1"]}))
+    }
+
+    /// As [`authenticator`], the tokens' `user.extra` being `extra`.
+    fn authenticator_with(ttl: Duration, extra: serde_json::Value) -> Authenticator {
+        let svc = tower::service_fn(move |_req: hyper::Request<kube::client::Body>| {
             let body = serde_json::json!({
                 "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
                 "spec": {},
                 "status": {"authenticated": true, "audiences": ["nodekeeper"],
-                    "user": {"username": SA, "extra": {NODE_NAME: ["n1"]}}}
+                    "user": {"username": SA, "extra": extra.clone()}}
             });
-            hyper::Response::builder()
-                .status(201)
-                .header("content-type", "application/json")
-                .body(kube::client::Body::from(
-                    serde_json::to_vec(&body).unwrap_or_default(),
-                ))
+            async move {
+                hyper::Response::builder()
+                    .status(201)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&body).unwrap_or_default(),
+                    ))
+            }
         });
         Authenticator::new(kube::Client::new(svc, "default"), SA, "nodekeeper", 16, ttl)
     }
@@ -354,6 +487,106 @@ mod tests {
             2,
             "not past its expiry, though the TTL is 10 min"
         );
+    }
+
+    fn pod(name: &str, uid: &str, terminating: bool) -> PartialObjectMeta<Pod> {
+        let mut m = PartialObjectMeta::<Pod>::default();
+        m.metadata.name = Some(name.into());
+        m.metadata.uid = Some(uid.into());
+        if terminating {
+            m.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::now(),
+                ));
+        }
+        m
+    }
+
+    #[test]
+    fn live_pods_follow_the_watch() {
+        use watcher::Event::*;
+        let live = LivePods::default();
+        let mut relist = HashMap::new();
+        for e in [
+            Init,
+            InitApply(pod("a", "1", false)),
+            InitApply(pod("t", "2", true)),
+        ] {
+            live.apply(e, &mut relist);
+        }
+        assert!(!live.has("a", "1"), "nothing before the first list ends");
+        live.apply(InitDone, &mut relist);
+        assert!(live.has("a", "1"));
+        assert!(!live.has("a", "9"), "another pod of the same name");
+        assert!(!live.has("t", "2"), "terminating");
+        live.apply(Apply(pod("b", "3", false)), &mut relist);
+        assert!(live.has("b", "3"));
+        live.apply(Apply(pod("b", "3", true)), &mut relist);
+        assert!(!live.has("b", "3"), "terminating since");
+        live.apply(Delete(pod("a", "1", false)), &mut relist);
+        assert!(!live.has("a", "1"), "deleted");
+        // A re-list replaces the set whole (a deletion missed while disconnected is dropped).
+        live.apply(Apply(pod("c", "4", false)), &mut relist);
+        for e in [Init, InitApply(pod("d", "5", false)), InitDone] {
+            live.apply(e, &mut relist);
+        }
+        assert!(!live.has("c", "4") && live.has("d", "5"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_of_a_live_agent_pod_is_cached_for_its_life_and_no_longer_than_its_pod() {
+        let live = Arc::new(LivePods::default());
+        let mut relist = HashMap::new();
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(pod("agent-x", "u1", false)),
+            watcher::Event::InitDone,
+        ] {
+            live.apply(e, &mut relist);
+        }
+        let extra = serde_json::json!({NODE_NAME: ["n1"], POD_NAME: ["agent-x"], POD_UID: ["u1"]});
+        let a = authenticator_with(Duration::from_secs(60), extra).with_live_pods(live.clone());
+        let auth = Some("Bearer not-a-jwt");
+        let caller = a.authenticate(auth).await.unwrap();
+        assert_eq!(
+            (caller.node.as_str(), caller.pod.as_deref()),
+            ("n1", Some("agent-x"))
+        );
+        tokio::time::advance(BOUND_TOKEN_TTL - Duration::from_millis(1)).await;
+        a.authenticate(auth).await.unwrap();
+        assert_eq!(
+            reviews(&a),
+            1,
+            "cached for the token's life, past token_cache_ttl"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        a.authenticate(auth).await.unwrap();
+        assert_eq!(reviews(&a), 2, "reviewed again after BOUND_TOKEN_TTL");
+
+        // The pod starts terminating: its token's entry is dropped at once, and while the API
+        // server still accepts the token (60 s into a pod's termination) every use is reviewed.
+        live.apply(
+            watcher::Event::Apply(pod("agent-x", "u1", true)),
+            &mut relist,
+        );
+        a.authenticate(auth).await.unwrap();
+        assert_eq!(reviews(&a), 3, "dropped when its pod terminates");
+        a.authenticate(auth).await.unwrap();
+        assert_eq!(reviews(&a), 4, "a pod the watch does not hold: not cached");
+
+        // A token without a pod uid (an older API server, or no pod): `token_cache_ttl`.
+        let a = authenticator_with(
+            Duration::from_secs(60),
+            serde_json::json!({NODE_NAME: ["n1"]}),
+        )
+        .with_live_pods(live);
+        a.authenticate(auth).await.unwrap();
+        tokio::time::advance(Duration::from_millis(59_999)).await;
+        a.authenticate(auth).await.unwrap();
+        assert_eq!(reviews(&a), 1);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        a.authenticate(auth).await.unwrap();
+        assert_eq!(reviews(&a), 2);
     }
 
     #[test]

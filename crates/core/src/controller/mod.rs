@@ -271,14 +271,30 @@ pub async fn start_under(
         }
         None => None,
     };
+    let mut authenticator = auth::Authenticator::new(
+        client.clone(),
+        &cfg.service_account,
+        &cfg.audience,
+        cfg.token_cache_size,
+        cfg.token_cache_ttl,
+    );
+    // The agents' pods (in their service account's namespace): a token bound to one is cached
+    // for its life while that pod lives.
+    if let Some(ns) = cfg
+        .service_account
+        .split(':')
+        .nth(2)
+        .filter(|ns| !ns.is_empty())
+    {
+        let live = Arc::new(auth::LivePods::default());
+        tasks.spawn(
+            "agent pod watch",
+            live.clone().run(client, ns.to_string(), cancel.clone()),
+        );
+        authenticator = authenticator.with_live_pods(live);
+    }
     let app = Arc::new(App {
-        auth: auth::Authenticator::new(
-            client,
-            &cfg.service_account,
-            &cfg.audience,
-            cfg.token_cache_size,
-            cfg.token_cache_ttl,
-        ),
+        auth: authenticator,
         states: states.clone(),
         ready: AtomicBool::new(false),
         leader: leader_rx,
