@@ -4,7 +4,9 @@
 //! takeover. The holder renews every `retry_period`; it steps down on its own when it could not
 //! renew for `lease_duration - retry_period` (before anyone else may take over), and on shutdown it
 //! releases the Lease (empty holder) so the other replica takes over at its next retry instead of
-//! waiting for expiry.
+//! waiting for expiry. The holder renews by writing the Lease it last wrote (its resourceVersion):
+//! one request per renewal, not a read and a write; a conflict (someone else wrote it) falls back
+//! to a read.
 //!
 //! Choice for two replicas: both serve reports (so a Service can route to either and a failover
 //! loses nothing); only the leader writes to the API. A follower keeps each node's latest report
@@ -12,6 +14,7 @@
 //! resending them until the leader records them.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -29,6 +32,8 @@ pub struct Elector {
     identity: String,
     duration: Duration,
     retry: Duration,
+    /// The Lease as this replica last wrote it, while it holds it.
+    written: Arc<Mutex<Option<Lease>>>,
 }
 
 impl std::fmt::Debug for Elector {
@@ -60,7 +65,12 @@ impl Elector {
             identity: identity.into(),
             duration,
             retry,
+            written: Arc::default(),
         }
+    }
+
+    fn written(&self) -> std::sync::MutexGuard<'_, Option<Lease>> {
+        self.written.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// This replica's identity.
@@ -82,6 +92,25 @@ impl Elector {
 
     /// One attempt: true when this replica holds the Lease afterwards.
     pub async fn try_acquire_or_renew(&self) -> Result<bool, kube::Error> {
+        let held = self.written().take();
+        if let Some(mut lease) = held {
+            let spec = lease.spec.clone().unwrap_or_default();
+            let transitions = spec.lease_transitions.unwrap_or(0);
+            lease.spec = Some(self.spec(transitions, spec.acquire_time));
+            match self
+                .api
+                .replace(&self.name, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(l) => {
+                    *self.written() = Some(l);
+                    return Ok(true);
+                }
+                // Written by someone else since: read it.
+                Err(e) if is_conflict(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
             let l = Lease {
                 metadata: ObjectMeta {
@@ -91,7 +120,10 @@ impl Elector {
                 spec: Some(self.spec(0, None)),
             };
             return match self.api.create(&PostParams::default(), &l).await {
-                Ok(_) => Ok(true),
+                Ok(l) => {
+                    *self.written() = Some(l);
+                    Ok(true)
+                }
                 Err(e) if is_conflict(&e) => Ok(false),
                 Err(e) => Err(e),
             };
@@ -115,7 +147,10 @@ impl Elector {
             .replace(&self.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(l) => {
+                *self.written() = Some(l);
+                Ok(true)
+            }
             Err(e) if is_conflict(&e) => Ok(false),
             Err(e) => Err(e),
         }
@@ -123,6 +158,7 @@ impl Elector {
 
     /// Gives the Lease up if this replica holds it.
     pub async fn release(&self) -> Result<(), kube::Error> {
+        self.written().take();
         let Some(mut lease) = self.api.get_opt(&self.name).await? else {
             return Ok(());
         };
@@ -310,6 +346,96 @@ mod tests {
         let got = script(&[Some(true), Some(false), None, Some(true)], S(2), S(60)).await;
         let held: Vec<bool> = got.iter().map(|(_, l)| *l).collect();
         assert_eq!(held, [true, false, false, true]);
+    }
+
+    type Shared<T> = Arc<Mutex<T>>;
+
+    /// An API server holding one Lease (resourceVersion checked on PUT); every request logged.
+    fn lease_server() -> (
+        kube::Client,
+        Shared<Vec<String>>,
+        Shared<Option<serde_json::Value>>,
+    ) {
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let store: Arc<Mutex<Option<serde_json::Value>>> = Arc::default();
+        let (l, st) = (log.clone(), store.clone());
+        let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+            let (l, st) = (l.clone(), st.clone());
+            async move {
+                use http_body_util::BodyExt;
+                let method = req.method().to_string();
+                l.lock().unwrap().push(method.clone());
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let mut cur = st.lock().unwrap();
+                let (code, out) = match method.as_str() {
+                    "GET" => match cur.clone() {
+                        Some(v) => (200, v),
+                        None => (
+                            404,
+                            serde_json::json!({"kind": "Status", "code": 404, "reason": "NotFound"}),
+                        ),
+                    },
+                    _ => {
+                        let mut v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                        let rv = |v: &serde_json::Value| {
+                            v["metadata"]["resourceVersion"]
+                                .as_str()
+                                .map(str::to_string)
+                        };
+                        let stale = method == "PUT" && cur.as_ref().and_then(rv) != rv(&v);
+                        if stale {
+                            (
+                                409,
+                                serde_json::json!({"kind": "Status", "code": 409, "reason": "Conflict"}),
+                            )
+                        } else {
+                            let next = cur
+                                .as_ref()
+                                .and_then(rv)
+                                .map_or(1, |r| r.parse::<u64>().unwrap() + 1);
+                            v["metadata"]["resourceVersion"] = serde_json::json!(next.to_string());
+                            *cur = Some(v.clone());
+                            (if method == "POST" { 201 } else { 200 }, v)
+                        }
+                    }
+                };
+                hyper::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(serde_json::to_vec(&out).unwrap()))
+            }
+        });
+        (kube::Client::new(svc, "default"), log, store)
+    }
+
+    /// The holder renews with one PUT of the Lease it wrote (no GET); when someone else wrote
+    /// the Lease meanwhile, the PUT conflicts and the replica reads the Lease and steps aside.
+    #[tokio::test]
+    async fn the_holder_renews_with_one_write_and_reads_after_a_conflict() {
+        let (client, log, store) = lease_server();
+        let e = Elector::new(client, "nodekeeper", "nk", "me", S(15), S(2));
+        for _ in 0..4 {
+            assert!(e.try_acquire_or_renew().await.unwrap());
+        }
+        assert_eq!(*log.lock().unwrap(), ["GET", "POST", "PUT", "PUT", "PUT"]);
+        // Another replica took the Lease over (it expired, say).
+        {
+            let mut cur = store.lock().unwrap();
+            let v = cur.as_mut().unwrap();
+            v["spec"]["holderIdentity"] = serde_json::json!("other");
+            v["spec"]["renewTime"] = serde_json::json!(
+                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            );
+            v["metadata"]["resourceVersion"] = serde_json::json!("99");
+        }
+        log.lock().unwrap().clear();
+        assert!(!e.try_acquire_or_renew().await.unwrap());
+        assert!(!e.try_acquire_or_renew().await.unwrap());
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["PUT", "GET", "GET"],
+            "a conflict, then reads only"
+        );
     }
 
     #[test]
