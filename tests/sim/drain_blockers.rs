@@ -162,6 +162,60 @@ async fn do_not_disrupt_is_respected_except_past_an_interruption_deadline() {
     assert!(pods_on(&c, "n1").is_empty());
 }
 
+/// The drain's requests (method and URI), through a client that records them on their way.
+fn counting_client(c: &drain_support::Cluster) -> (kube::Client, Arc<Mutex<Vec<String>>>) {
+    let inner = client(c);
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let l = log.clone();
+    let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        l.lock()
+            .unwrap()
+            .push(format!("{} {}", req.method(), req.uri()));
+        let inner = inner.clone();
+        async move { inner.send(req).await }
+    });
+    (kube::Client::new(svc, "default"), log)
+}
+
+/// While a PDB holds the drain (2 s, rounds every 50 ms), the drain lists the node's pods only when
+/// they change (a watch tells it), not every round: the PDB-refused eviction is retried at its
+/// backoff on the pods it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_drain_lists_the_pods_only_when_they_change() {
+    let c = cluster().await;
+    node(&c, "n1");
+    pod("db-0", "db").on(&c, "n1");
+    pod("web-0", "web").on(&c, "n1");
+    pdb(&c, "db-pdb", "db", json!({"minAvailable": 1}));
+    let (client, log) = counting_client(&c);
+    let r = drain::drain(client, &opts("n1", 2000), CancellationToken::new(), |_| {}).await;
+    let Err(DrainError::TimedOut { remaining, .. }) = &r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(*remaining, 1, "db-0 held");
+    let log = log.lock().unwrap().clone();
+    let pods = |watch: bool| {
+        log.iter()
+            .filter(|l| l.starts_with("GET /api/v1/pods?"))
+            .filter(|l| l.contains("watch=true") == watch)
+            .count()
+    };
+    let evictions = log.iter().filter(|l| l.contains("/eviction")).count();
+    // Lists: the first, after web-0's eviction and deletion (one per change the watch saw); 40
+    // rounds' worth when every round listed.
+    assert!(
+        pods(false) <= 6,
+        "{} lists:\n{}",
+        pods(false),
+        log.join("\n")
+    );
+    assert!(pods(true) >= 1, "no watch:\n{}", log.join("\n"));
+    assert!(
+        evictions >= 4,
+        "the held pod's eviction retried: {evictions}"
+    );
+}
+
 /// Pod name → grace the API server was given.
 type Graces = Arc<Mutex<Vec<(String, i64)>>>;
 

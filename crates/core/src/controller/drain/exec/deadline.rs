@@ -77,6 +77,19 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
         }
     }
 
+    /// Waits `d`, or less when the node's pods change (`feed.rs`); cancellable.
+    pub(super) async fn wait_change(&mut self, d: Duration) -> Result<(), DrainError> {
+        let call_timeout = self.opts.call_timeout;
+        let cancelled = tokio::select! {
+            _ = self.cancel.cancelled() => true,
+            _ = self.feed.wait(d, call_timeout) => false,
+        };
+        match cancelled {
+            true => Err(self.cancelled(None)),
+            false => Ok(()),
+        }
+    }
+
     /// The earliest of: the poll interval, the next retry, the deadline.
     pub(super) fn next_wake(&self, now: Instant) -> Duration {
         let mut wake = now + self.opts.poll_interval;

@@ -5,9 +5,11 @@
 //!   wait for VolumeAttachments after the pods are gone;
 //! - `evict.rs`: the eviction and deletion calls, what their answers mean, and per-pod retries;
 //! - `deadline.rs`: the deadline, call limits, the wait between rounds, cancellation;
+//! - `feed.rs`: the node's pods between rounds (a list, then a watch; a new list on a change).
 
 mod deadline;
 mod evict;
+mod feed;
 #[cfg(test)]
 mod mock;
 
@@ -123,6 +125,7 @@ impl<'a, F: FnMut(&DrainProgress) + Send> Drainer<'a, F> {
     /// A drain of `opts.node` through `client`, not started.
     fn new(client: Client, opts: &'a DrainOptions, cancel: CancellationToken, progress: F) -> Self {
         Drainer {
+            feed: feed::PodFeed::new(Api::all(client.clone()), &opts.node),
             pods: Api::all(client.clone()),
             nodes: Api::all(client.clone()),
             pdbs: Api::all(client.clone()),
@@ -144,6 +147,7 @@ impl<'a, F: FnMut(&DrainProgress) + Send> Drainer<'a, F> {
 }
 
 struct Drainer<'a, F> {
+    feed: feed::PodFeed,
     pods: Api<Pod>,
     nodes: Api<Node>,
     pdbs: Api<PodDisruptionBudget>,
@@ -275,7 +279,7 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
             if self.cancel.is_cancelled() {
                 return Err(self.cancelled(None));
             }
-            let pods = match self.list_pods().await {
+            let pods = match self.feed.pods().await {
                 Ok(p) => p,
                 Err(e) if retriable(&e) => {
                     self.check_deadline(None, usize::MAX)?;
@@ -315,7 +319,7 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
             let accepted = self.evict_tier(&plan, now).await? + forced;
             if accepted == 0 {
                 let wait = self.next_wake(now);
-                self.sleep(wait).await?;
+                self.wait_change(wait).await?;
             }
         }
     }
