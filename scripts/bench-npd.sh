@@ -52,6 +52,9 @@ setup_real  # kubectl, the control plane, versions.env (scripts/lib/bench.sh)
 log "control plane binaries (scripts/setup-k8s.sh), NPD (scripts/setup-peers.sh npd)"
 NPD="$("$REPO/scripts/setup-peers.sh" npd | tail -1)/node-problem-detector"
 NPD_CONFIG="$(cd "$REPO/tools/k8s/npd" && PATH="$PATH:/usr/local/go/bin" go env GOMODCACHE)/k8s.io/node-problem-detector@v$NPD_VERSION/config"
+# The binary may be cached while the module cache was emptied since: fetch the module's source (its config/).
+[ -f "$NPD_CONFIG/kernel-monitor.json" ] ||
+  (cd "$REPO/tools/k8s/npd" && GOTOOLCHAIN=local GOFLAGS=-mod=mod PATH="$PATH:/usr/local/go/bin" go mod download "k8s.io/node-problem-detector@v$NPD_VERSION")
 [ -f "$NPD_CONFIG/kernel-monitor.json" ] || { echo "bench-npd: NPD's config not found at $NPD_CONFIG" >&2; exit 1; }
 build_nk "$PROFILE"  # sets NK (scripts/lib/bench.sh)
 if [ -n "${AGENT_BIN:-}" ]; then AGENT=$AGENT_BIN; AGENT_PROFILE="given ($("$AGENT_BIN" --version | head -1))"; else
