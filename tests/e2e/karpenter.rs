@@ -278,6 +278,63 @@ async fn karpenter_provisions_a_kwok_node_for_pending_pods_and_consolidates_it_w
     assert!(out.status.success());
 }
 
+/// A PodDisruptionBudget that allows no eviction of `app`'s pods (`maxUnavailable: 0`), as YAML for
+/// [`pool_with_two_pods`].
+pub(crate) fn no_eviction_pdb(app: &str) -> String {
+    format!(
+        r#"---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {{name: {app}, namespace: default}}
+spec:
+  maxUnavailable: 0
+  selector: {{matchLabels: {{app: {app}}}}}
+"#
+    )
+}
+
+/// What a NodePool test starts with: the Karpenter cluster to itself ([`ONE_AT_A_TIME`], held while
+/// the scene lives), its admin client, the pods of `default` and the Nodes.
+pub(crate) struct Scene {
+    pub _one: tokio::sync::MutexGuard<'static, ()>,
+    pub c: &'static Cluster,
+    pub admin: kube::Client,
+    pub pods: Api<Pod>,
+    pub nodes: Api<Node>,
+}
+
+pub(crate) async fn scene() -> Scene {
+    init_tracing();
+    let _one = ONE_AT_A_TIME.lock().await;
+    let c = karpenter_cluster();
+    let admin = c.admin().await;
+    Scene {
+        _one,
+        c,
+        pods: Api::namespaced(admin.clone(), "default"),
+        nodes: Api::all(admin.clone()),
+        admin,
+    }
+}
+
+/// A NodePool test's end: the controller hit no 403, is stopped, and the test's app objects and
+/// NodePool are removed ([`remove_pool`]).
+pub(crate) async fn finish(
+    ctl: ControllerProc,
+    c: &'static Cluster,
+    kinds: &str,
+    app: &str,
+    pool: &str,
+) {
+    assert_eq!(
+        ctl.forbidden_lines(),
+        Vec::<String>::new(),
+        "the controller hit a 403"
+    );
+    ctl.stop().await;
+    remove_pool(c, kinds, app, pool).await;
+}
+
 /// A test's teardown: its app objects (`kinds` named `app`) and its NodePool, waiting until Karpenter has
 /// terminated the pool's nodes, so the next test on the shared cluster never finds them.
 pub(crate) async fn remove_pool(c: &'static Cluster, kinds: &str, app: &str, pool: &str) {
@@ -445,14 +502,14 @@ pub(crate) async fn app_pods_of(pods: &Api<Pod>, app: &str) -> Vec<Pod> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodekeeper_repairs_a_karpenter_node_with_one_drain_and_karpenter_terminates_it() {
-    init_tracing();
-    let _one = ONE_AT_A_TIME.lock().await;
-    let c = karpenter_cluster();
-    let admin = c.admin().await;
-
+    let Scene {
+        _one,
+        c,
+        admin,
+        pods,
+        nodes,
+    } = scene().await;
     // A NodePool of its own: empty nodes consolidated after 30 s, no underutilization moves.
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let nodes: Api<Node> = Api::all(admin.clone());
     let claims_api = nodeclaims(&admin);
     let hosts = pool_with_two_pods(
         c,
@@ -619,14 +676,7 @@ spec:
         .unwrap()
         .items;
     assert!(twins.is_empty(), "{twins:?}");
-    assert_eq!(
-        ctl.forbidden_lines(),
-        Vec::<String>::new(),
-        "the controller hit a 403"
-    );
-    ctl.stop().await;
-
-    remove_pool(c, "deployment,pdb", COOP_APP, COOP_POOL).await;
+    finish(ctl, c, "deployment,pdb", COOP_APP, COOP_POOL).await;
 }
 
 const FENCE_POOL: &str = "nk-fence";
@@ -634,30 +684,22 @@ const FENCE_APP: &str = "nk-fence-app";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repair_of_a_ready_node_fences_its_nodepool_and_karpenter_holds_off() {
-    init_tracing();
-    let _one = ONE_AT_A_TIME.lock().await;
-    let c = karpenter_cluster();
-    let admin = c.admin().await;
+    let Scene {
+        _one,
+        c,
+        admin,
+        pods,
+        nodes,
+    } = scene().await;
     // Consolidation at once: every node is a candidate Karpenter evaluates on each pass. No eviction
     // allowed: the repair's drain waits (and the fence stays) until the test deletes the PDB.
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let nodes: Api<Node> = Api::all(admin.clone());
     let hosts = pool_with_two_pods(
         c,
         &pods,
         FENCE_POOL,
         FENCE_APP,
         r#"{consolidationPolicy: WhenEmptyOrUnderutilized, consolidateAfter: 0s, budgets: [{nodes: "100%"}]}"#,
-        &format!(
-            r#"---
-apiVersion: policy/v1
-kind: PodDisruptionBudget
-metadata: {{name: {FENCE_APP}, namespace: default}}
-spec:
-  maxUnavailable: 0
-  selector: {{matchLabels: {{app: {FENCE_APP}}}}}
-"#
-        ),
+        &no_eviction_pdb(FENCE_APP),
     )
     .await;
     let (sick, other) = (hosts[0].clone(), hosts[1].clone());
@@ -762,11 +804,5 @@ spec:
             .is_none_or(|s| annotation(s, keys::RETIRE_REQUESTED).is_some()),
         "the fence lifts only once the sick node is handed over"
     );
-    assert_eq!(
-        ctl.forbidden_lines(),
-        Vec::<String>::new(),
-        "the controller hit a 403"
-    );
-    ctl.stop().await;
-    remove_pool(c, "deployment", FENCE_APP, FENCE_POOL).await;
+    finish(ctl, c, "deployment", FENCE_APP, FENCE_POOL).await;
 }

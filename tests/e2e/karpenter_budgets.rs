@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
@@ -62,12 +62,13 @@ async fn status_rows(c: &'static Cluster, admin: &kube::Client, dir: &std::path:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodepool_budget_read_from_karpenter_holds_the_second_repair_until_the_first_is_handed_over(
 ) {
-    init_tracing();
-    let _one = ONE_AT_A_TIME.lock().await;
-    let c = karpenter_cluster();
-    let admin = c.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let nodes: Api<Node> = Api::all(admin.clone());
+    let Scene {
+        _one,
+        c,
+        admin,
+        pods,
+        nodes,
+    } = scene().await;
     // Budget "0" to start with: nothing may be disrupted, by Karpenter or by nodekeeper.
     let hosts = pool_with_two_pods(
         c,
@@ -75,16 +76,7 @@ async fn nodepool_budget_read_from_karpenter_holds_the_second_repair_until_the_f
         BUDGET_POOL,
         BUDGET_APP,
         r#"{consolidationPolicy: WhenEmpty, consolidateAfter: 30s, budgets: [{nodes: "0"}]}"#,
-        &format!(
-            r#"---
-apiVersion: policy/v1
-kind: PodDisruptionBudget
-metadata: {{name: {BUDGET_APP}, namespace: default}}
-spec:
-  maxUnavailable: 0
-  selector: {{matchLabels: {{app: {BUDGET_APP}}}}}
-"#
-        ),
+        &no_eviction_pdb(BUDGET_APP),
     )
     .await;
 
@@ -287,13 +279,7 @@ spec:
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    assert_eq!(
-        ctl.forbidden_lines(),
-        Vec::<String>::new(),
-        "the controller hit a 403"
-    );
-    ctl.stop().await;
-    remove_pool(c, "deployment", BUDGET_APP, BUDGET_POOL).await;
+    finish(ctl, c, "deployment", BUDGET_APP, BUDGET_POOL).await;
 }
 
 const INTR_POOL: &str = "nk-intr";
@@ -306,12 +292,13 @@ const INTR_APP: &str = "nk-intr-app";
 /// deleting, until Karpenter reports the disruption blocked by the fence's `karpenter.sh/do-not-disrupt`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preemption_drain_fences_its_nodepool_so_karpenter_drifts_nothing_else_meanwhile() {
-    init_tracing();
-    let _one = ONE_AT_A_TIME.lock().await;
-    let c = karpenter_cluster();
-    let admin = c.admin().await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let nodes: Api<Node> = Api::all(admin.clone());
+    let Scene {
+        _one,
+        c,
+        admin,
+        pods,
+        nodes,
+    } = scene().await;
     let claims = nodeclaims(&admin);
     let hosts = pool_with_two_pods(
         c,
@@ -466,11 +453,5 @@ async fn a_preemption_drain_fences_its_nodepool_so_karpenter_drifts_nothing_else
     eprintln!("Karpenter on {other}: {blocked}");
     let o = nodes.get(&other).await.unwrap();
     assert_eq!(annotation(&o, keys::DO_NOT_DISRUPT_BY), Some("fence"));
-    assert_eq!(
-        ctl.forbidden_lines(),
-        Vec::<String>::new(),
-        "the controller hit a 403"
-    );
-    ctl.stop().await;
-    remove_pool(c, "deployment", INTR_APP, INTR_POOL).await;
+    finish(ctl, c, "deployment", INTR_APP, INTR_POOL).await;
 }
