@@ -294,27 +294,21 @@ spec:
 }
 
 /// What a NodePool test starts with: the Karpenter cluster to itself ([`ONE_AT_A_TIME`], held while
-/// the scene lives), its admin client, the pods of `default` and the Nodes.
-pub(crate) struct Scene {
-    pub _one: tokio::sync::MutexGuard<'static, ()>,
-    pub c: &'static Cluster,
-    pub admin: kube::Client,
-    pub pods: Api<Pod>,
-    pub nodes: Api<Node>,
-}
-
-pub(crate) async fn scene() -> Scene {
+/// the guard lives), the cluster, its admin client, the pods of `default` and the Nodes.
+pub(crate) async fn scene() -> (
+    tokio::sync::MutexGuard<'static, ()>,
+    &'static Cluster,
+    kube::Client,
+    Api<Pod>,
+    Api<Node>,
+) {
     init_tracing();
-    let _one = ONE_AT_A_TIME.lock().await;
+    let one = ONE_AT_A_TIME.lock().await;
     let c = karpenter_cluster();
     let admin = c.admin().await;
-    Scene {
-        _one,
-        c,
-        pods: Api::namespaced(admin.clone(), "default"),
-        nodes: Api::all(admin.clone()),
-        admin,
-    }
+    let pods = Api::namespaced(admin.clone(), "default");
+    let nodes = Api::all(admin.clone());
+    (one, c, admin, pods, nodes)
 }
 
 /// A NodePool test's end: the controller hit no 403, is stopped, and the test's app objects and
@@ -502,13 +496,7 @@ pub(crate) async fn app_pods_of(pods: &Api<Pod>, app: &str) -> Vec<Pod> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodekeeper_repairs_a_karpenter_node_with_one_drain_and_karpenter_terminates_it() {
-    let Scene {
-        _one,
-        c,
-        admin,
-        pods,
-        nodes,
-    } = scene().await;
+    let (_one, c, admin, pods, nodes) = scene().await;
     // A NodePool of its own: empty nodes consolidated after 30 s, no underutilization moves.
     let claims_api = nodeclaims(&admin);
     let hosts = pool_with_two_pods(
@@ -684,13 +672,7 @@ const FENCE_APP: &str = "nk-fence-app";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repair_of_a_ready_node_fences_its_nodepool_and_karpenter_holds_off() {
-    let Scene {
-        _one,
-        c,
-        admin,
-        pods,
-        nodes,
-    } = scene().await;
+    let (_one, c, admin, pods, nodes) = scene().await;
     // Consolidation at once: every node is a candidate Karpenter evaluates on each pass. No eviction
     // allowed: the repair's drain waits (and the fence stays) until the test deletes the PDB.
     let hosts = pool_with_two_pods(

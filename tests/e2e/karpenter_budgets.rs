@@ -62,13 +62,7 @@ async fn status_rows(c: &'static Cluster, admin: &kube::Client, dir: &std::path:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodepool_budget_read_from_karpenter_holds_the_second_repair_until_the_first_is_handed_over(
 ) {
-    let Scene {
-        _one,
-        c,
-        admin,
-        pods,
-        nodes,
-    } = scene().await;
+    let (_one, c, admin, pods, nodes) = scene().await;
     // Budget "0" to start with: nothing may be disrupted, by Karpenter or by nodekeeper.
     let hosts = pool_with_two_pods(
         c,
@@ -292,13 +286,7 @@ const INTR_APP: &str = "nk-intr-app";
 /// deleting, until Karpenter reports the disruption blocked by the fence's `karpenter.sh/do-not-disrupt`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preemption_drain_fences_its_nodepool_so_karpenter_drifts_nothing_else_meanwhile() {
-    let Scene {
-        _one,
-        c,
-        admin,
-        pods,
-        nodes,
-    } = scene().await;
+    let (_one, c, admin, pods, nodes) = scene().await;
     let claims = nodeclaims(&admin);
     let hosts = pool_with_two_pods(
         c,
