@@ -4,8 +4,9 @@
 //! A token bound to an agent pod that [`LivePods`] sees is cached until the token expires (at most
 //! [`BOUND_TOKEN_TTL`]), and dropped from the cache the moment its pod is deleted or starts
 //! terminating; a token bound to a pod it does not see is not cached; any other token (no pod
-//! uid: an API server older than 1.30, or no pod) for `token_cache_ttl`. The kubelet renews a projected token before
-//! 80 % of its life (one hour by default), so each agent costs about one TokenReview an hour.
+//! uid: an API server older than 1.30, or no pod) for `token_cache_ttl`. The kubelet renews a
+//! projected token before 80 % of its life (one hour by default), so each agent costs about one
+//! TokenReview an hour.
 //!
 //! The node comes from `user.extra["authentication.kubernetes.io/node-name"]` (Kubernetes ≥ 1.30
 //! with bound tokens); without it the pod named in `authentication.kubernetes.io/pod-name` is looked

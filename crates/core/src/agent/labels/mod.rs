@@ -3,8 +3,9 @@
 //!
 //! [`evaluate`] is pure (node + pods on the node → removals). [`watch`] keeps a cache of the own
 //! node and, while a rule's label is on it, of the pods on it (field selectors `metadata.name`
-//! and `spec.nodeName`: the agent sees nothing else) and re-evaluates on every change. Removals go into the node report for the
-//! controller, or — `mode = "direct"` — through [`LabelRemover`] as a patch of the own node.
+//! and `spec.nodeName`: the agent sees nothing else) and re-evaluates on every change. Removals
+//! go into the node report for the controller, or — `mode = "direct"` — through
+//! [`LabelRemover`] as a patch of the own node.
 
 pub mod config;
 
