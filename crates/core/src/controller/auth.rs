@@ -280,7 +280,7 @@ impl Authenticator {
     }
 
     async fn node_of_pod(&self, username: &str, pod: &str) -> Result<String, AuthError> {
-        let ns = username.split(':').nth(2).unwrap_or_default();
+        let ns = service_account_namespace(username).unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let p = api
             .get_opt(pod)
@@ -298,9 +298,15 @@ impl Authenticator {
     }
 }
 
+/// The namespace of `system:serviceaccount:<ns>:<name>` (the agents' pods run there).
+pub fn service_account_namespace(username: &str) -> Option<&str> {
+    username.split(':').nth(2).filter(|ns| !ns.is_empty())
+}
+
 /// The pods of the agents' namespace that exist and are not terminating (name → uid), from a
-/// metadata-only watch; empty until its first list. A pod the set does not hold never extends a
-/// cache entry: its token is reviewed again after `token_cache_ttl`.
+/// metadata-only watch; empty until its first list. A token bound to a pod the set does not hold
+/// is not cached. Names and uids only, not a reflector `Store` of the metadata: one entry per
+/// node, at 5,000 nodes.
 #[derive(Debug, Default)]
 pub struct LivePods {
     pods: Mutex<HashMap<String, String>>,

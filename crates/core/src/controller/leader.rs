@@ -73,6 +73,12 @@ impl Elector {
         self.written.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Keeps `lease`, as the API server returned it, for the next renewal; true (held).
+    fn hold(&self, lease: Lease) -> bool {
+        *self.written() = Some(lease);
+        true
+    }
+
     /// This replica's identity.
     pub fn identity(&self) -> &str {
         &self.identity
@@ -102,10 +108,7 @@ impl Elector {
                 .replace(&self.name, &PostParams::default(), &lease)
                 .await
             {
-                Ok(l) => {
-                    *self.written() = Some(l);
-                    return Ok(true);
-                }
+                Ok(l) => return Ok(self.hold(l)),
                 // Written by someone else since: read it.
                 Err(e) if is_conflict(&e) => {}
                 Err(e) => return Err(e),
@@ -120,10 +123,7 @@ impl Elector {
                 spec: Some(self.spec(0, None)),
             };
             return match self.api.create(&PostParams::default(), &l).await {
-                Ok(l) => {
-                    *self.written() = Some(l);
-                    Ok(true)
-                }
+                Ok(l) => Ok(self.hold(l)),
                 Err(e) if is_conflict(&e) => Ok(false),
                 Err(e) => Err(e),
             };
@@ -147,10 +147,7 @@ impl Elector {
             .replace(&self.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(l) => {
-                *self.written() = Some(l);
-                Ok(true)
-            }
+            Ok(l) => Ok(self.hold(l)),
             Err(e) if is_conflict(&e) => Ok(false),
             Err(e) => Err(e),
         }

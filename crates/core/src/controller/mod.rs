@@ -280,12 +280,7 @@ pub async fn start_under(
     );
     // The agents' pods (in their service account's namespace): a token bound to one is cached
     // for its life while that pod lives.
-    if let Some(ns) = cfg
-        .service_account
-        .split(':')
-        .nth(2)
-        .filter(|ns| !ns.is_empty())
-    {
+    if let Some(ns) = auth::service_account_namespace(&cfg.service_account) {
         let live = Arc::new(auth::LivePods::default());
         tasks.spawn(
             "agent pod watch",

@@ -14,7 +14,7 @@ use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use tokio::time::Instant;
 
 /// A fresh list at least this often, whatever the watch says.
-pub(super) const RELIST: Duration = Duration::from_secs(10);
+const RELIST: Duration = Duration::from_secs(10);
 /// After a watch that could not open or broke, the next attempt waits this long (rounds list
 /// meanwhile, as without a watch).
 const WATCH_RETRY: Duration = Duration::from_secs(10);
