@@ -10,6 +10,9 @@
 #                         (what ships to nodes, README "Builds"), debug = the full debug build
 #   BENCH_PROFILE=debug   the controller's build (debug, or release)
 #   NK_CONTROLLER_SET='heartbeat_write_interval = "5m"'   TOML lines added to the controller's [controller] table
+#   REPLICAS=2            controller replicas, as the shipped Deployment runs (1: the leader only); the standby
+#                         listens on its own port and no agent reports to it: what it costs is its election
+#                         and its watches
 #   AGENT_BIN=PATH        the agents' binary as built before (no build; e.g. target/agent/nodekeeper while
 #                         HEAD moved on: the version string embeds the commit, so cargo would rebuild)
 # One cluster (`scripts/k8s-cluster.sh up DIR --audit` + `install`: the shipped manifests; kube-apiserver
@@ -29,7 +32,8 @@
 #     metadata endpoint may be reached from a bench), tokens bound to the shipped DaemonSet's pod on its node;
 #   - every other node (fill-N): an agent of the same build with the host checks that read the kernel log and
 #     systemd off (CPU on 2 cores), so that the controller serves NODES - PAIRS agents as in a real fleet;
-#   - the controller (shipped config, acting) as its ServiceAccount on loopback, for the whole benchmark.
+#   - the controller (shipped config, acting) as its ServiceAccount on loopback, for the whole benchmark, and
+#     (REPLICAS=2) its standby replica;
 # The repair wave: WAVE fill nodes (10 % of 100) turn NotReady; the controller repairs them with its shipped
 # policy (drain -> replace, max_unhealthy 20 %, one node at a time) and provider `none`, which only records the
 # request: the script plays the cloud, deleting a node (and stopping its agent) once nodekeeper requested its
@@ -67,13 +71,14 @@ esac
 fi
 OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-npd.XXXX)
 DIR=$(mktemp -d /tmp/nodekeeper-bench-npd-cluster.XXXX)
-PIDS=() CTL_PID="" PROVIDER_PID=""
+PIDS=() CTL_PID="" STANDBY_PID="" PROVIDER_PID=""
 cleanup() {
   local p
   [ -z "$PROVIDER_PID" ] || { kill "$PROVIDER_PID" 2>/dev/null || true; wait "$PROVIDER_PID" 2>/dev/null || true; }
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
   [ -z "$CTL_PID" ] || { kill "$CTL_PID" 2>/dev/null || true; wait "$CTL_PID" 2>/dev/null || true; }
+  [ -z "$STANDBY_PID" ] || { kill "$STANDBY_PID" 2>/dev/null || true; wait "$STANDBY_PID" 2>/dev/null || true; }
   "$REPO/scripts/k8s-cluster.sh" down "$DIR"
 }
 trap cleanup EXIT
@@ -86,6 +91,15 @@ K8S_VERSION=$(k version -o json | python3 -c 'import json,sys; print(json.load(s
 k apply -f "$REPO/tests/fixtures/npd/rbac.yaml" >/dev/null
 SERVER=$(awk '/server:/ {print $2; exit}' "$DIR/kubeconfig")
 start_nk_controller "$NK"
+REPLICAS=${REPLICAS:-2}
+if [ "$REPLICAS" -ge 2 ]; then
+  # The standby: the same config on another port, started once the first leads.
+  sleep 3
+  sed "s|127.0.0.1:$CTL_PORT|127.0.0.1:$(free_port)|" "$DIR/nk-controller.toml" >"$DIR/nk-standby.toml"
+  KUBECONFIG="$DIR/nk-controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL="${NK_LOG:-info}" \
+    "$NK" controller --config "$DIR/nk-standby.toml" >"$DIR/logs/nodekeeper-standby.log" 2>&1 &
+  STANDBY_PID=$!
+fi
 
 npd_nodes=() nk_nodes=() fill_nodes=()
 for i in $(seq 1 "$PAIRS"); do npd_nodes+=("npd-$i"); nk_nodes+=("nk-$i"); done
@@ -136,9 +150,10 @@ for n in "${npd_nodes[@]}"; do samples+=("npd=$(cat "$OUTDIR/npd/$n.pid")"); don
 for n in "${nk_nodes[@]}"; do samples+=("agent-host=$(cat "$OUTDIR/agent/$n/pid")"); done
 for n in "${fill_nodes[@]}"; do samples+=("agent-fill=$(cat "$OUTDIR/agent/$n/pid")"); done
 samples+=("controller=$CTL_PID")
+[ -z "$STANDBY_PID" ] || samples+=("standby=$STANDBY_PID")
 log "warm-up ${WARMUP}s (start-up lists and first writes are outside the windows)"
 sleep "$WARMUP"
-for p in "${PIDS[@]}" "$CTL_PID"; do kill -0 "$p" 2>/dev/null || { echo "bench-npd: process $p exited early (logs in $OUTDIR)" >&2; exit 1; }; done
+for p in "${PIDS[@]}" "$CTL_PID" $STANDBY_PID; do kill -0 "$p" 2>/dev/null || { echo "bench-npd: process $p exited early (logs in $OUTDIR)" >&2; exit 1; }; done
 
 log "steady state: $MINUTES min (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
 t0=$(date +%s.%N)
@@ -178,6 +193,7 @@ if [ "$WAVE_MINUTES" != 0 ]; then
   echo "wave: $(ls "$OUTDIR"/agent/*/replaced 2>/dev/null | wc -l) of ${#victims[@]} NotReady nodes repaired (drained, replacement requested, deleted)"
 fi
 cp "$DIR/logs/nodekeeper-controller.log" "$OUTDIR/"
+[ -z "$STANDBY_PID" ] || cp "$DIR/logs/nodekeeper-standby.log" "$OUTDIR/"
 cleanup; trap - EXIT
 log "API load from the audit log ($(du -h "$DIR/logs/audit.log" | cut -f1))"
 python3 "$REPO/scripts/lib/api-load.py" "$DIR/logs/audit.log" "$OUTDIR/windows" "$OUTDIR/api-load.json" \
@@ -199,4 +215,4 @@ for n in json.load(open(f"{d}/nodes-steady.json"))["items"]:
     print(f"conditions on {n['metadata']['name']}: " + ", ".join(
         f"{c['type']}={c['status']} ({c['reason']})" for c in n["status"]["conditions"] if c["type"] != "Ready"))
 EOF
-echo "versions: NPD v$NPD_VERSION, Kubernetes $K8S_VERSION, nodekeeper $(git -C "$REPO" rev-parse --short HEAD) (agents: $AGENT_PROFILE build, controller: $PROFILE build${NK_CONTROLLER_SET:+, [controller] $NK_CONTROLLER_SET}); output: $OUTDIR"
+echo "versions: NPD v$NPD_VERSION, Kubernetes $K8S_VERSION, nodekeeper $(git -C "$REPO" rev-parse --short HEAD) (agents: $AGENT_PROFILE build, controller: $PROFILE build, $REPLICAS replica(s)${NK_CONTROLLER_SET:+, [controller] $NK_CONTROLLER_SET}); output: $OUTDIR"

@@ -9,6 +9,8 @@
 #                                                   nodekeeper-core: its build.rs records the commit)
 #   WINDOW=30 NOTICES=50 FAILS=20 TOLERATION=20 …   seconds per measurement, notices and Ready=False nodes per size,
 #                                                   the repair toleration (s) of the bench's controller config
+#   NK_CONTROLLER_SET='max_connections = 1024' …    TOML lines added to the controller's [controller] table (to
+#                                                   compare settings side by side: one run each)
 # One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests, with the kubelet's and
 # kube-controller-manager's default node heartbeat: Leases of 40 s, NotReady after 50 s), grown size by size:
 #   - KWOK nodes n0 … nN-1 (label karpenter.sh/nodepool=pool-(i % 100)), PODS-PER-NODE pods each bound with
@@ -27,6 +29,8 @@
 #      from the notice handed to the agent's reporter to the cordon seen by a Node watch;
 #   5. decision after a toleration expires: the kubelets of FAILS new nodes post Ready=False with one whole-second
 #      lastTransitionTime T; from T + TOLERATION to the repair's cordon seen by the same watch.
+#   For 4 and 5 also (in brackets) to the controller's `node written` log line with the node's cordon, written once
+#   its PATCH returned: the watch (one Python client) falls behind the event stream under load.
 # Needs root (only for the cluster's ports and /proc of its processes), openssl, python3, the cached control plane.
 . "$(dirname "$0")/lib.sh"
 cd "$REPO"
@@ -71,7 +75,8 @@ cp "$OUT/tls/tls.crt" "$FLEET/ca.pem"
 token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-controller --duration=6h)" "$OUT/controller.kubeconfig"
 shipped_controller_config "127.0.0.1:$CTL_PORT" "$OUT/tls" |
   sed -e "s|^toleration = .*|toleration = \"${TOLERATION}s\"|" -e 's|^max_unhealthy = .*|max_unhealthy = "100%"|' \
-      -e 's|^budgets = .*|budgets = [{ nodes = "100%" }]|' >"$OUT/controller.toml"
+      -e 's|^budgets = .*|budgets = [{ nodes = "100%" }]|' |
+  awk -v set="${NK_CONTROLLER_SET:-}" '{ print } /^\[controller\]$/ && set != "" { print set }' >"$OUT/controller.toml"
 ctl_metric() { curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
 # phase NAME LABEL=PID…: WINDOW s of samples and kube-apiserver's request counters around them.
 phase() {
@@ -130,13 +135,16 @@ for n in "${sizes[@]}"; do
   "${F[@]}" not-ready "$DIR" "$TOLERATION" "${fails[@]}" >"$SD/expiry.out"
   sleep $((TOLERATION + 15))
   accepted=$(ctl_metric nodekeeper_connections_accepted_total)
+  shed=$(ctl_metric nodekeeper_reports_shed_total)
+  engine="$(ctl_metric nodekeeper_engine_reconciles_total) $(ctl_metric nodekeeper_engine_node_write_conflicts_total)"
   stop "$AGENTS_PID"; AGENTS_PID=""
   stop "$WATCH_PID"; WATCH_PID=""
   stop "$CTL_PID"; CTL_PID=""
-  python3 - "$SD" "$n" "$pods" "$open" "$accepted" "$((t2 - t0))" "$K8S" \
-    "$("${F[@]}" latency "$SD/agents.out" "$SD/expiry.out" "$SD/watch.log")" >>"$RESULTS" <<'EOF'
+  python3 - "$SD" "$n" "$pods" "$open" "$accepted" "$shed" "$engine" "$((t2 - t0))" "$K8S" \
+    "$("${F[@]}" latency "$SD/agents.out" "$SD/expiry.out" "$SD/watch.log" "$SD/controller.log")" >>"$RESULTS" <<'EOF'
 import json, sys
-sd, n, pods, open_, accepted, grow, k8s, lat = sys.argv[1:]
+sd, n, pods, open_, accepted, shed, engine, grow, k8s, lat = sys.argv[1:]
+reconciles, conflicts = (engine.split() + ["", ""])[:2]
 ph = {p: json.load(open(f"{sd}/{p}.json")) for p in ("base", "idle", "agents")}
 def rate(p):
     a, b = (json.load(open(f"{sd}/req-{p}-{i}.json")) for i in (0, 1))
@@ -145,7 +153,8 @@ rates = {p: rate(p) for p in ph}
 extra = {k: round(v - rates["base"].get(k, 0), 1) for k, v in rates["agents"].items()}
 top = dict(sorted(((k, v) for k, v in extra.items() if abs(v) >= 0.5), key=lambda kv: -abs(kv[1]))[:8])
 print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(grow),
-                  "connections_open": open_, "accepted_total": accepted, "phases": ph,
+                  "connections_open": open_, "accepted_total": accepted, "reports_shed_total": shed,
+                  "reconciles_total": reconciles, "node_write_conflicts_total": conflicts, "phases": ph,
                   "apiserver_req_per_s": {p: round(sum(r.values()), 1) for p, r in rates.items()},
                   "agents_minus_base_req_per_s": top, "latency": json.loads(lat)}))
 EOF
@@ -155,7 +164,7 @@ done
 log "results: $RESULTS"
 python3 - "$RESULTS" <<'EOF'
 import json, sys
-print("| nodes | pods | controller RSS idle / agents (max) MiB | controller CPU agents m | apiserver RSS base → agents MiB | apiserver CPU base → agents m | etcd RSS base → agents MiB | API req/s base → agents | notice→cordon p50/p99 ms | decision p50/p99 ms | change→visible p50/p99 ms | load |")
+print("| nodes | pods | controller RSS idle / agents (max) MiB | controller CPU agents m | apiserver RSS base → agents MiB | apiserver CPU base → agents m | etcd RSS base → agents MiB | API req/s base → agents | notice→cordon p50/p99 ms: watch (controller log) | decision p50/p99 ms: watch (controller log) | change→visible p50/p99 ms | load |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for line in open(sys.argv[1]):
     r = json.loads(line); p = r["phases"]; l = r["latency"]
@@ -163,7 +172,7 @@ for line in open(sys.argv[1]):
     print(f'| {r["nodes"]} | {r["pods"]} | {p["idle"]["controller"]["rss_mib_end"]} / {c["rss_mib_end"]} ({c["rss_mib_max"]}) | {c["cpu_millicores"]} '
           f'| {p["base"]["apiserver"]["rss_mib_end"]} → {a["rss_mib_end"]} | {p["base"]["apiserver"]["cpu_millicores"]} → {a["cpu_millicores"]} '
           f'| {p["base"]["etcd"]["rss_mib_end"]} → {e["rss_mib_end"]} | {r["apiserver_req_per_s"]["base"]} → {r["apiserver_req_per_s"]["agents"]} '
-          f'| {l["notice"]["p50_ms"]}/{l["notice"]["p99_ms"]} ({l["notice"]["cordoned"]}/{l["notice"]["sent"]}) '
-          f'| {l["expiry"]["p50_ms"]}/{l["expiry"]["p99_ms"]} ({l["expiry"]["cordoned"]}/{l["expiry"]["sent"]}) '
+          f'| {l["notice"]["p50_ms"]}/{l["notice"]["p99_ms"]} ({l["notice"]["acted_p50_ms"]}/{l["notice"]["acted_p99_ms"]}) ({l["notice"]["cordoned"]}/{l["notice"]["sent"]}) '
+          f'| {l["expiry"]["p50_ms"]}/{l["expiry"]["p99_ms"]} ({l["expiry"]["acted_p50_ms"]}/{l["expiry"]["acted_p99_ms"]}) ({l["expiry"]["cordoned"]}/{l["expiry"]["sent"]}) '
           f'| {l["change"]["p50_ms"]}/{l["change"]["p99_ms"]} | {" ".join(p["agents"]["loadavg"])} |')
 EOF

@@ -126,26 +126,6 @@ BIN=$("$REPO/scripts/setup-k8s.sh" --print 2>/dev/null) || {
 STAGES="$BIN/../kwok-stages"
 t0=$(date +%s.%N)
 
-# ---- ports: free loopback ports, asked of the kernel; each is then bound by its component at once.
-read -r P_ETCD P_PEER P_API P_KCM P_SCHED P_KWOK P_KARP_METRICS P_KARP_HEALTH <<<"$(python3 - <<'EOF'
-import socket
-ss = []
-for _ in range(8):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); ss.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in ss))
-EOF
-)"
-cat >"$DIR/ports" <<EOF
-etcd=$P_ETCD
-kube-apiserver=$P_API
-kube-controller-manager=$P_KCM
-kube-scheduler=$P_SCHED
-kwok=$P_KWOK
-EOF
-if [ -n "$KARPENTER" ]; then
-  printf 'karpenter-kwok-metrics=%s\nkarpenter-kwok-health=%s\n' "$P_KARP_METRICS" "$P_KARP_HEALTH" >>"$DIR/ports"
-fi
-
 # ---- certificates (ECDSA P-256; the SA signing key RSA 2048, as kube-apiserver's default algorithm RS256 wants)
 PKI="$DIR/pki"
 ossl() { openssl "$@" 2>>"$DIR/logs/pki.log" >/dev/null || fail "openssl $1 failed; log: $DIR/logs/pki.log"; }
@@ -176,7 +156,84 @@ leaf kwok "/O=system:masters/CN=kwok" "$CLIENT_EXT"
 ossl genrsa -out "$PKI/sa.key" 2048
 ossl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
 
-API="https://127.0.0.1:$P_API"
+
+# start NAME CMD...: runs CMD in its own session with output to DIR/logs/NAME.log, records "NAME PID START".
+start() {
+  local name=$1; shift
+  setsid "$@" >"$DIR/logs/$name.log" 2>&1 </dev/null &
+  local pid=$!
+  local st=""
+  for _ in 1 2 3 4 5; do st=$(proc_start $pid); [ -n "$st" ] && break; sleep 0.01; done
+  echo "$name $pid $st" >>"$DIR/pids"
+}
+
+# free_ports N: N free loopback ports, asked of the kernel (bound to port 0, then closed).
+free_ports() {
+  python3 -c 'import socket,sys
+ss = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"
+}
+
+# listener PORT: the PID that listens on TCP PORT (any address), "" if none does.
+# "?" if one does but its PID is not shown (another user's process, when not run as root).
+listener() {
+  local line
+  line=$(ss -Hltnp "sport = :$1" 2>/dev/null | head -1) || true
+  [ -z "$line" ] && return 0
+  [[ $line =~ pid=([0-9]+) ]] && echo "${BASH_REMATCH[1]}" || echo "?"
+}
+
+# serve NAME SECONDS N CMD… -- CURL-ARGS…: starts a component on N free loopback ports (@P1@…@PN@ in CMD and
+# CURL-ARGS stand for them) and waits until curl succeeds AND the component itself listens on each port.
+# The binaries cannot report a port of their own choice, so the ports are picked beforehand, and another
+# process may be given one of them before the component binds it: then the component fails to bind
+# ("address already in use") or a stranger answers its health check. Either way it is stopped and started
+# again on new ports, at most 3 times. Sets PORTS to the ports it got. Any other failure: fail, naming it.
+serve() {
+  local name=$1 secs=$2 n=$3; shift 3
+  local cmd=() check=() try i pid end owner mine
+  while [ "$1" != -- ]; do cmd+=("$1"); shift; done
+  shift; check=("$@")
+  for try in 1 2 3; do
+    read -r -a PORTS <<<"$(free_ports "$n")"
+    local c=("${cmd[@]}") k=("${check[@]}")
+    for i in "${!PORTS[@]}"; do
+      c=("${c[@]//@P$((i + 1))@/${PORTS[$i]}}"); k=("${k[@]//@P$((i + 1))@/${PORTS[$i]}}")
+    done
+    start "$name" "${c[@]}"
+    pid=$(awk -v n="$name" '$1==n {p=$2} END {print p}' "$DIR/pids")
+    end=$(( $(date +%s) + secs ))
+    while :; do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        grep -q "address already in use" "$DIR/logs/$name.log" && break
+        tail -15 "$DIR/logs/$name.log" >&2
+        fail "$name exited at start; log: $DIR/logs/$name.log"
+      fi
+      mine=0 owner=""
+      for i in "${PORTS[@]}"; do
+        owner=$(listener "$i")
+        [ "$owner" = "$pid" ] && mine=$((mine + 1))
+        [ -n "$owner" ] && [ "$owner" != "$pid" ] && break
+        owner=""
+      done
+      [ -n "$owner" ] && break   # a stranger holds one of the ports
+      [ $mine = "$n" ] && curl -fsS --max-time 2 "${k[@]}" >/dev/null 2>&1 && return 0
+      if [ "$(date +%s)" -ge $end ]; then
+        tail -15 "$DIR/logs/$name.log" >&2
+        fail "$name was not healthy after ${secs}s; log: $DIR/logs/$name.log"
+      fi
+      sleep 0.2
+    done
+    echo "k8s-cluster: $name: a port picked for it was taken meanwhile (try $try); starting it on new ports" >&2
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true   # (and no "Killed" line from bash)
+    mv -f "$DIR/logs/$name.log" "$DIR/logs/$name.try$try.log"
+    awk -v n="$name" '$1 != n' "$DIR/pids" >"$DIR/pids.tmp" && mv -f "$DIR/pids.tmp" "$DIR/pids"
+  done
+  fail "$name: its picked ports were taken 3 times; logs: $DIR/logs/$name.try*.log"
+}
+
 # kubeconfig FILE CERTNAME
 kubeconfig() {
   cat >"$1" <<EOF
@@ -198,42 +255,12 @@ contexts:
 current-context: local
 EOF
 }
-kubeconfig "$DIR/kubeconfig" admin
-for c in kcm scheduler kwok; do kubeconfig "$DIR/$c.kubeconfig" $c; done
-[ -z "$KARPENTER" ] || kubeconfig "$DIR/karpenter.kubeconfig" karpenter
-
-# start NAME CMD...: runs CMD in its own session with output to DIR/logs/NAME.log, records "NAME PID START".
-start() {
-  local name=$1; shift
-  setsid "$@" >"$DIR/logs/$name.log" 2>&1 </dev/null &
-  local pid=$!
-  local st=""
-  for _ in 1 2 3 4 5; do st=$(proc_start $pid); [ -n "$st" ] && break; sleep 0.01; done
-  echo "$name $pid $st" >>"$DIR/pids"
-}
-# wait_healthy NAME SECONDS CURL-ARGS...: polls until curl succeeds; fails naming the component and its log.
-wait_healthy() {
-  local name=$1 secs=$2; shift 2
-  local end=$(( $(date +%s) + secs )) pid
-  pid=$(awk -v n="$name" '$1==n {print $2}' "$DIR/pids")
-  while ! curl -fsS --max-time 2 "$@" >/dev/null 2>&1; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      tail -15 "$DIR/logs/$name.log" >&2
-      fail "$name exited at start; log: $DIR/logs/$name.log"
-    fi
-    if [ "$(date +%s)" -ge $end ]; then
-      tail -15 "$DIR/logs/$name.log" >&2
-      fail "$name was not healthy after ${secs}s; log: $DIR/logs/$name.log"
-    fi
-    sleep 0.2
-  done
-}
-
-start etcd "$BIN/etcd" --name local --data-dir "$DIR/etcd" \
-  --listen-client-urls "http://127.0.0.1:$P_ETCD" --advertise-client-urls "http://127.0.0.1:$P_ETCD" \
-  --listen-peer-urls "http://127.0.0.1:$P_PEER" --initial-advertise-peer-urls "http://127.0.0.1:$P_PEER" \
-  --initial-cluster "local=http://127.0.0.1:$P_PEER" --unsafe-no-fsync --log-level warn
-wait_healthy etcd 20 "http://127.0.0.1:$P_ETCD/health"
+serve etcd 20 2 "$BIN/etcd" --name local --data-dir "$DIR/etcd" \
+  --listen-client-urls "http://127.0.0.1:@P1@" --advertise-client-urls "http://127.0.0.1:@P1@" \
+  --listen-peer-urls "http://127.0.0.1:@P2@" --initial-advertise-peer-urls "http://127.0.0.1:@P2@" \
+  --initial-cluster "local=http://127.0.0.1:@P2@" --unsafe-no-fsync --log-level warn \
+  -- "http://127.0.0.1:@P1@/health"
+P_ETCD=${PORTS[0]}
 
 if [ ${#AUDIT[@]} -gt 0 ]; then
   # Metadata level: one JSON line per request and stage (user, user agent, verb, URI, code), no bodies;
@@ -247,9 +274,9 @@ EOF
   AUDIT=(--audit-policy-file="$DIR/audit-policy.yaml" --audit-log-path="$DIR/logs/audit.log" --audit-log-format=json
          --audit-log-maxsize=0 --audit-log-maxbackup=0)
 fi
-start kube-apiserver "$BIN/kube-apiserver" \
+serve kube-apiserver 60 1 "$BIN/kube-apiserver" \
   --etcd-servers="http://127.0.0.1:$P_ETCD" \
-  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$P_API" \
+  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port=@P1@ \
   --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
   --client-ca-file="$PKI/ca.crt" \
   --authorization-mode=Node,RBAC \
@@ -259,19 +286,25 @@ start kube-apiserver "$BIN/kube-apiserver" \
   --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true \
   --enable-admission-plugins=NodeRestriction \
   --endpoint-reconciler-type=none \
-  --profiling=false ${AUDIT[@]+"${AUDIT[@]}"}
-wait_healthy kube-apiserver 60 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$API/readyz"
+  --profiling=false ${AUDIT[@]+"${AUDIT[@]}"} \
+  -- --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "https://127.0.0.1:@P1@/readyz"
+P_API=${PORTS[0]}
+API="https://127.0.0.1:$P_API"
+kubeconfig "$DIR/kubeconfig" admin
+for c in kcm scheduler kwok; do kubeconfig "$DIR/$c.kubeconfig" $c; done
+[ -z "$KARPENTER" ] || kubeconfig "$DIR/karpenter.kubeconfig" karpenter
 
-start kube-controller-manager "$BIN/kube-controller-manager" \
+serve kube-controller-manager 40 1 "$BIN/kube-controller-manager" \
   --kubeconfig="$DIR/kcm.kubeconfig" \
   --authentication-kubeconfig="$DIR/kcm.kubeconfig" --authorization-kubeconfig="$DIR/kcm.kubeconfig" \
-  --bind-address=127.0.0.1 --secure-port="$P_KCM" --leader-elect=false \
+  --bind-address=127.0.0.1 --secure-port=@P1@ --leader-elect=false \
   --use-service-account-credentials=true \
   --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
   --controllers=serviceaccount-token-controller,serviceaccount-controller,namespace-controller,root-ca-certificate-publisher-controller,garbage-collector-controller,replicaset-controller,deployment-controller,statefulset-controller,daemonset-controller,disruption-controller,node-lifecycle-controller,taint-eviction-controller,pod-garbage-collector-controller,validatingadmissionpolicy-status-controller \
   --node-monitor-period=1s --node-monitor-grace-period="${K8S_NODE_MONITOR_GRACE:-8s}" --node-startup-grace-period=20s \
-  --concurrent-gc-syncs=5 --profiling=false
-wait_healthy kube-controller-manager 40 -k "https://127.0.0.1:$P_KCM/healthz"
+  --concurrent-gc-syncs=5 --profiling=false \
+  -- -k "https://127.0.0.1:@P1@/healthz"
+P_KCM=${PORTS[0]}
 
 cat >"$DIR/scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
@@ -281,18 +314,25 @@ clientConnection:
 leaderElection:
   leaderElect: false
 EOF
-start kube-scheduler "$BIN/kube-scheduler" --config="$DIR/scheduler.yaml" \
+serve kube-scheduler 30 1 "$BIN/kube-scheduler" --config="$DIR/scheduler.yaml" \
   --authentication-kubeconfig="$DIR/scheduler.kubeconfig" --authorization-kubeconfig="$DIR/scheduler.kubeconfig" \
-  --bind-address=127.0.0.1 --secure-port="$P_SCHED" --profiling=false
-wait_healthy kube-scheduler 30 -k "https://127.0.0.1:$P_SCHED/healthz"
+  --bind-address=127.0.0.1 --secure-port=@P1@ --profiling=false -- -k "https://127.0.0.1:@P1@/healthz"
+P_SCHED=${PORTS[0]}
 
 stage_args=()
 for f in "$STAGES"/*.yaml; do stage_args+=(--config "$f"); done
-start kwok "$BIN/kwok" --kubeconfig="$DIR/kwok.kubeconfig" \
+serve kwok 20 1 "$BIN/kwok" --kubeconfig="$DIR/kwok.kubeconfig" \
   --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
   --node-lease-duration-seconds="${K8S_NODE_LEASE_SECONDS:-10}" \
-  --server-address="127.0.0.1:$P_KWOK" --node-ip=127.0.0.1 "${stage_args[@]}"
-wait_healthy kwok 20 "http://127.0.0.1:$P_KWOK/healthz"
+  --server-address="127.0.0.1:@P1@" --node-ip=127.0.0.1 "${stage_args[@]}" -- "http://127.0.0.1:@P1@/healthz"
+P_KWOK=${PORTS[0]}
+cat >"$DIR/ports" <<EOF
+etcd=$P_ETCD
+kube-apiserver=$P_API
+kube-controller-manager=$P_KCM
+kube-scheduler=$P_SCHED
+kwok=$P_KWOK
+EOF
 
 # The default ServiceAccount exists once kcm's serviceaccount controller ran: pods are refused before that.
 end=$(( $(date +%s) + 30 ))
@@ -317,11 +357,11 @@ if [ -n "$KARPENTER" ]; then
   # Out of cluster: KUBECONFIG (it has no --kubeconfig flag), no leader election (it would need a namespace
   # it cannot guess out of cluster). It binds metrics and health on ALL interfaces (":PORT", no bind-address
   # setting in v1.14.1): the ports are free loopback ports, the tests talk to 127.0.0.1 only.
-  start karpenter-kwok env KUBECONFIG="$DIR/karpenter.kubeconfig" DISABLE_LEADER_ELECTION=true \
-    METRICS_PORT="$P_KARP_METRICS" HEALTH_PROBE_PORT="$P_KARP_HEALTH" LOG_LEVEL="${KARPENTER_LOG_LEVEL:-info}" \
-    ${KARPENTER_GATES[@]+"${KARPENTER_GATES[@]}"} "$BIN/karpenter-kwok"
   # /readyz: its caches synced and NodePool/NodeClaim mapped.
-  wait_healthy karpenter-kwok 60 "http://127.0.0.1:$P_KARP_HEALTH/readyz"
+  serve karpenter-kwok 60 2 env KUBECONFIG="$DIR/karpenter.kubeconfig" DISABLE_LEADER_ELECTION=true \
+    METRICS_PORT=@P1@ HEALTH_PROBE_PORT=@P2@ LOG_LEVEL="${KARPENTER_LOG_LEVEL:-info}" \
+    ${KARPENTER_GATES[@]+"${KARPENTER_GATES[@]}"} "$BIN/karpenter-kwok" -- "http://127.0.0.1:@P2@/readyz"
+  printf 'karpenter-kwok-metrics=%s\nkarpenter-kwok-health=%s\n' "${PORTS[0]}" "${PORTS[1]}" >>"$DIR/ports"
 fi
 
 echo "export KUBECONFIG=$DIR/kubeconfig" >"$DIR/env"

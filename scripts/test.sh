@@ -10,4 +10,6 @@ log "cargo test"
 cargo test --locked --workspace --all-targets "$@" -- --include-ignored \
     --skip packaging_image::image_builds_and_its_binary_runs \
     --test-threads="${NODEKEEPER_TEST_THREADS:-4}"
+# --all-targets leaves out doctests: the examples in the docs compile and pass too.
+cargo test --locked --workspace --doc
 "$REPO/scripts/check-agent-build.sh"

@@ -19,8 +19,12 @@ directory: every call here uses its admin client certificate (the harness, never
     scale-fleet.py requests DIR OUT                 kube-apiserver's apiserver_request_total (admin /metrics) by
                                                     verb/resource/subresource, as JSON
     scale-fleet.py latency EVENTS…                  percentiles of from → to from `notice|expiry NODE NS` lines and the
-                                                    watch's `cordon NODE NS` lines, and of the watch's change lines
+                                                    watch's `cordon NODE NS` lines, and of the watch's change lines;
+                                                    given the controller's JSON log too, also from → its
+                                                    `node written` line with a cordon (logged once the PATCH
+                                                    returned): acted_p50/p99_ms, which a lagging watch cannot inflate
 """
+import datetime
 import http.client
 import json
 import os
@@ -286,10 +290,21 @@ def pct(xs, p):
 
 
 def latency(files):
-    start, cordon, change = {}, {}, []
+    start, cordon, acted, change = {}, {}, {}, []
     for fn in files:
         with open(fn) as f:
             for line in f:
+                if line.startswith("{"):
+                    # the controller's JSON log: "node written" with a cordon, once its PATCH returned
+                    try:
+                        j = json.loads(line)
+                    except ValueError:
+                        continue
+                    if (j.get("message") == "node written" and "cordon" in j.get("changes", "").split(",")
+                            and j.get("node") not in acted):
+                        t = datetime.datetime.fromisoformat(j["timestamp"].replace("Z", "+00:00"))
+                        acted[j["node"]] = int(t.timestamp() * 1e6) * 1000
+                    continue
                 w = line.split()
                 if len(w) == 3 and w[0] in ("notice", "expiry"):
                     start[w[1]] = (w[0], int(w[2]))
@@ -301,8 +316,10 @@ def latency(files):
     for kind in ("notice", "expiry"):
         nodes = [n for n, (k, _) in start.items() if k == kind]
         ms = [(cordon[n] - start[n][1]) / 1e6 for n in nodes if n in cordon]
+        by_ctl = [(acted[n] - start[n][1]) / 1e6 for n in nodes if n in acted]
         res[kind] = {"sent": len(nodes), "cordoned": len(ms), "p50_ms": round(pct(ms, 0.5), 1),
-                     "p99_ms": round(pct(ms, 0.99), 1), "max_ms": round(max(ms), 1) if ms else None}
+                     "p99_ms": round(pct(ms, 0.99), 1), "max_ms": round(max(ms), 1) if ms else None,
+                     "acted_p50_ms": round(pct(by_ctl, 0.5), 1), "acted_p99_ms": round(pct(by_ctl, 0.99), 1)}
     res["change"] = {"seen": len(change), "p50_ms": round(pct(change, 0.5), 1), "p99_ms": round(pct(change, 0.99), 1)}
     print(json.dumps(res))
 

@@ -345,10 +345,45 @@ pub(crate) async fn remove_pool(c: &'static Cluster, kinds: &str, app: &str, poo
         ],
     );
     assert!(out.status.success(), "kubectl delete nodepool {pool}");
-    let nodes: Api<Node> = Api::all(c.admin().await);
+    let admin = c.admin().await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let claims = nodeclaims(&admin);
     let selector = format!("karpenter.sh/nodepool={pool}");
+    // Karpenter deletes a NodeClaim's Node only once the NodeClaim has registered it, and waits for
+    // that Node to be gone before it lets the NodeClaim go; a Node whose NodeClaim was deleted before
+    // it registered is left to the cloud's node lifecycle controller (the CCM), which the KWOK provider
+    // does not have. So once the pool's NodeClaims are gone, a Node left of the pool is such an orphan
+    // (a replacement still launching when the NodePool went): the teardown deletes it, as a CCM would.
     wait_until(
         Duration::from_secs(180),
+        &format!("the NodeClaims of NodePool {pool} gone"),
+        || {
+            let claims = claims.clone();
+            let lp = ListParams::default().labels(&selector);
+            async move { claims.list(&lp).await.unwrap().items.is_empty() }
+        },
+    )
+    .await;
+    for orphan in nodes
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .unwrap()
+        .items
+    {
+        let name = orphan.metadata.name.unwrap_or_default();
+        eprintln!("NodePool {pool}: deleting {name}, whose NodeClaim went before it registered");
+        nodes
+            .delete(&name, &Default::default())
+            .await
+            .map(|_| ())
+            .or_else(|e| match e {
+                kube::Error::Api(ref r) if r.code == 404 => Ok(()),
+                e => Err(e),
+            })
+            .unwrap();
+    }
+    wait_until(
+        Duration::from_secs(60),
         &format!("the nodes of NodePool {pool} gone"),
         || {
             let nodes = nodes.clone();

@@ -231,6 +231,14 @@ async fn nodepool_budget_read_from_karpenter_holds_the_second_repair_until_the_f
     // The first went by nodekeeper's hand-over (its NodeClaim deleted by the retire, the retire's
     // last step; a NotReady node whose instance is gone is removed by Karpenter at once, too fast
     // to observe by polling), and the second's drain started after it, in the controller's own log.
+    // (The Node shows the repair as soon as its patch lands; the controller logs `drain started`
+    // a moment later, after the patch's Events.)
+    wait_until(
+        Duration::from_secs(10),
+        "the second's `drain started` in the controller's log",
+        || std::future::ready(ctl.position("drain started", &second).is_some()),
+    )
+    .await;
     let handed = ctl
         .position("drain over: deleting the old NodeClaim", &first)
         .unwrap_or_else(|| panic!("{first} never handed over; its log:\n{}", ctl.about(&first)));

@@ -23,6 +23,7 @@ mod karpenter;
 mod karpenter_budgets;
 mod karpenter_random;
 mod labels;
+mod node_write;
 mod nodepool;
 mod preemption;
 mod privilege;

@@ -212,6 +212,29 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once(
         },
     )
     .await;
+    // The cordon is logged as it lands, before the drain starts (docs/controller.md).
+    let written = ctl.position("node written", NODE);
+    let started = ctl.position("drain started", NODE);
+    assert!(
+        written.is_some() && written < started,
+        "`node written` before `drain started`:\n{}",
+        ctl.about(NODE)
+    );
+    let line = ctl.lines.lock().unwrap()[written.unwrap_or_default()].clone();
+    let changes = [&line, &line["fields"]]
+        .iter()
+        .find_map(|f| f["changes"].as_str().map(str::to_string))
+        .unwrap_or_default();
+    assert!(
+        changes.split(',').any(|k| k == "cordon") && changes.split(',').any(|k| k == "taint"),
+        "the first write cordons and taints: {line}"
+    );
+    // One PATCH: computed from the copy the controller held (the answer to its own condition
+    // write of the agent's reports, or the watch cache), not refused as stale and re-read.
+    let rereads = [&line, &line["fields"]]
+        .iter()
+        .find_map(|f| f["rereads"].as_u64());
+    assert_eq!(rereads, Some(0), "the cordon was one PATCH: {line}");
     let holds = holds.into_inner().unwrap();
     eprintln!("holds seen: {holds:?}");
     assert!(

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use serde_json::json;
 
 use crate::packaging_support::rbac::{inventory, service_account, Call};
@@ -158,4 +159,120 @@ async fn the_real_authorizer_allows_exactly_the_calls_the_code_makes() {
         "the real authorizer disagrees with the inventory:\n{}",
         wrong.join("\n")
     );
+}
+
+/// The FlowSchema and priority level kube-apiserver's API Priority and Fairness ran a request at,
+/// by name: the response's `X-Kubernetes-PF-FlowSchema-UID` and `-PriorityLevel-UID` headers,
+/// looked up among the cluster's objects (set whatever the answer, 404 included).
+async fn flow(
+    admin: &kube::Client,
+    client: &kube::Client,
+    method: &str,
+    uri: &str,
+    body: Option<serde_json::Value>,
+) -> (String, String) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(match body {
+            Some(b) => kube::client::Body::from(serde_json::to_vec(&b).unwrap()),
+            None => kube::client::Body::empty(),
+        })
+        .unwrap();
+    let resp = client.send(req).await.expect(uri);
+    let header = |h: &str| {
+        resp.headers()
+            .get(h)
+            .unwrap_or_else(|| panic!("{uri}: no {h} in {:?}", resp.headers()))
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    let (schema_uid, level_uid) = (
+        header("x-kubernetes-pf-flowschema-uid"),
+        header("x-kubernetes-pf-prioritylevel-uid"),
+    );
+    let schemas: kube::Api<FlowSchema> = kube::Api::all(admin.clone());
+    let levels: kube::Api<PriorityLevelConfiguration> = kube::Api::all(admin.clone());
+    let name_of = |items: Vec<kube::core::ObjectMeta>, uid: &str| {
+        items
+            .into_iter()
+            .find(|m| m.uid.as_deref() == Some(uid))
+            .and_then(|m| m.name)
+            .unwrap_or_else(|| panic!("{uri}: nothing with uid {uid}"))
+    };
+    let all_schemas = schemas.list(&Default::default()).await.unwrap().items;
+    let all_levels = levels.list(&Default::default()).await.unwrap().items;
+    (
+        name_of(
+            all_schemas.into_iter().map(|f| f.metadata).collect(),
+            &schema_uid,
+        ),
+        name_of(
+            all_levels.into_iter().map(|l| l.metadata).collect(),
+            &level_uid,
+        ),
+    )
+}
+
+/// The shipped FlowSchemas as kube-apiserver applies them: the controller's Lease at
+/// `leader-election`; at `workload-high` its reports' calls, its evictions and the rest each in a
+/// flow of their own; and the agent (no FlowSchema of ours) still at `workload-low` with every
+/// other ServiceAccount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controllers_requests_run_at_its_own_priority_levels() {
+    init_tracing();
+    let c = cluster();
+    let admin = c.admin().await;
+    let ctl = controller_client(c).await;
+    let lease =
+        format!("/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/nodekeeper-controller");
+    let agent_token = sa_token(&admin, NS, "nodekeeper-agent", None, None).await;
+    let agent = c.client_with_token(&agent_token).await;
+    let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+        "spec": {"token": "not-a-token", "audiences": ["nodekeeper"]}});
+    let eviction = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": "no-such-pod", "namespace": "default"}});
+    let got = [
+        flow(&admin, &ctl, "GET", &lease, None).await,
+        flow(&admin, &ctl, "GET", "/api/v1/nodes?limit=1", None).await,
+        flow(&admin, &ctl, "GET", "/api/v1/pods?limit=1", None).await,
+        flow(
+            &admin,
+            &ctl,
+            "POST",
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            Some(review),
+        )
+        .await,
+        flow(
+            &admin,
+            &ctl,
+            "GET",
+            &format!("/api/v1/namespaces/{NS}/pods/no-such-pod"),
+            None,
+        )
+        .await,
+        flow(
+            &admin,
+            &ctl,
+            "POST",
+            "/api/v1/namespaces/default/pods/no-such-pod/eviction",
+            Some(eviction),
+        )
+        .await,
+        flow(&admin, &agent, "GET", "/api/v1/nodes?limit=1", None).await,
+    ];
+    let want = [
+        ("nodekeeper-controller-leader-election", "leader-election"),
+        ("nodekeeper-controller", "workload-high"),
+        ("nodekeeper-controller", "workload-high"),
+        ("nodekeeper-controller-reports", "workload-high"),
+        ("nodekeeper-controller-reports", "workload-high"),
+        ("nodekeeper-controller-drains", "workload-high"),
+        ("service-accounts", "workload-low"),
+    ];
+    let got: Vec<(&str, &str)> = got.iter().map(|(f, l)| (f.as_str(), l.as_str())).collect();
+    assert_eq!(got, want);
 }

@@ -125,57 +125,24 @@ pub fn karpenter_cluster() -> &'static Cluster {
     })
 }
 
-/// How often [`up_real`] starts a cluster whose picked port was taken meanwhile.
-const UP_ATTEMPTS: u32 = 3;
-
 fn start_cluster() -> Cluster {
     let c = up_real("nodekeeper-real", &[]);
     install_manifests(&c);
     c
 }
 
-/// `scripts/k8s-cluster.sh up $TMPDIR/PREFIX-<pid> EXTRA…`, stopped when this process exits.
-///
-/// The control plane's binaries cannot report a port of their own choice, so the script picks free
-/// loopback ports for them beforehand (`DIR/ports`); another process may take one in between. The
-/// one place the tests accept a picked port is here, and so it retries: when `up` fails and a
-/// component's log says `address already in use`, the cluster is stopped and started again on new
-/// ports, at most [`UP_ATTEMPTS`] times. Any other failure fails at once.
+/// `scripts/k8s-cluster.sh up $TMPDIR/PREFIX-<pid> EXTRA…`, stopped when this process exits. (The
+/// script starts a component again on new ports when one picked for it was taken meanwhile.)
 fn up_real(prefix: &str, extra: &[&str]) -> Cluster {
     let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
-    let script = repo().join("scripts/k8s-cluster.sh");
-    for attempt in 1..=UP_ATTEMPTS {
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut up = Command::new(&script);
-        up.arg("up").arg(&dir).args(extra);
-        // NODEKEEPER_REAL_KEEP=1 leaves the cluster running after the tests, for a look with kubectl
-        // (`scripts/k8s-cluster.sh down DIR` stops it); otherwise it stops when this process exits.
-        if std::env::var_os("NODEKEEPER_REAL_KEEP").is_none() {
-            up.arg("--owner-pid").arg(std::process::id().to_string());
-        }
-        let out = up.output().expect("run scripts/k8s-cluster.sh");
-        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-        if out.status.success() {
-            break;
-        }
-        let port_taken = std::fs::read_dir(dir.join("logs"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|e| {
-                std::fs::read_to_string(e.path())
-                    .is_ok_and(|l| l.contains("address already in use"))
-            });
-        assert!(
-            port_taken && attempt < UP_ATTEMPTS,
-            "scripts/k8s-cluster.sh up {} failed (attempt {attempt}; logs in {}/logs)",
-            dir.display(),
-            dir.display()
-        );
-        eprintln!("a picked port was taken meanwhile: the cluster starts again on new ports");
-        // (stops only the processes this cluster's pid file names)
-        let _ = Command::new(&script).arg("down").arg(&dir).output();
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+    // NODEKEEPER_REAL_KEEP=1 leaves the cluster running after the tests, for a look with kubectl
+    // (`scripts/k8s-cluster.sh down DIR` stops it); otherwise it stops when this process exits.
+    if std::env::var_os("NODEKEEPER_REAL_KEEP").is_none() {
+        args.extend(["--owner-pid".into(), std::process::id().to_string()]);
     }
+    crate::shared::k8s_cluster_up(&dir, &args);
     let ports = std::fs::read_to_string(dir.join("ports")).unwrap();
     let api = ports
         .lines()

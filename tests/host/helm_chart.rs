@@ -143,6 +143,13 @@ fn default_values_lint_clean_and_match_the_plain_manifests() {
     }
     assert_rbac_is_the_inventory(&chart, "nodekeeper");
     packaging_support::assert_admission_policy(&chart, "nodekeeper");
+    packaging_support::assert_flow_schemas(&chart, "nodekeeper");
+    for (c, p) in chart.flow_schemas.iter().zip(&plain.flow_schemas) {
+        assert_eq!(
+            serde_json::to_value(&c.spec).unwrap(),
+            serde_json::to_value(&p.spec).unwrap()
+        );
+    }
     for kind in ["DaemonSet", "Deployment"] {
         assert_eq!(
             pod_spec(&chart, kind),
@@ -260,6 +267,7 @@ fn oke_values_render_one_to_one_into_the_toml_configs() {
     assert_eq!(ctl.budgets.groups["shared-spot"].len(), 2);
     assert_rbac_is_the_inventory(&chart, ns);
     packaging_support::assert_admission_policy(&chart, ns);
+    packaging_support::assert_flow_schemas(&chart, ns);
     // Chart values reach the objects.
     let dep = chart.deployments[0].spec.as_ref().unwrap();
     assert_eq!(dep.replicas, Some(3));

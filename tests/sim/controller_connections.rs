@@ -294,6 +294,10 @@ async fn idle_connections_are_closed_and_the_reporter_resumes_its_tls_session() 
     .unwrap();
     assert!(reporter2.send_once(&latest).await.unwrap().accepted);
     assert_eq!(counts(), (5, 2), "a new client: a full handshake");
+    // The client's pool gets the connection back from its connection task a moment after the
+    // answer was read: a request sent at that very instant may open a new one (a fresh-clone CI
+    // run saw (6, 3)). Reports are seconds apart; 200 ms is well inside the 2.5 s kept here.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(reporter2.send_once(&latest).await.unwrap().accepted);
     assert_eq!(counts(), (5, 2), "the connection was reused");
     let text = get(&client, ctl.addr, "/metrics").await.unwrap().1;
@@ -302,5 +306,81 @@ async fn idle_connections_are_closed_and_the_reporter_resumes_its_tls_session() 
         text.contains("nodekeeper_connections_accepted_total "),
         "{text}"
     );
+    ctl.cancel.cancel();
+}
+
+/// Thousands of agents starting together each wait for a TokenReview; past `max_reports_in_flight`
+/// the controller turns a report away at once with 503 and `Retry-After` instead of holding it,
+/// and the agent's own reporter reads that header (its loop then waits 1–2× it: the reporter's
+/// paused-time test). Here the sim answers every request 1.5 s late, so the first reports are all
+/// in flight together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_past_max_in_flight_are_turned_away_with_retry_after_and_delivered_later() {
+    use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig, ReporterError};
+    install_crypto();
+    const AGENTS: usize = 6;
+    let env = Env::new(AGENTS).await;
+    let mut cfg = env.config();
+    cfg.max_reports_in_flight = 2;
+    let ctl = env.controller(&cfg, true).await;
+    let states = tempfile::tempdir().unwrap();
+    let mut agents = Vec::new();
+    for i in 0..AGENTS {
+        let token = states.path().join(format!("token-n{i}"));
+        std::fs::write(&token, env.token(&format!("n{i}"), "nodekeeper").await).unwrap();
+        let rcfg = ReporterConfig {
+            url: format!("https://127.0.0.1:{}", ctl.addr.port()),
+            ca_file: Some(env.ca.clone()),
+            server_name: Some(SERVER_NAME.into()),
+            token_file: token,
+            // a token review, a pod read and the Node's writes, each 1.5 s late
+            timeout: Duration::from_secs(20),
+            ..ReporterConfig::default()
+        };
+        let reporter = Reporter::new(rcfg, &states.path().join(format!("n{i}"))).unwrap();
+        let latest = report(
+            &format!("n{i}"),
+            0,
+            &[("NodekeeperDiskPressure", ConditionStatus::False)],
+        );
+        agents.push((reporter, latest));
+    }
+    env.cluster
+        .sim
+        .faults
+        .set(nodekeeper_sim::apiserver::admin::FaultSpec {
+            latency_ms: 1_500,
+            ..Default::default()
+        });
+    let results = futures::future::join_all(
+        agents
+            .iter_mut()
+            .map(|(r, latest)| async { r.send_once(latest).await }),
+    )
+    .await;
+    env.cluster.sim.faults.set(Default::default());
+    let delivered = results.iter().filter(|r| r.is_ok()).count();
+    let turned_away = results
+        .iter()
+        .filter(|r| {
+            matches!(r, Err(ReporterError::Status { status: 503, retry_after: Some(d), .. })
+                if *d == Duration::from_secs(nodekeeper_core::controller::server::REPORT_RETRY_AFTER_SECS))
+        })
+        .count();
+    assert!(
+        (1..=2).contains(&delivered) && delivered + turned_away == AGENTS,
+        "at most 2 in flight, the others turned away with Retry-After: {results:?}"
+    );
+    assert_eq!(ctl.app.shed.load(Relaxed), turned_away as u64);
+    let client = https(&env.ca, ctl.addr);
+    let text = get(&client, ctl.addr, "/metrics").await.unwrap().1;
+    assert!(
+        text.contains(&format!("nodekeeper_reports_shed_total {turned_away}")),
+        "{text}"
+    );
+    // Once the crowd is through, the turned-away reports are delivered.
+    for (r, latest) in agents.iter_mut() {
+        assert!(r.send_once(latest).await.unwrap().accepted);
+    }
     ctl.cancel.cancel();
 }

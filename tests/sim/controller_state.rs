@@ -186,6 +186,9 @@ async fn thousand_agents_concurrently() {
     // This test is about N concurrent reports' state, so it gives them the former 10 s.
     let mut cfg = env.config();
     cfg.idle_timeout = Duration::from_secs(10);
+    // All N in flight at once, none turned away (`max_reports_in_flight`, default 256, sheds the
+    // rest with 503 + Retry-After: `controller_connections.rs` tests that).
+    cfg.max_reports_in_flight = N;
     let c = env.controller(&cfg, true).await;
     let http = https(&env.ca, c.addr);
     use futures::StreamExt;

@@ -57,19 +57,9 @@ struct Real(PathBuf);
 
 impl Real {
     fn start(dir: &Path) -> Real {
-        let out = Command::new(repo().join("scripts/k8s-cluster.sh"))
-            .arg("up")
-            .arg(dir)
-            .arg("--owner-pid")
-            .arg(std::process::id().to_string())
-            .output()
-            .expect("run scripts/k8s-cluster.sh");
-        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-        assert!(
-            out.status.success(),
-            "scripts/k8s-cluster.sh up {} failed (logs in {}/logs)",
-            dir.display(),
-            dir.display()
+        crate::support::k8s_cluster_up(
+            dir,
+            &["--owner-pid".into(), std::process::id().to_string()],
         );
         Real(dir.to_path_buf())
     }

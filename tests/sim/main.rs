@@ -14,6 +14,7 @@ mod controller_auth_pod;
 mod controller_cli;
 mod controller_connections;
 mod controller_kill;
+mod controller_leader;
 mod controller_reporter;
 mod controller_state;
 mod demo_cli;

@@ -1,12 +1,29 @@
 //! Shared fixtures of the drain tests: nodes, pods (Running/Ready), PDBs seeded into the sim.
 #![allow(dead_code, clippy::unwrap_used)]
 
+use std::sync::{Arc, Mutex};
+
 use nodekeeper_sim::apiserver::resources::well_known;
 use nodekeeper_sim::apiserver::scenario::running_status;
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 use serde_json::{json, Value};
 
 pub type Cluster = TestCluster;
+
+/// [`client`], recording `METHOD URI` of every request on its way.
+pub fn counting_client(c: &TestCluster) -> (kube::Client, Arc<Mutex<Vec<String>>>) {
+    let inner = client(c);
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let l = log.clone();
+    let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        l.lock()
+            .unwrap()
+            .push(format!("{} {}", req.method(), req.uri()));
+        let inner = inner.clone();
+        async move { inner.send(req).await }
+    });
+    (kube::Client::new(svc, "default"), log)
+}
 
 /// The VolumeAttachment resource of the sim.
 pub fn volumeattachments() -> &'static nodekeeper_sim::apiserver::resources::ResourceDef {

@@ -52,6 +52,24 @@ pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `scripts/k8s-cluster.sh up DIR ARGS…` (which starts a component again on new ports when one
+/// picked for it was taken meanwhile); fails the test, naming the logs, when it fails.
+pub fn k8s_cluster_up(dir: &Path, args: &[String]) {
+    let out = std::process::Command::new(repo().join("scripts/k8s-cluster.sh"))
+        .arg("up")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("run scripts/k8s-cluster.sh");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "scripts/k8s-cluster.sh up {} failed (logs in {}/logs)",
+        dir.display(),
+        dir.display()
+    );
+}
+
 /// The real kubectl that `scripts/setup-kubectl.sh` installs; fails the test when it is missing.
 pub fn kubectl_bin() -> PathBuf {
     let p = repo().join(".cache/venv/bin/kubectl");

@@ -295,6 +295,7 @@ fn workloads_have_the_required_shape() {
     assert_eq!(a.services.len(), 1);
 
     packaging_support::assert_admission_policy(&a, "nodekeeper");
+    packaging_support::assert_flow_schemas(&a, "nodekeeper");
 }
 
 fn volume<'a>(pod: &'a PodSpec, name: &str) -> &'a Volume {

@@ -15,6 +15,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapKeySelector, Namespace, SecretKeySelector, Service, ServiceAccount,
 };
+use k8s_openapi::api::flowcontrol::v1::FlowSchema;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -180,6 +181,7 @@ pub struct All {
     pub configmaps: Vec<ConfigMap>,
     pub vaps: Vec<ValidatingAdmissionPolicy>,
     pub vapbs: Vec<ValidatingAdmissionPolicyBinding>,
+    pub flow_schemas: Vec<FlowSchema>,
     pub pdbs: Vec<PodDisruptionBudget>,
     pub services: Vec<Service>,
     pub service_monitors: Vec<ServiceMonitor>,
@@ -208,6 +210,7 @@ pub fn load(docs: &[(String, Value)]) -> All {
             "PodDisruptionBudget" => a.pdbs.push(typed(&f, v)),
             "ValidatingAdmissionPolicy" => a.vaps.push(typed(&f, v)),
             "ValidatingAdmissionPolicyBinding" => a.vapbs.push(typed(&f, v)),
+            "FlowSchema" => a.flow_schemas.push(typed(&f, v)),
             "ServiceMonitor" => a.service_monitors.push(typed(&f, v)),
             "PrometheusRule" => a.prometheus_rules.push(typed(&f, v)),
             other => panic!("{f}: kind {other} has no typed check"),
@@ -289,4 +292,106 @@ pub fn assert_admission_policy(a: &All, ns: &str) {
         Some(&["Deny".to_string()][..])
     );
     assert!(b.match_resources.is_none() && b.param_ref.is_none());
+}
+
+/// The controller's FlowSchemas, for its ServiceAccount in `ns` only, one flow per user each: its
+/// Lease calls at `leader-election`; at `workload-high` the reports' calls (TokenReviews, status
+/// writes, its agents' pods read), the drains' evictions and pod deletions, and everything else —
+/// matched in that order.
+pub fn assert_flow_schemas(a: &All, ns: &str) {
+    // (name, priority level, [(groups, resources, verbs, namespaces)]; "cluster": cluster scope)
+    type Rule<'a> = (&'a [&'a str], &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+    let ns_only = [ns];
+    let want: [(&str, &str, Vec<Rule>); 4] = [
+        (
+            "nodekeeper-controller-leader-election",
+            "leader-election",
+            vec![(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "watch", "create", "update"],
+                &ns_only,
+            )],
+        ),
+        (
+            "nodekeeper-controller-reports",
+            "workload-high",
+            vec![
+                (
+                    &["authentication.k8s.io"],
+                    &["tokenreviews"],
+                    &["create"],
+                    &["cluster"],
+                ),
+                (&[""], &["nodes/status"], &["patch"], &["cluster"]),
+                (&[""], &["pods"], &["get"], &ns_only),
+            ],
+        ),
+        (
+            "nodekeeper-controller-drains",
+            "workload-high",
+            vec![(
+                &[""],
+                &["pods/eviction", "pods"],
+                &["create", "delete"],
+                &["*"],
+            )],
+        ),
+        (
+            "nodekeeper-controller",
+            "workload-high",
+            vec![(&["*"], &["*"], &["*"], &["cluster", "*"])],
+        ),
+    ];
+    assert_eq!(a.flow_schemas.len(), want.len());
+    let mut precedence = 0;
+    for (name, level, rules) in want {
+        let spec = a
+            .flow_schemas
+            .iter()
+            .find(|f| f.metadata.name.as_deref() == Some(name))
+            .and_then(|f| f.spec.as_ref())
+            .unwrap_or_else(|| panic!("no FlowSchema {name}"));
+        assert_eq!(spec.priority_level_configuration.name, level, "{name}");
+        assert_eq!(
+            spec.distinguisher_method.as_ref().map(|d| d.type_.as_str()),
+            Some("ByUser"),
+            "{name}"
+        );
+        let p = spec.matching_precedence.unwrap_or(1000);
+        assert!(p > precedence, "{name} is matched after the one before it");
+        precedence = p;
+        let got = spec.rules.as_deref().unwrap_or_default();
+        assert_eq!(got.len(), 1, "{name}");
+        let subjects: Vec<_> = got[0]
+            .subjects
+            .iter()
+            .map(|s| {
+                s.service_account
+                    .as_ref()
+                    .map(|sa| (sa.namespace.as_str(), sa.name.as_str()))
+            })
+            .collect();
+        assert_eq!(subjects, [Some((ns, "nodekeeper-controller"))], "{name}");
+        let rr: Vec<_> = got[0]
+            .resource_rules
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| {
+                let mut scope = Vec::new();
+                if r.cluster_scope == Some(true) {
+                    scope.push("cluster".to_string());
+                }
+                scope.extend(r.namespaces.unwrap_or_default());
+                (r.api_groups, r.resources, r.verbs, scope)
+            })
+            .collect();
+        let strings = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let want: Vec<_> = rules
+            .iter()
+            .map(|(g, r, v, n)| (strings(g), strings(r), strings(v), strings(n)))
+            .collect();
+        assert_eq!(rr, want, "{name}");
+    }
 }

@@ -119,17 +119,11 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
                 .await;
             // The shutdown report is out (or handed to the reporter, which sends changes within
             // 200 ms): let the shutdown proceed shortly.
-            let grace = if sink.reporter.is_some() {
-                std::time::Duration::from_secs(1)
-            } else {
-                std::time::Duration::ZERO
+            let grace = match sink.reporter {
+                Some(_) => SHUTDOWN_REPORT_GRACE,
+                None => std::time::Duration::ZERO,
             };
-            for d in held.drain(..) {
-                tokio::spawn(async move {
-                    tokio::time::sleep(grace).await;
-                    d.done();
-                });
-            }
+            release_after(held.drain(..), grace);
         }
     }
     sink.stop().await;
@@ -255,8 +249,37 @@ impl Sink {
     }
 }
 
+/// How long a shutdown report handed to the reporter holds up the shutdown.
+const SHUTDOWN_REPORT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Releases each held shutdown `grace` from now.
+fn release_after(held: impl IntoIterator<Item = Delivered>, grace: std::time::Duration) {
+    for d in held {
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            d.done();
+        });
+    }
+}
+
 /// The longest a controller command may take before it is reported as failed.
 const COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `call`'s outcome, or a failure "`what` within 30s" once [`COMMAND_TIMEOUT`] has passed: a
+/// hung bus or endpoint must not leave a command without a result forever.
+async fn within_command_timeout<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    tokio::time::timeout(COMMAND_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "{what} within {}",
+                humantime::format_duration(COMMAND_TIMEOUT)
+            ))
+        })
+}
 
 /// Runs a controller command in the background; its result comes back as an input.
 fn execute(
@@ -275,23 +298,20 @@ fn execute(
                         Err(e) => Err(e.to_string()),
                     }
                 };
-                // A hung bus must not leave the command without a result forever.
-                let r = tokio::time::timeout(COMMAND_TIMEOUT, call)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(format!(
-                            "systemd did not accept reboot.target within {}",
-                            humantime::format_duration(COMMAND_TIMEOUT)
-                        ))
-                    });
+                let r = within_command_timeout("systemd did not accept reboot.target", call).await;
                 (id, r.map(|()| "reboot.target started".to_string()))
             }
             AgentCommand::AckScheduledEvent { id, event_id } => {
-                let r = crate::agent::sources::azure::ack_event(&sources, &event_id).await;
+                let call = async {
+                    crate::agent::sources::azure::ack_event(&sources, &event_id)
+                        .await
+                        .map_err(|e| e.to_string())
+                };
+                let what = format!("the approval of scheduled event {event_id} did not finish");
+                let r = within_command_timeout(&what, call).await;
                 (
                     id,
-                    r.map(|()| format!("scheduled event {event_id} approved"))
-                        .map_err(|e| e.to_string()),
+                    r.map(|()| format!("scheduled event {event_id} approved")),
                 )
             }
         };
@@ -550,4 +570,42 @@ async fn apply_crio(config: &Config, opts: &AgentOptions, st: &mut AgentState) {
         }
     }
     st.set_crio(crio_config_hash(config), &report, &result, Utc::now());
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// A command that never answers fails after exactly [`COMMAND_TIMEOUT`], saying so; one that
+    /// answers just before it keeps its own outcome.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_command_fails_after_exactly_the_command_timeout() {
+        let t0 = Instant::now();
+        let r: Result<(), String> =
+            within_command_timeout("systemd did not answer", std::future::pending()).await;
+        assert_eq!(t0.elapsed(), COMMAND_TIMEOUT);
+        assert_eq!(r.unwrap_err(), "systemd did not answer within 30s");
+        let just_in_time = async {
+            tokio::time::sleep(COMMAND_TIMEOUT - Duration::from_millis(1)).await;
+            Ok(7)
+        };
+        assert_eq!(within_command_timeout("x", just_in_time).await, Ok(7));
+    }
+
+    /// A shutdown held for its report is released `grace` later, not before.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_shutdown_is_released_after_the_grace() {
+        let (d, mut released) = Delivered::pair();
+        release_after([d], SHUTDOWN_REPORT_GRACE);
+        tokio::time::sleep(SHUTDOWN_REPORT_GRACE - Duration::from_millis(1)).await;
+        assert!(released.try_recv().is_err(), "released early");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::task::yield_now().await;
+        assert!(released.try_recv().is_ok(), "not released at the grace");
+    }
 }

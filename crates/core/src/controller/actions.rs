@@ -18,10 +18,12 @@
 //! what is stored and retries.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::{json, Map, Value};
 
 use super::drain::tasks::DrainTasks;
@@ -221,14 +223,15 @@ impl NodePatch {
 /// Executes decisions against the API server.
 pub struct Actor {
     nodes: Api<Node>,
+    /// The Node watch cache: a taint patch is first computed from it (or from a fresher answer of
+    /// ours, [`FreshNodes`](super::fresh::FreshNodes)).
+    cache: Store<Node>,
     recorder: Recorder,
     provider: Arc<dyn NodeProvider>,
     states: Arc<NodeStates>,
     drains: Arc<DrainTasks>,
     metrics: Arc<EngineMetrics>,
     notifier: Option<Arc<dyn Notifier>>,
-    /// The latest object each patch returned (fresher than the watch cache for a moment).
-    fresh: Mutex<HashMap<String, Node>>,
     /// Replacement request ids asked in this process (in flight or accepted).
     asked: Mutex<HashSet<String>>,
     /// Retire request ids handed to the provider in this process (in flight or done).
@@ -245,6 +248,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct ActorParts {
     /// Client for node patches.
     pub client: kube::Client,
+    /// The Node watch cache.
+    pub cache: Store<Node>,
     /// Events.
     pub recorder: Recorder,
     /// Replacement provider.
@@ -264,42 +269,34 @@ impl Actor {
     pub fn new(p: ActorParts) -> Self {
         Actor {
             nodes: Api::all(p.client),
+            cache: p.cache,
             recorder: p.recorder,
             provider: p.provider,
             states: p.states,
             drains: p.drains,
             metrics: p.metrics,
             notifier: p.notifier,
-            fresh: Mutex::new(HashMap::new()),
             asked: Mutex::new(HashSet::new()),
             retired: Mutex::new(HashSet::new()),
             dry_seen: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The object a patch of ours returned, if it is newer than `cached` (by resourceVersion).
+    /// The object a write of ours returned, if it is newer than `cached` (see [`FreshNodes`](super::fresh::FreshNodes)).
     pub fn fresher(&self, cached: &Node) -> Option<Node> {
-        let name = cached.metadata.name.as_deref()?;
-        let mut fresh = lock(&self.fresh);
-        let f = fresh.get(name)?;
-        let rv = |n: &Node| {
-            n.metadata
-                .resource_version
-                .as_deref()
-                .and_then(|v| v.parse::<u64>().ok())
-        };
-        match (rv(f), rv(cached)) {
-            (Some(a), Some(b)) if a > b => Some(f.clone()),
-            _ => {
-                fresh.remove(name);
-                None
-            }
-        }
+        self.states.fresh().fresher(cached)
+    }
+
+    /// The newest copy of `node` this process holds without asking the API: the watch cache or
+    /// the answer to our last write of it, whichever is newer.
+    fn known(&self, node: &str) -> Option<Node> {
+        let cached = self.cache.get(&ObjectRef::new(node))?;
+        Some(self.fresher(&cached).unwrap_or_else(|| (*cached).clone()))
     }
 
     /// Forgets per-node memory of nodes that are gone.
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        lock(&self.fresh).retain(|n, _| keep(n));
+        self.states.fresh().retain(&keep);
         lock(&self.dry_seen).retain(|n, _| keep(n));
     }
 
@@ -376,7 +373,21 @@ impl Actor {
             return Ok(());
         }
         let p = std::mem::take(patch);
+        let started = std::time::Instant::now();
         let result = self.write(node, &p).await;
+        if let Ok(rereads) = result {
+            if p.unschedulable.is_some() || p.touches_taints() {
+                // Scheduling changes are logged as they land (with the API's round trips): the
+                // audit trail of the only writer of Node state, and the bench's notice → cordon bound.
+                tracing::info!(
+                    node,
+                    changes = %p.kinds.join(","),
+                    took_ms = started.elapsed().as_millis() as u64,
+                    rereads,
+                    "node written"
+                );
+            }
+        }
         let r = if result.is_ok() {
             ActionResult::Ok
         } else {
@@ -395,7 +406,8 @@ impl Actor {
         Ok(())
     }
 
-    async fn write(&self, node: &str, p: &NodePatch) -> Result<(), ActionError> {
+    /// Patches the node; returns how often it was re-read after a conflict.
+    async fn write(&self, node: &str, p: &NodePatch) -> Result<u32, ActionError> {
         let kube_err = |source| ActionError::Kube {
             node: node.to_string(),
             action: "patch node",
@@ -403,10 +415,15 @@ impl Actor {
         };
         let pp = PatchParams::default();
         for attempt in 0..4 {
-            let current = if p.touches_taints() {
-                Some(self.nodes.get(node).await.map_err(kube_err)?)
-            } else {
-                None
+            // A taint list is replaced whole, so the patch is computed from a copy of the Node and
+            // conditioned on that copy's resourceVersion: first the copy this process holds (one
+            // round trip: the cordon of a notice), after a conflict the API's own.
+            let current = match p.touches_taints() {
+                false => None,
+                true => match self.known(node).filter(|_| attempt == 0) {
+                    Some(n) if n.metadata.resource_version.is_some() => Some(n),
+                    _ => Some(self.nodes.get(node).await.map_err(kube_err)?),
+                },
             };
             match self
                 .nodes
@@ -414,10 +431,16 @@ impl Actor {
                 .await
             {
                 Ok(n) => {
-                    lock(&self.fresh).insert(node.to_string(), n);
-                    return Ok(());
+                    self.states.fresh().record(n);
+                    return Ok(attempt);
                 }
-                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 3 => continue,
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < 3 => {
+                    self.metrics
+                        .node_write_conflicts
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(node, attempt, "node changed since our copy: re-reading it");
+                    continue;
+                }
                 Err(e) => return Err(kube_err(e)),
             }
         }
@@ -444,7 +467,7 @@ impl Actor {
             .await
         {
             Ok(n) => {
-                lock(&self.fresh).insert(node.to_string(), n);
+                self.states.fresh().record(n);
                 Ok(())
             }
             Err(source) => Err(ActionError::Kube {
@@ -533,7 +556,7 @@ impl Actor {
                     key: REPLACEMENT_ACCEPTED.to_string(),
                     value: Some(req.request_id.clone()),
                 });
-                self.write(node, &p).await
+                self.write(node, &p).await.map(|_| ())
             }
             Err(source) => {
                 if !source.is_permanent() {
@@ -661,7 +684,7 @@ impl Actor {
     }
 }
 
-fn unreachable_conflict(node: &str) -> Result<(), ActionError> {
+fn unreachable_conflict<T>(node: &str) -> Result<T, ActionError> {
     Err(ActionError::Kube {
         node: node.to_string(),
         action: "patch node (conflicts)",

@@ -49,6 +49,11 @@ pub struct ControllerConfig {
     /// keeps one open, and this must then exceed the number of nodes one replica may serve (all
     /// of them, when the other replica is down).
     pub max_connections: usize,
+    /// Reports handled at once at most (token review, Node write, acknowledgement); a report past
+    /// it is answered 503 with `Retry-After` at once, before its token is reviewed, and the agent
+    /// retries after that (with jitter). Bounds the memory and the TokenReviews in flight when
+    /// thousands of agents start together (docs/controller.md "Reports in flight").
+    pub max_reports_in_flight: usize,
     /// A report-API connection without a request for this long is closed (HTTP/1.1; also the
     /// time a new connection has to send its first request head). Shorter than the agents'
     /// heartbeat, so agents do not hold a connection between reports: they reconnect, resuming
@@ -95,14 +100,18 @@ impl Default for ControllerConfig {
             token_cache_ttl: Duration::from_secs(300),
             max_report_bytes: 1 << 20,
             max_connections: crate::serve::DEFAULT_MAX_CONNECTIONS,
+            max_reports_in_flight: super::server::DEFAULT_MAX_REPORTS_IN_FLIGHT,
             idle_timeout: crate::serve::DEFAULT_IDLE_TIMEOUT,
             http2: false,
             namespace: "nodekeeper".into(),
             condition_prefix: crate::agent::checks::config::OWNED_PREFIX.into(),
             staleness: Duration::from_secs(60),
-            // The kubelet's own nodeStatusReportFrequency, and NPD's heartbeat: unchanged conditions
-            // cost one Node write per node every 5 min, not every minute (docs/comparison.md).
-            heartbeat_write_interval: Duration::from_secs(300),
+            // Twice the kubelet's nodeStatusReportFrequency and NPD's heartbeat: the refresh only
+            // ages `lastHeartbeatTime`. A silent agent turns `Unknown` after `staleness` (a write at
+            // once) and a dead controller shows in its Lease, so readers lose nothing, and one write
+            // per node every 10 min keeps nodekeeper's requests per node-hour below NPD's
+            // (docs/comparison.md).
+            heartbeat_write_interval: Duration::from_secs(600),
             label_removal_allow: Vec::new(),
             leader: LeaderConfig::default(),
             oci_events: OciEventsConfig::default(),
@@ -274,6 +283,13 @@ impl ControllerConfig {
             err(
                 &mut d,
                 cfg_path!["controller", "max_connections"],
+                "must be greater than zero",
+            );
+        }
+        if self.max_reports_in_flight == 0 {
+            err(
+                &mut d,
+                cfg_path!["controller", "max_reports_in_flight"],
                 "must be greater than zero",
             );
         }

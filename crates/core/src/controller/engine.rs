@@ -6,7 +6,8 @@
 //! OCI Events; a cancellation replaces the notice it withdraws) and the drain tasks; calls
 //! [`decide_with_status`]; and hands each node's actions to the [`Actor`].
 //!
-//! Triggers: a node change or a notice (debounced by `[controller.engine] debounce`), a drain's
+//! Triggers: a node change the policy can see ([`NodeWake`]) or a notice (debounced by
+//! `[controller.engine] debounce`), a drain's
 //! progress, the moment the next repair toleration expires ([`next_expiry`]: a decision after
 //! expiry does not wait for the tick), and a periodic tick (`tick`, default 1 s). All progress
 //! is on the Nodes (see [`keys`](super::policy::view::keys)), so a restarted controller resumes
@@ -15,7 +16,7 @@
 //! replacement twice (`replacement-requested` is stored before the provider is called;
 //! [`REPLACEMENT_ACCEPTED`] after it accepted; in between, the same idempotency key is reused).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -127,6 +128,89 @@ pub fn node_view(n: &Node) -> Option<NodeView> {
         drain: Default::default(),
         pods: Vec::new(),
     })
+}
+
+/// A digest of what [`node_view`] reads from a Node, so the Node watch wakes the engine only for a
+/// change the policy can see: a kubelet's or our own condition heartbeat (`lastHeartbeatTime`), a
+/// status field nothing decides on, or `managedFields` leave it as it was. At 5,000 nodes such
+/// writes arrive every few milliseconds and each would start a full reconcile.
+pub fn policy_digest(n: &Node) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    let m = &n.metadata;
+    m.name.hash(&mut h);
+    m.labels.hash(&mut h);
+    m.annotations.hash(&mut h);
+    m.creation_timestamp.as_ref().map(time).hash(&mut h);
+    m.deletion_timestamp.is_some().hash(&mut h);
+    let spec = n.spec.as_ref();
+    spec.and_then(|s| s.unschedulable).hash(&mut h);
+    for t in spec.and_then(|s| s.taints.as_deref()).unwrap_or_default() {
+        (&t.key, &t.value, &t.effect).hash(&mut h);
+    }
+    let status = n.status.as_ref();
+    for c in status
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+    {
+        (
+            &c.type_,
+            &c.status,
+            c.last_transition_time.as_ref().map(time),
+        )
+            .hash(&mut h);
+    }
+    status
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| &i.boot_id)
+        .hash(&mut h);
+    h.finish()
+}
+
+/// Which Node watch events wake the engine: a node's arrival or departure, a (re-)list's end, and a
+/// change of its [`policy_digest`]. A change the policy cannot see wakes nothing (the tick and the
+/// toleration timer still run).
+#[derive(Debug, Default)]
+pub struct NodeWake {
+    seen: HashMap<String, u64>,
+    /// The names listed so far by a (re-)list under way.
+    relisted: Option<HashSet<String>>,
+}
+
+impl NodeWake {
+    /// Records `ev`; true when the engine should reconcile.
+    pub fn wakes(&mut self, ev: &kube::runtime::watcher::Event<Node>) -> bool {
+        use kube::runtime::watcher::Event;
+        let name = |n: &Node| n.metadata.name.clone().unwrap_or_default();
+        match ev {
+            Event::Apply(n) => {
+                let d = policy_digest(n);
+                self.seen.insert(name(n), d) != Some(d)
+            }
+            Event::Delete(n) => {
+                self.seen.remove(&name(n));
+                true
+            }
+            Event::Init => {
+                self.relisted = Some(HashSet::new());
+                false
+            }
+            Event::InitApply(n) => {
+                if let Some(l) = self.relisted.as_mut() {
+                    l.insert(name(n));
+                }
+                self.seen.insert(name(n), policy_digest(n));
+                false
+            }
+            Event::InitDone => {
+                // Forget the nodes that went while the watch was down.
+                if let Some(l) = self.relisted.take() {
+                    self.seen.retain(|n, _| l.contains(n));
+                }
+                true
+            }
+        }
+    }
 }
 
 /// The engine.
@@ -779,6 +863,106 @@ mod wake_tests {
 /// that is never reached; reconciles are counted through [`EngineMetrics::reconciles`].
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
+mod node_wake_tests {
+    use super::*;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    fn node(name: &str, ready: &str, heartbeat: &str, rv: &str) -> Node {
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "resourceVersion": rv,
+                "creationTimestamp": "2026-12-01T00:00:00Z",
+                "labels": { "karpenter.sh/nodepool": "a" } },
+            "spec": { "providerID": "kwok://x" },
+            "status": {
+                "conditions": [{ "type": "Ready", "status": ready, "reason": "KubeletReady",
+                    "lastHeartbeatTime": heartbeat, "lastTransitionTime": "2026-12-01T00:01:00Z" }],
+                "nodeInfo": { "bootID": "b1", "machineID": "", "systemUUID": "", "kernelVersion": "",
+                    "osImage": "", "containerRuntimeVersion": "", "kubeletVersion": "",
+                    "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64" }
+            }
+        }))
+        .unwrap()
+    }
+
+    /// A heartbeat (new `lastHeartbeatTime` and resourceVersion, a status field the policy does not
+    /// read) wakes nothing; each change the policy reads does, once.
+    #[test]
+    fn only_changes_the_policy_sees_wake_the_engine() {
+        let mut w = NodeWake::default();
+        let base = node("n1", "True", "2026-12-01T00:02:00Z", "10");
+        assert!(w.wakes(&Event::Apply(base.clone())), "a new node");
+        let mut beat = node("n1", "True", "2026-12-01T00:02:10Z", "11");
+        beat.status.as_mut().unwrap().allocatable = Some(Default::default());
+        assert!(!w.wakes(&Event::Apply(beat)), "a heartbeat");
+        type Edit = fn(&mut Node);
+        let changes: [(&str, Edit); 7] = [
+            ("Ready=False", |n| {
+                n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into()
+            }),
+            ("an annotation", |n| {
+                n.metadata.annotations =
+                    Some([("nodekeeper.io/state".into(), "repairing".into())].into())
+            }),
+            ("a label", |n| {
+                n.metadata
+                    .labels
+                    .as_mut()
+                    .unwrap()
+                    .insert("karpenter.sh/nodepool".into(), "b".into());
+            }),
+            ("cordoned", |n| {
+                n.spec.as_mut().unwrap().unschedulable = Some(true)
+            }),
+            ("a taint", |n| {
+                n.spec.as_mut().unwrap().taints = Some(vec![k8s_openapi::api::core::v1::Taint {
+                    key: "k".into(),
+                    effect: "NoSchedule".into(),
+                    ..Default::default()
+                }])
+            }),
+            ("deleting", |n| {
+                n.metadata.deletion_timestamp = n.metadata.creation_timestamp.clone()
+            }),
+            ("rebooted", |n| {
+                n.status
+                    .as_mut()
+                    .unwrap()
+                    .node_info
+                    .as_mut()
+                    .unwrap()
+                    .boot_id = "b2".into()
+            }),
+        ];
+        for (what, edit) in changes {
+            let mut n = base.clone();
+            edit(&mut n);
+            assert!(w.wakes(&Event::Apply(n.clone())), "{what} wakes");
+            assert!(!w.wakes(&Event::Apply(n)), "{what} again does not");
+            assert!(w.wakes(&Event::Apply(base.clone())), "back from {what}");
+        }
+        assert!(w.wakes(&Event::Delete(base)), "a node gone");
+    }
+
+    /// A re-list wakes once, at its end; a node that went while the watch was down is forgotten,
+    /// so its return wakes even unchanged.
+    #[test]
+    fn a_relist_wakes_at_its_end_and_forgets_the_nodes_it_did_not_list() {
+        let mut w = NodeWake::default();
+        let t = "2026-12-01T00:02:00Z";
+        let (a, b) = (node("a", "True", t, "1"), node("b", "True", t, "2"));
+        assert!(w.wakes(&Event::Apply(a.clone())));
+        assert!(w.wakes(&Event::Apply(b.clone())));
+        assert!(!w.wakes(&Event::Init));
+        assert!(!w.wakes(&Event::InitApply(a.clone())));
+        assert!(w.wakes(&Event::InitDone));
+        assert!(!w.wakes(&Event::Apply(a)), "listed: known");
+        assert!(w.wakes(&Event::Apply(b)), "not listed: forgotten");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod run_tests {
     use super::*;
     use crate::controller::nodestate::{NodeStateConfig, NodeStates};
@@ -842,6 +1026,7 @@ mod run_tests {
         );
         let actor = Arc::new(Actor::new(ActorParts {
             client,
+            cache: store.clone(),
             recorder,
             provider: Arc::new(provider::none::NoReplacement),
             states,

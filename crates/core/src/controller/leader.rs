@@ -3,10 +3,14 @@
 //! Optimistic concurrency (resourceVersion on every replace) makes at most one replica win a
 //! takeover. The holder renews every `retry_period`; it steps down on its own when it could not
 //! renew for `lease_duration - retry_period` (before anyone else may take over), and on shutdown it
-//! releases the Lease (empty holder) so the other replica takes over at its next retry instead of
-//! waiting for expiry. The holder renews by writing the Lease it last wrote (its resourceVersion):
+//! releases the Lease (empty holder) so the other replica takes over at once instead of waiting
+//! for expiry. The holder renews by writing the Lease it last wrote (its resourceVersion):
 //! one request per renewal, not a read and a write; a conflict (someone else wrote it) falls back
-//! to a read.
+//! to a read. A follower does not read the Lease every `retry_period` either: it watches it, and
+//! reads it (to take it over) only when the holder released it, it was deleted, the watch ended,
+//! or the Lease's `renewTime + leaseDurationSeconds` passed with no renewal seen (then it finds it
+//! expired, by the same clock). A standby so costs a watch and a read every 30 minutes, not 1,800
+//! reads an hour.
 //!
 //! Choice for two replicas: both serve reports (so a Service can route to either and a failover
 //! loses nothing); only the leader writes to the API. A follower keeps each node's latest report
@@ -17,9 +21,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -34,7 +39,13 @@ pub struct Elector {
     retry: Duration,
     /// The Lease as this replica last wrote it, while it holds it.
     written: Arc<Mutex<Option<Lease>>>,
+    /// Another holder's Lease as last read, while following: its resourceVersion, and when it
+    /// expires unless renewed (renewTime + leaseDurationSeconds, ms since the epoch).
+    observed: Arc<Mutex<Option<(String, i64)>>>,
 }
+
+/// Server-side timeout of a follower's watch of the Lease.
+const FOLLOWER_WATCH_SECS: u32 = 1800;
 
 impl std::fmt::Debug for Elector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -66,11 +77,16 @@ impl Elector {
             duration,
             retry,
             written: Arc::default(),
+            observed: Arc::default(),
         }
     }
 
     fn written(&self) -> std::sync::MutexGuard<'_, Option<Lease>> {
         self.written.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn observed(&self) -> std::sync::MutexGuard<'_, Option<(String, i64)>> {
+        self.observed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Keeps `lease`, as the API server returned it, for the next renewal; true (held).
@@ -98,6 +114,7 @@ impl Elector {
 
     /// One attempt: true when this replica holds the Lease afterwards.
     pub async fn try_acquire_or_renew(&self) -> Result<bool, kube::Error> {
+        self.observed().take();
         let held = self.written().take();
         if let Some(mut lease) = held {
             let spec = lease.spec.clone().unwrap_or_default();
@@ -133,6 +150,9 @@ impl Elector {
         let mine = holder == self.identity;
         let expired = expired(&spec, k8s_openapi::jiff::Timestamp::now());
         if !mine && !holder.is_empty() && !expired {
+            if let (Some(rv), Some(at)) = (lease.metadata.resource_version.clone(), expiry(&spec)) {
+                *self.observed() = Some((rv, at));
+            }
             return Ok(false);
         }
         let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!mine);
@@ -150,6 +170,49 @@ impl Elector {
             Ok(l) => Ok(self.hold(l)),
             Err(e) if is_conflict(&e) => Ok(false),
             Err(e) => Err(e),
+        }
+    }
+
+    /// A follower's pause before its next attempt. When the last attempt read another live
+    /// holder, it watches the Lease from that read and returns when the holder releases it, the
+    /// Lease is deleted, the Lease expires unrenewed (by the same clock [`expired`] reads), or the
+    /// watch ends; otherwise (no such read, or the watch cannot open) it sleeps `retry_period`.
+    pub async fn follower_wait(&self) {
+        let seen = self.observed().take();
+        let Some((rv, mut expires)) = seen else {
+            return tokio::time::sleep(self.retry).await;
+        };
+        // A watch that ends or breaks at once must not turn into a read per round trip.
+        let not_before = Instant::now() + self.retry;
+        let wp = WatchParams::default()
+            .fields(&format!("metadata.name={}", self.name))
+            .timeout(FOLLOWER_WATCH_SECS);
+        let mut events = match self.api.watch(&wp, &rv).await {
+            Ok(s) => s.boxed(),
+            Err(error) => {
+                tracing::debug!(lease = %self.name, %error, "cannot watch the lease; reading it every retry_period");
+                return tokio::time::sleep(self.retry).await;
+            }
+        };
+        loop {
+            let left = expires.saturating_sub(k8s_openapi::jiff::Timestamp::now().as_millisecond());
+            // Just past the expiry, so that the read finds it expired.
+            let left = Duration::from_millis(u64::try_from(left).unwrap_or(0) + 10);
+            match tokio::time::timeout(left, events.next()).await {
+                Ok(Some(Ok(WatchEvent::Added(l) | WatchEvent::Modified(l)))) => {
+                    let spec = l.spec.unwrap_or_default();
+                    match (spec.holder_identity.as_deref(), expiry(&spec)) {
+                        (Some(h), Some(at)) if !h.is_empty() && h != self.identity => expires = at,
+                        // Released (or, oddly, ours, or without a renew time): read it.
+                        _ => return,
+                    }
+                }
+                Ok(Some(Ok(WatchEvent::Bookmark(_)))) => {}
+                // Expired perhaps, or deleted: read it.
+                Err(_) | Ok(Some(Ok(WatchEvent::Deleted(_)))) => return,
+                // The watch ended or broke: read it, not sooner than `retry_period`.
+                _ => return tokio::time::sleep_until(not_before).await,
+            }
         }
     }
 
@@ -179,6 +242,7 @@ impl Elector {
         let grace = self.duration.saturating_sub(self.retry);
         elect(
             || self.try_acquire_or_renew(),
+            || self.follower_wait(),
             self.retry,
             grace,
             &tx,
@@ -193,20 +257,28 @@ impl Elector {
     }
 }
 
+/// When a Lease with this spec expires unless renewed (renewTime + leaseDurationSeconds, ms
+/// since the epoch); `None` without either.
+fn expiry(spec: &LeaseSpec) -> Option<i64> {
+    match (&spec.renew_time, spec.lease_duration_seconds) {
+        (Some(t), Some(d)) => Some(t.0.as_millisecond() + i64::from(d) * 1000),
+        _ => None,
+    }
+}
+
 /// Whether a Lease with this spec may be taken over at `now`: its holder did not renew within
 /// `leaseDurationSeconds` (strictly: at exactly renew + duration it still holds), or it has no
 /// renew time or duration.
 fn expired(spec: &LeaseSpec, now: k8s_openapi::jiff::Timestamp) -> bool {
-    match (&spec.renew_time, spec.lease_duration_seconds) {
-        (Some(t), Some(d)) => t.0.as_millisecond() + i64::from(d) * 1000 < now.as_millisecond(),
-        _ => true,
-    }
+    expiry(spec).is_none_or(|at| at < now.as_millisecond())
 }
 
-/// The election loop of [`Elector::run`]: one `attempt` every `retry`; a failed attempt keeps
-/// the leadership while the last successful one is younger than `grace`.
-async fn elect<F, Fut, E>(
+/// The election loop of [`Elector::run`]: one `attempt` every `retry` while leading, after
+/// `follower_wait` while not; a failed attempt keeps the leadership while the last successful one
+/// is younger than `grace`.
+async fn elect<F, Fut, E, W, WFut>(
     mut attempt: F,
+    mut follower_wait: W,
     retry: Duration,
     grace: Duration,
     tx: &watch::Sender<bool>,
@@ -216,6 +288,8 @@ async fn elect<F, Fut, E>(
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<bool, E>>,
     E: std::fmt::Display,
+    W: FnMut() -> WFut,
+    WFut: Future<Output = ()>,
 {
     let mut last_renew: Option<Instant> = None;
     loop {
@@ -238,9 +312,15 @@ async fn elect<F, Fut, E>(
             tracing::info!(identity = %identity, leader = held, "leadership changed");
             let _ = tx.send(held);
         }
+        let pause = async {
+            match held {
+                true => tokio::time::sleep(retry).await,
+                false => follower_wait().await,
+            }
+        };
         tokio::select! {
             _ = cancel.cancelled() => break,
-            _ = tokio::time::sleep(retry) => {}
+            _ = pause => {}
         }
     }
 }
@@ -291,7 +371,8 @@ mod tests {
             })
         };
         let grace = lease.saturating_sub(retry);
-        elect(attempt, retry, grace, &tx, &cancel, ("l", "me")).await;
+        let follow = || tokio::time::sleep(retry);
+        elect(attempt, follow, retry, grace, &tx, &cancel, ("l", "me")).await;
         drop(tx);
         watcher.await.unwrap();
         let changes = leaders.lock().unwrap().clone();
@@ -433,6 +514,24 @@ mod tests {
             ["PUT", "GET", "GET"],
             "a conflict, then reads only"
         );
+    }
+
+    /// A follower whose watch of the Lease ends at once (here the server answers it with the
+    /// Lease itself, which is no watch event) reads again only `retry_period` later, not in a
+    /// loop of reads and watches.
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_whose_watch_ends_at_once_waits_the_retry_period() {
+        let (client, log, store) = lease_server();
+        let other = Elector::new(client.clone(), "nodekeeper", "nk", "other", S(15), S(2));
+        assert!(other.try_acquire_or_renew().await.unwrap());
+        let e = Elector::new(client, "nodekeeper", "nk", "me", S(15), S(2));
+        assert!(!e.try_acquire_or_renew().await.unwrap());
+        assert!(store.lock().unwrap().is_some());
+        log.lock().unwrap().clear();
+        let t0 = Instant::now();
+        e.follower_wait().await;
+        assert_eq!(t0.elapsed(), S(2));
+        assert_eq!(*log.lock().unwrap(), ["GET"], "one watch, no read");
     }
 
     #[test]

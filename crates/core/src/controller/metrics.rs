@@ -158,6 +158,8 @@ pub struct EngineMetrics {
     pub last_reconcile_us: AtomicU64,
     /// Notices acted on by the fast path (one node, before the full reconcile).
     pub fast_paths: AtomicU64,
+    /// Taint patches refused with 409 (the Node changed since the copy they were computed from).
+    pub node_write_conflicts: AtomicU64,
 }
 
 impl Default for EngineMetrics {
@@ -174,6 +176,7 @@ impl Default for EngineMetrics {
             replacements: AtomicU64::default(),
             last_reconcile_us: AtomicU64::default(),
             fast_paths: AtomicU64::default(),
+            node_write_conflicts: AtomicU64::default(),
         }
     }
 }
@@ -288,6 +291,12 @@ impl Collector for EngineMetrics {
             "nodekeeper_engine_fast_paths_total",
             "Notices acted on at once for their node alone, before the full reconcile.",
             g(&self.fast_paths),
+        )?;
+        encode_counter(
+            &mut enc,
+            "nodekeeper_engine_node_write_conflicts_total",
+            "Taint patches refused because the Node changed since the copy they were computed from (each is re-read and retried).",
+            g(&self.node_write_conflicts),
         )?;
         self.encode_groups(&mut enc)
     }

@@ -14,6 +14,7 @@ pub mod config;
 pub mod drain;
 pub mod engine;
 pub mod events;
+pub mod fresh;
 pub mod labels;
 pub mod leader;
 pub mod metrics;
@@ -177,28 +178,35 @@ pub async fn start_under(
     let id = identity(cfg);
     let (store, writer) = reflector::store::<Node>();
     let nodes: Api<Node> = Api::all(client.clone());
+    // managedFields are half of a kubelet-written Node's JSON and nothing here reads them (no
+    // Node is ever PUT back from the cache): at 5,000 KWOK Nodes, 14 MB of their JSON.
     let stream = reflector(
         writer,
-        watcher(nodes, watcher::Config::default()).default_backoff(),
+        watcher(nodes, watcher::Config::default())
+            .default_backoff()
+            .modify(|n| n.metadata.managed_fields = None),
     );
     let mut tasks = supervise::Tasks::default();
     let c1 = cancel.clone();
     let w1 = wake.clone();
     tasks.spawn("node watch", async move {
         let mut s = std::pin::pin!(stream);
+        let mut filter = engine::NodeWake::default();
         loop {
             tokio::select! {
                 _ = c1.cancelled() => return,
                 item = s.next() => match item {
                     Some(Err(e)) => tracing::warn!(error = %e, "node watch error"),
-                    Some(Ok(watcher::Event::Delete(n))) => {
-                        // Whoever removed it (nodekeeper's hand-over, Karpenter, an operator),
-                        // the log says when it went.
-                        tracing::info!(node = n.metadata.name.as_deref().unwrap_or_default(), "node left the cluster");
-                        w1.notify_one();
+                    Some(Ok(ev)) => {
+                        if let watcher::Event::Delete(n) = &ev {
+                            // Whoever removed it (nodekeeper's hand-over, Karpenter, an operator),
+                            // the log says when it went.
+                            tracing::info!(node = n.metadata.name.as_deref().unwrap_or_default(), "node left the cluster");
+                        }
+                        if filter.wakes(&ev) {
+                            w1.notify_one();
+                        }
                     }
-                    Some(Ok(watcher::Event::Apply(_) | watcher::Event::InitDone)) => w1.notify_one(),
-                    Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
                     None => return,
                 },
             }
@@ -299,6 +307,8 @@ pub async fn start_under(
         notifier,
         forbidden: Default::default(),
         unauthenticated: Default::default(),
+        in_flight: tokio::sync::Semaphore::new(cfg.max_reports_in_flight),
+        shed: Default::default(),
         connections: Default::default(),
         dead: Default::default(),
     });
@@ -383,6 +393,7 @@ impl EngineStart<'_> {
         ));
         let actor = Arc::new(actions::Actor::new(actions::ActorParts {
             client: self.client,
+            cache: self.store.clone(),
             recorder: self.recorder,
             provider,
             states: self.states,

@@ -29,6 +29,7 @@ use serde_json::{json, Value};
 use tokio::sync::{broadcast, watch};
 
 use super::events::{EventType, Reason, Recorder};
+use super::fresh::FreshNodes;
 use crate::agent::checks::{CheckResult, ConditionStatus};
 use crate::agent::sources::NodeEvent;
 use crate::wire::{AgentCommand, NodeReport, ReportResponse};
@@ -117,6 +118,8 @@ struct Agent {
 pub struct NodeStates {
     cfg: NodeStateConfig,
     nodes_api: Api<Node>,
+    /// What this process's Node writes returned (shared with the actor).
+    fresh: FreshNodes,
     store: Store<Node>,
     leader: watch::Receiver<bool>,
     agents: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Agent>>>>,
@@ -152,6 +155,7 @@ impl NodeStates {
         Arc::new(NodeStates {
             cfg,
             nodes_api: Api::all(client),
+            fresh: FreshNodes::default(),
             store,
             leader,
             agents: Mutex::new(HashMap::new()),
@@ -160,6 +164,11 @@ impl NodeStates {
             events_tx,
             counters: Counters::default(),
         })
+    }
+
+    /// The newest Node objects this process's writes returned (the actor records its own here too).
+    pub fn fresh(&self) -> &FreshNodes {
+        &self.fresh
     }
 
     /// Every new node event (from agents or OCI Events), as `(node, event)`, once per id.
@@ -393,7 +402,10 @@ impl NodeStates {
                 .patch_status(node, &PatchParams::default(), &Patch::Strategic(&patch))
                 .await;
             let source = match res {
-                Ok(_) => return Ok(()),
+                Ok(n) => {
+                    self.fresh.record(n);
+                    return Ok(());
+                }
                 Err(e) => e,
             };
             self.counters.write_failures.fetch_add(1, Ordering::Relaxed);
@@ -420,13 +432,15 @@ impl NodeStates {
             labels.iter().map(|l| (l.clone(), Value::Null)).collect();
         let patch = json!({"metadata": {"labels": map}});
         self.counters.node_writes.fetch_add(1, Ordering::Relaxed);
-        self.nodes_api
+        let n = self
+            .nodes_api
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(|source| NodeStateError::Patch {
                 node: node.into(),
                 source,
             })?;
+        self.fresh.record(n);
         Ok(())
     }
 

@@ -44,6 +44,10 @@ pub struct App {
     pub forbidden: AtomicU64,
     /// Unauthenticated requests.
     pub unauthenticated: AtomicU64,
+    /// Permits for reports handled at once (`max_reports_in_flight`).
+    pub in_flight: tokio::sync::Semaphore,
+    /// Reports answered 503 because `max_reports_in_flight` were being handled.
+    pub shed: AtomicU64,
     /// Open and refused connections of the report API (`/metrics`).
     pub connections: Arc<crate::serve::ConnectionStats>,
     /// Set when a task the controller cannot live without died: `/livez` then fails with it.
@@ -74,11 +78,41 @@ pub fn router(app: Arc<App>, max_body: usize) -> Router {
 /// are left unacknowledged (the agent's request timeout is 5 s by default).
 pub const REPORT_RECORD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Default of `[controller] max_reports_in_flight`. A report whose token is cached takes a
+/// millisecond or two, so a fleet's steady heartbeats stay far below it; the first reports of
+/// thousands of agents starting together each wait for a TokenReview, and past this many they are
+/// turned away at once (a few KiB each) instead of each holding a connection, its TLS state and a
+/// pending review (≈ 85 KiB each at 5,000 nodes: docs/comparison.md).
+pub const DEFAULT_MAX_REPORTS_IN_FLIGHT: usize = 256;
+
+/// The `Retry-After` (seconds) of a report turned away by `max_reports_in_flight`. The agent waits
+/// between one and two times this (its jitter), or its own backoff when longer (it doubles with
+/// each failure), so a turned-away crowd spreads out and thins.
+pub const REPORT_RETRY_AFTER_SECS: u64 = 2;
+
 fn err(code: StatusCode, msg: impl Into<String>) -> Response {
     (code, Json(serde_json::json!({"error": msg.into()}))).into_response()
 }
 
 async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let Ok(_in_flight) = app.in_flight.try_acquire() else {
+        let shed = app.shed.fetch_add(1, Ordering::Relaxed) + 1;
+        if shed.is_power_of_two() {
+            tracing::warn!(
+                shed,
+                "max_reports_in_flight reports are being handled: answering 503 with Retry-After"
+            );
+        }
+        let mut resp = err(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many reports in flight (max_reports_in_flight); retry after Retry-After",
+        );
+        resp.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(REPORT_RETRY_AFTER_SECS),
+        );
+        return resp;
+    };
     let authz = headers.get("authorization").and_then(|v| v.to_str().ok());
     let caller = match app.auth.authenticate(authz).await {
         Ok(c) => c,
@@ -190,6 +224,11 @@ impl Collector for ApiMetrics {
                 "nodekeeper_reports_unauthenticated_total",
                 "Requests without a valid token.",
                 g(&app.unauthenticated),
+            ),
+            (
+                "nodekeeper_reports_shed_total",
+                "Reports answered 503 with Retry-After because max_reports_in_flight were being handled.",
+                g(&app.shed),
             ),
             (
                 "nodekeeper_token_reviews_total",

@@ -259,7 +259,8 @@ fn kind_schemas() -> (Map<String, Value>, HashMap<usize, String>) {
     use k8s_openapi::api::{
         admissionregistration::v1 as admission, apps::v1 as apps, authentication::v1 as authn,
         coordination::v1 as coordination, core::v1 as core, events::v1 as events,
-        policy::v1 as policy, rbac::v1 as rbac, storage::v1 as storage,
+        flowcontrol::v1 as flowcontrol, policy::v1 as policy, rbac::v1 as rbac,
+        storage::v1 as storage,
     };
     use k8s_openapi::schemars::{generate::SchemaSettings, JsonSchema};
 
@@ -294,6 +295,7 @@ fn kind_schemas() -> (Map<String, Value>, HashMap<usize, String>) {
             ("rbac.authorization.k8s.io", "ClusterRoleBinding") => rbac::ClusterRoleBinding,
             ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy") => admission::ValidatingAdmissionPolicy,
             ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding") => admission::ValidatingAdmissionPolicyBinding,
+            ("flowcontrol.apiserver.k8s.io", "FlowSchema") => flowcontrol::FlowSchema,
             ("apps", "ReplicaSet") => apps::ReplicaSet,
             ("apps", "Deployment") => apps::Deployment,
             ("apps", "DaemonSet") => apps::DaemonSet,

@@ -302,6 +302,17 @@ pub static RESOURCES: &[ResourceDef] = &[
         &[],
         false
     ),
+    // Stored only: the sim has no API Priority and Fairness.
+    res!(
+        "flowcontrol.apiserver.k8s.io",
+        "v1",
+        "FlowSchema",
+        "flowschemas",
+        "flowschema",
+        false,
+        &[],
+        true
+    ),
     res!(
         "karpenter.sh",
         "v1",

@@ -7,8 +7,8 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use nodekeeper::agent::host::fake::{FakeCall, FakeUnitManager};
-//! use nodekeeper::agent::host::systemd::UnitManager;
+//! use nodekeeper_core::agent::host::fake::{FakeCall, FakeUnitManager};
+//! use nodekeeper_core::agent::host::systemd::UnitManager;
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! let fake = FakeUnitManager::new().with_unit("crio.service", FakeUnitManager::active());

@@ -93,6 +93,13 @@ impl Delivered {
     pub fn done(self) {
         let _ = self.0.send(());
     }
+
+    /// An acknowledgement and what it releases (tests).
+    #[cfg(test)]
+    pub(crate) fn pair() -> (Self, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        (Delivered(tx), rx)
+    }
 }
 
 /// Settings of the watcher.

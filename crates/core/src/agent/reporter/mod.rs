@@ -12,7 +12,8 @@
 //! - `report_tx.send(..)` whenever conditions, CRI-O state, label-removal requests or command
 //!   results change; the reporter fills in `agent_instance`, `sequence` and `events` itself.
 //! - Sends happen on change (at most every 200 ms) and every `heartbeat` (default 10 s); failures
-//!   back off exponentially with jitter up to `backoff_max`.
+//!   back off exponentially with jitter up to `backoff_max`, or wait 1–2× the `Retry-After` of a
+//!   controller shedding load when that is longer.
 //! - Events sent on `event_tx` are queued until the controller acknowledges their id. The queue is
 //!   bounded (`max_queued_events`; the oldest is dropped with an error log when full — never while
 //!   under the bound) and persisted to `<state_dir>/reporter-events.json` after every change, so a
@@ -103,6 +104,8 @@ pub enum ReporterError {
         status: u16,
         /// Body (truncated).
         body: String,
+        /// The answer's `Retry-After` (a controller shedding load): the next try waits at least this.
+        retry_after: Option<Duration>,
     },
     /// The controller's answer is not a report response.
     #[error("POST {url}: invalid response: {source}")]
@@ -198,6 +201,7 @@ impl Reporter {
         let (status, bytes) = (answer.status, answer.body);
         if !(200..300).contains(&status) {
             return Err(ReporterError::Status {
+                retry_after: answer.retry_after,
                 url: self.endpoint.clone(),
                 status,
                 body: crate::agent::sources::truncate(&String::from_utf8_lossy(&bytes), 300),
@@ -212,12 +216,25 @@ impl Reporter {
         Ok(out)
     }
 
-    fn backoff(&self, failures: u32) -> Duration {
-        crate::backoff::delay(
+    /// The wait after `failures` failures in a row, the last one `e`: the backoff, or when the
+    /// controller asked for more (`Retry-After`, capped at `backoff_max`), between one and two
+    /// times that, so agents turned away together do not come back together.
+    fn backoff(&self, failures: u32, e: &ReporterError) -> Duration {
+        let backoff = crate::backoff::delay(
             Duration::from_millis(500),
             self.cfg.backoff_max,
             failures.saturating_add(1),
-        )
+        );
+        match e {
+            ReporterError::Status {
+                retry_after: Some(asked),
+                ..
+            } => {
+                let asked = (*asked).min(self.cfg.backoff_max);
+                backoff.max(asked + asked.mul_f64(rand::rng().random::<f64>()))
+            }
+            _ => backoff,
+        }
     }
 
     /// Runs until `shutdown`; see the module docs.
@@ -276,7 +293,7 @@ impl Reporter {
                             if failures == 1 || failures % 10 == 0 {
                                 tracing::warn!(error = crate::telemetry::error_chain(&e), failures, queued = self.queue.len(), "report not delivered; degraded mode");
                             }
-                            next = Instant::now() + self.backoff(failures);
+                            next = Instant::now() + self.backoff(failures, &e);
                         }
                     }
                 }
@@ -462,6 +479,25 @@ mod tests {
             );
         }
         assert!(gaps[4] >= S(10) && gaps[4] <= S(10) + MS(1), "{gaps:?}");
+        r.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_report_turned_away_with_retry_after_waits_that_long_with_jitter_then_backs_off() {
+        use Script::{Busy, Ok};
+        // Retry-After 5 s, then 1 s (the backoff, 1–2 s by then, is longer), then 60 s (above
+        // backoff_max: capped at it), then accepted.
+        let r = start(&[Busy(5), Busy(1), Busy(60), Ok], S(10), S(20));
+        r.at(S(100)).await;
+        let got = r.sent_at();
+        let gaps: Vec<Duration> = got.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps[0] >= S(5) && gaps[0] <= S(10) + MS(1), "{gaps:?}");
+        assert!(gaps[1] >= S(1) && gaps[1] <= S(2) + MS(1), "{gaps:?}");
+        assert!(gaps[2] >= S(20) && gaps[2] <= S(40) + MS(1), "{gaps:?}");
+        assert!(
+            gaps[3] >= S(10) && gaps[3] <= S(10) + MS(1),
+            "the heartbeat resumes: {gaps:?}"
+        );
         r.stop().await;
     }
 }

@@ -1,6 +1,6 @@
 //! Node lifecycle: Ready → Unknown (plus unreachable taints) after missed Lease heartbeats, not-ready
-//! taints on a node whose kubelet posts Ready=False, taints removed when the node is Ready again; pod
-//! GC for pods bound to nodes that no longer exist.
+//! taints on a node whose kubelet posts Ready=False, taints removed when the node is Ready again; the
+//! unschedulable taint on a cordoned node; pod GC for pods bound to nodes that no longer exist.
 
 use std::collections::HashSet;
 
@@ -17,6 +17,9 @@ pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 /// Taint key set on nodes whose kubelet posts Ready=False (kube-controller-manager's
 /// TaintNodesByCondition and NoExecute passes).
 pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
+/// NoSchedule taint kept on a node whose `spec.unschedulable` is true, removed once it is not (the
+/// NoSchedule pass of TaintNodesByCondition in `node_lifecycle_controller.go`).
+pub const UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
 
 /// One pass.
 pub fn tick(sim: &Sim, o: &LoopOptions) {
@@ -30,6 +33,10 @@ pub fn tick(sim: &Sim, o: &LoopOptions) {
     for node in &nodes {
         let name = name_of(node).to_string();
         names.insert(name.clone());
+        let cordoned = node.pointer("/spec/unschedulable") == Some(&Value::Bool(true));
+        if cordoned != has_taint(node, UNSCHEDULABLE) {
+            set_unschedulable_taint(sim, &name, cordoned);
+        }
         let lease = sim
             .store
             .get(well_known::leases(), "kube-node-lease", &name);
@@ -68,6 +75,34 @@ pub fn tick(sim: &Sim, o: &LoopOptions) {
             }
         });
     }
+}
+
+fn has_taint(node: &Value, key: &str) -> bool {
+    node.pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .is_some_and(|ts| ts.iter().any(|t| t["key"] == key))
+}
+
+fn set_unschedulable_taint(sim: &Sim, name: &str, on: bool) {
+    let _ = sim.store.txn(|t| {
+        t.modify(well_known::nodes(), "", name, WriteTarget::Internal, |n| {
+            let mut n = n.clone();
+            let mut taints: Vec<Value> = n
+                .pointer("/spec/taints")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            taints.retain(|t| t["key"] != UNSCHEDULABLE);
+            if on {
+                taints.push(json!({"key": UNSCHEDULABLE, "effect": "NoSchedule"}));
+            }
+            if !n.get("spec").is_some_and(Value::is_object) {
+                n["spec"] = json!({});
+            }
+            n["spec"]["taints"] = Value::Array(taints);
+            Ok(n)
+        })
+    });
 }
 
 /// Which of the lifecycle's taint keys the node carries.

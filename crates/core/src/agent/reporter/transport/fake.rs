@@ -17,6 +17,8 @@ pub(crate) enum Script {
     Ok,
     /// A transport error (the controller unreachable).
     Down,
+    /// 503 with `Retry-After` of this many seconds (a controller shedding load).
+    Busy(u64),
 }
 
 /// What the fake saw.
@@ -68,8 +70,14 @@ impl ReportTransport for FakeTransport {
                     body: br#"{"accepted":true,"acknowledged_events":[],"commands":[]}"#
                         .to_vec()
                         .into(),
+                    retry_after: None,
                 }),
                 Script::Down => Err("connection refused".into()),
+                Script::Busy(secs) => Ok(Answer {
+                    status: 503,
+                    body: br#"{"error":"too many reports in flight"}"#.to_vec().into(),
+                    retry_after: Some(std::time::Duration::from_secs(secs)),
+                }),
             }
         })
     }

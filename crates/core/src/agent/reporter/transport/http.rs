@@ -67,8 +67,17 @@ impl ReportTransport for HttpTransport {
                 .send()
                 .await?;
             let status = resp.status().as_u16();
+            let retry_after = super::retry_after(
+                resp.headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok()),
+            );
             let body = resp.bytes().await?;
-            Ok(Answer { status, body })
+            Ok(Answer {
+                status,
+                body,
+                retry_after,
+            })
         })
     }
 }

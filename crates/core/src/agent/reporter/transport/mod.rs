@@ -20,6 +20,18 @@ pub struct Answer {
     pub status: u16,
     /// The response body.
     pub body: bytes::Bytes,
+    /// `Retry-After` in seconds, when the answer carries one (a controller shedding load).
+    pub retry_after: Option<std::time::Duration>,
+}
+
+/// A `Retry-After` header's delay: delta-seconds only (the controller sends nothing else; an
+/// HTTP-date is ignored, as is anything unparsable).
+pub fn retry_after(value: Option<&str>) -> Option<std::time::Duration> {
+    value?
+        .trim()
+        .parse()
+        .ok()
+        .map(std::time::Duration::from_secs)
 }
 
 /// Sends one encoded report (`POST <url>/v1/reports`, JSON, `Authorization: Bearer <token>`).

@@ -1,14 +1,16 @@
 //! The pods on the node between a drain's rounds: a list, then a watch from the list's
-//! resourceVersion. A round lists again only when the watch saw a change, when the watch is down,
-//! or [`RELIST`] after the last list; otherwise it re-plans on the pods it has (the deadline and the
-//! retries are times, not changes). A drain waiting for terminating pods so costs one watch and a
-//! list per change, not a list every poll interval: at a few hundred drains at once, polling alone
+//! resourceVersion whose events are applied to the listed pods, as an informer does. A round lists
+//! again only when the watch is down or ended, or [`RELIST`] after the last list; otherwise it
+//! re-plans on the pods it holds (the deadline and the retries are times, not changes). A change
+//! wakes the waiting round at once, with every event already queued behind it applied too, so a
+//! burst of deletions costs one round. A drain so costs one watch and a list every [`RELIST`], not
+//! a list every poll interval (nor one per change): at a few hundred drains at once, polling alone
 //! filled the controller's API Priority and Fairness queue (docs/comparison.md, "Scale").
 
 use std::time::Duration;
 
 use futures::stream::BoxStream;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use tokio::time::Instant;
@@ -27,14 +29,15 @@ type Events = BoxStream<'static, kube::Result<WatchEvent<Pod>>>;
 pub(super) struct PodFeed {
     api: Api<Pod>,
     fields: String,
-    /// The last list and when it was taken.
+    /// The pods (the last list with the watch's events since applied) and when that list was
+    /// taken.
     cached: Option<(Vec<Pod>, Instant)>,
     /// The resourceVersion of the last list (where a new watch starts).
     rv: Option<String>,
     /// The watch. In a `Mutex` only so that the drain (which holds the feed across `&self`
     /// awaits) is `Sync` while the stream is not; reached through `get_mut`, never locked.
     watch: std::sync::Mutex<Option<Events>>,
-    /// A change seen since the last list, or the watch down: the next round lists.
+    /// The watch ended or broke since the last list: the next round lists.
     dirty: bool,
     /// No watch attempt before this.
     retry_watch_at: Option<Instant>,
@@ -43,7 +46,7 @@ pub(super) struct PodFeed {
 /// How a wait for a change ended.
 enum Woke {
     Timer,
-    Change,
+    Change(Box<WatchEvent<Pod>>),
     /// The server ended the watch (its timeout, or 410 Gone): reopen at the next wait.
     Ended,
     Broken,
@@ -66,8 +69,8 @@ impl PodFeed {
         self.watch.get_mut().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The pods now: those of the last list while the watch runs and has seen no change since
-    /// (and the list is younger than [`RELIST`]), else a fresh list.
+    /// The pods now: those held while the watch runs (and the last list is younger than
+    /// [`RELIST`]), else a fresh list.
     pub(super) async fn pods(&mut self) -> Result<Vec<Pod>, kube::Error> {
         let now = Instant::now();
         if let Some((pods, at)) = &self.cached {
@@ -87,11 +90,12 @@ impl PodFeed {
     }
 
     /// Waits `d`, or less when the watch sees a change on the node's pods (opening the watch
-    /// first when none runs). Without a watch it sleeps `d`, and the next round lists.
+    /// first when none runs), and applies the change and every one already queued behind it.
+    /// Without a watch it sleeps `d`, and the next round lists.
     pub(super) async fn wait(&mut self, d: Duration, call_timeout: Duration) {
         let until = Instant::now() + d;
         self.open(call_timeout).await;
-        let woke = match self.watch().as_mut() {
+        let mut woke = match self.watch().as_mut() {
             None => {
                 tokio::time::sleep_until(until).await;
                 Woke::Timer
@@ -99,23 +103,23 @@ impl PodFeed {
             Some(w) => loop {
                 tokio::select! {
                     _ = tokio::time::sleep_until(until) => break Woke::Timer,
-                    ev = w.next() => match ev {
-                        Some(Ok(WatchEvent::Bookmark(_))) => continue,
-                        Some(Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_))) => {
-                            break Woke::Change
-                        }
-                        // The server's timeout, or 410 Gone (its history moved past our list):
-                        // the next round lists, and the watch reopens from there.
-                        None => break Woke::Ended,
-                        Some(Ok(WatchEvent::Error(s))) if s.code == 410 => break Woke::Ended,
-                        Some(Ok(WatchEvent::Error(_)) | Err(_)) => break Woke::Broken,
+                    ev = w.next() => match classify(ev) {
+                        Some(woke) => break woke,
+                        None => continue,
                     },
                 }
             },
         };
+        // The burst behind a change: apply what is already queued, without waiting.
+        while let Woke::Change(event) = woke {
+            self.apply(*event);
+            woke = match self.watch().as_mut().and_then(|w| w.next().now_or_never()) {
+                None => Woke::Timer,
+                Some(ev) => classify(ev).unwrap_or(Woke::Timer),
+            };
+        }
         match woke {
-            Woke::Timer => {}
-            Woke::Change => self.dirty = true,
+            Woke::Timer | Woke::Change(_) => {}
             Woke::Ended => {
                 *self.watch() = None;
                 self.dirty = true;
@@ -126,6 +130,27 @@ impl PodFeed {
                 self.dirty = true;
                 self.retry_watch_at = Some(Instant::now() + WATCH_RETRY);
             }
+        }
+    }
+
+    /// Applies one watch event to the pods held (matched by namespace and name; a pod recreated
+    /// under its name arrives as a deletion, then an addition).
+    fn apply(&mut self, event: WatchEvent<Pod>) {
+        let Some((pods, _)) = self.cached.as_mut() else {
+            return;
+        };
+        let same = |a: &Pod, b: &Pod| {
+            a.metadata.name == b.metadata.name && a.metadata.namespace == b.metadata.namespace
+        };
+        match event {
+            WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
+                match pods.iter_mut().find(|p| same(p, &pod)) {
+                    Some(held) => *held = pod,
+                    None => pods.push(pod),
+                }
+            }
+            WatchEvent::Deleted(pod) => pods.retain(|p| !same(p, &pod)),
+            WatchEvent::Bookmark(_) | WatchEvent::Error(_) => {}
         }
     }
 
@@ -154,5 +179,20 @@ impl PodFeed {
                 self.retry_watch_at = Some(now + WATCH_RETRY);
             }
         }
+    }
+}
+
+/// What one item of the watch means for the waiting round; `None`: keep waiting (a bookmark).
+fn classify(ev: Option<kube::Result<WatchEvent<Pod>>>) -> Option<Woke> {
+    match ev {
+        Some(Ok(WatchEvent::Bookmark(_))) => None,
+        Some(Ok(e @ (WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)))) => {
+            Some(Woke::Change(Box::new(e)))
+        }
+        // The server's timeout, or 410 Gone (its history moved past our list): the next round
+        // lists, and the watch reopens from there.
+        None => Some(Woke::Ended),
+        Some(Ok(WatchEvent::Error(s))) if s.code == 410 => Some(Woke::Ended),
+        Some(Ok(WatchEvent::Error(_)) | Err(_)) => Some(Woke::Broken),
     }
 }
