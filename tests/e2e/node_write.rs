@@ -26,7 +26,10 @@ use crate::support::*;
 use nodekeeper_core::controller::policy::view::keys;
 
 const NODE: &str = "nw-0";
-const OURS: &str = "nodekeeper.io/interruption";
+/// Not the interruption taint: other tests' controllers share the real cluster, and their engines
+/// remove a leftover interruption taint from a node they are not acting on (the policy's
+/// cleanup of orphans), which a CI run saw between this test's write and its read.
+const OURS: &str = "nodekeeper.io/node-write-test";
 const THEIRS: &str = "example.com/theirs";
 /// kube-controller-manager's taint on a cordoned node (written here from its documentation).
 const KUBE_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
@@ -144,7 +147,7 @@ async fn a_taint_patch_from_a_stale_copy_is_refused_then_redone_keeping_the_othe
     let interrupt = [
         Action::Taint {
             key: OURS.into(),
-            value: "preemption".into(),
+            value: "test".into(),
             effect: "NoSchedule".into(),
         },
         Action::Cordon,
