@@ -84,22 +84,20 @@ fn has_taint(node: &Value, key: &str) -> bool {
 }
 
 fn set_unschedulable_taint(sim: &Sim, name: &str, on: bool) {
+    let add = if on {
+        vec![json!({"key": UNSCHEDULABLE, "effect": "NoSchedule"})]
+    } else {
+        vec![]
+    };
+    modify_node(sim, name, |n| replace_taints(n, &[UNSCHEDULABLE], add));
+}
+
+/// Changes the stored Node `name` in place (nothing when it is gone).
+fn modify_node(sim: &Sim, name: &str, change: impl FnOnce(&mut Value)) {
     let _ = sim.store.txn(|t| {
         t.modify(well_known::nodes(), "", name, WriteTarget::Internal, |n| {
             let mut n = n.clone();
-            let mut taints: Vec<Value> = n
-                .pointer("/spec/taints")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            taints.retain(|t| t["key"] != UNSCHEDULABLE);
-            if on {
-                taints.push(json!({"key": UNSCHEDULABLE, "effect": "NoSchedule"}));
-            }
-            if !n.get("spec").is_some_and(Value::is_object) {
-                n["spec"] = json!({});
-            }
-            n["spec"]["taints"] = Value::Array(taints);
+            change(&mut n);
             Ok(n)
         })
     });
@@ -120,13 +118,9 @@ pub const KUBELET_CONDITIONS: [&str; 4] =
     ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"];
 
 fn mark_unknown(sim: &Sim, name: &str, stamp: &str) {
-    let _ = sim.store.txn(|t| {
-        t.modify(well_known::nodes(), "", name, WriteTarget::Internal, |n| {
-            let mut n = n.clone();
-            mark_unknown_conditions(&mut n, stamp);
-            add_taints(&mut n, Some(UNREACHABLE));
-            Ok(n)
-        })
+    modify_node(sim, name, |n| {
+        mark_unknown_conditions(n, stamp);
+        add_taints(n, Some(UNREACHABLE));
     });
 }
 
@@ -164,27 +158,31 @@ pub fn mark_unknown_conditions(n: &mut Value, stamp: &str) {
 }
 
 fn set_taints(sim: &Sim, name: &str, key: Option<&str>) {
-    let _ = sim.store.txn(|t| {
-        t.modify(well_known::nodes(), "", name, WriteTarget::Internal, |n| {
-            let mut n = n.clone();
-            add_taints(&mut n, key);
-            Ok(n)
-        })
-    });
+    modify_node(sim, name, |n| add_taints(n, key));
 }
 
 /// Replaces the lifecycle's taints by `key`'s NoSchedule and NoExecute pair (none: removes them).
 fn add_taints(n: &mut Value, key: Option<&str>) {
+    let add = key
+        .map(|key| {
+            vec![
+                json!({"key": key, "effect": "NoSchedule"}),
+                json!({"key": key, "effect": "NoExecute"}),
+            ]
+        })
+        .unwrap_or_default();
+    replace_taints(n, &[UNREACHABLE, NOT_READY], add);
+}
+
+/// Drops the node's taints with a key in `drop`, then appends `add` (other writers' taints kept).
+fn replace_taints(n: &mut Value, drop: &[&str], add: Vec<Value>) {
     let mut taints: Vec<Value> = n
         .pointer("/spec/taints")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    taints.retain(|t| t["key"] != UNREACHABLE && t["key"] != NOT_READY);
-    if let Some(key) = key {
-        taints.push(json!({"key": key, "effect": "NoSchedule"}));
-        taints.push(json!({"key": key, "effect": "NoExecute"}));
-    }
+    taints.retain(|t| !drop.iter().any(|k| t["key"] == *k));
+    taints.extend(add);
     if !n.get("spec").is_some_and(Value::is_object) {
         n["spec"] = json!({});
     }
