@@ -64,10 +64,7 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
     let mut tasks = Tasks::spawn(&config, in_tx.clone(), &shutdown);
     let mut checks = Checks::from_config(&config.checks);
     apply_crio(&config, &opts, &mut st).await;
-    let mut check_tick = tokio::time::interval(config.checks.interval);
-    let mut file_tick = tokio::time::interval(config.agent.config_poll_interval);
-    check_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    file_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = Ticks::new(&config);
     let mut events: Vec<NodeEvent> = Vec::new();
     let mut held: Vec<Delivered> = Vec::new();
     let mut sink = Sink::start(&config, &opts, in_tx.clone(), &shutdown);
@@ -80,7 +77,7 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
                 tracing::info!("SIGHUP: reloading configuration");
                 true
             }
-            _ = file_tick.tick() => {
+            _ = ticks.file.tick() => {
                 let now = file_fingerprint(&path);
                 let changed = now != fingerprint;
                 if changed {
@@ -89,7 +86,7 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
                 }
                 changed
             }
-            _ = check_tick.tick() => {
+            _ = ticks.check.tick() => {
                 // tokio's clock (the wall clock unless paused, as in tests) drives the flap guards.
                 st.apply_round(checks.run_once(tokio::time::Instant::now().into_std()).await);
                 false
@@ -109,8 +106,7 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
                 tasks.stop().await;
                 tasks = Tasks::spawn(&config, in_tx.clone(), &shutdown);
                 checks = Checks::from_config(&config.checks);
-                check_tick = tokio::time::interval(config.checks.interval);
-                file_tick = tokio::time::interval(config.agent.config_poll_interval);
+                ticks = Ticks::new(&config);
             }
             apply_crio(&config, &opts, &mut st).await;
         }
@@ -129,6 +125,29 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
     sink.stop().await;
     tasks.stop().await;
     tracing::info!("agent stopped");
+}
+
+/// The loop's two periodic timers: a round of health checks every `[checks] interval`, a look at
+/// the configuration file's fingerprint every `[agent] config_poll_interval`. Each fires at once,
+/// then once per period; a round that overruns its period delays the next instead of bunching up
+/// the ones it missed. Made anew from the configuration on each reload.
+struct Ticks {
+    check: tokio::time::Interval,
+    file: tokio::time::Interval,
+}
+
+impl Ticks {
+    fn new(config: &Config) -> Self {
+        let every = |period| {
+            let mut i = tokio::time::interval(period);
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        };
+        Ticks {
+            check: every(config.checks.interval),
+            file: every(config.agent.config_poll_interval),
+        }
+    }
 }
 
 fn on_input(
@@ -595,6 +614,48 @@ mod tests {
             Ok(7)
         };
         assert_eq!(within_command_timeout("x", just_in_time).await, Ok(7));
+    }
+
+    /// The loop's timers on paused time: both fire at start, then every period; a round that
+    /// overruns delays the next one a whole period (no burst of missed rounds); a reload's
+    /// timers take the new periods and keep that rule.
+    #[tokio::test(start_paused = true)]
+    async fn check_rounds_and_config_polls_come_once_per_period_and_never_bunch_up() {
+        // When a tick is taken (`tick()` returns the instant it was due, not when it fired).
+        async fn fired(i: &mut tokio::time::Interval, t0: Instant) -> Duration {
+            i.tick().await;
+            t0.elapsed()
+        }
+        let mut config = Config::default();
+        config.checks.interval = Duration::from_secs(10);
+        config.agent.config_poll_interval = Duration::from_secs(3);
+        let t0 = Instant::now();
+        let mut ticks = Ticks::new(&config);
+        assert_eq!(
+            fired(&mut ticks.check, t0).await,
+            Duration::ZERO,
+            "at start"
+        );
+        assert_eq!(fired(&mut ticks.file, t0).await, Duration::ZERO, "at start");
+        let mut polls = Vec::new();
+        for _ in 0..3 {
+            polls.push(fired(&mut ticks.file, t0).await);
+        }
+        assert_eq!(polls, [3, 6, 9].map(Duration::from_secs));
+        assert_eq!(fired(&mut ticks.check, t0).await, Duration::from_secs(10));
+        // A round that takes 25 s (two and a half periods): the missed round at once, then the
+        // next a whole period later.
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        assert_eq!(fired(&mut ticks.check, t0).await, Duration::from_secs(35));
+        assert_eq!(fired(&mut ticks.check, t0).await, Duration::from_secs(45));
+        // Reloaded with other periods: at once, then by the new ones, with the same rule.
+        config.checks.interval = Duration::from_secs(4);
+        let t1 = Instant::now();
+        let mut ticks = Ticks::new(&config);
+        assert_eq!(fired(&mut ticks.check, t1).await, Duration::ZERO);
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert_eq!(fired(&mut ticks.check, t1).await, Duration::from_secs(9));
+        assert_eq!(fired(&mut ticks.check, t1).await, Duration::from_secs(13));
     }
 
     /// A shutdown held for its report is released `grace` later, not before.
