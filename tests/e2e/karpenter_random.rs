@@ -93,9 +93,11 @@ async fn snapshot(nodes: &Api<Node>, claims: &Api<kube::core::DynamicObject>) ->
 /// How long after nodekeeper's disruption of a node first shows, a disruption Karpenter starts in
 /// the same NodePool is not counted against it: Karpenter does not count nodekeeper's disruptions
 /// itself, it sees them through the fence (`karpenter.sh/do-not-disrupt` on the pool's other nodes),
-/// which the reconcile after the notice writes tens of milliseconds after the cordon; a command
-/// Karpenter validated before the fence landed still starts. (A CI run saw Karpenter start an
-/// `Empty` deletion 24 ms after nodekeeper's preemption cordon.) Past this, the fence must hold.
+/// which lands beside the disruption's first patch (the notice's fast path sends both at once; a
+/// repair's round writes them together), not before it; a command Karpenter validated before the
+/// fence landed still starts. (A CI run saw Karpenter start an `Empty` deletion 24 ms after
+/// nodekeeper's preemption cordon, when the fence still waited for the reconcile after the notice.)
+/// Past this, the fence must hold.
 const FENCE_GRACE: Duration = Duration::from_millis(500);
 
 /// The watch: every observation against the previous one. A node newly disrupted voluntarily may

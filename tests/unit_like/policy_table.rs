@@ -1304,3 +1304,54 @@ fn a_fenced_node_that_nodekeeper_then_acts_on_takes_the_mark_as_its_own() {
         "{ds:#?}"
     );
 }
+
+#[test]
+fn the_fast_path_fences_the_nodepool_as_the_reconcile_does_and_never_lifts_a_mark() {
+    use nodekeeper_core::controller::policy::decide_interruption;
+    use nodekeeper_core::controller::policy::fence::fence_now;
+    let now = monday();
+    let mut p = ready_node("p", "spot", now);
+    p.notices.push(notice(
+        "ev",
+        NoticeKind::Preemption,
+        Some(now + mins(2)),
+        now,
+    ));
+    let mut user = ready_node("u", "spot", now);
+    user.annotations
+        .insert(keys::KARPENTER_DO_NOT_DISRUPT.into(), "true".into());
+    let pool = vec![p.clone(), ready_node("q", "spot", now), user];
+    let actions = decide_interruption(&p, &cfg(), now).expect("decided alone");
+    let fast = fence_now(&pool, "p", &actions);
+    // The reconcile's fence for the same NodePool: the same marks, on the same nodes.
+    let ds = run(&view(pool.clone()), &cfg(), now);
+    assert_eq!(
+        fast,
+        vec![
+            ("q".to_string(), of(&ds, "q")[0].clone()),
+            ("q".to_string(), of(&ds, "q")[1].clone())
+        ],
+        "{ds:#?}"
+    );
+    assert!(of(&ds, "u").is_empty(), "the user's mark stands: {ds:#?}");
+    // A NotReady node: Karpenter counts it itself, so no fence; and a fence mark left over in the
+    // NodePool is the reconcile's to lift, not the fast path's.
+    let mut down = p.clone();
+    ready(&mut down, "False", now - mins(1));
+    let mut stale = ready_node("s", "spot", now);
+    stale
+        .annotations
+        .insert(keys::KARPENTER_DO_NOT_DISRUPT.into(), "true".into());
+    stale
+        .annotations
+        .insert(keys::DO_NOT_DISRUPT_BY.into(), "fence".into());
+    let actions = decide_interruption(&down, &cfg(), now).expect("decided alone");
+    let ds = run(&view(vec![down.clone(), stale.clone()]), &cfg(), now);
+    assert!(
+        of(&ds, "s")
+            .iter()
+            .any(|a| matches!(a, Action::Annotate { value: None, .. })),
+        "the reconcile lifts it: {ds:#?}"
+    );
+    assert_eq!(fence_now(&[down, stale], "p", &actions), vec![]);
+}

@@ -32,12 +32,14 @@ use super::actions::{Actor, REPLACEMENT_ACCEPTED};
 use super::config::EngineConfig;
 use super::drain::tasks::DrainTasks;
 use super::metrics::EngineMetrics;
+use super::policy::fence::fence_now;
 use super::policy::interruption::notice_recorded;
 use super::policy::repair::next_expiry;
 use super::policy::view::{became_ready, keys, ConditionView, Notice, NoticeKind, TaintView};
 use super::policy::{
     decide_interruption, decide_with_status, Action, ClusterView, NodeView, PolicyConfig,
 };
+use super::provider::POOL_LABEL;
 use crate::agent::sources::NodeEvent;
 
 /// The engine's notion of "now": wall time in production, simulated time against the sim.
@@ -344,8 +346,14 @@ impl Engine {
         let cached = self
             .store
             .get(&kube::runtime::reflector::ObjectRef::<Node>::new(name))?;
-        let fresh = self.actor.fresher(&cached);
-        let mut v = node_view(fresh.as_ref().unwrap_or(&cached))?;
+        self.view_of(&cached)
+    }
+
+    /// One cached Node as the policy sees it: our fresher patch answer if there is one, with
+    /// what only the engine knows ([`Self::complete`]).
+    fn view_of(&self, cached: &Node) -> Option<NodeView> {
+        let fresh = self.actor.fresher(cached);
+        let mut v = node_view(fresh.as_ref().unwrap_or(cached))?;
         self.complete(&mut v);
         Some(v)
     }
@@ -366,6 +374,11 @@ impl Engine {
     /// nothing waits for a budget), act on it now, without the whole [`ClusterView`]. The full
     /// reconcile that follows decides the same for this node (and, having read the node before
     /// this acted, skips it). Returns whether it acted.
+    ///
+    /// The Karpenter fence goes with it ([`fence_now`]): the marks on the NodePool's other nodes
+    /// are written beside the node's own patch, not a reconcile later, so that Karpenter starts no
+    /// voluntary disruption there in between. A fenced node another task is writing right now
+    /// (its lane is taken) is left to the reconcile, which fences it too.
     pub async fn fast_path(&self, node: &str) -> bool {
         let lane = self.lane(node);
         let _guard = lane.lock().await;
@@ -379,15 +392,57 @@ impl Engine {
         if actions.is_empty() {
             return false;
         }
-        let dry_run = self.policy.controller.dry_run;
-        if let Err(e) = self.actor.execute(node, &actions, dry_run).await {
-            tracing::warn!(error = %e, "fast path failed; retried by the next reconcile");
+        let mut fence: BTreeMap<String, Vec<Action>> = BTreeMap::new();
+        for (n, a) in fence_now(&self.pool_of(v), node, &actions) {
+            fence.entry(n).or_default().push(a);
         }
+        let dry_run = self.policy.controller.dry_run;
+        let own = async {
+            if let Err(e) = self.actor.execute(node, &actions, dry_run).await {
+                tracing::warn!(error = %e, "fast path failed; retried by the next reconcile");
+            }
+        };
+        let others = futures::future::join_all(fence.into_iter().map(|(n, marks)| async move {
+            let lane = self.lane(&n);
+            let Ok(_guard) = lane.try_lock() else {
+                tracing::debug!(node = n, "being written; the reconcile fences it");
+                return None;
+            };
+            if let Err(e) = self.actor.execute(&n, &marks, dry_run).await {
+                tracing::warn!(error = %e, "fence failed; retried by the next reconcile");
+            }
+            Some(n)
+        }));
+        let ((), fenced) = tokio::join!(own, others);
         let done = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-        lock(&self.touched).insert(node.to_string(), done);
+        let mut touched = lock(&self.touched);
+        for n in fenced.into_iter().flatten().chain([node.to_string()]) {
+            touched.insert(n, done);
+        }
+        drop(touched);
         self.metrics.fast_paths.fetch_add(1, Ordering::Relaxed);
         self.bump();
         true
+    }
+
+    /// `v` and the other nodes of its Karpenter NodePool as the policy sees them now (only `v`
+    /// when it has none).
+    fn pool_of(&self, v: NodeView) -> Vec<NodeView> {
+        let Some(pool) = v.labels.get(POOL_LABEL).cloned() else {
+            return vec![v];
+        };
+        let mut out: Vec<NodeView> = self
+            .store
+            .state()
+            .iter()
+            .filter(|n| {
+                n.metadata.name.as_deref() != Some(v.name.as_str())
+                    && n.metadata.labels.as_ref().and_then(|l| l.get(POOL_LABEL)) == Some(&pool)
+            })
+            .filter_map(|n| self.view_of(n))
+            .collect();
+        out.push(v);
+        out
     }
 
     /// Hands a notice to the engine and waits (at most `timeout`, while `leader` holds) until the
@@ -518,12 +573,7 @@ impl Engine {
             .store
             .state()
             .iter()
-            .filter_map(|n| {
-                let fresh = self.actor.fresher(n);
-                let mut v = node_view(fresh.as_ref().unwrap_or(n))?;
-                self.complete(&mut v);
-                Some(v)
-            })
+            .filter_map(|n| self.view_of(n))
             .collect();
         let alive: BTreeMap<String, ()> = nodes.iter().map(|n| (n.name.clone(), ())).collect();
         self.prune_notices(&alive, now);
@@ -1001,6 +1051,27 @@ mod run_tests {
             debounce,
             ..EngineConfig::default()
         };
+        let (leader_tx, leader_rx) = watch::channel(leader);
+        let engine = engine(client, store, cfg, leader_rx.clone());
+        let (events, events_rx) = broadcast::channel(8);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(engine.clone().run(leader_rx, events_rx, cancel.clone()));
+        Running {
+            engine,
+            leader: leader_tx,
+            cancel,
+            task,
+            _events: events,
+        }
+    }
+
+    /// An engine as the controller builds it, over `client` and the Node cache `store`.
+    fn engine(
+        client: kube::Client,
+        store: Store<Node>,
+        cfg: EngineConfig,
+        leader_rx: watch::Receiver<bool>,
+    ) -> Arc<Engine> {
         let (metrics, wake) = (Arc::new(EngineMetrics::default()), Arc::new(Notify::new()));
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let drains = Arc::new(DrainTasks::new(
@@ -1011,7 +1082,6 @@ mod run_tests {
             wake.clone(),
         ));
         let recorder = Recorder::new(client.clone(), "test", None);
-        let (leader_tx, leader_rx) = watch::channel(leader);
         let states = NodeStates::new(
             NodeStateConfig {
                 prefix: "nodekeeper.io/".into(),
@@ -1021,7 +1091,7 @@ mod run_tests {
             },
             client.clone(),
             store.clone(),
-            leader_rx.clone(),
+            leader_rx,
             recorder.clone(),
         );
         let actor = Arc::new(Actor::new(ActorParts {
@@ -1034,7 +1104,7 @@ mod run_tests {
             metrics: metrics.clone(),
             notifier: None,
         }));
-        let engine = Engine::new(EngineParts {
+        Engine::new(EngineParts {
             cfg,
             policy: PolicyConfig::default(),
             clock,
@@ -1044,17 +1114,92 @@ mod run_tests {
             drains,
             metrics,
             wake,
+        })
+    }
+
+    /// A Ready node of the Karpenter NodePool `spot`, seen Ready long ago.
+    fn pool_node(name: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "resourceVersion": "1",
+                "creationTimestamp": "2026-12-01T00:00:00Z",
+                "labels": { POOL_LABEL: "spot" },
+                "annotations": { keys::SEEN_READY: "2026-12-01T00:01:00Z" } },
+            "spec": { "providerID": format!("kwok://{name}") },
+            "status": { "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady",
+                "lastHeartbeatTime": "2026-12-01T00:01:00Z",
+                "lastTransitionTime": "2026-12-01T00:01:00Z" }] }
+        }))
+        .unwrap()
+    }
+
+    /// The fast path after a preemption notice writes the Karpenter fence on the NodePool's other
+    /// node beside the notice's own patch — sent while that patch is still unanswered, not after it
+    /// nor a reconcile later — and counts both nodes as acted on (so a reconcile whose view
+    /// predates them skips them).
+    #[tokio::test(start_paused = true)]
+    async fn the_fast_path_fences_the_nodepool_beside_the_cordon() {
+        type Seen = Arc<Mutex<Vec<(String, tokio::time::Instant)>>>;
+        let seen: Seen = Default::default();
+        let log = seen.clone();
+        let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+            let log = log.clone();
+            async move {
+                let at = tokio::time::Instant::now();
+                let path = req.uri().path().to_string();
+                let Some(name) = path.strip_prefix("/api/v1/nodes/") else {
+                    return hyper::Response::builder()
+                        .status(404)
+                        .body(kube::client::Body::from(b"{}".to_vec()));
+                };
+                let name = name.to_string();
+                lock(&log).push((format!("{} {name}", req.method()), at));
+                if name == "p" {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                let node = serde_json::json!({ "apiVersion": "v1", "kind": "Node",
+                    "metadata": { "name": name, "resourceVersion": "2" } });
+                hyper::Response::builder()
+                    .status(200)
+                    .body(kube::client::Body::from(node.to_string().into_bytes()))
+            }
         });
-        let (events, events_rx) = broadcast::channel(8);
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(engine.clone().run(leader_rx, events_rx, cancel.clone()));
-        Running {
-            engine,
-            leader: leader_tx,
-            cancel,
-            task,
-            _events: events,
+        let client = kube::Client::new(svc, "default");
+        let (store, mut writer) = kube::runtime::reflector::store::<Node>();
+        for n in ["p", "q"] {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_node(n)));
         }
+        let (_leader, leader_rx) = watch::channel(true);
+        let engine = engine(client, store, EngineConfig::default(), leader_rx);
+        let now = Utc::now();
+        let notice = NodeEvent {
+            version: crate::agent::sources::NODE_EVENT_VERSION,
+            id: "ev1".into(),
+            kind: crate::agent::sources::EventKind::Preemption,
+            cloud: None,
+            source: "test".into(),
+            not_before: Some(now + chrono::Duration::seconds(120)),
+            deadline: None,
+            detected_at: now,
+            detail: Default::default(),
+        };
+        assert!(engine.add_notice("p", &notice));
+        assert!(engine.fast_path("p").await, "acted");
+        let seen = lock(&seen).clone();
+        let at = |what: &str| {
+            seen.iter()
+                .find(|(w, _)| w == what)
+                .map(|(_, at)| *at)
+                .unwrap_or_else(|| panic!("no {what} in {seen:?}"))
+        };
+        assert!(
+            at("PATCH q") < at("PATCH p") + Duration::from_secs(1),
+            "the fence was sent before the node's own patch was answered: {seen:?}"
+        );
+        let touched = lock(&engine.touched).clone();
+        assert!(
+            touched.contains_key("p") && touched.contains_key("q"),
+            "{touched:?}"
+        );
     }
 
     /// One reconcile at start and one per tick (observed 1 ms after it: the reconcile runs

@@ -88,3 +88,15 @@ pub fn fence(nodes: &[NodeView], round: &BTreeMap<String, Vec<Action>>) -> Vec<(
     }
     out
 }
+
+/// The marks a fresh disruption needs at once, for the engine's fast path after a notice: what
+/// [`fence`] adds when `node` takes `actions` this round, given `pool`, the nodes of its NodePool
+/// (`node` included). Only additions: whether a mark is lifted depends on the whole round, which
+/// the reconcile decides; a disruption only ever adds marks, so these are [`fence`]'s for the pool.
+pub fn fence_now(pool: &[NodeView], node: &str, actions: &[Action]) -> Vec<(String, Action)> {
+    let round = BTreeMap::from([(node.to_string(), actions.to_vec())]);
+    fence(pool, &round)
+        .into_iter()
+        .filter(|(_, a)| matches!(a, Action::Annotate { value: Some(_), .. }))
+        .collect()
+}
