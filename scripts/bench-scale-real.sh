@@ -11,6 +11,9 @@
 #                                                   the repair toleration (s) of the bench's controller config
 #   NK_CONTROLLER_SET='max_connections = 1024' …    TOML lines added to the controller's [controller] table (to
 #                                                   compare settings side by side: one run each)
+#   PERF=1 …                                        the controller sampled by `perf record` (199 Hz) in its idle and
+#                                                   agents windows: SIZE/perf-PHASE.txt, its hottest symbols (the
+#                                                   CPU figures then include perf's small share)
 # One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests, with the kubelet's and
 # kube-controller-manager's default node heartbeat: Leases of 40 s, NotReady after 50 s), grown size by size:
 #   - KWOK nodes n0 … nN-1 (label karpenter.sh/nodepool=pool-(i % 100)), PODS-PER-NODE pods each bound with
@@ -78,12 +81,22 @@ shipped_controller_config "127.0.0.1:$CTL_PORT" "$OUT/tls" |
       -e 's|^budgets = .*|budgets = [{ nodes = "100%" }]|' |
   awk -v set="${NK_CONTROLLER_SET:-}" '{ print } /^\[controller\]$/ && set != "" { print set }' >"$OUT/controller.toml"
 ctl_metric() { curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
-# phase NAME LABEL=PID…: WINDOW s of samples and kube-apiserver's request counters around them.
+# phase NAME LABEL=PID…: WINDOW s of samples and kube-apiserver's request counters around them (with PERF=1, the
+# controller's hottest symbols in that window too).
 phase() {
-  local name=$1; shift
+  local name=$1 perf=""; shift
   "${F[@]}" requests "$DIR" "$SD/req-$name-0.json"
+  if [ "${PERF:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
+    perf record -q -F 199 -g -p "$CTL_PID" -o "$SD/perf-$name.data" -- sleep "$WINDOW" >/dev/null 2>&1 &
+    perf=$!
+  fi
   "${F[@]}" sample "$WINDOW" "$SD/$name.json" "${CP[@]}" "$@"
   "${F[@]}" requests "$DIR" "$SD/req-$name-1.json"
+  if [ -n "$perf" ]; then
+    wait "$perf" || true
+    perf report -i "$SD/perf-$name.data" --no-children --sort symbol -g none --stdio 2>/dev/null |
+      grep -v '^$' | head -80 >"$SD/perf-$name.txt" || true
+  fi
 }
 
 prev=0 pods=0
