@@ -283,15 +283,15 @@ impl Actor {
     }
 
     /// The object a write of ours returned, if it is newer than `cached` (see [`FreshNodes`](super::fresh::FreshNodes)).
-    pub fn fresher(&self, cached: &Node) -> Option<Node> {
+    pub fn fresher(&self, cached: &Node) -> Option<Arc<Node>> {
         self.states.fresh().fresher(cached)
     }
 
     /// The newest copy of `node` this process holds without asking the API: the watch cache or
     /// the answer to our last write of it, whichever is newer.
-    fn known(&self, node: &str) -> Option<Node> {
+    fn known(&self, node: &str) -> Option<Arc<Node>> {
         let cached = self.cache.get(&ObjectRef::new(node))?;
-        Some(self.fresher(&cached).unwrap_or_else(|| (*cached).clone()))
+        Some(self.fresher(&cached).unwrap_or(cached))
     }
 
     /// Forgets per-node memory of nodes that are gone.
@@ -422,12 +422,12 @@ impl Actor {
                 false => None,
                 true => match self.known(node).filter(|_| attempt == 0) {
                     Some(n) if n.metadata.resource_version.is_some() => Some(n),
-                    _ => Some(self.nodes.get(node).await.map_err(kube_err)?),
+                    _ => Some(Arc::new(self.nodes.get(node).await.map_err(kube_err)?)),
                 },
             };
             match self
                 .nodes
-                .patch(node, &pp, &Patch::Merge(&p.body(current.as_ref())))
+                .patch(node, &pp, &Patch::Merge(&p.body(current.as_deref())))
                 .await
             {
                 Ok(n) => {

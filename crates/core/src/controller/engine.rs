@@ -16,7 +16,7 @@
 //! replacement twice (`replacement-requested` is stored before the provider is called;
 //! [`REPLACEMENT_ACCEPTED`] after it accepted; in between, the same idempotency key is reused).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -137,6 +137,11 @@ pub fn node_view(n: &Node) -> Option<NodeView> {
 /// status field nothing decides on, or `managedFields` leave it as it was. At 5,000 nodes such
 /// writes arrive every few milliseconds and each would start a full reconcile.
 pub fn policy_digest(n: &Node) -> u64 {
+    digest(n, None)
+}
+
+/// [`policy_digest`] with only the conditions whose type is in `conditions` (all when `None`).
+fn digest(n: &Node, conditions: Option<&BTreeSet<String>>) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
     let m = &n.metadata;
@@ -154,6 +159,8 @@ pub fn policy_digest(n: &Node) -> u64 {
     for c in status
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default()
+        .iter()
+        .filter(|c| conditions.is_none_or(|read| read.contains(&c.type_)))
     {
         (
             &c.type_,
@@ -177,16 +184,33 @@ pub struct NodeWake {
     seen: HashMap<String, u64>,
     /// The names listed so far by a (re-)list under way.
     relisted: Option<HashSet<String>>,
+    /// The condition types whose changes count (all when `None`).
+    conditions: Option<BTreeSet<String>>,
 }
 
 impl NodeWake {
+    /// Wakes only for the conditions `policy` reads ([`RepairConfig::condition_types`]): an
+    /// agent's check flipping a condition no repair policy names changes no decision.
+    ///
+    /// [`RepairConfig::condition_types`]: super::policy::config::RepairConfig::condition_types
+    pub fn for_policy(policy: &PolicyConfig) -> Self {
+        NodeWake {
+            conditions: Some(policy.repair.condition_types()),
+            ..NodeWake::default()
+        }
+    }
+
+    fn digest(&self, n: &Node) -> u64 {
+        digest(n, self.conditions.as_ref())
+    }
+
     /// Records `ev`; true when the engine should reconcile.
     pub fn wakes(&mut self, ev: &kube::runtime::watcher::Event<Node>) -> bool {
         use kube::runtime::watcher::Event;
         let name = |n: &Node| n.metadata.name.clone().unwrap_or_default();
         match ev {
             Event::Apply(n) => {
-                let d = policy_digest(n);
+                let d = self.digest(n);
                 self.seen.insert(name(n), d) != Some(d)
             }
             Event::Delete(n) => {
@@ -201,7 +225,8 @@ impl NodeWake {
                 if let Some(l) = self.relisted.as_mut() {
                     l.insert(name(n));
                 }
-                self.seen.insert(name(n), policy_digest(n));
+                let d = self.digest(n);
+                self.seen.insert(name(n), d);
                 false
             }
             Event::InitDone => {
@@ -353,7 +378,7 @@ impl Engine {
     /// what only the engine knows ([`Self::complete`]).
     fn view_of(&self, cached: &Node) -> Option<NodeView> {
         let fresh = self.actor.fresher(cached);
-        let mut v = node_view(fresh.as_ref().unwrap_or(cached))?;
+        let mut v = node_view(fresh.as_deref().unwrap_or(cached))?;
         self.complete(&mut v);
         Some(v)
     }
@@ -363,7 +388,7 @@ impl Engine {
         v.notices = self.notices(&v.name);
         v.drain = self.drains.view(&v.name);
         let mut seen = lock(&self.seen_ready);
-        if v.is_ready() {
+        if v.is_ready() && !seen.contains(&v.name) {
             seen.insert(v.name.clone());
         }
         v.became_ready |= seen.contains(&v.name);
@@ -992,6 +1017,60 @@ mod node_wake_tests {
             assert!(w.wakes(&Event::Apply(base.clone())), "back from {what}");
         }
         assert!(w.wakes(&Event::Delete(base)), "a node gone");
+    }
+
+    /// Built for the policy, the wake ignores a condition no repair policy names (an agent's check
+    /// flipping `NodekeeperDiskPressure` under a policy on `Ready` only), and still wakes for
+    /// `Ready` and for a condition a group's policy names.
+    #[test]
+    fn a_condition_no_repair_policy_reads_wakes_nothing() {
+        use crate::controller::policy::config::{RepairGroup, RepairPolicy};
+        let named = |t: &str| RepairPolicy {
+            condition_type: t.into(),
+            condition_status: "True".into(),
+            toleration: Duration::from_secs(600),
+        };
+        let mut policy = PolicyConfig::default();
+        policy.repair.policy = vec![named("Ready")];
+        policy.repair.groups.insert(
+            "gpu".into(),
+            RepairGroup {
+                policy: Some(vec![named("GpuXidErrors")]),
+                ..Default::default()
+            },
+        );
+        let with = |type_: &str, status: &str| {
+            let mut n = node("n1", "True", "2026-12-01T00:02:00Z", "10");
+            let conds = n.status.as_mut().unwrap().conditions.as_mut().unwrap();
+            for (t, s) in [
+                ("NodekeeperDiskPressure", "False"),
+                ("GpuXidErrors", "False"),
+            ] {
+                conds.push(k8s_openapi::api::core::v1::NodeCondition {
+                    type_: t.into(),
+                    status: if t == type_ { status } else { s }.into(),
+                    ..Default::default()
+                });
+            }
+            n
+        };
+        let mut w = NodeWake::for_policy(&policy);
+        let mut all = NodeWake::default();
+        let base = with("", "");
+        assert!(w.wakes(&Event::Apply(base.clone())) && all.wakes(&Event::Apply(base)));
+        let check = with("NodekeeperDiskPressure", "True");
+        assert!(!w.wakes(&Event::Apply(check.clone())), "no policy reads it");
+        assert!(
+            all.wakes(&Event::Apply(check)),
+            "the unfiltered wake sees it"
+        );
+        assert!(
+            w.wakes(&Event::Apply(with("GpuXidErrors", "True"))),
+            "a group's policy reads it"
+        );
+        let mut down = with("GpuXidErrors", "True");
+        down.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        assert!(w.wakes(&Event::Apply(down)), "Ready");
     }
 
     /// A re-list wakes once, at its end; a node that went while the watch was down is forgotten,

@@ -8,13 +8,14 @@
 //! condition and label writes.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Node;
 
-/// The newest Node object each write of this process returned, by node name.
+/// The newest Node object each write of this process returned, by node name (shared, so that a
+/// reconcile reading it copies nothing).
 #[derive(Debug, Default)]
-pub struct FreshNodes(Mutex<HashMap<String, Node>>);
+pub struct FreshNodes(Mutex<HashMap<String, Arc<Node>>>);
 
 fn rv(n: &Node) -> Option<u64> {
     n.metadata
@@ -24,7 +25,7 @@ fn rv(n: &Node) -> Option<u64> {
 }
 
 impl FreshNodes {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Node>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Node>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -38,19 +39,19 @@ impl FreshNodes {
         match m.get(&name) {
             Some(old) if rv(old) >= rv(&n) && rv(&n).is_some() => {}
             _ => {
-                m.insert(name, n);
+                m.insert(name, Arc::new(n));
             }
         }
     }
 
     /// The recorded object, if it is newer than `cached` (by resourceVersion); an older one is
     /// forgotten (the watch has caught up).
-    pub fn fresher(&self, cached: &Node) -> Option<Node> {
+    pub fn fresher(&self, cached: &Node) -> Option<Arc<Node>> {
         let name = cached.metadata.name.as_deref()?;
         let mut m = self.lock();
         let f = m.get(name)?;
         match (rv(f), rv(cached)) {
-            (Some(a), Some(b)) if a > b => Some(f.clone()),
+            (Some(a), Some(b)) if a > b => Some(Arc::clone(f)),
             _ => {
                 m.remove(name);
                 None

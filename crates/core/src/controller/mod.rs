@@ -186,12 +186,16 @@ pub async fn start_under(
             .default_backoff()
             .modify(|n| n.metadata.managed_fields = None),
     );
+    let wake_filter = match &engine {
+        Some(o) => engine::NodeWake::for_policy(&o.policy),
+        None => engine::NodeWake::default(),
+    };
     let mut tasks = supervise::Tasks::default();
     let c1 = cancel.clone();
     let w1 = wake.clone();
     tasks.spawn("node watch", async move {
         let mut s = std::pin::pin!(stream);
-        let mut filter = engine::NodeWake::default();
+        let mut filter = wake_filter;
         loop {
             tokio::select! {
                 _ = c1.cancelled() => return,

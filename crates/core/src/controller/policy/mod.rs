@@ -23,6 +23,7 @@ pub mod nodepool;
 pub mod repair;
 pub mod view;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
@@ -232,8 +233,9 @@ pub fn group_of(node: &NodeView, cfg: &PolicyConfig) -> String {
 pub(crate) struct Plan<'a> {
     /// The node as the input shows it.
     pub(crate) node: &'a NodeView,
-    /// The node with this decision's actions applied so far (what later actions build on).
-    pub(crate) cur: NodeView,
+    /// The node with this decision's actions applied so far (what later actions build on):
+    /// borrowed until the first action, so a round copies only the nodes it acts on.
+    pub(crate) cur: Cow<'a, NodeView>,
     pub(crate) record: Record,
     pub(crate) actions: Vec<Action>,
     pub(crate) now: DateTime<Utc>,
@@ -269,7 +271,7 @@ impl<'a> Plan<'a> {
             node.deleting || matches!(record.state, State::Interrupted | State::Repairing);
         Plan {
             node,
-            cur: node.clone(),
+            cur: Cow::Borrowed(node),
             record,
             actions: Vec::new(),
             now,
@@ -281,7 +283,7 @@ impl<'a> Plan<'a> {
 
     /// Appends an action and applies it to `cur`.
     pub(crate) fn push(&mut self, action: Action) {
-        self.cur.apply(&action);
+        self.cur.to_mut().apply(&action);
         self.actions.push(action);
     }
 

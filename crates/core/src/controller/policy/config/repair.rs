@@ -1,6 +1,6 @@
 //! `[repair]`: policies, escalation steps, per-group overrides, and their validation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -148,6 +148,23 @@ pub struct EffectiveRepair<'a> {
 }
 
 impl RepairConfig {
+    /// The Node condition types the policy reads: `Ready`, and every type a repair policy names
+    /// (the global ones and each group's). A change of any other condition cannot change a
+    /// decision (the engine's [`NodeWake`](crate::controller::engine::NodeWake) ignores it).
+    pub fn condition_types(&self) -> BTreeSet<String> {
+        let groups = self.groups.values().flat_map(|g| {
+            let policy = g.policy.iter().flatten();
+            policy.chain(g.repair_policies.iter().flatten())
+        });
+        self.policy
+            .iter()
+            .chain(&self.repair_policies)
+            .chain(groups)
+            .map(|p| p.condition_type.clone())
+            .chain(["Ready".to_string()])
+            .collect()
+    }
+
     /// The settings for `group` (overrides applied).
     pub fn for_group(&self, group: &str) -> EffectiveRepair<'_> {
         let o = self.groups.get(group);
