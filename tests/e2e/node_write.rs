@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{reflector, watcher};
 use nodekeeper_core::controller::actions::{Actor, ActorParts};
-use nodekeeper_core::controller::config::EngineConfig;
+use nodekeeper_core::controller::config::{ControllerConfig, EngineConfig};
 use nodekeeper_core::controller::drain::tasks::DrainTasks;
 use nodekeeper_core::controller::events::Recorder;
 use nodekeeper_core::controller::metrics::EngineMetrics;
@@ -59,12 +59,7 @@ async fn actor(
     let recorder = Recorder::new(client.clone(), "node-write-test", None);
     let (_leader, leader_rx) = tokio::sync::watch::channel(true);
     let states = NodeStates::new(
-        NodeStateConfig {
-            prefix: "nodekeeper.io/".into(),
-            staleness: Duration::from_secs(60),
-            heartbeat_write_interval: Duration::from_secs(60),
-            label_allow: vec![],
-        },
+        NodeStateConfig::from(&ControllerConfig::default()),
         client.clone(),
         cache.clone(),
         leader_rx,

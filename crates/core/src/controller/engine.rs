@@ -1162,12 +1162,7 @@ mod run_tests {
         ));
         let recorder = Recorder::new(client.clone(), "test", None);
         let states = NodeStates::new(
-            NodeStateConfig {
-                prefix: "nodekeeper.io/".into(),
-                staleness: Duration::from_secs(60),
-                heartbeat_write_interval: Duration::from_secs(60),
-                label_allow: vec![],
-            },
+            NodeStateConfig::from(&crate::controller::config::ControllerConfig::default()),
             client.clone(),
             store.clone(),
             leader_rx,

@@ -228,12 +228,7 @@ pub async fn start_under(
     let election = tokio::spawn(elector.run(leader_tx, cancel.clone()));
     let recorder = events::Recorder::new(client.clone(), &id, Some(store.clone()));
     let states = NodeStates::new(
-        NodeStateConfig {
-            prefix: cfg.condition_prefix.clone(),
-            staleness: cfg.staleness,
-            heartbeat_write_interval: cfg.heartbeat_write_interval,
-            label_allow: cfg.label_removal_allow.clone(),
-        },
+        NodeStateConfig::from(cfg),
         client.clone(),
         store.clone(),
         leader_rx.clone(),

@@ -67,6 +67,18 @@ pub struct NodeStateConfig {
     pub label_allow: Vec<String>,
 }
 
+impl From<&super::config::ControllerConfig> for NodeStateConfig {
+    /// The node-state settings of a `[controller]` table.
+    fn from(cfg: &super::config::ControllerConfig) -> Self {
+        NodeStateConfig {
+            prefix: cfg.condition_prefix.clone(),
+            staleness: cfg.staleness,
+            heartbeat_write_interval: cfg.heartbeat_write_interval,
+            label_allow: cfg.label_removal_allow.clone(),
+        }
+    }
+}
+
 /// Failures writing Node state.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeStateError {
