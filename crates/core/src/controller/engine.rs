@@ -136,12 +136,9 @@ pub fn node_view(n: &Node) -> Option<NodeView> {
 /// change the policy can see: a kubelet's or our own condition heartbeat (`lastHeartbeatTime`), a
 /// status field nothing decides on, or `managedFields` leave it as it was. At 5,000 nodes such
 /// writes arrive every few milliseconds and each would start a full reconcile.
-pub fn policy_digest(n: &Node) -> u64 {
-    digest(n, None)
-}
-
-/// [`policy_digest`] with only the conditions whose type is in `conditions` (all when `None`).
-fn digest(n: &Node, conditions: Option<&BTreeSet<String>>) -> u64 {
+///
+/// Of the conditions, only those whose type is in `conditions` count (all when `None`).
+pub fn policy_digest(n: &Node, conditions: Option<&BTreeSet<String>>) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
     let m = &n.metadata;
@@ -201,7 +198,7 @@ impl NodeWake {
     }
 
     fn digest(&self, n: &Node) -> u64 {
-        digest(n, self.conditions.as_ref())
+        policy_digest(n, self.conditions.as_ref())
     }
 
     /// Records `ev`; true when the engine should reconcile.
