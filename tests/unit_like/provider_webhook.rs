@@ -12,7 +12,7 @@ use axum::routing::post;
 use axum::Router;
 use nodekeeper_core::controller::provider::webhook::{backoff, sign, Webhook, SIGNATURE_HEADER};
 use nodekeeper_core::controller::provider::{
-    NodeProvider, ProviderConfig, ProviderError, ReplacementRequest, WebhookConfig,
+    CallError, NodeProvider, ProviderConfig, ProviderError, ReplacementRequest, WebhookConfig,
 };
 
 const SECRET: &str = "s3cret-key";
@@ -126,6 +126,15 @@ async fn a_400_is_permanent_and_not_retried() {
     assert!(err.is_permanent(), "{err}");
     assert!(err.to_string().contains("400"), "{err}");
     assert!(err.to_string().contains("general-1"), "{err}");
+    // The cause is the answer itself, as a source the caller can read.
+    let Some(CallError::Status {
+        status, request, ..
+    }) = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<CallError>())
+    else {
+        panic!("no status in the cause of {err:?}");
+    };
+    assert_eq!(*status, 400);
+    assert!(request.starts_with("POST http://127.0.0.1:"), "{request}");
     assert_eq!(r.calls.load(Ordering::SeqCst), 1);
 }
 
@@ -152,7 +161,14 @@ async fn persistent_503_gives_up_after_max_attempts() {
     let p = Webhook::new(config(serve(r.clone()).await, SECRET)).unwrap();
     let err = p.request_replacement(&request()).await.unwrap_err();
     assert!(
-        matches!(err, ProviderError::Transient { attempts: 4, .. }),
+        matches!(
+            err,
+            ProviderError::Transient {
+                attempts: 4,
+                source: CallError::Status { status: 503, .. },
+                ..
+            }
+        ),
         "{err}"
     );
     assert_eq!(r.calls.load(Ordering::SeqCst), 4);
@@ -165,6 +181,17 @@ async fn connection_refused_is_retried_then_transient() {
     let p = Webhook::new(config(format!("http://{addr}/x"), SECRET)).unwrap();
     let err = p.request_replacement(&request()).await.unwrap_err();
     assert!(!err.is_permanent(), "{err}");
+    // The transport error is kept as the source, its own chain down to the refused connect.
+    let ProviderError::Transient {
+        source: CallError::Send { source, .. },
+        ..
+    } = &err
+    else {
+        panic!("not a transport failure: {err:?}");
+    };
+    assert!(source.is_connect(), "{source:?}");
+    let chain = nodekeeper_core::telemetry::error_chain(&err);
+    assert!(chain.contains(&addr.to_string()), "{chain}");
 }
 
 #[test]

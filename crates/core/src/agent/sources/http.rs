@@ -75,14 +75,18 @@ impl Http {
     /// A client for `base` (e.g. `http://169.254.169.254`) with a per-request `timeout`.
     pub fn new(base: &str, timeout: Duration) -> Result<Self, SourceError> {
         let client = crate::http::plain_builder()
-            .map_err(|e| SourceError::Config(format!("cannot build HTTP client for {base}: {e}")))?
+            .map_err(|source| SourceError::Client {
+                base: base.to_string(),
+                source,
+            })?
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(timeout)
             .pool_idle_timeout(Duration::from_secs(30))
             .build()
-            .map_err(|e| {
-                SourceError::Config(format!("cannot build HTTP client for {base}: {e}"))
+            .map_err(|e| SourceError::Client {
+                base: base.to_string(),
+                source: e.into(),
             })?;
         Ok(Self {
             client,
@@ -112,9 +116,7 @@ impl Http {
         req: reqwest::RequestBuilder,
         extra: Duration,
     ) -> Result<Response, SourceError> {
-        let req = req
-            .build()
-            .map_err(|e| SourceError::Config(format!("invalid request: {e}")))?;
+        let req = req.build().map_err(SourceError::Request)?;
         let url = req.url().to_string();
         let timeout = self.timeout + extra;
         match tokio::time::timeout(timeout, self.exchange(req, &url)).await {

@@ -216,7 +216,9 @@ pub enum ParseError {
     Json {
         /// What was being parsed.
         what: &'static str,
-        /// serde_json's message (with line and column).
+        /// serde_json's message (with line and column), cut to 200 characters: serde_json quotes
+        /// a mistyped value in full, and every error text here stays bounded whatever the body
+        /// (so it is text, not the `serde_json::Error`, whose own Display is unbounded).
         message: String,
     },
     /// A field holds a value outside its documented set.
@@ -329,7 +331,19 @@ pub enum SourceError {
         /// What was wrong.
         source: ParseError,
     },
-    /// The source is misconfigured (bad URL, bad path).
+    /// The HTTP client could not be built.
+    #[error("cannot build HTTP client for {base}: {source}")]
+    Client {
+        /// The base URL the client was for.
+        base: String,
+        /// Cause.
+        #[source]
+        source: crate::http::TlsError,
+    },
+    /// A request could not be built (e.g. a path that makes no URL).
+    #[error("invalid request: {0}")]
+    Request(#[source] reqwest::Error),
+    /// The source is misconfigured, or stopped.
     #[error("{0}")]
     Config(String),
 }
@@ -343,7 +357,9 @@ impl SourceError {
             SourceError::Status { .. } => "status",
             SourceError::TooLarge { .. } => "too_large",
             SourceError::Parse { .. } => "parse",
-            SourceError::Config(_) => "config",
+            SourceError::Client { .. } | SourceError::Request(_) | SourceError::Config(_) => {
+                "config"
+            }
         }
     }
 }

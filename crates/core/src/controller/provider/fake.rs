@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use futures::future::BoxFuture;
 
-use super::{NodeProvider, ProviderError, ReplacementRequest, ReplacementTicket};
+use super::{CallError, NodeProvider, ProviderError, ReplacementRequest, ReplacementTicket};
 
 /// Records every call; launches one replacement per distinct `request_id`; readiness is set by the
 /// test with [`FakeProvider::make_ready`]; the next request can be made to fail with
@@ -75,11 +75,11 @@ impl NodeProvider for FakeProvider {
         Box::pin(async move {
             let mut s = self.state();
             s.requests.push(req.clone());
-            if let Some(message) = s.fail_next.take() {
+            if let Some(why) = s.fail_next.take() {
                 return Err(ProviderError::Permanent {
                     provider: "fake",
                     node: req.node.clone(),
-                    message,
+                    source: CallError::Ruled(why),
                 });
             }
             let ticket =

@@ -31,7 +31,8 @@ use serde_json::json;
 use sha2::Digest;
 
 use super::{
-    new_ready_node, NodeProvider, ProviderError, ReplacementRequest, ReplacementTicket, POOL_LABEL,
+    new_ready_node, CallError, NodeProvider, ProviderError, ReplacementRequest, ReplacementTicket,
+    POOL_LABEL,
 };
 
 /// Karpenter's annotation that keeps a node (or NodeClaim) out of its voluntary disruptions
@@ -149,7 +150,9 @@ impl Karpenter {
             return Err(ProviderError::Permanent {
                 provider: NAME,
                 node: req.node.clone(),
-                message: "no NodeClaim has this node (status.nodeName or name)".into(),
+                source: CallError::Ruled(
+                    "no NodeClaim has this node (status.nodeName or name)".into(),
+                ),
             });
         };
         let claim_name = claim.metadata.name.clone().unwrap_or_default();

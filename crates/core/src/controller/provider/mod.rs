@@ -109,17 +109,18 @@ pub enum ProviderError {
         source: kube::Error,
     },
     /// The request cannot succeed as it stands (4xx, missing NodeClaim, ...); do not retry.
-    #[error("{provider}: replacement of node {node} refused: {message}")]
+    #[error("{provider}: replacement of node {node} refused: {source}")]
     Permanent {
         /// Provider name.
         provider: &'static str,
         /// The node concerned.
         node: String,
         /// Why.
-        message: String,
+        #[source]
+        source: CallError,
     },
     /// The request may succeed later (5xx, timeouts) but retries were exhausted.
-    #[error("{provider}: replacement of node {node} failed after {attempts} attempts: {message}")]
+    #[error("{provider}: replacement of node {node} failed after {attempts} attempts: {source}")]
     Transient {
         /// Provider name.
         provider: &'static str,
@@ -127,12 +128,50 @@ pub enum ProviderError {
         node: String,
         /// Attempts made.
         attempts: u32,
-        /// Last failure.
-        message: String,
+        /// The last attempt's failure.
+        #[source]
+        source: CallError,
     },
     /// The provider could not be set up.
     #[error(transparent)]
     Setup(#[from] SetupError),
+}
+
+/// Why one call of a provider failed: the cause of a [`ProviderError::Permanent`] or
+/// [`ProviderError::Transient`].
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The endpoint answered with an error status.
+    #[error("{request} answered {status}: {body}")]
+    Status {
+        /// The request, e.g. `DELETE /20160918/instances/ocid1.instance.oc1..x`.
+        request: String,
+        /// The HTTP status code.
+        status: u16,
+        /// The start of the answer's body: the endpoint's own explanation, not an error value.
+        body: String,
+    },
+    /// No answer: connection refused, TLS, timeout.
+    #[error("{request}: {}", crate::telemetry::error_chain(.source))]
+    Send {
+        /// The request.
+        request: String,
+        /// Cause.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The request could not be made (its URL, its signature, its body).
+    #[error("{what}: {}", crate::telemetry::error_chain(.source.as_ref()))]
+    Prepare {
+        /// What was being prepared, e.g. `signing DELETE /20160918/instances/x`.
+        what: String,
+        /// Cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The cluster or the configuration rules the request out, e.g. the node has no NodeClaim.
+    #[error("{0}")]
+    Ruled(String),
 }
 
 /// The provider could not be set up (e.g. the HTTP client could not be built). The message
@@ -267,13 +306,13 @@ pub enum Attempt<T> {
     /// Done (accepted, or nothing left to do).
     Done(T),
     /// Refused for good (4xx other than 429): not retried.
-    Permanent(String),
+    Permanent(CallError),
     /// May succeed later (429, 5xx, timeouts, connection errors).
-    Retry(String),
+    Retry(CallError),
 }
 
-/// Calls `attempt(n)` for `n = 1..=max_attempts`, sleeping [`backoff`]`(base, n)` between
-/// attempts that ask for a retry; maps the end to a [`ProviderError`] about `node`.
+/// Calls `attempt(n)` for `n = 1..=max_attempts` (at least once), sleeping [`backoff`]`(base, n)`
+/// between attempts that ask for a retry; maps the end to a [`ProviderError`] about `node`.
 pub async fn with_retries<T, F, Fut>(
     provider: &'static str,
     node: &str,
@@ -285,32 +324,33 @@ where
     F: FnMut(u32) -> Fut,
     Fut: Future<Output = Attempt<T>>,
 {
-    let mut last = String::new();
-    for n in 1..=max_attempts {
+    let max_attempts = max_attempts.max(1);
+    let mut n = 1;
+    loop {
         match attempt(n).await {
             Attempt::Done(v) => return Ok(v),
-            Attempt::Permanent(message) => {
+            Attempt::Permanent(source) => {
                 return Err(ProviderError::Permanent {
                     provider,
                     node: node.to_string(),
-                    message,
+                    source,
                 })
             }
             Attempt::Retry(why) => {
                 tracing::warn!(provider, node, attempt = n, error = %why, "provider attempt failed");
-                last = why;
+                if n == max_attempts {
+                    return Err(ProviderError::Transient {
+                        provider,
+                        node: node.to_string(),
+                        attempts: max_attempts,
+                        source: why,
+                    });
+                }
             }
         }
-        if n < max_attempts {
-            tokio::time::sleep(backoff(base, n)).await;
-        }
+        tokio::time::sleep(backoff(base, n)).await;
+        n += 1;
     }
-    Err(ProviderError::Transient {
-        provider,
-        node: node.to_string(),
-        attempts: max_attempts,
-        message: last,
-    })
 }
 
 /// Which provider to use: `[controller.provider]` with

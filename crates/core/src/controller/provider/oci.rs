@@ -35,7 +35,7 @@ use sha2::{Digest, Sha256};
 
 use super::webhook::trim;
 use super::{
-    check_retries, new_ready_node, with_retries, Attempt, NodeProvider, ProviderError,
+    check_retries, new_ready_node, with_retries, Attempt, CallError, NodeProvider, ProviderError,
     ReplacementRequest, ReplacementTicket, SetupError, POOL_LABEL,
 };
 use crate::cfg_path;
@@ -277,10 +277,14 @@ pub fn http_date(t: chrono::DateTime<chrono::Utc>) -> String {
 pub enum KeyError {
     /// Not a PEM private key at all.
     #[error("not a PEM private key: {0}")]
-    Pem(String),
-    /// A PEM key of another kind (EC, ...), or an RSA key ring refuses (< 2048 bits, malformed).
+    Pem(#[source] rustls_pki_types::pem::Error),
+    /// A PEM key of another kind (EC, ...).
+    #[error("not an RSA private key; OCI API keys are RSA, 2048 bits or more")]
+    NotRsa,
+    /// An RSA key ring refuses (< 2048 bits, malformed): ring's reason (not a `std::error::Error`
+    /// in the build we use, so held as its value, not as a source).
     #[error("not a usable RSA private key ({0}); OCI API keys are RSA, 2048 bits or more")]
-    Rsa(String),
+    Rsa(ring::error::KeyRejected),
     /// Signing failed.
     #[error("signing failed")]
     Sign,
@@ -307,13 +311,13 @@ impl OciSigner {
     pub fn from_pem(key_id: &str, pem: &[u8]) -> Result<Self, KeyError> {
         use rustls_pki_types::pem::PemObject;
         use rustls_pki_types::PrivateKeyDer;
-        let der = PrivateKeyDer::from_pem_slice(pem).map_err(|e| KeyError::Pem(e.to_string()))?;
+        let der = PrivateKeyDer::from_pem_slice(pem).map_err(KeyError::Pem)?;
         let key = match &der {
             PrivateKeyDer::Pkcs8(k) => RsaKeyPair::from_pkcs8(k.secret_pkcs8_der()),
             PrivateKeyDer::Pkcs1(k) => RsaKeyPair::from_der(k.secret_pkcs1_der()),
-            _ => return Err(KeyError::Rsa("not an RSA key".into())),
+            _ => return Err(KeyError::NotRsa),
         }
-        .map_err(|e| KeyError::Rsa(e.to_string()))?;
+        .map_err(KeyError::Rsa)?;
         Ok(Self {
             key_id: key_id.to_string(),
             key,
@@ -448,11 +452,11 @@ impl Oci {
         Api::all(self.client.clone())
     }
 
-    fn permanent(node: &str, message: String) -> ProviderError {
+    fn permanent(node: &str, why: String) -> ProviderError {
         ProviderError::Permanent {
             provider: NAME,
             node: node.to_string(),
-            message,
+            source: CallError::Ruled(why),
         }
     }
 
@@ -483,12 +487,17 @@ impl Oci {
     async fn delete(&self, req: &ReplacementRequest, url: &str, path: &str) -> Attempt<u16> {
         let parsed = match reqwest::Url::parse(url) {
             Ok(u) => u,
-            Err(e) => return Attempt::Permanent(format!("{url}: {e}")),
+            Err(e) => {
+                return Attempt::Permanent(CallError::Prepare {
+                    what: format!("parsing {url}"),
+                    source: e.into(),
+                })
+            }
         };
         let host = match (parsed.host_str(), parsed.port()) {
             (Some(h), Some(p)) => format!("{h}:{p}"),
             (Some(h), None) => h.to_string(),
-            (None, _) => return Attempt::Permanent(format!("{url}: no host")),
+            (None, _) => return Attempt::Permanent(CallError::Ruled(format!("{url}: no host"))),
         };
         let date = http_date(chrono::Utc::now());
         let plan = signing_plan(&SignInput {
@@ -500,7 +509,12 @@ impl Oci {
         });
         let auth = match self.signer.authorization(&plan) {
             Ok(a) => a,
-            Err(e) => return Attempt::Permanent(e.to_string()),
+            Err(e) => {
+                return Attempt::Permanent(CallError::Prepare {
+                    what: format!("signing DELETE {path}"),
+                    source: e.into(),
+                })
+            }
         };
         let headers = [
             ("date", date.as_str()),
@@ -523,18 +537,22 @@ impl Oci {
             Ok((code, _)) if (200..300).contains(&code) || code == 404 || code == 409 => {
                 Attempt::Done(code)
             }
-            Ok((code, body)) if code == 429 || code >= 500 => Attempt::Retry(format!(
-                "DELETE {path} answered {code}: {}",
-                trim(&String::from_utf8_lossy(&body))
-            )),
-            Ok((code, body)) => Attempt::Permanent(format!(
-                "DELETE {path} answered {code}: {}",
-                trim(&String::from_utf8_lossy(&body))
-            )),
-            Err(e) => Attempt::Retry(format!(
-                "DELETE {path}: {}",
-                crate::telemetry::error_chain(&e)
-            )),
+            Ok((code, body)) => {
+                let e = CallError::Status {
+                    request: format!("DELETE {path}"),
+                    status: code,
+                    body: trim(&String::from_utf8_lossy(&body)).to_string(),
+                };
+                if code == 429 || code >= 500 {
+                    Attempt::Retry(e)
+                } else {
+                    Attempt::Permanent(e)
+                }
+            }
+            Err(source) => Attempt::Retry(CallError::Send {
+                request: format!("DELETE {path}"),
+                source,
+            }),
         }
     }
 

@@ -19,8 +19,8 @@ use sha2::Sha256;
 
 pub use super::backoff;
 use super::{
-    with_retries, Attempt, NodeProvider, ProviderError, ReplacementRequest, ReplacementTicket,
-    SetupError, WebhookConfig,
+    with_retries, Attempt, CallError, NodeProvider, ProviderError, ReplacementRequest,
+    ReplacementTicket, SetupError, WebhookConfig,
 };
 
 /// Header carrying `sha256=<hex HMAC of the body>`.
@@ -102,23 +102,27 @@ impl Webhook {
             .body(body.to_vec())
             .send()
             .await;
+        let request = || format!("POST {}", self.cfg.url);
         match res {
             Ok(r) if r.status().is_success() => Attempt::Done(()),
-            Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
-                let status = r.status();
+            Ok(r) => {
+                let status = r.status().as_u16();
                 let text = r.text().await.unwrap_or_default();
-                Attempt::Permanent(format!(
-                    "{} answered {status}: {}",
-                    self.cfg.url,
-                    trim(&text)
-                ))
+                let e = CallError::Status {
+                    request: request(),
+                    status,
+                    body: trim(&text).to_string(),
+                };
+                if (400..500).contains(&status) && status != 429 {
+                    Attempt::Permanent(e)
+                } else {
+                    Attempt::Retry(e)
+                }
             }
-            Ok(r) => Attempt::Retry(format!("{} answered {}", self.cfg.url, r.status())),
-            Err(e) => Attempt::Retry(format!(
-                "POST {}: {}",
-                self.cfg.url,
-                crate::telemetry::error_chain(&e)
-            )),
+            Err(source) => Attempt::Retry(CallError::Send {
+                request: request(),
+                source,
+            }),
         }
     }
 
@@ -133,7 +137,10 @@ impl Webhook {
         .map_err(|e| ProviderError::Permanent {
             provider: NAME,
             node: req.node.clone(),
-            message: format!("encoding the request: {e}"),
+            source: CallError::Prepare {
+                what: "encoding the request".into(),
+                source: e.into(),
+            },
         })?;
         with_retries(
             NAME,
