@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{arg, status_kib};
+use common::{arg, cpu_seconds, status_kib};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
@@ -258,17 +258,6 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
     Ok(())
 }
 
-/// This process's CPU time (user + system) in seconds.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // the fields after the command name (which may hold spaces): utime and stime are 14 and 15
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    ticks as f64 / 100.0
-}
-
 /// Phase 3: `nodes` agents reporting at the default interval from a child process (their clients
 /// and memory are not this process's); this process (controller + sim) measures over `window`
 /// seconds its RSS, open connections, handshakes (resumed or full), its CPU, and report → Node
@@ -333,7 +322,7 @@ async fn connections(
     let (a0, r0, cpu0, t0) = (
         conns.accepted.load(Ordering::Relaxed),
         conns.resumed.load(Ordering::Relaxed),
-        cpu_seconds(),
+        cpu_seconds("self"),
         Instant::now(),
     );
     let (mut rss_max, mut open_sum, mut open_max, mut samples) = (0u64, 0u64, 0u64, 0u64);
@@ -349,7 +338,7 @@ async fn connections(
     let after = status_kib(me, "VmRSS:");
     let accepted = conns.accepted.load(Ordering::Relaxed) - a0;
     let resumed = conns.resumed.load(Ordering::Relaxed) - r0;
-    let cpu = cpu_seconds() - cpu0;
+    let cpu = cpu_seconds("self") - cpu0;
     child.kill().await?;
     watch.abort();
     let mut l: Vec<f64> = lat

@@ -2,14 +2,16 @@
 //! child process, so its RSS is its own) against the in-process sim with N nodes and M pods.
 //!
 //! `cargo run --release --example decision_bench -- [--nodes 5000] [--pods-per-node 20]
-//!     [--trials 20] [--toleration 10] [--tick-ms 1000]`
+//!     [--trials 20] [--toleration 10] [--tick-ms 1000] [--idle 10]`
 //!
 //! `trials` nodes get `Ready=False`, 250 ms apart, through the sim's admin API. For each, the
 //! latency is the time from `lastTransitionTime + toleration` (when the repair became due) to
 //! the moment a Node watcher sees nodekeeper's `nodekeeper.io/state` annotation on it. Prints
-//! p50/p99/max, the controller's RSS (VmRSS and its peak VmHWM) after the trials, and the pure
-//! `decide()` time over the same cluster. Before the trials it waits until the controller has
-//! written `nodekeeper.io/seen-ready` on the (all new) nodes, and prints how long that took.
+//! p50/p99/max and the controller's RSS (VmRSS and its peak VmHWM) after the trials. Before the
+//! trials it waits until the controller has written `nodekeeper.io/seen-ready` on the (all new)
+//! nodes, and prints how long that took; then, for `--idle` seconds (default 10) with nothing
+//! changing, the controller's CPU and its CPU per reconcile (its tick's view and decision of
+//! every node: what a repair that falls due waits for).
 
 mod common;
 
@@ -17,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{arg, pct, status_kib};
+use common::{arg, cpu_seconds, pct, status_kib};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
@@ -33,6 +35,7 @@ async fn main() {
     let trials = arg("--trials", 20) as usize;
     let toleration = arg("--toleration", 10);
     let tick_ms = arg("--tick-ms", 1000);
+    let idle = arg("--idle", 10);
     let t = Instant::now();
     let opts = SimOptions {
         loops: LoopOptions::none(),
@@ -174,6 +177,24 @@ budgets = [{{ nodes = "100%" }}]
         stamping.elapsed().as_secs_f64()
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // Idle: nothing changes, the engine reconciles at its tick. Its CPU per reconcile is what a
+    // repair waits for once due (the view of every node and the decision).
+    if idle > 0 {
+        let reconciles = || async {
+            metric(&http, port, "nodekeeper_engine_reconciles_total")
+                .await
+                .unwrap_or(f64::NAN)
+        };
+        let (cpu0, r0) = (cpu_seconds(&pid.to_string()), reconciles().await);
+        tokio::time::sleep(Duration::from_secs(idle)).await;
+        let (cpu1, r1) = (cpu_seconds(&pid.to_string()), reconciles().await);
+        println!(
+            "controller idle for {idle}s: CPU {:.0} millicores, {} reconciles, {:.1} ms CPU per reconcile",
+            (cpu1 - cpu0) * 1000.0 / idle as f64,
+            r1 - r0,
+            (cpu1 - cpu0) * 1000.0 / (r1 - r0)
+        );
+    }
     // Times are wall-clock (UTC): the repair is due at the condition's lastTransitionTime (as
     // the sim stored it, the controller's input) + toleration.
     let seen: Arc<Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>> = Arc::default();
@@ -416,4 +437,20 @@ async fn notice_to_cordon(
     let mut v: Vec<f64> = order.into_iter().map(|(_, d)| d).collect();
     v.sort_by(|a, b| a.total_cmp(b));
     v
+}
+
+/// The value of the first sample of metric `name` on the controller's `/metrics`.
+async fn metric(http: &reqwest::Client, port: u16, name: &str) -> Option<f64> {
+    let text = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find(|l| l.split([' ', '{']).next() == Some(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
 }

@@ -30,3 +30,14 @@ pub fn status_kib(pid: u32, key: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+/// CPU time (user + system) in seconds of `/proc/{proc_}` (`self` or a PID).
+pub fn cpu_seconds(proc_: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{proc_}/stat")).unwrap_or_default();
+    // the fields after the command name (which may hold spaces): utime and stime are 14 and 15
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    ticks as f64 / 100.0
+}
