@@ -3,7 +3,7 @@
 # metadata poll (goal: RSS <= 12 MiB, CPU <= 2 millicores). The agent polls a local OCI metadata
 # emulator on loopback (never 169.254.169.254 from this namespace).
 # Usage: scripts/bench-agent.sh [SECONDS] [agent|full]   (default 60 s, the agent build that nodes
-#   run, `cargo build --profile agent --no-default-features`: README "Builds"; the issue's figure is
+#   run, `cargo build --profile agent --no-default-features`: README "Builds"; the goal's figure is
 #   for 600 s). `full` measures the build with every
 #   command. The metadata emulator (`sim imds`) runs from the full build.
 #   NODEKEEPER_BIN=/path/to/nodekeeper scripts/bench-agent.sh   measures that binary (no build),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Karpenter's requests on kube-apiserver, per node-hour, from the API server's audit log (issue #17 item 5; NPD
+# Karpenter's requests on kube-apiserver, per node-hour, from the API server's audit log (NPD
 # and nodekeeper are measured by scripts/bench-npd.sh, the same way). Figures go to docs/comparison.md.
 #   scripts/bench-api-load.sh [MINUTES]   steady-state window (default 10), then a repair wave (WAVE_MINUTES)
 #   NODES=20          nodes Karpenter provisions (one pod of 1500m each, required anti-affinity by host name)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# nodekeeper's controller at scale on the real control plane (issue #17 item 6). Figures go to docs/comparison.md
+# nodekeeper's controller at scale on the real control plane. Figures go to docs/comparison.md
 # ("Scale on the real control plane").
 #   scripts/bench-scale-real.sh [--nodes 500,1000,2000,5000] [--pods-per-node 20] [--max-pods N]
 #     --max-pods: at most N bench pods in all (the nodes of a size past it get fewer or none; pods are created

@@ -3,7 +3,7 @@
 //! `crio.service` (a drop-in containing `BROKEN` makes its start fail). The binary reaches that
 //! systemd through `DBUS_SYSTEM_BUS_ADDRESS`, which zbus honours.
 //!
-//! Issue 2 tests: (a) change → one restart, exact content; (b) no change → no restart;
+//! The CRI-O apply tests: (a) change → one restart, exact content; (b) no change → no restart;
 //! (c) refused drop-in → failed restart → rollback, exit 1; (d) unknown unit → clear error, exit 1,
 //! nothing changed; (e) SIGKILL at random points (≥ 50 trials) never leaves a partial or temp file
 //! in the drop-in dir; (f) files nodekeeper did not create are never modified or removed.

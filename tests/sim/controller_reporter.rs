@@ -113,7 +113,7 @@ async fn degraded_mode_buffers_and_flushes() {
     etx.send(event("e2")).await.unwrap();
     etx.send(event("e3")).await.unwrap();
     rtx.send_modify(|r| r.conditions[0].status = True);
-    // Cut off for a full minute (the scenario): the reporter keeps retrying with backoff.
+    // Cut off for a full minute (a controller outage): the reporter keeps retrying with backoff.
     tokio::time::sleep(Duration::from_secs(60)).await;
     let persisted = std::fs::read_to_string(state.path().join("reporter-events.json")).unwrap();
     assert!(
