@@ -86,6 +86,7 @@ fn needed(calls: &[Call], identity: &str, a: &Attr) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_authorizer_allows_exactly_the_calls_the_code_makes() {
     init_tracing();
+    let _grants = SHIPPED_GRANTS.lock().await;
     let c = cluster();
     let admin = c.admin().await;
     let calls = inventory();

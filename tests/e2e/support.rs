@@ -25,6 +25,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 pub const NS: &str = "nodekeeper";
 pub const CONTROLLER_SA: &str = "nodekeeper-controller";
 pub const AGENT_SA: &str = "nodekeeper-agent";
+/// Held by a test that changes what the shipped ServiceAccounts may do (the privilege test widens
+/// the agent's role for a while) and by one that checks it (rbac): they share one cluster, and the
+/// check would see the other's temporary grant.
+pub static SHIPPED_GRANTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// The audience the shipped configs name for agent → controller tokens.
 pub const REPORT_AUDIENCE: &str = "nodekeeper";
 
