@@ -2,7 +2,11 @@
 //! child process, so its RSS is its own) against the in-process sim with N nodes and M pods.
 //!
 //! `cargo run --release --example decision_bench -- [--nodes 5000] [--pods-per-node 20]
-//!     [--trials 20] [--toleration 10] [--tick-ms 1000] [--idle 10]`
+//!     [--trials 20] [--toleration 10] [--tick-ms 1000] [--idle 10] [--pools 1]`
+//!
+//! `--pools P` spreads the nodes over P Karpenter NodePools (`karpenter.sh/nodepool`, the default
+//! budget group), node k in pool `k % P`, as the real control plane's scale bench does (100
+//! pools); with one pool (the default) every node is in one group.
 //!
 //! `trials` nodes get `Ready=False`, 250 ms apart, through the sim's admin API. For each, the
 //! latency is the time from `lastTransitionTime + toleration` (when the repair became due) to
@@ -36,10 +40,23 @@ async fn main() {
     let toleration = arg("--toleration", 10);
     let tick_ms = arg("--tick-ms", 1000);
     let idle = arg("--idle", 10);
+    let pools = (arg("--pools", 1) as usize).clamp(1, nodes.max(1));
     let t = Instant::now();
+    let mut scenario = Scenario::scale(nodes, ppn);
+    if pools > 1 {
+        let base = scenario.pools[0].clone();
+        scenario.pools = (0..pools)
+            .map(|p| {
+                let mut pool = base.clone();
+                pool.name = format!("scale{p}");
+                pool.count = nodes / pools + usize::from(p < nodes % pools);
+                pool
+            })
+            .collect();
+    }
     let opts = SimOptions {
         loops: LoopOptions::none(),
-        scenario: Scenario::scale(nodes, ppn),
+        scenario,
         ..SimOptions::default()
     };
     let cluster = TestCluster::start(opts).await.expect("sim");
@@ -221,7 +238,7 @@ budgets = [{{ nodes = "100%" }}]
     });
     let mut due: HashMap<String, chrono::DateTime<chrono::Utc>> = HashMap::new();
     for i in 0..trials {
-        let node = format!("scale-{}", i * (nodes / trials.max(1)));
+        let node = node_name(i * (nodes / trials.max(1)), pools);
         let body =
             serde_json::json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady"});
         let r = http
@@ -250,7 +267,7 @@ budgets = [{{ nodes = "100%" }}]
     }
     let (rss, hwm) = (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"));
     let acted = seen.lock().unwrap().clone();
-    let cordon = notice_to_cordon(&cluster, port, nodes, trials).await;
+    let cordon = notice_to_cordon(&cluster, port, nodes, pools, trials).await;
     let mut lat: Vec<f64> = due
         .iter()
         .filter_map(|(n, d)| {
@@ -293,6 +310,7 @@ budgets = [{{ nodes = "100%" }}]
             "nodekeeper_engine_reconciles_total",
             "nodekeeper_engine_reconcile_seconds",
             "nodekeeper_engine_fast_paths_total",
+            "nodekeeper_engine_due_paths_total",
         ]
         .iter()
         .any(|m| l.starts_with(m))
@@ -315,6 +333,7 @@ async fn notice_to_cordon(
     cluster: &TestCluster,
     port: u16,
     nodes: usize,
+    pools: usize,
     trials: usize,
 ) -> Vec<f64> {
     let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -323,7 +342,7 @@ async fn notice_to_cordon(
     // OCI Events name instances by OCID: give the chosen nodes OCI provider IDs.
     let ocid = |node: &str| format!("ocid1.instance.oc1.phx.bench{node}");
     let chosen: Vec<String> = (0..trials)
-        .map(|i| format!("scale-{}", i * (nodes / trials.max(1)) + 1))
+        .map(|i| node_name(i * (nodes / trials.max(1)) + 1, pools))
         .collect();
     for node in &chosen {
         let patch = serde_json::json!({"spec": {"providerID": format!("oci://{}", ocid(node))}});
@@ -453,4 +472,13 @@ async fn metric(http: &reqwest::Client, port: u16, name: &str) -> Option<f64> {
         .find(|l| l.split([' ', '{']).next() == Some(name))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
+}
+
+/// The sim's name of node `k` when the nodes are spread over `pools` NodePools.
+fn node_name(k: usize, pools: usize) -> String {
+    if pools == 1 {
+        format!("scale-{k}")
+    } else {
+        format!("scale{}-{}", k % pools, k / pools)
+    }
 }

@@ -1,6 +1,7 @@
 //! Repair, on both backends: the kubelets of two nodes of one NodePool post Ready=False (the
 //! node-lifecycle controller taints them not-ready); the shipped controller config with budget `nodes: "1"` repairs one and holds the other, and
-//! `nodekeeper status` (the real binary, as a read-only operator) explains the hold.
+//! `nodekeeper status` (the real binary, as a read-only operator) explains the hold. The repair starts on
+//! the engine's due path (the NodePool decided alone when its toleration expires).
 
 use std::time::Duration;
 
@@ -13,6 +14,9 @@ use crate::support::*;
 
 const POOL: &str = "rp-pool";
 const NODES: [&str; 4] = ["rp-0", "rp-1", "rp-2", "rp-3"];
+/// A second NodePool as large, so that the repaired pool is at most half the cluster and the
+/// engine decides it alone when its toleration expires (the due path).
+const OTHER: [&str; 4] = ["rp-o0", "rp-o1", "rp-o2", "rp-o3"];
 
 on_both!(budget_of_one_repairs_one_unknown_node_and_explains_the_other);
 async fn budget_of_one_repairs_one_unknown_node_and_explains_the_other(c: &'static Cluster) {
@@ -21,10 +25,12 @@ async fn budget_of_one_repairs_one_unknown_node_and_explains_the_other(c: &'stat
     let admin = c.admin().await;
     let nodes: Vec<Node> = NODES
         .iter()
-        .map(|n| {
+        .map(|n| (n, POOL))
+        .chain(OTHER.iter().map(|n| (n, "rp-other")))
+        .map(|(n, pool)| {
             kwok_node(
                 n,
-                json!({ "karpenter.sh/nodepool": POOL, "kubernetes.io/hostname": n }),
+                json!({ "karpenter.sh/nodepool": pool, "kubernetes.io/hostname": n }),
             )
         })
         .collect();
@@ -134,6 +140,18 @@ toleration = "3s""#,
         .find(|l| l.starts_with(repairing.metadata.name.as_deref().unwrap()))
         .unwrap();
     assert!(row.contains("repairing"), "{row}");
+
+    // The repair started on the due path: its NodePool decided alone at the expiry.
+    let https = crate::ctl::https(&dir.path().join("ca.pem"), ctl.addr);
+    let (_, text) = crate::ctl::get(&https, ctl.addr, "/metrics").await.unwrap();
+    assert!(
+        metric(&text, "nodekeeper_engine_due_paths_total") >= 1.0,
+        "no due path: {}",
+        text.lines()
+            .filter(|l| l.starts_with("nodekeeper_engine"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 
     assert_eq!(
         ctl.forbidden_lines(),

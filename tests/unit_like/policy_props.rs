@@ -6,7 +6,9 @@
 //! deadline notice time − safety margin; deciding again after applying is a no-op (so no
 //! duplicate replacement, reboot, cordon or Event); at most one replacement per node; dry-run
 //! gives the same decisions marked dry-run; the engine's one-node fast path after a notice
-//! (`decide_interruption`) decides exactly what `decide` decides for that node.
+//! (`decide_interruption`) decides exactly what `decide` decides for that node, and its due path
+//! after a repair toleration expires (`decide_groups`, one group alone) what `decide` decides for
+//! that group's nodes.
 //!
 //! `POLICY_PROP_CASES` sets the number of random seeds (default 10,000).
 
@@ -23,7 +25,7 @@ use nodekeeper_core::controller::policy::view::{
     keys, ClusterView, DrainPhase, NodeView, NoticeKind, PodView, Record, State,
 };
 use nodekeeper_core::controller::policy::{
-    decide, decide_interruption, group_of, Action, Decision, PolicyConfig,
+    decide, decide_groups, decide_interruption, group_of, Action, Decision, PolicyConfig,
 };
 use policy_support::*;
 use proptest::prelude::*;
@@ -203,6 +205,7 @@ impl Sim {
         let ds = decide(&before, &self.cfg, self.now);
         check_dry_run(&before, &self.cfg, self.now, &ds)?;
         check_fast_path(&before, &self.cfg, self.now, &ds)?;
+        check_group_path(&before, &self.cfg, self.now, &ds)?;
         let mut after = before.clone();
         apply(&mut after, &ds);
         for d in &ds {
@@ -294,6 +297,82 @@ fn check_fast_path(
         }
     }
     Ok(())
+}
+
+/// The engine's due path (`decide_groups`, one group's nodes alone) decides exactly what `decide`
+/// decides for that group's nodes when the groups are the NodePools (the default `group_by`). With
+/// groups that cut across NodePools, it decides the same but may leave out Karpenter fence marks
+/// (added or lifted) that nodes of other groups call for: what it decides for a node is then
+/// `decide`'s actions for it with some of those marks missing at the end, never an extra or a
+/// different action.
+fn check_group_path(
+    v: &ClusterView,
+    cfg: &PolicyConfig,
+    now: DateTime<Utc>,
+    ds: &[Decision],
+) -> Result<(), TestCaseError> {
+    let groups: BTreeSet<String> = v.nodes.iter().map(|n| group_of(n, cfg)).collect();
+    for g in &groups {
+        let due = decide_groups(v, cfg, now, &[g.clone()].into());
+        for d in &due {
+            prop_assert_eq!(
+                &group_of(node_of(v, &d.node), cfg),
+                g,
+                "{} is not in {}",
+                d.node,
+                g
+            );
+        }
+        for n in v.nodes.iter().filter(|n| &group_of(n, cfg) == g) {
+            prop_assert_eq!(
+                of(&due, &n.name),
+                of(ds, &n.name),
+                "due path differs for {}",
+                n.name
+            );
+        }
+    }
+    // Groups across NodePools: nodes split into two zones, whatever their NodePool.
+    let mut zoned = cfg.clone();
+    zoned.budgets.group_by = "topology.kubernetes.io/zone".into();
+    let mut zv = v.clone();
+    for (i, n) in zv.nodes.iter_mut().enumerate() {
+        n.labels
+            .insert(zoned.budgets.group_by.clone(), format!("zone-{}", i % 2));
+    }
+    let all = decide(&zv, &zoned, now);
+    let is_fence = |a: &Action| {
+        matches!(a, Action::Annotate { key, .. }
+            if key == keys::KARPENTER_DO_NOT_DISRUPT || key == keys::DO_NOT_DISRUPT_BY)
+    };
+    for zone in ["zone-0", "zone-1"] {
+        let due = decide_groups(&zv, &zoned, now, &[zone.to_string()].into());
+        for n in zv.nodes.iter().filter(|n| group_of(n, &zoned) == zone) {
+            let (mine, full) = (of(&due, &n.name), of(&all, &n.name));
+            prop_assert!(
+                mine.len() <= full.len() && mine[..] == full[..mine.len()],
+                "due path for {} is not a prefix of decide's: {:?} vs {:?}",
+                n.name,
+                mine,
+                full
+            );
+            prop_assert!(
+                full[mine.len()..].iter().all(is_fence),
+                "due path for {} left out more than fence marks: {:?} vs {:?}",
+                n.name,
+                mine,
+                full
+            );
+        }
+    }
+    Ok(())
+}
+
+fn node_of<'a>(v: &'a ClusterView, name: &str) -> &'a NodeView {
+    v.nodes
+        .iter()
+        .find(|n| n.name == name)
+        .unwrap_or_else(|| panic!("no node {name}"))
 }
 
 fn disrupting(n: &NodeView) -> bool {

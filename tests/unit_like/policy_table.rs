@@ -942,12 +942,14 @@ fn next_expiry_is_the_earliest_running_toleration_and_decide_starts_the_repair_t
         repairing,
         node("healthy", "", now),
     ]);
-    let due = next_expiry(&v, &c, now).unwrap();
+    let next = next_expiry(&v, &c, now).unwrap();
+    let due = next.at;
     assert_eq!(due, now + mins(5), "b's toleration ends first");
+    assert_eq!(next.groups, [String::new()].into(), "b's group (no label)");
     // (b among healthy nodes: no budget or short-circuit in the way.)
     let healthy = (0..4).map(|i| node(&format!("h{i}"), "", now));
     let alone = view(std::iter::once(b).chain(healthy).collect());
-    assert_eq!(next_expiry(&alone, &c, now), Some(due));
+    assert_eq!(next_expiry(&alone, &c, now).map(|d| d.at), Some(due));
     let starts = |t| {
         has(&of(&run(&alone, &c, t), "b"), |x| {
             matches!(x, Action::Cordon)
@@ -963,6 +965,24 @@ fn next_expiry_is_the_earliest_running_toleration_and_decide_starts_the_repair_t
     let mut off = c.clone();
     off.repair.enabled = false;
     assert_eq!(next_expiry(&v, &off, now), None);
+    // The groups due: every group with a node expiring at that moment, and no other.
+    let failing = |name: &str, group: &str, for_mins: i64| {
+        let mut n = node(name, group, now);
+        ready(&mut n, "False", now - mins(for_mins));
+        n
+    };
+    let pools = view(vec![
+        failing("x", "pool-1", 5),
+        failing("y", "pool-2", 5),
+        failing("z", "pool-3", 4),
+        node("w", "pool-4", now),
+    ]);
+    let next = next_expiry(&pools, &c, now).unwrap();
+    assert_eq!(next.at, now + mins(5));
+    assert_eq!(
+        next.groups,
+        ["pool-1".to_string(), "pool-2".to_string()].into()
+    );
 }
 
 /// The provider accepted the replacement (what the actor writes after `request_replacement`).

@@ -34,10 +34,11 @@ use super::drain::tasks::DrainTasks;
 use super::metrics::EngineMetrics;
 use super::policy::fence::fence_now;
 use super::policy::interruption::notice_recorded;
-use super::policy::repair::next_expiry;
+use super::policy::repair::{next_expiry, Due};
 use super::policy::view::{became_ready, keys, ConditionView, Notice, NoticeKind, TaintView};
 use super::policy::{
-    decide_interruption, decide_with_status, Action, ClusterView, NodeView, PolicyConfig,
+    decide_groups, decide_interruption, decide_with_status, Action, ClusterView, Decision,
+    NodeView, PolicyConfig,
 };
 use super::provider::POOL_LABEL;
 use crate::agent::sources::NodeEvent;
@@ -262,8 +263,9 @@ pub struct Engine {
     /// Per node, the [`Self::epoch`] at which the fast path last finished acting on it.
     touched: Mutex<HashMap<String, u64>>,
     epoch: std::sync::atomic::AtomicU64,
-    /// When the next repair toleration expires (the run loop wakes then, not at its next tick).
-    next_due: Mutex<Option<DateTime<Utc>>>,
+    /// When the next repair toleration expires, and in which groups (the run loop wakes then,
+    /// not at its next tick, and decides those groups first).
+    next_due: Mutex<Option<Due>>,
 }
 
 /// Why a notice could not be recorded on its Node.
@@ -604,12 +606,18 @@ impl Engine {
         lock(&self.seen_ready).retain(|n| alive.contains_key(n));
         lock(&self.lanes).retain(|n, _| alive.contains_key(n));
         lock(&self.touched).retain(|n, _| alive.contains_key(n));
-        let nodepools = self
-            .nodepools
+        ClusterView {
+            nodes,
+            nodepools: self.nodepool_budgets(),
+        }
+    }
+
+    /// The budgets of the cached NodePools (none without `[budgets] source = "nodepool"`).
+    fn nodepool_budgets(&self) -> BTreeMap<String, super::policy::nodepool::PoolBudgets> {
+        self.nodepools
             .as_ref()
             .map(super::nodepools::budgets)
-            .unwrap_or_default();
-        ClusterView { nodes, nodepools }
+            .unwrap_or_default()
     }
 
     /// One reconcile: decide and act. Returns the number of actions decided.
@@ -647,10 +655,7 @@ impl Engine {
             self.retry_provider_calls(&view);
         }
         let count = decisions.len();
-        let mut by_node: BTreeMap<String, Vec<Action>> = BTreeMap::new();
-        for d in decisions {
-            by_node.entry(d.node).or_default().push(d.action);
-        }
+        let mut by_node = by_node(decisions);
         if !dry_run {
             // Persist "seen Ready" for young nodes (in the node's first patch of this round).
             for n in view.nodes.iter().filter(|n| n.needs_seen_ready(now)) {
@@ -663,26 +668,7 @@ impl Engine {
                 );
             }
         }
-        let me = self;
-        futures::stream::iter(by_node)
-            .for_each_concurrent(
-                self.cfg.node_concurrency.max(1),
-                |(node, actions)| async move {
-                    let lane = me.lane(&node);
-                    let _guard = lane.lock().await;
-                    if lock(&me.touched).get(&node).is_some_and(|t| *t > epoch) {
-                        tracing::debug!(
-                            node,
-                            "acted on by the fast path since this view; next round"
-                        );
-                        return;
-                    }
-                    if let Err(e) = me.actor.execute(&node, &actions, dry_run).await {
-                        tracing::warn!(error = %e, "action failed; retried by the next reconcile");
-                    }
-                },
-            )
-            .await;
+        self.act(by_node, epoch).await;
         self.bump();
         self.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
         if count > 0 {
@@ -693,6 +679,91 @@ impl Engine {
         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.metrics.last_reconcile_us.store(us, Ordering::Relaxed);
         count
+    }
+
+    /// Executes each node's actions (at most `node_concurrency` nodes at once), in the node's
+    /// lane, skipping a node the fast path acted on since `epoch` (its view predates that).
+    async fn act(&self, by_node: BTreeMap<String, Vec<Action>>, epoch: u64) {
+        let dry_run = self.policy.controller.dry_run;
+        futures::stream::iter(by_node)
+            .for_each_concurrent(
+                self.cfg.node_concurrency.max(1),
+                |(node, actions)| async move {
+                    let lane = self.lane(&node);
+                    let _guard = lane.lock().await;
+                    if lock(&self.touched).get(&node).is_some_and(|t| *t > epoch) {
+                        tracing::debug!(
+                            node,
+                            "acted on by the fast path since this view; next round"
+                        );
+                        return;
+                    }
+                    if let Err(e) = self.actor.execute(&node, &actions, dry_run).await {
+                        tracing::warn!(error = %e, "action failed; retried by the next reconcile");
+                    }
+                },
+            )
+            .await;
+    }
+
+    /// The due path, when a repair toleration expires ([`Due`]): decides and acts on the groups
+    /// of the nodes whose toleration ended, from a view of those groups alone
+    /// ([`decide_groups`]: the same decision the full reconcile makes for them), so that the
+    /// repair's cordon does not wait for a view of the whole cluster. The full reconcile follows
+    /// at once. When those groups hold more than half the cluster (one group, or none labelled),
+    /// it leaves them to that reconcile, which then costs hardly more. Returns the number of
+    /// actions decided.
+    pub async fn due_path(self: &Arc<Self>, groups: &BTreeSet<String>) -> usize {
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        // Off the async workers, as the reconcile's view (up to half the cluster here).
+        let me = self.clone();
+        let wanted = groups.clone();
+        let planned = tokio::task::spawn_blocking(move || me.decide_due(&wanted)).await;
+        let decisions = match planned {
+            Ok(Some(d)) => d,
+            Ok(None) => return 0,
+            Err(e) => {
+                tracing::error!(error = %e, "due path failed; the reconcile decides");
+                return 0;
+            }
+        };
+        let count = decisions.len();
+        self.act(by_node(decisions), epoch).await;
+        self.metrics.due_paths.fetch_add(1, Ordering::Relaxed);
+        self.bump();
+        count
+    }
+
+    /// [`Self::due_path`]'s view and decision; `None` when `groups` hold more than half the nodes.
+    fn decide_due(&self, groups: &BTreeSet<String>) -> Option<Vec<Decision>> {
+        let now = self.clock.now();
+        let group_by = &self.policy.budgets.group_by;
+        let all = self.store.state();
+        let members: Vec<&Arc<Node>> = all
+            .iter()
+            .filter(|n| {
+                let group = n.metadata.labels.as_ref().and_then(|l| l.get(group_by));
+                groups.contains(group.map_or("", String::as_str))
+            })
+            .collect();
+        if members.len() * 2 > all.len() {
+            return None;
+        }
+        let view = ClusterView {
+            nodes: members
+                .into_iter()
+                .filter_map(|n| self.view_of(n))
+                .collect(),
+            nodepools: self.nodepool_budgets(),
+        };
+        let decisions = decide_groups(&view, &self.policy, now, groups);
+        tracing::debug!(
+            groups = groups.len(),
+            nodes = view.nodes.len(),
+            actions = decisions.len(),
+            "repair toleration expired: deciding its groups"
+        );
+        Some(decisions)
     }
 
     /// Repeats the provider calls a restart or a failure may have lost, with the same idempotency
@@ -760,11 +831,15 @@ impl Engine {
         let mut was_leader = false;
         loop {
             let due = self.until_due();
-            let changed = tokio::select! {
+            let cause = tokio::select! {
                 _ = cancel.cancelled() => break,
                 // The notice intake is part of the engine: if it ends, so does the engine (and a
                 // panic there is the engine's, for the controller's supervisor to report).
                 r = &mut notices => {
+                    // On shutdown the intake ends with the cancel: that is no failure.
+                    if cancel.is_cancelled() && matches!(&r, Ok(())) {
+                        break;
+                    }
                     self.drains.stop_all();
                     if let Err(e) = r {
                         if e.is_panic() {
@@ -774,11 +849,13 @@ impl Engine {
                     tracing::error!("the engine's notice intake ended");
                     return;
                 }
-                _ = tick.tick() => false,
-                _ = self.wake.notified() => true,
-                _ = leader.changed() => false,
-                _ = async { tokio::time::sleep(due.unwrap_or_default()).await }, if due.is_some() => false,
+                _ = tick.tick() => "tick",
+                _ = self.wake.notified() => "change",
+                _ = leader.changed() => "leader",
+                _ = async { tokio::time::sleep(due.unwrap_or_default()).await }, if due.is_some() => "due",
             };
+            self.metrics.wake(cause);
+            let (changed, expired) = (cause == "change", cause == "due");
             if changed && !self.cfg.debounce.is_zero() {
                 tokio::time::sleep(self.cfg.debounce).await;
             }
@@ -792,6 +869,12 @@ impl Engine {
                 continue;
             }
             was_leader = true;
+            if expired {
+                let groups = lock(&self.next_due).take().map(|d| d.groups);
+                if let Some(groups) = groups {
+                    self.due_path(&groups).await;
+                }
+            }
             self.reconcile().await;
         }
         self.drains.stop_all();
@@ -800,7 +883,7 @@ impl Engine {
     /// Real time until the next repair toleration expires (plus a little, so that the clock has
     /// passed it on waking), if one is running.
     fn until_due(&self) -> Option<Duration> {
-        let due = (*lock(&self.next_due))?;
+        let due = lock(&self.next_due).as_ref()?.at;
         Some(wake_after(self.clock.as_ref(), due))
     }
 
@@ -832,6 +915,15 @@ impl Engine {
             }
         }
     }
+}
+
+/// Decisions as each node's actions, in order.
+fn by_node(decisions: Vec<Decision>) -> BTreeMap<String, Vec<Action>> {
+    let mut out: BTreeMap<String, Vec<Action>> = BTreeMap::new();
+    for d in decisions {
+        out.entry(d.node).or_default().push(d.action);
+    }
+    out
 }
 
 /// The real time from `clock`'s now until `due`, plus 5 ms so that the clock has passed `due` on
@@ -1148,6 +1240,17 @@ mod run_tests {
         cfg: EngineConfig,
         leader_rx: watch::Receiver<bool>,
     ) -> Arc<Engine> {
+        engine_with(client, store, cfg, leader_rx, PolicyConfig::default())
+    }
+
+    /// [`engine`] with `policy`.
+    fn engine_with(
+        client: kube::Client,
+        store: Store<Node>,
+        cfg: EngineConfig,
+        leader_rx: watch::Receiver<bool>,
+        policy: PolicyConfig,
+    ) -> Arc<Engine> {
         let (metrics, wake) = (Arc::new(EngineMetrics::default()), Arc::new(Notify::new()));
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let drains = Arc::new(DrainTasks::new(
@@ -1177,7 +1280,7 @@ mod run_tests {
         }));
         Engine::new(EngineParts {
             cfg,
-            policy: PolicyConfig::default(),
+            policy,
             clock,
             store,
             nodepools: None,
@@ -1186,6 +1289,21 @@ mod run_tests {
             metrics,
             wake,
         })
+    }
+
+    /// The API's answer to a PATCH of Node `name`.
+    fn node_answer(name: &str) -> Result<hyper::Response<kube::client::Body>, hyper::http::Error> {
+        let node = serde_json::json!({ "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": name, "resourceVersion": "2" } });
+        hyper::Response::builder()
+            .status(200)
+            .body(kube::client::Body::from(node.to_string().into_bytes()))
+    }
+
+    fn not_found() -> Result<hyper::Response<kube::client::Body>, hyper::http::Error> {
+        hyper::Response::builder()
+            .status(404)
+            .body(kube::client::Body::from(b"{}".to_vec()))
     }
 
     /// A Ready node of the Karpenter NodePool `spot`, seen Ready long ago.
@@ -1218,20 +1336,14 @@ mod run_tests {
                 let at = tokio::time::Instant::now();
                 let path = req.uri().path().to_string();
                 let Some(name) = path.strip_prefix("/api/v1/nodes/") else {
-                    return hyper::Response::builder()
-                        .status(404)
-                        .body(kube::client::Body::from(b"{}".to_vec()));
+                    return not_found();
                 };
                 let name = name.to_string();
                 lock(&log).push((format!("{} {name}", req.method()), at));
                 if name == "p" {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
-                let node = serde_json::json!({ "apiVersion": "v1", "kind": "Node",
-                    "metadata": { "name": name, "resourceVersion": "2" } });
-                hyper::Response::builder()
-                    .status(200)
-                    .body(kube::client::Body::from(node.to_string().into_bytes()))
+                node_answer(&name)
             }
         });
         let client = kube::Client::new(svc, "default");
@@ -1273,6 +1385,83 @@ mod run_tests {
         );
     }
 
+    /// `pool_node` in `pool`, `Ready=False` since long before the repair toleration.
+    fn failed_node(name: &str, pool: &str) -> Node {
+        let mut n = pool_node(name);
+        n.metadata.labels = Some([(POOL_LABEL.to_string(), pool.to_string())].into());
+        if let Some(c) = n.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            c[0].status = "False".into();
+        }
+        n
+    }
+
+    /// When a repair toleration expires, the due path decides the due node's group from that
+    /// group's nodes alone and writes the repair at once: the expired node of the due group is
+    /// patched; an expired node of another group is left to the full reconcile; the groups'
+    /// healthy nodes are read, not written. Groups holding most of the cluster are left to the
+    /// full reconcile.
+    #[tokio::test(start_paused = true)]
+    async fn the_due_path_starts_the_expired_repair_of_its_group_only() {
+        let seen: Arc<Mutex<Vec<String>>> = Default::default();
+        let log = seen.clone();
+        let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+            let log = log.clone();
+            async move {
+                let path = req.uri().path().to_string();
+                lock(&log).push(format!("{} {path}", req.method()));
+                let Some(name) = path.strip_prefix("/api/v1/nodes/") else {
+                    return not_found();
+                };
+                node_answer(name)
+            }
+        });
+        let client = kube::Client::new(svc, "default");
+        let (store, mut writer) = kube::runtime::reflector::store::<Node>();
+        let mut nodes = vec![
+            failed_node("due", "spot"),
+            failed_node("elsewhere", "other"),
+        ];
+        nodes.extend((0..9).map(|i| pool_node(&format!("spot-{i}"))));
+        nodes.extend((0..9).map(|i| {
+            let mut n = pool_node(&format!("other-{i}"));
+            n.metadata.labels = Some([(POOL_LABEL.to_string(), "other".to_string())].into());
+            n
+        }));
+        for n in nodes {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
+        }
+        let (_leader, leader_rx) = watch::channel(true);
+        let mut policy = PolicyConfig::default();
+        policy.repair.policy = vec![crate::controller::policy::config::RepairPolicy {
+            condition_type: "Ready".into(),
+            condition_status: "False".into(),
+            toleration: Duration::from_secs(600),
+        }];
+        let engine = engine_with(client, store, EngineConfig::default(), leader_rx, policy);
+        let decided = engine.due_path(&["spot".to_string()].into()).await;
+        assert!(decided > 0, "the expired repair was decided");
+        let requests = lock(&seen).clone();
+        let patched: Vec<&String> = requests.iter().filter(|r| r.starts_with("PATCH")).collect();
+        assert!(
+            patched.iter().any(|r| r.ends_with("/nodes/due")),
+            "the due node was written: {requests:?}"
+        );
+        assert!(
+            patched.iter().all(|r| r.ends_with("/nodes/due")),
+            "only the due node was written: {requests:?}"
+        );
+        assert_eq!(engine.metrics.due_paths.load(Ordering::Relaxed), 1);
+        assert_eq!(engine.metrics.reconciles.load(Ordering::Relaxed), 0);
+        // Groups holding most of the cluster are left to the full reconcile.
+        let groups = ["spot".to_string(), "other".to_string()].into();
+        assert_eq!(engine.due_path(&groups).await, 0);
+        assert_eq!(engine.metrics.due_paths.load(Ordering::Relaxed), 1);
+        assert!(
+            !lock(&seen).iter().any(|r| r.ends_with("/nodes/elsewhere")),
+            "{seen:?}"
+        );
+    }
+
     /// One reconcile at start and one per tick (observed 1 ms after it: the reconcile runs
     /// on a blocking thread at the tick's instant).
     #[tokio::test(start_paused = true)]
@@ -1283,6 +1472,9 @@ mod run_tests {
             tokio::time::sleep_until(t0 + MS(at)).await;
             assert_eq!(r.reconciles(), want, "at {at} ms");
         }
+        let m = &r.engine.metrics;
+        assert_eq!(m.wake_count("tick"), 6, "each reconcile woken by its tick");
+        assert_eq!(m.wake_count("change"), 0);
         r.stop().await;
     }
 
@@ -1310,6 +1502,8 @@ mod run_tests {
             tokio::time::sleep_until(t0 + MS(at)).await;
             assert_eq!(r.reconciles(), want, "at {at} ms");
         }
+        let m = &r.engine.metrics;
+        assert_eq!((m.wake_count("tick"), m.wake_count("change")), (2, 2));
         r.stop().await;
     }
 

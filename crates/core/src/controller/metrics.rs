@@ -129,8 +129,13 @@ impl<M: EncodeMetric> EncodeMetric for Described<M> {
 
 /// Labels of `nodekeeper_engine_actions_total`: `kind`, `result`.
 type ActionLabels = [(&'static str, &'static str); 2];
-/// Labels of `nodekeeper_engine_drain_duration_seconds`: `result`.
-type DrainLabels = [(&'static str, &'static str); 1];
+/// Causes of `nodekeeper_engine_wakes_total`: the 1 s tick, a change the policy sees (a Node, a
+/// notice, a drain's progress, a NodePool), a repair toleration's expiry, a change of leadership.
+pub const WAKE_CAUSES: [&str; 4] = ["tick", "change", "due", "leader"];
+
+/// Labels of `nodekeeper_engine_drain_duration_seconds` (`result`) and
+/// `nodekeeper_engine_wakes_total` (`cause`).
+type OneLabel = [(&'static str, &'static str); 1];
 
 fn drain_histogram() -> Histogram {
     Histogram::new(DRAIN_BUCKETS)
@@ -141,7 +146,8 @@ fn drain_histogram() -> Histogram {
 #[derive(Debug)]
 pub struct EngineMetrics {
     actions: Family<ActionLabels, Counter>,
-    drains: Family<DrainLabels, Histogram, fn() -> Histogram>,
+    wakes: Family<OneLabel, Counter>,
+    drains: Family<OneLabel, Histogram, fn() -> Histogram>,
     groups: Mutex<Vec<GroupStatus>>,
     held: Mutex<BTreeMap<&'static str, u64>>,
     /// Evictions refused by a PodDisruptionBudget (counted once per blocking pod episode).
@@ -158,6 +164,9 @@ pub struct EngineMetrics {
     pub last_reconcile_us: AtomicU64,
     /// Notices acted on by the fast path (one node, before the full reconcile).
     pub fast_paths: AtomicU64,
+    /// Repair tolerations acted on at their expiry for their groups alone, before the full
+    /// reconcile.
+    pub due_paths: AtomicU64,
     /// Taint patches refused with 409 (the Node changed since the copy they were computed from).
     pub node_write_conflicts: AtomicU64,
 }
@@ -166,6 +175,7 @@ impl Default for EngineMetrics {
     fn default() -> Self {
         EngineMetrics {
             actions: Family::default(),
+            wakes: Family::default(),
             drains: Family::new_with_constructor(drain_histogram as fn() -> Histogram),
             groups: Mutex::default(),
             held: Mutex::default(),
@@ -176,6 +186,7 @@ impl Default for EngineMetrics {
             replacements: AtomicU64::default(),
             last_reconcile_us: AtomicU64::default(),
             fast_paths: AtomicU64::default(),
+            due_paths: AtomicU64::default(),
             node_write_conflicts: AtomicU64::default(),
         }
     }
@@ -198,6 +209,16 @@ impl EngineMetrics {
         self.actions
             .get(&[("kind", kind), ("result", result.as_str())])
             .map_or(0, |c| c.get())
+    }
+
+    /// Counts one wake of the engine's loop, by `cause` ([`WAKE_CAUSES`]).
+    pub fn wake(&self, cause: &'static str) {
+        self.wakes.get_or_create(&[("cause", cause)]).inc();
+    }
+
+    /// How many times the engine's loop woke for `cause` (tests).
+    pub fn wake_count(&self, cause: &'static str) -> u64 {
+        self.wakes.get(&[("cause", cause)]).map_or(0, |c| c.get())
     }
 
     /// Observes a finished drain (`result`: `completed`, `failed`, `cancelled`).
@@ -223,6 +244,11 @@ impl EngineMetrics {
             counter_name("nodekeeper_engine_actions_total"),
             "Actions executed, by kind and result",
             Described(self.actions.clone()),
+        );
+        registry.register(
+            counter_name("nodekeeper_engine_wakes_total"),
+            "Wakes of the engine's loop, by cause",
+            Described(self.wakes.clone()),
         );
         registry.register(
             "nodekeeper_engine_drain_duration_seconds",
@@ -291,6 +317,12 @@ impl Collector for EngineMetrics {
             "nodekeeper_engine_fast_paths_total",
             "Notices acted on at once for their node alone, before the full reconcile.",
             g(&self.fast_paths),
+        )?;
+        encode_counter(
+            &mut enc,
+            "nodekeeper_engine_due_paths_total",
+            "Expired repair tolerations decided at once for their groups alone, before the full reconcile.",
+            g(&self.due_paths),
         )?;
         encode_counter(
             &mut enc,

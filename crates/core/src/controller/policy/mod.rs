@@ -174,11 +174,62 @@ pub fn decide_with_status(
     cfg: &PolicyConfig,
     now: DateTime<Utc>,
 ) -> (Vec<Decision>, Vec<GroupStatus>) {
+    let (mut out, statuses) = decide_each_group(view, cfg, now, |_| true);
+    let round = by_node(&out);
+    out.extend(fence::fence(&view.nodes, &round));
+    (decisions(out, cfg), statuses)
+}
+
+/// What [`decide`] decides for the nodes of `groups` (values of `budgets.group_by`, `""` for
+/// nodes without the label), from a view that holds every node of those groups (and maybe
+/// others): each group's decision reads only its own members and budgets. The engine calls it when a
+/// repair toleration expires ([`repair::Due`]), so that the due repair starts without building
+/// the whole cluster.
+///
+/// The Karpenter fence goes with it as far as these nodes show it: all of it when the groups are
+/// the NodePools (`group_by` is the NodePool label, the default), else only the marks these
+/// nodes' disruptions add — whether a mark is lifted depends on the NodePool's nodes in other
+/// groups, which the next full reconcile decides (as [`fence::fence_now`] does for the notice fast
+/// path).
+pub fn decide_groups(
+    view: &ClusterView,
+    cfg: &PolicyConfig,
+    now: DateTime<Utc>,
+    groups: &std::collections::BTreeSet<String>,
+) -> Vec<Decision> {
+    let (mut out, _) = decide_each_group(view, cfg, now, |g| groups.contains(g));
+    let round = by_node(&out);
+    let member = |n: &NodeView| groups.contains(&group_of(n, cfg));
+    // The engine's view holds these groups only: no copy then.
+    let members: Cow<'_, [NodeView]> = if view.nodes.iter().all(member) {
+        Cow::Borrowed(&view.nodes)
+    } else {
+        Cow::Owned(view.nodes.iter().filter(|n| member(n)).cloned().collect())
+    };
+    let whole_pools = cfg.budgets.group_by == POOL_LABEL;
+    out.extend(
+        fence::fence(&members, &round)
+            .into_iter()
+            .filter(|(_, a)| whole_pools || matches!(a, Action::Annotate { value: Some(_), .. })),
+    );
+    decisions(out, cfg)
+}
+
+/// Each group's decision (without the fence), for the groups `wanted` accepts, in name order.
+fn decide_each_group(
+    view: &ClusterView,
+    cfg: &PolicyConfig,
+    now: DateTime<Utc>,
+    wanted: impl Fn(&str) -> bool,
+) -> (Vec<(String, Action)>, Vec<GroupStatus>) {
     let mut nodes: Vec<&NodeView> = view.nodes.iter().collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let mut groups: BTreeMap<String, Vec<&NodeView>> = BTreeMap::new();
     for n in nodes {
-        groups.entry(group_of(n, cfg)).or_default().push(n);
+        let group = group_of(n, cfg);
+        if wanted(&group) {
+            groups.entry(group).or_default().push(n);
+        }
     }
     let mut out = Vec::new();
     let mut statuses = Vec::new();
@@ -188,21 +239,27 @@ pub fn decide_with_status(
         out.extend(actions);
         statuses.push(status);
     }
+    (out, statuses)
+}
+
+/// A round's actions by node.
+fn by_node(out: &[(String, Action)]) -> BTreeMap<String, Vec<Action>> {
     let mut round: BTreeMap<String, Vec<Action>> = BTreeMap::new();
-    for (node, action) in &out {
+    for (node, action) in out {
         round.entry(node.clone()).or_default().push(action.clone());
     }
-    out.extend(fence::fence(&view.nodes, &round));
+    round
+}
+
+fn decisions(out: Vec<(String, Action)>, cfg: &PolicyConfig) -> Vec<Decision> {
     let dry_run = cfg.controller.dry_run;
-    let decisions = out
-        .into_iter()
+    out.into_iter()
         .map(|(node, action)| Decision {
             node,
             action,
             dry_run,
         })
-        .collect();
-    (decisions, statuses)
+        .collect()
 }
 
 /// `t + d`, saturating at the end of time (a huge configured duration never panics).

@@ -63,31 +63,60 @@ pub fn evaluate(node: &NodeView, policies: &[RepairPolicy]) -> Health {
     })
 }
 
-/// The earliest moment after `now` at which a repair toleration expires on an idle node that
-/// has been Ready (the moment [`step`] starts seeing it as a candidate), so that the engine
-/// decides then rather than at its next tick; `None` when no toleration is running.
+/// When the engine is next due to decide a repair: the earliest moment after `now` at which a
+/// repair toleration expires on an idle node that has been Ready (the moment [`step`] starts
+/// seeing it as a candidate), and the groups of the nodes whose toleration expires then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due {
+    /// The expiry.
+    pub at: DateTime<Utc>,
+    /// The groups (values of `budgets.group_by`, `""` for none) with a node expiring at `at`: a
+    /// repair's decision reads its own group only (budgets, short-circuit), so the engine can
+    /// decide these groups at `at` without the whole cluster ([`super::decide_groups`]).
+    pub groups: std::collections::BTreeSet<String>,
+}
+
+/// When a repair toleration next expires ([`Due`]), so that the engine decides then rather than
+/// at its next tick; `None` when no toleration is running.
 pub fn next_expiry(
     view: &super::ClusterView,
     cfg: &PolicyConfig,
     now: DateTime<Utc>,
-) -> Option<DateTime<Utc>> {
+) -> Option<Due> {
     let mut by_group: std::collections::HashMap<String, EffectiveRepair<'_>> = Default::default();
-    view.nodes
+    let mut due: Option<Due> = None;
+    for n in view
+        .nodes
         .iter()
         .filter(|n| !n.deleting && n.became_ready && n.record().state == State::Idle)
-        .filter_map(|n| {
-            let eff = by_group
-                .entry(super::group_of(n, cfg))
-                .or_insert_with_key(|g| cfg.repair.for_group(g));
-            if !eff.enabled {
-                return None;
+    {
+        let group = group_of(n, cfg);
+        let eff = by_group
+            .entry(group.clone())
+            .or_insert_with_key(|g| cfg.repair.for_group(g));
+        if !eff.enabled {
+            continue;
+        }
+        let Health::Unhealthy { expires, .. } = evaluate(n, &eff.policies) else {
+            continue;
+        };
+        if expires <= now {
+            continue;
+        }
+        match &mut due {
+            Some(d) if d.at < expires => {}
+            Some(d) if d.at == expires => {
+                d.groups.insert(group);
             }
-            match evaluate(n, &eff.policies) {
-                Health::Unhealthy { expires, .. } if expires > now => Some(expires),
-                _ => None,
+            _ => {
+                due = Some(Due {
+                    at: expires,
+                    groups: [group].into(),
+                })
             }
-        })
-        .min()
+        }
+    }
+    due
 }
 
 fn dur(d: std::time::Duration) -> chrono::Duration {
