@@ -855,7 +855,7 @@ impl Engine {
                 _ = async { tokio::time::sleep(due.unwrap_or_default()).await }, if due.is_some() => "due",
             };
             self.metrics.wake(cause);
-            let (changed, expired) = (cause == "change", cause == "due");
+            let changed = cause == "change";
             if changed && !self.cfg.debounce.is_zero() {
                 tokio::time::sleep(self.cfg.debounce).await;
             }
@@ -869,6 +869,10 @@ impl Engine {
                 continue;
             }
             was_leader = true;
+            // Past the expiry, whatever woke the loop (a change may win the race with the timer):
+            // the due groups first.
+            let now = self.clock.now();
+            let expired = lock(&self.next_due).as_ref().is_some_and(|d| d.at <= now);
             if expired {
                 let groups = lock(&self.next_due).take().map(|d| d.groups);
                 if let Some(groups) = groups {
