@@ -9,11 +9,15 @@
 #                                                   nodekeeper-core: its build.rs records the commit)
 #   WINDOW=30 NOTICES=50 FAILS=20 TOLERATION=20 …   seconds per measurement, notices and Ready=False nodes per size,
 #                                                   the repair toleration (s) of the bench's controller config
+#   SETTLE=60 …                                     seconds more before the Ready=False posts, so that the decision is
+#                                                   measured after the notices' burst rather than in its tail
 #   NK_CONTROLLER_SET='max_connections = 1024' …    TOML lines added to the controller's [controller] table (to
 #                                                   compare settings side by side: one run each)
-#   PERF=1 …                                        the controller sampled by `perf record` (199 Hz) in its idle and
-#                                                   agents windows: SIZE/perf-PHASE.txt, its hottest symbols (the
-#                                                   CPU figures then include perf's small share)
+#   PERF=1 …                                        the controller sampled by `perf record` (97 Hz, DWARF call graphs)
+#                                                   in its idle and agents windows: SIZE/perf-PHASE.txt, its hottest
+#                                                   symbols, and SIZE/perf-PHASE-callers.txt, who calls them (the CPU
+#                                                   figures then include perf's share)
+#   NODEKEEPER_BIN=path …                           that controller binary (e.g. an older build, side by side)
 # One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests, with the kubelet's and
 # kube-controller-manager's default node heartbeat: Leases of 40 s, NotReady after 50 s), grown size by size:
 #   - KWOK nodes n0 … nN-1 (label karpenter.sh/nodepool=pool-(i % 100)), PODS-PER-NODE pods each bound with
@@ -46,7 +50,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--nodes 500,1000,2000,5000] [--pods-per-node 20] [--max-pods N]" >&2; exit 2 ;;
   esac
 done
-WINDOW=${WINDOW:-30} NOTICES=${NOTICES:-50} FAILS=${FAILS:-20} TOLERATION=${TOLERATION:-20}
+WINDOW=${WINDOW:-30} NOTICES=${NOTICES:-50} FAILS=${FAILS:-20} TOLERATION=${TOLERATION:-20} SETTLE=${SETTLE:-0}
 PROFILE=${BENCH_PROFILE:-release}
 if [ "${BENCH_BUILD:-1}" = 0 ]; then
   log "BENCH_BUILD=0: the $PROFILE binaries already built ($("$REPO/target/${PROFILE/dev/debug}/nodekeeper" --version))"
@@ -55,7 +59,7 @@ else
   nice -n 10 cargo build --profile "$PROFILE" --bin nodekeeper --example controller_bench
 fi
 [ "$PROFILE" = dev ] && PROFILE=debug
-NK="$REPO/target/$PROFILE/nodekeeper" FLEET_BIN="$REPO/target/$PROFILE/examples/controller_bench"
+NK="${NODEKEEPER_BIN:-$REPO/target/$PROFILE/nodekeeper}" FLEET_BIN="$REPO/target/$PROFILE/examples/controller_bench"
 F=(python3 "$REPO/scripts/lib/scale-fleet.py")
 OUT=$(mktemp -d /tmp/nodekeeper-bench-scale.XXXX)
 DIR="$OUT/cluster" FLEET="$OUT/fleet" RESULTS="$OUT/results.jsonl"
@@ -87,7 +91,8 @@ phase() {
   local name=$1 perf=""; shift
   "${F[@]}" requests "$DIR" "$SD/req-$name-0.json"
   if [ "${PERF:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
-    perf record -q -F 199 -g -p "$CTL_PID" -o "$SD/perf-$name.data" -- sleep "$WINDOW" >/dev/null 2>&1 &
+    # DWARF call graphs: the release build keeps no frame pointers.
+    perf record -q -F 97 --call-graph dwarf,16384 -p "$CTL_PID" -o "$SD/perf-$name.data" -- sleep "$WINDOW" >/dev/null 2>&1 &
     perf=$!
   fi
   "${F[@]}" sample "$WINDOW" "$SD/$name.json" "${CP[@]}" "$@"
@@ -96,6 +101,9 @@ phase() {
     wait "$perf" || true
     perf report -i "$SD/perf-$name.data" --no-children --sort symbol -g none --stdio 2>/dev/null |
       grep -v '^$' | head -80 >"$SD/perf-$name.txt" || true
+    # Who calls the hottest symbols (the flat list above names only the leaves).
+    perf report -i "$SD/perf-$name.data" --no-children --sort symbol -g caller,2,callee --stdio 2>/dev/null |
+      grep -v '^$' | head -400 >"$SD/perf-$name-callers.txt" || true
   fi
 }
 
@@ -142,7 +150,7 @@ for n in "${sizes[@]}"; do
   "${F[@]}" sample 5 "$SD/warm.json" "controller=$CTL_PID"  # the agents' first TokenReviews
   open=$(ctl_metric nodekeeper_connections_open)
   phase agents "controller=$CTL_PID" "agents=$AGENTS_PID"
-  sleep $(( 10 + NOTICES / 5 + 5 ))
+  sleep $(( 10 + NOTICES / 5 + 5 + SETTLE ))
   fails=()
   for i in $(seq $((prev + NOTICES)) $((prev + NOTICES + FAILS - 1))); do fails+=("n$i"); done
   "${F[@]}" not-ready "$DIR" "$TOLERATION" "${fails[@]}" >"$SD/expiry.out"
@@ -177,7 +185,7 @@ done
 log "results: $RESULTS"
 python3 - "$RESULTS" <<'EOF'
 import json, sys
-print("| nodes | pods | controller RSS idle / agents (max) MiB | controller CPU agents m | apiserver RSS base → agents MiB | apiserver CPU base → agents m | etcd RSS base → agents MiB | API req/s base → agents | notice→cordon p50/p99 ms: watch (controller log) | decision p50/p99 ms: watch (controller log) | change→visible p50/p99 ms | load |")
+print("| nodes | pods | controller RSS idle / agents (max) MiB | controller CPU agents m | apiserver RSS base → agents MiB | apiserver CPU base → agents m | etcd RSS base → agents MiB | API req/s base → agents | notice→cordon p50/p99 ms: watch (controller log) | decision p50/p99 ms: watch (controller log) [Ready=False posted late: n, max ms] | change→visible p50/p99 ms | load |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for line in open(sys.argv[1]):
     r = json.loads(line); p = r["phases"]; l = r["latency"]
@@ -186,6 +194,6 @@ for line in open(sys.argv[1]):
           f'| {p["base"]["apiserver"]["rss_mib_end"]} → {a["rss_mib_end"]} | {p["base"]["apiserver"]["cpu_millicores"]} → {a["cpu_millicores"]} '
           f'| {p["base"]["etcd"]["rss_mib_end"]} → {e["rss_mib_end"]} | {r["apiserver_req_per_s"]["base"]} → {r["apiserver_req_per_s"]["agents"]} '
           f'| {l["notice"]["p50_ms"]}/{l["notice"]["p99_ms"]} ({l["notice"]["acted_p50_ms"]}/{l["notice"]["acted_p99_ms"]}) ({l["notice"]["cordoned"]}/{l["notice"]["sent"]}) '
-          f'| {l["expiry"]["p50_ms"]}/{l["expiry"]["p99_ms"]} ({l["expiry"]["acted_p50_ms"]}/{l["expiry"]["acted_p99_ms"]}) ({l["expiry"]["cordoned"]}/{l["expiry"]["sent"]}) '
+          f'| {l["expiry"]["p50_ms"]}/{l["expiry"]["p99_ms"]} ({l["expiry"]["acted_p50_ms"]}/{l["expiry"]["acted_p99_ms"]}) ({l["expiry"]["cordoned"]}/{l["expiry"]["sent"]}) [{l["expiry"].get("posted_late", "?")}, {l["expiry"].get("posted_late_max_ms", "?")}] '
           f'| {l["change"]["p50_ms"]}/{l["change"]["p99_ms"]} | {" ".join(p["agents"]["loadavg"])} |')
 EOF

@@ -197,6 +197,9 @@ def not_ready(d, toleration, names):
         if s != 200:
             raise RuntimeError(f"Ready=False on {n}: HTTP {s}: {out.get('message', out)}")
         print(f"expiry {n} {(ltt + toleration) * 10**9}", flush=True)
+        # When the controller could first see it: on a loaded kube-apiserver the PATCHes may return
+        # after the expiry, and then the decision cannot come sooner.
+        print(f"posted {n} {time.time_ns()}", flush=True)
 
 
 def watch(d, out):
@@ -290,7 +293,7 @@ def pct(xs, p):
 
 
 def latency(files):
-    start, cordon, acted, change = {}, {}, {}, []
+    start, cordon, acted, change, posted = {}, {}, {}, [], {}
     for fn in files:
         with open(fn) as f:
             for line in f:
@@ -308,6 +311,8 @@ def latency(files):
                 w = line.split()
                 if len(w) == 3 and w[0] in ("notice", "expiry"):
                     start[w[1]] = (w[0], int(w[2]))
+                elif len(w) == 3 and w[0] == "posted":
+                    posted[w[1]] = int(w[2])
                 elif len(w) == 3 and w[0] == "cordon":
                     cordon[w[1]] = int(w[2])
                 elif len(w) == 3 and w[0] == "change":
@@ -320,6 +325,11 @@ def latency(files):
         res[kind] = {"sent": len(nodes), "cordoned": len(ms), "p50_ms": round(pct(ms, 0.5), 1),
                      "p99_ms": round(pct(ms, 0.99), 1), "max_ms": round(max(ms), 1) if ms else None,
                      "acted_p50_ms": round(pct(by_ctl, 0.5), 1), "acted_p99_ms": round(pct(by_ctl, 0.99), 1)}
+    # Ready=False PATCHes that returned after their node's expiry: by how much (the bench's own lag; the
+    # decision's latency then includes it).
+    late = [(posted[n] - t) / 1e6 for n, (k, t) in start.items() if k == "expiry" and n in posted and posted[n] > t]
+    res["expiry"]["posted_late"] = len(late)
+    res["expiry"]["posted_late_max_ms"] = round(max(late), 1) if late else 0
     res["change"] = {"seen": len(change), "p50_ms": round(pct(change, 0.5), 1), "p99_ms": round(pct(change, 0.99), 1)}
     print(json.dumps(res))
 
