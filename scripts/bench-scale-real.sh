@@ -18,6 +18,8 @@
 #                                                   symbols, and SIZE/perf-PHASE-callers.txt, who calls them (the CPU
 #                                                   figures then include perf's share)
 #   NODEKEEPER_BIN=path …                           that controller binary (e.g. an older build, side by side)
+# Around each window with the controller up, SIZE/engine-PHASE-0.txt and -1.txt keep its reconciles and wakes by
+# cause (`nodekeeper_engine_reconciles_total`, `nodekeeper_engine_wakes_total`): the rate of reconciles.
 # One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests, with the kubelet's and
 # kube-controller-manager's default node heartbeat: Leases of 40 s, NotReady after 50 s), grown size by size:
 #   - KWOK nodes n0 … nN-1 (label karpenter.sh/nodepool=pool-(i % 100)), PODS-PER-NODE pods each bound with
@@ -85,11 +87,17 @@ shipped_controller_config "127.0.0.1:$CTL_PORT" "$OUT/tls" |
       -e 's|^budgets = .*|budgets = [{ nodes = "100%" }]|' |
   awk -v set="${NK_CONTROLLER_SET:-}" '{ print } /^\[controller\]$/ && set != "" { print set }' >"$OUT/controller.toml"
 ctl_metric() { curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+# The engine's reconciles and wakes by cause around a window (nothing before the controller runs).
+engine_counters() {
+  [ -n "$CTL_PID" ] || return 0
+  curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | grep -E '^nodekeeper_engine_(reconciles|wakes)_total' >"$1" || true
+}
 # phase NAME LABEL=PID…: WINDOW s of samples and kube-apiserver's request counters around them (with PERF=1, the
 # controller's hottest symbols in that window too).
 phase() {
   local name=$1 perf=""; shift
   "${F[@]}" requests "$DIR" "$SD/req-$name-0.json"
+  engine_counters "$SD/engine-$name-0.txt"
   if [ "${PERF:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
     # DWARF call graphs: the release build keeps no frame pointers.
     perf record -q -F 97 --call-graph dwarf,16384 -p "$CTL_PID" -o "$SD/perf-$name.data" -- sleep "$WINDOW" >/dev/null 2>&1 &
@@ -97,6 +105,7 @@ phase() {
   fi
   "${F[@]}" sample "$WINDOW" "$SD/$name.json" "${CP[@]}" "$@"
   "${F[@]}" requests "$DIR" "$SD/req-$name-1.json"
+  engine_counters "$SD/engine-$name-1.txt"
   if [ -n "$perf" ]; then
     wait "$perf" || true
     perf report -i "$SD/perf-$name.data" --no-children --sort symbol -g none --stdio 2>/dev/null |

@@ -58,6 +58,13 @@ pub mod keys {
     pub const SEEN_READY: &str = "nodekeeper.io/seen-ready";
     /// The value of `CORDONED_BY` / `LB_EXCLUDED_BY` and of the LB exclusion label.
     pub const OWNER: &str = "nodekeeper";
+    /// Whether the policy reads the annotation `key`: nodekeeper's own (`nodekeeper.io/…`) and
+    /// [`KARPENTER_DO_NOT_DISRUPT`]. Other controllers' annotations (kube-controller-manager's
+    /// `node.alpha.kubernetes.io/ttl`, a provider's) decide nothing.
+    pub fn read_by_policy(key: &str) -> bool {
+        key.starts_with("nodekeeper.io/") || key == KARPENTER_DO_NOT_DISRUPT
+    }
+
     /// Every annotation above (for cleanup and docs).
     pub const ALL: &[&str] = &[
         STATE,
