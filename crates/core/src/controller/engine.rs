@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use super::actions::{Actor, REPLACEMENT_ACCEPTED};
 use super::config::EngineConfig;
 use super::drain::tasks::DrainTasks;
-use super::metrics::EngineMetrics;
+use super::metrics::{EngineMetrics, Wake};
 use super::policy::fence::fence_now;
 use super::policy::interruption::notice_recorded;
 use super::policy::repair::{next_expiry, Due};
@@ -136,8 +136,8 @@ pub fn node_view(n: &Node) -> Option<NodeView> {
 /// A digest of what [`node_view`] reads from a Node, so the Node watch wakes the engine only for a
 /// change the policy can see: a kubelet's or our own condition heartbeat (`lastHeartbeatTime`), a
 /// status field nothing decides on, another controller's annotation or `managedFields` leave it as
-/// it was. At 5,000 nodes such
-/// writes arrive every few milliseconds and each would start a full reconcile.
+/// it was. At 5,000 nodes such writes arrive every few milliseconds and each would start a full
+/// reconcile.
 ///
 /// Of the conditions, only those whose type is in `conditions` count (all when `None`).
 pub fn policy_digest(n: &Node, conditions: Option<&BTreeSet<String>>) -> u64 {
@@ -857,14 +857,13 @@ impl Engine {
                     tracing::error!("the engine's notice intake ended");
                     return;
                 }
-                _ = tick.tick() => "tick",
-                _ = self.wake.notified() => "change",
-                _ = leader.changed() => "leader",
-                _ = async { tokio::time::sleep(due.unwrap_or_default()).await }, if due.is_some() => "due",
+                _ = tick.tick() => Wake::Tick,
+                _ = self.wake.notified() => Wake::Change,
+                _ = leader.changed() => Wake::Leader,
+                _ = async { tokio::time::sleep(due.unwrap_or_default()).await }, if due.is_some() => Wake::Due,
             };
             self.metrics.wake(cause);
-            let changed = cause == "change";
-            if changed && !self.cfg.debounce.is_zero() {
+            if cause == Wake::Change && !self.cfg.debounce.is_zero() {
                 tokio::time::sleep(self.cfg.debounce).await;
             }
             let is_leader = *leader.borrow();
@@ -880,12 +879,9 @@ impl Engine {
             // Past the expiry, whatever woke the loop (a change may win the race with the timer):
             // the due groups first.
             let now = self.clock.now();
-            let expired = lock(&self.next_due).as_ref().is_some_and(|d| d.at <= now);
-            if expired {
-                let groups = lock(&self.next_due).take().map(|d| d.groups);
-                if let Some(groups) = groups {
-                    self.due_path(&groups).await;
-                }
+            let expired = lock(&self.next_due).take_if(|d| d.at <= now);
+            if let Some(due) = expired {
+                self.due_path(&due.groups).await;
             }
             self.reconcile().await;
         }
@@ -1501,8 +1497,12 @@ mod run_tests {
             assert_eq!(r.reconciles(), want, "at {at} ms");
         }
         let m = &r.engine.metrics;
-        assert_eq!(m.wake_count("tick"), 6, "each reconcile woken by its tick");
-        assert_eq!(m.wake_count("change"), 0);
+        assert_eq!(
+            m.wake_count(Wake::Tick),
+            6,
+            "each reconcile woken by its tick"
+        );
+        assert_eq!(m.wake_count(Wake::Change), 0);
         r.stop().await;
     }
 
@@ -1531,7 +1531,10 @@ mod run_tests {
             assert_eq!(r.reconciles(), want, "at {at} ms");
         }
         let m = &r.engine.metrics;
-        assert_eq!((m.wake_count("tick"), m.wake_count("change")), (2, 2));
+        assert_eq!(
+            (m.wake_count(Wake::Tick), m.wake_count(Wake::Change)),
+            (2, 2)
+        );
         r.stop().await;
     }
 

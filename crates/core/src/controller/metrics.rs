@@ -129,9 +129,31 @@ impl<M: EncodeMetric> EncodeMetric for Described<M> {
 
 /// Labels of `nodekeeper_engine_actions_total`: `kind`, `result`.
 type ActionLabels = [(&'static str, &'static str); 2];
-/// Causes of `nodekeeper_engine_wakes_total`: the 1 s tick, a change the policy sees (a Node, a
-/// notice, a drain's progress, a NodePool), a repair toleration's expiry, a change of leadership.
-pub const WAKE_CAUSES: [&str; 4] = ["tick", "change", "due", "leader"];
+/// Why the engine's loop woke (`nodekeeper_engine_wakes_total{cause}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// The tick (`[controller.engine] tick`).
+    Tick,
+    /// A change the policy sees: a Node past the wake filter, a notice, a drain's progress, a
+    /// NodePool.
+    Change,
+    /// A repair toleration's expiry.
+    Due,
+    /// A change of leadership.
+    Leader,
+}
+
+impl Wake {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Wake::Tick => "tick",
+            Wake::Change => "change",
+            Wake::Due => "due",
+            Wake::Leader => "leader",
+        }
+    }
+}
 
 /// Labels of `nodekeeper_engine_drain_duration_seconds` (`result`) and
 /// `nodekeeper_engine_wakes_total` (`cause`).
@@ -211,14 +233,16 @@ impl EngineMetrics {
             .map_or(0, |c| c.get())
     }
 
-    /// Counts one wake of the engine's loop, by `cause` ([`WAKE_CAUSES`]).
-    pub fn wake(&self, cause: &'static str) {
-        self.wakes.get_or_create(&[("cause", cause)]).inc();
+    /// Counts one wake of the engine's loop.
+    pub fn wake(&self, cause: Wake) {
+        self.wakes.get_or_create(&[("cause", cause.as_str())]).inc();
     }
 
     /// How many times the engine's loop woke for `cause` (tests).
-    pub fn wake_count(&self, cause: &'static str) -> u64 {
-        self.wakes.get(&[("cause", cause)]).map_or(0, |c| c.get())
+    pub fn wake_count(&self, cause: Wake) -> u64 {
+        self.wakes
+            .get(&[("cause", cause.as_str())])
+            .map_or(0, |c| c.get())
     }
 
     /// Observes a finished drain (`result`: `completed`, `failed`, `cancelled`).
