@@ -19,7 +19,11 @@
 #                                                   figures then include perf's share)
 #   NODEKEEPER_BIN=path …                           that controller binary (e.g. an older build, side by side)
 # Around each window with the controller up, SIZE/engine-PHASE-0.txt and -1.txt keep its reconciles and wakes by
-# cause (`nodekeeper_engine_reconciles_total`, `nodekeeper_engine_wakes_total`): the rate of reconciles.
+# cause (`nodekeeper_engine_reconciles_total`, `nodekeeper_engine_wakes_total`): the rate of reconciles; SIZE/engine-end.txt
+# the same after the expiry, with the due paths taken and the reconciles held for them. Around the
+# notices (with their drains) and around the expiry, SIZE/histograms-{notices,expiry}.json keep kube-apiserver's own
+# latency histograms for them (scale-fleet.py's HISTOGRAMS: APF queue wait and execution of the controller's flows,
+# every Node PATCH, etcd's Node updates), printed after the table: where a cordon's PATCH spends its time.
 # One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests, with the kubelet's and
 # kube-controller-manager's default node heartbeat: Leases of 40 s, NotReady after 50 s), grown size by size:
 #   - KWOK nodes n0 … nN-1 (label karpenter.sh/nodepool=pool-(i % 100)), PODS-PER-NODE pods each bound with
@@ -90,7 +94,7 @@ ctl_metric() { curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | awk -v m="$1" '$
 # The engine's reconciles and wakes by cause around a window (nothing before the controller runs).
 engine_counters() {
   [ -n "$CTL_PID" ] || return 0
-  curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | grep -E '^nodekeeper_engine_(reconciles|wakes)_total' >"$1" || true
+  curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | grep -E '^nodekeeper_engine_(reconciles|reconciles_held|wakes|due_paths|fast_paths)_total' >"$1" || true
 }
 # phase NAME LABEL=PID…: WINDOW s of samples and kube-apiserver's request counters around them (with PERF=1, the
 # controller's hottest symbols in that window too).
@@ -159,11 +163,20 @@ for n in "${sizes[@]}"; do
   "${F[@]}" sample 5 "$SD/warm.json" "controller=$CTL_PID"  # the agents' first TokenReviews
   open=$(ctl_metric nodekeeper_connections_open)
   phase agents "controller=$CTL_PID" "agents=$AGENTS_PID"
-  sleep $(( 10 + NOTICES / 5 + 5 + SETTLE ))
+  # kube-apiserver's latency histograms (APF wait and execution of the controller's flows, Node PATCHes, etcd's
+  # Node updates) around the notices (with their drains) and around the expiry: SIZE/req-{notices,expiry}-{0,1}.json.
+  "${F[@]}" requests "$DIR" "$SD/req-notices-0.json"
+  sleep $(( 10 + NOTICES / 5 + 5 ))
+  "${F[@]}" requests "$DIR" "$SD/req-notices-1.json"
+  sleep "$SETTLE"
   fails=()
   for i in $(seq $((prev + NOTICES)) $((prev + NOTICES + FAILS - 1))); do fails+=("n$i"); done
+  "${F[@]}" requests "$DIR" "$SD/req-expiry-0.json"
   "${F[@]}" not-ready "$DIR" "$TOLERATION" "${fails[@]}" >"$SD/expiry.out"
   sleep $((TOLERATION + 15))
+  "${F[@]}" requests "$DIR" "$SD/req-expiry-1.json"
+  engine_counters "$SD/engine-end.txt"   # after the expiry: due paths taken, reconciles held
+  for w in notices expiry; do "${F[@]}" histograms "$SD/req-$w-0.json" "$SD/req-$w-1.json" >"$SD/histograms-$w.json"; done
   accepted=$(ctl_metric nodekeeper_connections_accepted_total)
   shed=$(ctl_metric nodekeeper_reports_shed_total)
   engine="$(ctl_metric nodekeeper_engine_reconciles_total) $(ctl_metric nodekeeper_engine_node_write_conflicts_total)"
@@ -174,6 +187,7 @@ for n in "${sizes[@]}"; do
     "$("${F[@]}" latency "$SD/agents.out" "$SD/expiry.out" "$SD/watch.log" "$SD/controller.log")" >>"$RESULTS" <<'EOF'
 import json, sys
 sd, n, pods, open_, accepted, shed, engine, grow, k8s, lat = sys.argv[1:]
+hist = {w: json.load(open(f"{sd}/histograms-{w}.json")) for w in ("notices", "expiry")}
 reconciles, conflicts = (engine.split() + ["", ""])[:2]
 ph = {p: json.load(open(f"{sd}/{p}.json")) for p in ("base", "idle", "agents")}
 def rate(p):
@@ -186,7 +200,7 @@ print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(
                   "connections_open": open_, "accepted_total": accepted, "reports_shed_total": shed,
                   "reconciles_total": reconciles, "node_write_conflicts_total": conflicts, "phases": ph,
                   "apiserver_req_per_s": {p: round(sum(r.values()), 1) for p, r in rates.items()},
-                  "agents_minus_base_req_per_s": top, "latency": json.loads(lat)}))
+                  "agents_minus_base_req_per_s": top, "latency": json.loads(lat), "apiserver_histograms": hist}))
 EOF
   tail -1 "$RESULTS" >&2
   prev=$n
@@ -205,4 +219,10 @@ for line in open(sys.argv[1]):
           f'| {l["notice"]["p50_ms"]}/{l["notice"]["p99_ms"]} ({l["notice"]["acted_p50_ms"]}/{l["notice"]["acted_p99_ms"]}) ({l["notice"]["cordoned"]}/{l["notice"]["sent"]}) '
           f'| {l["expiry"]["p50_ms"]}/{l["expiry"]["p99_ms"]} ({l["expiry"]["acted_p50_ms"]}/{l["expiry"]["acted_p99_ms"]}) ({l["expiry"]["cordoned"]}/{l["expiry"]["sent"]}) [{l["expiry"].get("posted_late", "?")}, {l["expiry"].get("posted_late_max_ms", "?")}] '
           f'| {l["change"]["p50_ms"]}/{l["change"]["p99_ms"]} | {" ".join(p["agents"]["loadavg"])} |')
+print("\nkube-apiserver's histograms (requests; p50 / p99 at most, bucket bounds, s) around the notices and the expiry:")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    for w, h in r.get("apiserver_histograms", {}).items():
+        for series, v in sorted(h.items()):
+            print(f'  {r["nodes"]} nodes, {w}: {series}: {v["n"]}; {v["p50_le_s"]} / {v["p99_le_s"]}')
 EOF

@@ -17,7 +17,9 @@ directory: every call here uses its admin client certificate (the harness, never
     scale-fleet.py sample SECONDS OUT LABEL=PID…    samples each PID's RSS and CPU every 0.5 s for SECONDS; OUT (JSON):
                                                     per label rss_mib_start/max/end, cpu_millicores
     scale-fleet.py requests DIR OUT                 kube-apiserver's apiserver_request_total (admin /metrics) by
-                                                    verb/resource/subresource, as JSON
+                                                    verb/resource/subresource, and the HISTOGRAMS below, as JSON
+    scale-fleet.py histograms A B                   the HISTOGRAMS' requests between two `requests` files: count and
+                                                    the bucket bounds of their p50 / p99
     scale-fleet.py latency EVENTS…                  percentiles of from → to from `notice|expiry NODE NS` lines and the
                                                     watch's `cordon NODE NS` lines, and of the watch's change lines;
                                                     given the controller's JSON log too, also from → its
@@ -107,11 +109,16 @@ def created(status, out, what):
 
 
 def nodes(d, a, b, groups):
+    # The labels a kubelet registers with, the beta OS/arch ones included (else kube-controller-manager's node
+    # lifecycle controller adds them, one PATCH per node at its client's 20 QPS: 9 minutes of Node changes at 5,000
+    # nodes). Its other PATCH, lifting the `node.kubernetes.io/not-ready` taint admission puts on every new Node,
+    # comes as on a real cluster.
     def one(api, i):
         n = f"n{i}"
         body = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
                              "labels": {"kubernetes.io/hostname": n, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                                        "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64",
                                         "karpenter.sh/nodepool": f"pool-{i % groups}"}},
                 "spec": {"providerID": f"kwok://{n}"},
                 "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
@@ -269,22 +276,67 @@ def sample(secs, out, specs):
         json.dump(res, f)
 
 
+# Latency histograms kept by `requests` (cumulative buckets), for where a Node write's time goes:
+# APF's queue wait and execution time of the controller's flows, every Node PATCH's whole duration in
+# kube-apiserver, and etcd's calls for Nodes.
+HISTOGRAMS = (
+    ("apiserver_flowcontrol_request_wait_duration_seconds_bucket", lambda kv: kv.get("flow_schema", "").startswith("nodekeeper")),
+    ("apiserver_flowcontrol_request_execution_seconds_bucket", lambda kv: kv.get("flow_schema", "").startswith("nodekeeper")),
+    ("apiserver_request_duration_seconds_bucket",
+     lambda kv: kv.get("verb") == "PATCH" and kv.get("resource") == "nodes" and not kv.get("subresource")),
+    ("etcd_request_duration_seconds_bucket", lambda kv: kv.get("resource") == "nodes" and kv.get("operation") == "update"),
+)
+
+
+def labels_of(text):
+    kv = dict(p.split("=", 1) for p in text.split('",') if "=" in p)
+    return {k: v.strip('"') for k, v in kv.items()}
+
+
 def requests(d, out):
     api = Api(d)
     conn = api.conn = http.client.HTTPSConnection(api.url.hostname, api.url.port, context=api.ctx, timeout=60)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
-    tot = {}
+    tot, hist = {}, {}
     for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
+        if "{" not in line or line.startswith("#"):
             continue
-        labels, val = line[len("apiserver_request_total{"):].rsplit("} ", 1)
-        kv = dict(p.split("=", 1) for p in labels.split('",') if "=" in p)
-        kv = {k: v.strip('"') for k, v in kv.items()}
-        key = f"{kv.get('verb')} {kv.get('resource')}{'/' + kv['subresource'] if kv.get('subresource') else ''}"
-        tot[key] = tot.get(key, 0) + float(val)
+        name, rest = line.split("{", 1)
+        labels, val = rest.rsplit("} ", 1)
+        if name == "apiserver_request_total":
+            kv = labels_of(labels)
+            key = f"{kv.get('verb')} {kv.get('resource')}{'/' + kv['subresource'] if kv.get('subresource') else ''}"
+            tot[key] = tot.get(key, 0) + float(val)
+            continue
+        for metric, keep in HISTOGRAMS:
+            if name != metric:
+                continue
+            kv = labels_of(labels)
+            if not keep(kv):
+                continue
+            le = kv.pop("le")
+            series = name[:-len("_bucket")] + "{" + ",".join(f"{k}={v}" for k, v in sorted(kv.items())) + "}"
+            hist.setdefault(series, {})[le] = float(val)
     with open(out, "w") as f:
-        json.dump({"t": time.time(), "total": tot}, f)
+        json.dump({"t": time.time(), "total": tot, "histograms": hist}, f)
+
+
+def histograms(a_file, b_file):
+    """Each kept histogram's requests between two `requests` files, with the bucket bounds under which
+    half and 99 % of them finished (`le`: the true percentile is at most that)."""
+    a, b = (json.load(open(f)).get("histograms", {}) for f in (a_file, b_file))
+    res = {}
+    for series, buckets in b.items():
+        before = a.get(series, {})
+        delta = sorted(((float(le), c - before.get(le, 0)) for le, c in buckets.items()), key=lambda x: x[0])
+        n = delta[-1][1] if delta else 0
+        if n <= 0:
+            continue
+        def bound(p):
+            return next((le for le, c in delta if c >= p * n), float("inf"))
+        res[series] = {"n": round(n), "p50_le_s": bound(0.5), "p99_le_s": bound(0.99)}
+    print(json.dumps(res))
 
 
 def pct(xs, p):
@@ -354,6 +406,8 @@ def main():
         requests(args[0], args[1])
     elif cmd == "latency":
         latency(args)
+    elif cmd == "histograms":
+        histograms(args[0], args[1])
     else:
         sys.exit(__doc__)
 

@@ -17,7 +17,7 @@
 //! [`REPLACEMENT_ACCEPTED`] after it accepted; in between, the same idempotency key is reused).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -146,9 +146,9 @@ pub fn policy_digest(n: &Node, conditions: Option<&BTreeSet<String>>) -> u64 {
     let m = &n.metadata;
     m.name.hash(&mut h);
     m.labels.hash(&mut h);
-    // Only the annotations the policy reads: kube-controller-manager's TTL controller, for one,
-    // rewrites `node.alpha.kubernetes.io/ttl` on every node as a cluster grows (about 9 nodes a
-    // second at 5,000 nodes, for ten minutes).
+    // Only the annotations the policy reads: other controllers annotate Nodes too (kube-controller-
+    // manager's TTL controller rewrites `node.alpha.kubernetes.io/ttl` on every node each time the
+    // cluster crosses one of its size steps).
     for (k, v) in m.annotations.iter().flatten() {
         if keys::read_by_policy(k) {
             (k, v).hash(&mut h);
@@ -270,10 +270,13 @@ pub struct Engine {
     lanes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Per node, the [`Self::epoch`] at which the fast path last finished acting on it.
     touched: Mutex<HashMap<String, u64>>,
-    epoch: std::sync::atomic::AtomicU64,
+    epoch: AtomicU64,
     /// When the next repair toleration expires, and in which groups (the run loop wakes then,
     /// not at its next tick, and decides those groups first).
     next_due: Mutex<Option<Due>>,
+    /// How long a reconcile takes, microseconds: the longest recent one (each reconcile lowers it
+    /// by an eighth, unless it took longer), so that one quick reconcile does not hide the slow.
+    reconcile_us: AtomicU64,
 }
 
 /// Why a notice could not be recorded on its Node.
@@ -356,8 +359,9 @@ impl Engine {
             progress: watch::channel(0).0,
             lanes: Mutex::new(HashMap::new()),
             touched: Mutex::new(HashMap::new()),
-            epoch: std::sync::atomic::AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
             next_due: Mutex::new(None),
+            reconcile_us: AtomicU64::default(),
         })
     }
 
@@ -686,6 +690,11 @@ impl Engine {
         }
         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.metrics.last_reconcile_us.store(us, Ordering::Relaxed);
+        let _ = self
+            .reconcile_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |was| {
+                Some(us.max(was - was / 8))
+            });
         count
     }
 
@@ -882,6 +891,11 @@ impl Engine {
             let expired = lock(&self.next_due).take_if(|d| d.at <= now);
             if let Some(due) = expired {
                 self.due_path(&due.groups).await;
+            } else if self.due_before_done() {
+                // A reconcile started now would still be running at the expiry, and the due path
+                // would wait for it: both run at the expiry instead.
+                self.metrics.reconciles_held.fetch_add(1, Ordering::Relaxed);
+                continue;
             }
             self.reconcile().await;
         }
@@ -893,6 +907,16 @@ impl Engine {
     fn until_due(&self) -> Option<Duration> {
         let due = lock(&self.next_due).as_ref()?.at;
         Some(wake_after(self.clock.as_ref(), due))
+    }
+
+    /// Whether the next repair toleration expires before a reconcile started now would end: sooner
+    /// than twice a recent reconcile's duration (`reconcile_us`: they vary with the API's load),
+    /// and at most a tick away (so that holding delays the rest of the reconcile's work by a tick
+    /// at most).
+    fn due_before_done(&self) -> bool {
+        let took = Duration::from_micros(self.reconcile_us.load(Ordering::Relaxed));
+        let window = (took * 2).min(self.cfg.tick);
+        self.until_due().is_some_and(|left| left < window)
     }
 
     /// Records each notice (waking the reconcile) and, while leading, runs the fast path for
@@ -973,10 +997,10 @@ mod wake_tests {
     use super::*;
 
     /// A clock on tokio's (paused) time, running `speed` times faster than real time.
-    struct Paused {
-        base: DateTime<Utc>,
-        t0: tokio::time::Instant,
-        speed: u32,
+    pub(super) struct Paused {
+        pub(super) base: DateTime<Utc>,
+        pub(super) t0: tokio::time::Instant,
+        pub(super) speed: u32,
     }
 
     impl Clock for Paused {
@@ -1275,8 +1299,19 @@ mod run_tests {
         leader_rx: watch::Receiver<bool>,
         policy: PolicyConfig,
     ) -> Arc<Engine> {
+        engine_at(client, store, cfg, leader_rx, policy, Arc::new(SystemClock))
+    }
+
+    /// [`engine_with`] on `clock`.
+    fn engine_at(
+        client: kube::Client,
+        store: Store<Node>,
+        cfg: EngineConfig,
+        leader_rx: watch::Receiver<bool>,
+        policy: PolicyConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<Engine> {
         let (metrics, wake) = (Arc::new(EngineMetrics::default()), Arc::new(Notify::new()));
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let drains = Arc::new(DrainTasks::new(
             client.clone(),
             cfg.clone(),
@@ -1484,6 +1519,119 @@ mod run_tests {
             !lock(&seen).iter().any(|r| r.ends_with("/nodes/elsewhere")),
             "{seen:?}"
         );
+    }
+
+    /// A reconcile that would still be running when a repair toleration expires is held until
+    /// the expiry, where the due path runs first: with reconciles taking long (here set to 20 s,
+    /// so the window is the 1 s tick), the tick half a second before the expiry starts
+    /// nothing, and the expiry runs the due path (writing the due node) and then the reconcile.
+    /// With reconciles as quick as they are here, the same tick reconciles.
+    #[tokio::test(start_paused = true)]
+    async fn a_reconcile_that_would_run_past_the_expiry_waits_for_it() {
+        for slow in [true, false] {
+            let seen: Arc<Mutex<Vec<String>>> = Default::default();
+            let log = seen.clone();
+            let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+                let log = log.clone();
+                async move {
+                    let path = req.uri().path().to_string();
+                    lock(&log).push(format!("{} {path}", req.method()));
+                    match path.strip_prefix("/api/v1/nodes/") {
+                        Some(name) => node_answer(name),
+                        None => not_found(),
+                    }
+                }
+            });
+            let client = kube::Client::new(svc, "default");
+            let (store, mut writer) = kube::runtime::reflector::store::<Node>();
+            // The due node's group is a third of the cluster (a due path is taken for no more
+            // than half).
+            let mut nodes = vec![failed_node("due", "spot"), pool_node("spot-0")];
+            nodes.extend((0..4).map(|i| {
+                let mut n = pool_node(&format!("other-{i}"));
+                n.metadata.labels = Some([(POOL_LABEL.to_string(), "other".to_string())].into());
+                n
+            }));
+            for n in nodes {
+                writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
+            }
+            // Ready=False since 00:01:00 (`failed_node`); the clock starts at 00:10:00, so a
+            // toleration of 9 min 10.5 s expires 10.5 s after the start.
+            let mut policy = PolicyConfig::default();
+            policy.repair.policy = vec![crate::controller::policy::config::RepairPolicy {
+                condition_type: "Ready".into(),
+                condition_status: "False".into(),
+                toleration: Duration::from_millis(550_500),
+            }];
+            let t0 = tokio::time::Instant::now();
+            let clock = super::wake_tests::Paused {
+                base: "2026-12-01T00:10:00Z".parse().unwrap(),
+                t0,
+                speed: 1,
+            };
+            let cfg = EngineConfig {
+                tick: Duration::from_secs(1),
+                ..EngineConfig::default()
+            };
+            let (leader, leader_rx) = watch::channel(true);
+            let engine = engine_at(
+                client,
+                store,
+                cfg,
+                leader_rx.clone(),
+                policy,
+                Arc::new(clock),
+            );
+            let (_events, events_rx) = broadcast::channel(8);
+            let cancel = CancellationToken::new();
+            let task = tokio::spawn(engine.clone().run(leader_rx, events_rx, cancel.clone()));
+            let m = &engine.metrics;
+            tokio::time::sleep_until(t0 + MS(9_500)).await;
+            assert_eq!(
+                m.reconciles.load(Ordering::Relaxed),
+                10,
+                "the start and 9 ticks"
+            );
+            if slow {
+                engine.reconcile_us.store(20_000_000, Ordering::Relaxed);
+            }
+            tokio::time::sleep_until(t0 + MS(10_400)).await;
+            let (reconciles, held) = if slow { (10, 1) } else { (11, 0) };
+            assert_eq!(
+                m.reconciles.load(Ordering::Relaxed),
+                reconciles,
+                "slow {slow}"
+            );
+            assert_eq!(
+                m.reconciles_held.load(Ordering::Relaxed),
+                held,
+                "slow {slow}"
+            );
+            assert!(
+                !lock(&seen).iter().any(|r| r.starts_with("PATCH")),
+                "{seen:?}"
+            );
+            // The due path and the reconcile run on blocking threads, in real time, while paused
+            // time runs on: wait for them in 1 ms steps, before the next tick.
+            while m.reconciles.load(Ordering::Relaxed) == reconciles
+                && tokio::time::Instant::now() < t0 + MS(10_900)
+            {
+                tokio::time::sleep(MS(1)).await;
+            }
+            assert_eq!(m.due_paths.load(Ordering::Relaxed), 1, "slow {slow}");
+            assert_eq!(
+                m.reconciles.load(Ordering::Relaxed),
+                reconciles + 1,
+                "slow {slow}"
+            );
+            assert!(
+                lock(&seen).iter().any(|r| r == "PATCH /api/v1/nodes/due"),
+                "{seen:?}"
+            );
+            cancel.cancel();
+            task.await.unwrap();
+            drop(leader);
+        }
     }
 
     /// One reconcile at start and one per tick (observed 1 ms after it: the reconcile runs

@@ -189,6 +189,9 @@ pub struct EngineMetrics {
     /// Repair tolerations acted on at their expiry for their groups alone, before the full
     /// reconcile.
     pub due_paths: AtomicU64,
+    /// Reconciles not started because the next repair toleration expires before they would
+    /// end (the due path and the reconcile run at the expiry instead).
+    pub reconciles_held: AtomicU64,
     /// Taint patches refused with 409 (the Node changed since the copy they were computed from).
     pub node_write_conflicts: AtomicU64,
 }
@@ -209,6 +212,7 @@ impl Default for EngineMetrics {
             last_reconcile_us: AtomicU64::default(),
             fast_paths: AtomicU64::default(),
             due_paths: AtomicU64::default(),
+            reconciles_held: AtomicU64::default(),
             node_write_conflicts: AtomicU64::default(),
         }
     }
@@ -347,6 +351,12 @@ impl Collector for EngineMetrics {
             "nodekeeper_engine_due_paths_total",
             "Expired repair tolerations decided at once for their groups alone, before the full reconcile.",
             g(&self.due_paths),
+        )?;
+        encode_counter(
+            &mut enc,
+            "nodekeeper_engine_reconciles_held_total",
+            "Reconciles not started because the next repair toleration expires before they would end (the due path and the reconcile run at the expiry instead).",
+            g(&self.reconciles_held),
         )?;
         encode_counter(
             &mut enc,
