@@ -1445,6 +1445,32 @@ mod run_tests {
     }
 
     /// `pool_node` in `pool`, `Ready=False` since long before the repair toleration.
+    /// A Ready node of the NodePool `other`.
+    fn other_pool_node(name: &str) -> Node {
+        let mut n = pool_node(name);
+        n.metadata.labels = Some([(POOL_LABEL.to_string(), "other".to_string())].into());
+        n
+    }
+
+    /// A client whose API answers every PATCH of a Node with that Node (and anything else with
+    /// 404), and the `METHOD path` of each request it was sent.
+    fn recording_client() -> (kube::Client, Arc<Mutex<Vec<String>>>) {
+        let seen: Arc<Mutex<Vec<String>>> = Default::default();
+        let log = seen.clone();
+        let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+            let log = log.clone();
+            async move {
+                let path = req.uri().path().to_string();
+                lock(&log).push(format!("{} {path}", req.method()));
+                match path.strip_prefix("/api/v1/nodes/") {
+                    Some(name) => node_answer(name),
+                    None => not_found(),
+                }
+            }
+        });
+        (kube::Client::new(svc, "default"), seen)
+    }
+
     fn failed_node(name: &str, pool: &str) -> Node {
         let mut n = pool_node(name);
         n.metadata.labels = Some([(POOL_LABEL.to_string(), pool.to_string())].into());
@@ -1461,31 +1487,14 @@ mod run_tests {
     /// full reconcile.
     #[tokio::test(start_paused = true)]
     async fn the_due_path_starts_the_expired_repair_of_its_group_only() {
-        let seen: Arc<Mutex<Vec<String>>> = Default::default();
-        let log = seen.clone();
-        let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
-            let log = log.clone();
-            async move {
-                let path = req.uri().path().to_string();
-                lock(&log).push(format!("{} {path}", req.method()));
-                let Some(name) = path.strip_prefix("/api/v1/nodes/") else {
-                    return not_found();
-                };
-                node_answer(name)
-            }
-        });
-        let client = kube::Client::new(svc, "default");
+        let (client, seen) = recording_client();
         let (store, mut writer) = kube::runtime::reflector::store::<Node>();
         let mut nodes = vec![
             failed_node("due", "spot"),
             failed_node("elsewhere", "other"),
         ];
         nodes.extend((0..9).map(|i| pool_node(&format!("spot-{i}"))));
-        nodes.extend((0..9).map(|i| {
-            let mut n = pool_node(&format!("other-{i}"));
-            n.metadata.labels = Some([(POOL_LABEL.to_string(), "other".to_string())].into());
-            n
-        }));
+        nodes.extend((0..9).map(|i| other_pool_node(&format!("other-{i}"))));
         for n in nodes {
             writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
         }
@@ -1529,29 +1538,12 @@ mod run_tests {
     #[tokio::test(start_paused = true)]
     async fn a_reconcile_that_would_run_past_the_expiry_waits_for_it() {
         for slow in [true, false] {
-            let seen: Arc<Mutex<Vec<String>>> = Default::default();
-            let log = seen.clone();
-            let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
-                let log = log.clone();
-                async move {
-                    let path = req.uri().path().to_string();
-                    lock(&log).push(format!("{} {path}", req.method()));
-                    match path.strip_prefix("/api/v1/nodes/") {
-                        Some(name) => node_answer(name),
-                        None => not_found(),
-                    }
-                }
-            });
-            let client = kube::Client::new(svc, "default");
+            let (client, seen) = recording_client();
             let (store, mut writer) = kube::runtime::reflector::store::<Node>();
             // The due node's group is a third of the cluster (a due path is taken for no more
             // than half).
             let mut nodes = vec![failed_node("due", "spot"), pool_node("spot-0")];
-            nodes.extend((0..4).map(|i| {
-                let mut n = pool_node(&format!("other-{i}"));
-                n.metadata.labels = Some([(POOL_LABEL.to_string(), "other".to_string())].into());
-                n
-            }));
+            nodes.extend((0..4).map(|i| other_pool_node(&format!("other-{i}"))));
             for n in nodes {
                 writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
             }
