@@ -1444,11 +1444,10 @@ mod run_tests {
         );
     }
 
-    /// `pool_node` in `pool`, `Ready=False` since long before the repair toleration.
-    /// A Ready node of the NodePool `other`.
-    fn other_pool_node(name: &str) -> Node {
+    /// `pool_node` in the NodePool `pool`.
+    fn pool_node_in(name: &str, pool: &str) -> Node {
         let mut n = pool_node(name);
-        n.metadata.labels = Some([(POOL_LABEL.to_string(), "other".to_string())].into());
+        n.metadata.labels = Some([(POOL_LABEL.to_string(), pool.to_string())].into());
         n
     }
 
@@ -1471,9 +1470,9 @@ mod run_tests {
         (kube::Client::new(svc, "default"), seen)
     }
 
+    /// `pool_node` in `pool`, `Ready=False` since long before the repair toleration.
     fn failed_node(name: &str, pool: &str) -> Node {
-        let mut n = pool_node(name);
-        n.metadata.labels = Some([(POOL_LABEL.to_string(), pool.to_string())].into());
+        let mut n = pool_node_in(name, pool);
         if let Some(c) = n.status.as_mut().and_then(|s| s.conditions.as_mut()) {
             c[0].status = "False".into();
         }
@@ -1494,7 +1493,7 @@ mod run_tests {
             failed_node("elsewhere", "other"),
         ];
         nodes.extend((0..9).map(|i| pool_node(&format!("spot-{i}"))));
-        nodes.extend((0..9).map(|i| other_pool_node(&format!("other-{i}"))));
+        nodes.extend((0..9).map(|i| pool_node_in(&format!("other-{i}"), "other")));
         for n in nodes {
             writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
         }
@@ -1543,7 +1542,7 @@ mod run_tests {
             // The due node's group is a third of the cluster (a due path is taken for no more
             // than half).
             let mut nodes = vec![failed_node("due", "spot"), pool_node("spot-0")];
-            nodes.extend((0..4).map(|i| other_pool_node(&format!("other-{i}"))));
+            nodes.extend((0..4).map(|i| pool_node_in(&format!("other-{i}"), "other")));
             for n in nodes {
                 writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
             }
