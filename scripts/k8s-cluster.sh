@@ -190,12 +190,18 @@ listener() {
 # process may be given one of them before the component binds it: then the component fails to bind
 # ("address already in use") or a stranger answers its health check. Either way it is stopped and started
 # again on new ports, at most 3 times. Sets PORTS to the ports it got. Any other failure: fail, naming it.
+# `--state DIR` (before CMD): the component writes its ports into DIR on its first start (etcd's member
+# and cluster records hold its peer URL), so DIR is emptied before it starts again on new ports.
 serve() {
   local name=$1 secs=$2 n=$3; shift 3
-  local cmd=() check=() try i pid end owner mine
+  local cmd=() check=() state="" try i pid end owner mine
+  [ "$1" = --state ] && { state=$2; shift 2; }
   while [ "$1" != -- ]; do cmd+=("$1"); shift; done
   shift; check=("$@")
   for try in 1 2 3; do
+    if [ "$try" -gt 1 ] && [ -n "$state" ]; then
+      rm -rf "$state" && mkdir -p "$state"
+    fi
     read -r -a PORTS <<<"$(free_ports "$n")"
     local c=("${cmd[@]}") k=("${check[@]}")
     for i in "${!PORTS[@]}"; do
@@ -255,7 +261,7 @@ contexts:
 current-context: local
 EOF
 }
-serve etcd 20 2 "$BIN/etcd" --name local --data-dir "$DIR/etcd" \
+serve etcd 20 2 --state "$DIR/etcd" "$BIN/etcd" --name local --data-dir "$DIR/etcd" \
   --listen-client-urls "http://127.0.0.1:@P1@" --advertise-client-urls "http://127.0.0.1:@P1@" \
   --listen-peer-urls "http://127.0.0.1:@P2@" --initial-advertise-peer-urls "http://127.0.0.1:@P2@" \
   --initial-cluster "local=http://127.0.0.1:@P2@" --unsafe-no-fsync --log-level warn \
