@@ -18,6 +18,9 @@
 #                                                   symbols, and SIZE/perf-PHASE-callers.txt, who calls them (the CPU
 #                                                   figures then include perf's share)
 #   NODEKEEPER_BIN=path …                           that controller binary (e.g. an older build, side by side)
+#   AUDIT=1 …                                       kube-apiserver audits the controller's Node PATCHes (Metadata level,
+#                                                   nothing else): SIZE/audit.json splits each notice's cordon into the
+#                                                   controller's side and kube-apiserver's (scale-fleet.py audit)
 # Around each window with the controller up, SIZE/engine-PHASE-0.txt and -1.txt keep its reconciles and wakes by
 # cause (`nodekeeper_engine_reconciles_total`, `nodekeeper_engine_wakes_total`): the rate of reconciles; SIZE/engine-end.txt
 # the same after the expiry, with the due paths taken and the reconciles held for them. Around the
@@ -71,7 +74,22 @@ OUT=$(mktemp -d /tmp/nodekeeper-bench-scale.XXXX)
 DIR="$OUT/cluster" FLEET="$OUT/fleet" RESULTS="$OUT/results.jsonl"
 mkdir -p "$FLEET/state"
 export K8S_NODE_LEASE_SECONDS=40 K8S_NODE_MONITOR_GRACE=50s
-real_cluster "$DIR"
+UP=()
+if [ "${AUDIT:-0}" = 1 ]; then
+  cat >"$OUT/audit-policy.yaml" <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+  - level: Metadata
+    users: ["system:serviceaccount:nodekeeper:nodekeeper-controller"]
+    verbs: [patch]
+    resources: [{group: "", resources: [nodes]}]
+  - level: None
+EOF
+  UP=(--audit-policy "$OUT/audit-policy.yaml")
+fi
+real_cluster "$DIR" ${UP[@]+"${UP[@]}"}
 CTL_PID="" AGENTS_PID="" WATCH_PID=""
 stop() { [ -z "$1" ] || { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }; }
 cleanup() { stop "$WATCH_PID"; stop "$AGENTS_PID"; stop "$CTL_PID"; "$REPO/scripts/k8s-cluster.sh" down "$DIR"; }
@@ -180,6 +198,7 @@ for n in "${sizes[@]}"; do
   accepted=$(ctl_metric nodekeeper_connections_accepted_total)
   shed=$(ctl_metric nodekeeper_reports_shed_total)
   engine="$(ctl_metric nodekeeper_engine_reconciles_total) $(ctl_metric nodekeeper_engine_node_write_conflicts_total)"
+  [ "${AUDIT:-0}" != 1 ] || "${F[@]}" audit "$DIR/logs/audit.log" "$SD/controller.log" "$SD/agents.out" >"$SD/audit.json"
   stop "$AGENTS_PID"; AGENTS_PID=""
   stop "$WATCH_PID"; WATCH_PID=""
   stop "$CTL_PID"; CTL_PID=""
@@ -188,6 +207,10 @@ for n in "${sizes[@]}"; do
 import json, sys
 sd, n, pods, open_, accepted, shed, engine, grow, k8s, lat = sys.argv[1:]
 hist = {w: json.load(open(f"{sd}/histograms-{w}.json")) for w in ("notices", "expiry")}
+try:
+    audit = json.load(open(f"{sd}/audit.json"))
+except FileNotFoundError:
+    audit = None
 reconciles, conflicts = (engine.split() + ["", ""])[:2]
 ph = {p: json.load(open(f"{sd}/{p}.json")) for p in ("base", "idle", "agents")}
 def rate(p):
@@ -200,7 +223,8 @@ print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(
                   "connections_open": open_, "accepted_total": accepted, "reports_shed_total": shed,
                   "reconciles_total": reconciles, "node_write_conflicts_total": conflicts, "phases": ph,
                   "apiserver_req_per_s": {p: round(sum(r.values()), 1) for p, r in rates.items()},
-                  "agents_minus_base_req_per_s": top, "latency": json.loads(lat), "apiserver_histograms": hist}))
+                  "agents_minus_base_req_per_s": top, "latency": json.loads(lat), "apiserver_histograms": hist,
+                  "cordon_audit": audit}))
 EOF
   tail -1 "$RESULTS" >&2
   prev=$n
@@ -225,4 +249,11 @@ for line in open(sys.argv[1]):
     for w, h in r.get("apiserver_histograms", {}).items():
         for series, v in sorted(h.items()):
             print(f'  {r["nodes"]} nodes, {w}: {series}: {v["n"]}; {v["p50_le_s"]} / {v["p99_le_s"]}')
+for line in open(sys.argv[1]):
+    r = json.loads(line); a = r.get("cordon_audit")
+    if a:
+        print(f'\nnotice → cordon at {r["nodes"]} nodes by the audit log ({a["matched"]} of {a["cordons"]} cordons; p50 / p99 ms): '
+              + ", ".join(f'{k} {a[k]["p50_ms"]} / {a[k]["p99_ms"]}' for k in ("client", "server", "before", "after")))
+        for s in a["slowest"]:
+            print(f'  slowest: {s}')
 EOF

@@ -4,12 +4,14 @@
 # kube-controller-manager, kube-scheduler and KWOK (plays kubelet for nodes annotated kwok.x-k8s.io/node=fake),
 # and on request Karpenter's KWOK provider (--karpenter).
 #
-#   scripts/k8s-cluster.sh up DIR [--owner-pid PID] [--audit] [--karpenter [--karpenter-feature-gates GATES]]
+#   scripts/k8s-cluster.sh up DIR [--owner-pid PID] [--audit | --audit-policy FILE] [--karpenter [--karpenter-feature-gates GATES]]
 #                                                     start everything; returns once all are healthy.
 #                                                     --audit: kube-apiserver writes an audit log of every
 #                                                     request at Metadata level (who, verb, resource, code,
 #                                                     user agent; no bodies) to DIR/logs/audit.log, JSON
 #                                                     lines: the API load per caller (scripts/lib/api-load.py)
+#                                                     --audit-policy: the same log, of what FILE's audit
+#                                                     policy selects (e.g. one caller's writes, cheap at scale)
 #                                                     --karpenter: also Karpenter's KWOK provider (its CRDs
 #                                                     installed and Established, its chart's RBAC bound to a
 #                                                     client certificate of its own, leader election off)
@@ -33,15 +35,16 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-usage() { echo "usage: $0 up DIR [--owner-pid PID] [--audit] [--karpenter [--karpenter-feature-gates GATES]] | down DIR | install DIR [FILE…]" >&2; exit 2; }
+usage() { echo "usage: $0 up DIR [--owner-pid PID] [--audit | --audit-policy FILE] [--karpenter [--karpenter-feature-gates GATES]] | down DIR | install DIR [FILE…]" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 CMD=$1 DIR=$2; shift 2
-OWNER="" KARPENTER="" KARPENTER_GATES=() AUDIT=()
+OWNER="" KARPENTER="" KARPENTER_GATES=() AUDIT=() AUDIT_POLICY=""
 while [ "$CMD" != install ] && [ $# -gt 0 ]; do
   case $1 in
     --owner-pid) OWNER=${2:?--owner-pid needs a PID}; shift 2 ;;
     --karpenter) KARPENTER=1; shift ;;
     --audit) AUDIT=(1); shift ;;
+    --audit-policy) AUDIT=(1) AUDIT_POLICY=${2:?--audit-policy needs a FILE}; shift 2 ;;
     --karpenter-feature-gates) KARPENTER_GATES=(FEATURE_GATES="${2:?--karpenter-feature-gates needs GATES}"); shift 2 ;;
     *) usage ;;
   esac
@@ -271,12 +274,16 @@ P_ETCD=${PORTS[0]}
 if [ ${#AUDIT[@]} -gt 0 ]; then
   # Metadata level: one JSON line per request and stage (user, user agent, verb, URI, code), no bodies;
   # RequestReceived omitted, so a request has one ResponseComplete line (a watch also a ResponseStarted).
-  cat >"$DIR/audit-policy.yaml" <<EOF
+  if [ -n "$AUDIT_POLICY" ]; then
+    cp "$AUDIT_POLICY" "$DIR/audit-policy.yaml"
+  else
+    cat >"$DIR/audit-policy.yaml" <<EOF
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules: [{level: Metadata}]
 EOF
+  fi
   AUDIT=(--audit-policy-file="$DIR/audit-policy.yaml" --audit-log-path="$DIR/logs/audit.log" --audit-log-format=json
          --audit-log-maxsize=0 --audit-log-maxbackup=0)
 fi

@@ -23,17 +23,17 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# real_cluster DIR: a real control plane in DIR for this script's lifetime, with the shipped manifests:
-# the real kubectl, the control plane binaries (built once, then cached), `k8s-cluster.sh up` (stopped when
-# this script exits, however it exits) and `k8s-cluster.sh install`. Sets REAL_KUBECONFIG.
+# real_cluster DIR [UP-ARG…]: a real control plane in DIR for this script's lifetime, with the shipped manifests:
+# the real kubectl, the control plane binaries (built once, then cached), `k8s-cluster.sh up DIR UP-ARG…` (stopped
+# when this script exits, however it exits) and `k8s-cluster.sh install`. Sets REAL_KUBECONFIG.
 real_cluster() {
-  local dir=$1
+  local dir=$1; shift
   log "real kubectl (scripts/setup-kubectl.sh)"
   "$REPO/scripts/setup-kubectl.sh" >/dev/null
   log "control plane binaries (scripts/setup-k8s.sh: built once, then cached)"
   "$REPO/scripts/setup-k8s.sh" >/dev/null
   log "cluster up: $dir (logs in $dir/logs)"
-  "$REPO/scripts/k8s-cluster.sh" up "$dir" --owner-pid $$
+  "$REPO/scripts/k8s-cluster.sh" up "$dir" --owner-pid $$ "$@"
   # shellcheck disable=SC2064 # expand now: the directory of this cluster
   trap "\"$REPO/scripts/k8s-cluster.sh\" down \"$dir\"" EXIT
   log "shipped manifests (kubectl kustomize manifests/ | kubectl apply)"

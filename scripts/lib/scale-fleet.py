@@ -25,6 +25,13 @@ directory: every call here uses its admin client certificate (the harness, never
                                                     given the controller's JSON log too, also from → its
                                                     `node written` line with a cordon (logged once the PATCH
                                                     returned): acted_p50/p99_ms, which a lagging watch cannot inflate
+    scale-fleet.py audit AUDIT_LOG CONTROLLER_LOG EVENTS
+                                                    each notice's cordon split by kube-apiserver's audit log (the
+                                                    controller's Node PATCHes): client (the controller's took_ms),
+                                                    server (received → response complete: APF wait and execution),
+                                                    before (PATCH started → received: connection, TLS, sending) and
+                                                    after (response complete → logged); the latency annotations of
+                                                    the slowest
 """
 import datetime
 import http.client
@@ -386,6 +393,65 @@ def latency(files):
     print(json.dumps(res))
 
 
+def ts_ns(text):
+    """RFC 3339 (with up to nanoseconds) as Unix ns."""
+    base, _, frac = text.rstrip("Z").partition(".")
+    t = datetime.datetime.fromisoformat(base + "+00:00")
+    return int(t.timestamp()) * 10**9 + int((frac + "000000000")[:9])
+
+
+def audit(audit_log, controller_log, events):
+    notices = set()
+    with open(events) as f:
+        for line in f:
+            w = line.split()
+            if len(w) == 3 and w[0] == "notice":
+                notices.add(w[1])
+    written = {}  # node -> (PATCH started, logged), the first cordon's
+    with open(controller_log) as f:
+        for line in f:
+            if not line.startswith("{"):
+                continue
+            try:
+                j = json.loads(line)
+            except ValueError:
+                continue
+            n = j.get("node")
+            if (j.get("message") == "node written" and "cordon" in j.get("changes", "").split(",")
+                    and n in notices and n not in written):
+                end = ts_ns(j["timestamp"])
+                written[n] = (end - int(j["took_ms"]) * 10**6, end)
+    patches = {}  # node -> [(received, complete, annotations)]
+    with open(audit_log) as f:
+        for line in f:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            ref = e.get("objectRef") or {}
+            if (e.get("stage") == "ResponseComplete" and e.get("verb") == "patch" and ref.get("resource") == "nodes"
+                    and not ref.get("subresource") and ref.get("name") in written):
+                lat = {k.rsplit("/", 1)[-1]: v for k, v in (e.get("annotations") or {}).items()
+                       if k.startswith("apiserver.latency.k8s.io/")}
+                patches.setdefault(ref["name"], []).append(
+                    (ts_ns(e["requestReceivedTimestamp"]), ts_ns(e["stageTimestamp"]), lat))
+    rows = []
+    for n, (start, end) in written.items():
+        # the cordon's PATCHes (more than one after a conflict): those received while it was being written
+        # (the log's took_ms is whole ms, so 1 ms of slack)
+        ps = sorted(p for p in patches.get(n, []) if start - 10**6 <= p[0] <= end)
+        if not ps:
+            continue
+        rows.append({"node": n, "client": (end - start) / 1e6, "server": sum(b - a for a, b, _ in ps) / 1e6,
+                     "before": (ps[0][0] - start) / 1e6, "after": (end - ps[-1][1]) / 1e6, "latency": ps[-1][2]})
+    res = {"cordons": len(written), "matched": len(rows)}
+    for k in ("client", "server", "before", "after"):
+        xs = [r[k] for r in rows]
+        res[k] = {"p50_ms": round(pct(xs, 0.5), 1), "p99_ms": round(pct(xs, 0.99), 1)}
+    res["slowest"] = sorted(rows, key=lambda r: -r["client"])[:3]
+    print(json.dumps(res))
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "nodes":
@@ -408,6 +474,8 @@ def main():
         latency(args)
     elif cmd == "histograms":
         histograms(args[0], args[1])
+    elif cmd == "audit":
+        audit(args[0], args[1], args[2])
     else:
         sys.exit(__doc__)
 
