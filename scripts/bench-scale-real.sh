@@ -18,6 +18,9 @@
 #                                                   symbols, and SIZE/perf-PHASE-callers.txt, who calls them (the CPU
 #                                                   figures then include perf's share)
 #   NODEKEEPER_BIN=path …                           that controller binary (e.g. an older build, side by side)
+#   AGENT_IDLE_MS=60000 …                           the agents close a connection after this long without a report (default
+#                                                   1000, the agent's; with the controller's idle_timeout raised through
+#                                                   NK_CONTROLLER_SET, each agent holds its connection: a held transport)
 #   AUDIT=1 …                                       kube-apiserver audits the controller's Node PATCHes (Metadata level,
 #                                                   nothing else): SIZE/audit.json splits each notice's cordon into the
 #                                                   controller's side and kube-apiserver's (scale-fleet.py audit)
@@ -171,7 +174,7 @@ for n in "${sizes[@]}"; do
   "${F[@]}" watch "$DIR" "$SD/watch.log" &
   WATCH_PID=$!
   rm -rf "$FLEET/state"   # each size's agents start afresh (no notice queued from the last size)
-  "$FLEET_BIN" --agents "$n" --port "$CTL_PORT" --dir "$FLEET" --idle-ms 1000 \
+  "$FLEET_BIN" --agents "$n" --port "$CTL_PORT" --dir "$FLEET" --idle-ms "${AGENT_IDLE_MS:-1000}" \
     --notices "$NOTICES" --notice-from "$prev" --notice-delay-s $((WINDOW + 15)) >"$SD/agents.out" 2>"$SD/agents.err" &
   AGENTS_PID=$!
   until grep -q '^started' "$SD/agents.out"; do

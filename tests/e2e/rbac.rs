@@ -218,9 +218,10 @@ async fn flow(
 }
 
 /// The shipped FlowSchemas as kube-apiserver applies them: the controller's Lease at
-/// `leader-election`; at `workload-high` its reports' calls, its evictions and the rest each in a
-/// flow of their own; and the agent (no FlowSchema of ours) still at `workload-low` with every
-/// other ServiceAccount.
+/// `leader-election`; at `workload-high` its reports' calls and the rest each in a flow of their
+/// own; its drains' calls (evictions, pod and PodDisruptionBudget reads) at the shipped
+/// `nodekeeper-drains` level; and the agent (no FlowSchema of ours) still at `workload-low` with
+/// every other ServiceAccount.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controllers_requests_run_at_its_own_priority_levels() {
     init_tracing();
@@ -239,6 +240,22 @@ async fn the_controllers_requests_run_at_its_own_priority_levels() {
         flow(&admin, &ctl, "GET", &lease, None).await,
         flow(&admin, &ctl, "GET", "/api/v1/nodes?limit=1", None).await,
         flow(&admin, &ctl, "GET", "/api/v1/pods?limit=1", None).await,
+        flow(
+            &admin,
+            &ctl,
+            "GET",
+            "/apis/policy/v1/poddisruptionbudgets?limit=1",
+            None,
+        )
+        .await,
+        flow(
+            &admin,
+            &ctl,
+            "GET",
+            &format!("/api/v1/namespaces/{NS}/pods?limit=1"),
+            None,
+        )
+        .await,
         flow(
             &admin,
             &ctl,
@@ -268,10 +285,12 @@ async fn the_controllers_requests_run_at_its_own_priority_levels() {
     let want = [
         ("nodekeeper-controller-leader-election", "leader-election"),
         ("nodekeeper-controller", "workload-high"),
-        ("nodekeeper-controller", "workload-high"),
+        ("nodekeeper-controller-drains", "nodekeeper-drains"),
+        ("nodekeeper-controller-drains", "nodekeeper-drains"),
         ("nodekeeper-controller-reports", "workload-high"),
         ("nodekeeper-controller-reports", "workload-high"),
-        ("nodekeeper-controller-drains", "workload-high"),
+        ("nodekeeper-controller-reports", "workload-high"),
+        ("nodekeeper-controller-drains", "nodekeeper-drains"),
         ("service-accounts", "workload-low"),
     ];
     let got: Vec<(&str, &str)> = got.iter().map(|(f, l)| (f.as_str(), l.as_str())).collect();

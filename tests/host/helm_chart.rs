@@ -150,6 +150,12 @@ fn default_values_lint_clean_and_match_the_plain_manifests() {
             serde_json::to_value(&p.spec).unwrap()
         );
     }
+    for (c, p) in chart.priority_levels.iter().zip(&plain.priority_levels) {
+        assert_eq!(
+            serde_json::to_value(&c.spec).unwrap(),
+            serde_json::to_value(&p.spec).unwrap()
+        );
+    }
     for kind in ["DaemonSet", "Deployment"] {
         assert_eq!(
             pod_spec(&chart, kind),

@@ -15,7 +15,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapKeySelector, Namespace, SecretKeySelector, Service, ServiceAccount,
 };
-use k8s_openapi::api::flowcontrol::v1::FlowSchema;
+use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -182,6 +182,7 @@ pub struct All {
     pub vaps: Vec<ValidatingAdmissionPolicy>,
     pub vapbs: Vec<ValidatingAdmissionPolicyBinding>,
     pub flow_schemas: Vec<FlowSchema>,
+    pub priority_levels: Vec<PriorityLevelConfiguration>,
     pub pdbs: Vec<PodDisruptionBudget>,
     pub services: Vec<Service>,
     pub service_monitors: Vec<ServiceMonitor>,
@@ -211,6 +212,7 @@ pub fn load(docs: &[(String, Value)]) -> All {
             "ValidatingAdmissionPolicy" => a.vaps.push(typed(&f, v)),
             "ValidatingAdmissionPolicyBinding" => a.vapbs.push(typed(&f, v)),
             "FlowSchema" => a.flow_schemas.push(typed(&f, v)),
+            "PriorityLevelConfiguration" => a.priority_levels.push(typed(&f, v)),
             "ServiceMonitor" => a.service_monitors.push(typed(&f, v)),
             "PrometheusRule" => a.prometheus_rules.push(typed(&f, v)),
             other => panic!("{f}: kind {other} has no typed check"),
@@ -296,9 +298,27 @@ pub fn assert_admission_policy(a: &All, ns: &str) {
 
 /// The controller's FlowSchemas, for its ServiceAccount in `ns` only, one flow per user each: its
 /// Lease calls at `leader-election`; at `workload-high` the reports' calls (TokenReviews, status
-/// writes, its agents' pods read), the drains' evictions and pod deletions, and everything else —
-/// matched in that order.
+/// writes, its agents' pods read and watched); the drains' evictions, pod deletions and their pod
+/// and PodDisruptionBudget reads at `nodekeeper-drains`; and everything else at `workload-high` —
+/// matched in that order. `nodekeeper-drains` is the one priority level shipped: limited, queuing,
+/// lending half its seats and borrowing none.
 pub fn assert_flow_schemas(a: &All, ns: &str) {
+    assert_eq!(a.priority_levels.len(), 1);
+    let level = &a.priority_levels[0];
+    assert_eq!(level.metadata.name.as_deref(), Some("nodekeeper-drains"));
+    let spec = level.spec.as_ref().expect("nodekeeper-drains spec");
+    assert_eq!(spec.type_, "Limited");
+    let limited = spec.limited.as_ref().expect("nodekeeper-drains is limited");
+    assert_eq!(limited.nominal_concurrency_shares, Some(20));
+    assert_eq!(limited.lendable_percent, Some(50));
+    assert_eq!(limited.borrowing_limit_percent, Some(0));
+    let queuing = limited
+        .limit_response
+        .as_ref()
+        .filter(|r| r.type_ == "Queue")
+        .and_then(|r| r.queuing.as_ref())
+        .expect("nodekeeper-drains queues");
+    assert!(queuing.queues.unwrap_or(0) > 0 && queuing.queue_length_limit.unwrap_or(0) > 0);
     // (name, priority level, [(groups, resources, verbs, namespaces)]; "cluster": cluster scope)
     type Rule<'a> = (&'a [&'a str], &'a [&'a str], &'a [&'a str], &'a [&'a str]);
     let ns_only = [ns];
@@ -324,18 +344,32 @@ pub fn assert_flow_schemas(a: &All, ns: &str) {
                     &["cluster"],
                 ),
                 (&[""], &["nodes/status"], &["patch"], &["cluster"]),
-                (&[""], &["pods"], &["get"], &ns_only),
+                (&[""], &["pods"], &["get", "list", "watch"], &ns_only),
             ],
         ),
         (
             "nodekeeper-controller-drains",
-            "workload-high",
-            vec![(
-                &[""],
-                &["pods/eviction", "pods"],
-                &["create", "delete"],
-                &["*"],
-            )],
+            "nodekeeper-drains",
+            vec![
+                (
+                    &[""],
+                    &["pods/eviction", "pods"],
+                    &["create", "delete"],
+                    &["*"],
+                ),
+                (
+                    &[""],
+                    &["pods"],
+                    &["get", "list", "watch"],
+                    &["cluster", "*"],
+                ),
+                (
+                    &["policy"],
+                    &["poddisruptionbudgets"],
+                    &["get", "list", "watch"],
+                    &["cluster", "*"],
+                ),
+            ],
         ),
         (
             "nodekeeper-controller",

@@ -296,6 +296,7 @@ fn kind_schemas() -> (Map<String, Value>, HashMap<usize, String>) {
             ("admissionregistration.k8s.io", "ValidatingAdmissionPolicy") => admission::ValidatingAdmissionPolicy,
             ("admissionregistration.k8s.io", "ValidatingAdmissionPolicyBinding") => admission::ValidatingAdmissionPolicyBinding,
             ("flowcontrol.apiserver.k8s.io", "FlowSchema") => flowcontrol::FlowSchema,
+            ("flowcontrol.apiserver.k8s.io", "PriorityLevelConfiguration") => flowcontrol::PriorityLevelConfiguration,
             ("apps", "ReplicaSet") => apps::ReplicaSet,
             ("apps", "Deployment") => apps::Deployment,
             ("apps", "DaemonSet") => apps::DaemonSet,

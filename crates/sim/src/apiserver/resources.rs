@@ -314,6 +314,16 @@ pub static RESOURCES: &[ResourceDef] = &[
         true
     ),
     res!(
+        "flowcontrol.apiserver.k8s.io",
+        "v1",
+        "PriorityLevelConfiguration",
+        "prioritylevelconfigurations",
+        "prioritylevelconfiguration",
+        false,
+        &[],
+        true
+    ),
+    res!(
         "karpenter.sh",
         "v1",
         "NodeClaim",
