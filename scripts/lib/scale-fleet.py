@@ -400,6 +400,17 @@ def ts_ns(text):
     return int(t.timestamp()) * 10**9 + int((frac + "000000000")[:9])
 
 
+def json_lines(fn):
+    """The JSON objects of a file of JSON lines (other lines skipped)."""
+    with open(fn) as f:
+        for line in f:
+            if line.startswith("{"):
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    pass
+
+
 def audit(audit_log, controller_log, events):
     notices = set()
     with open(events) as f:
@@ -408,33 +419,21 @@ def audit(audit_log, controller_log, events):
             if len(w) == 3 and w[0] == "notice":
                 notices.add(w[1])
     written = {}  # node -> (PATCH started, logged), the first cordon's
-    with open(controller_log) as f:
-        for line in f:
-            if not line.startswith("{"):
-                continue
-            try:
-                j = json.loads(line)
-            except ValueError:
-                continue
-            n = j.get("node")
-            if (j.get("message") == "node written" and "cordon" in j.get("changes", "").split(",")
-                    and n in notices and n not in written):
-                end = ts_ns(j["timestamp"])
-                written[n] = (end - int(j["took_ms"]) * 10**6, end)
+    for j in json_lines(controller_log):
+        n = j.get("node")
+        if (j.get("message") == "node written" and "cordon" in j.get("changes", "").split(",")
+                and n in notices and n not in written):
+            end = ts_ns(j["timestamp"])
+            written[n] = (end - int(j["took_ms"]) * 10**6, end)
     patches = {}  # node -> [(received, complete, annotations)]
-    with open(audit_log) as f:
-        for line in f:
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            ref = e.get("objectRef") or {}
-            if (e.get("stage") == "ResponseComplete" and e.get("verb") == "patch" and ref.get("resource") == "nodes"
-                    and not ref.get("subresource") and ref.get("name") in written):
-                lat = {k.rsplit("/", 1)[-1]: v for k, v in (e.get("annotations") or {}).items()
-                       if k.startswith("apiserver.latency.k8s.io/")}
-                patches.setdefault(ref["name"], []).append(
-                    (ts_ns(e["requestReceivedTimestamp"]), ts_ns(e["stageTimestamp"]), lat))
+    for e in json_lines(audit_log):
+        ref = e.get("objectRef") or {}
+        if (e.get("stage") == "ResponseComplete" and e.get("verb") == "patch" and ref.get("resource") == "nodes"
+                and not ref.get("subresource") and ref.get("name") in written):
+            lat = {k.rsplit("/", 1)[-1]: v for k, v in (e.get("annotations") or {}).items()
+                   if k.startswith("apiserver.latency.k8s.io/")}
+            patches.setdefault(ref["name"], []).append(
+                (ts_ns(e["requestReceivedTimestamp"]), ts_ns(e["stageTimestamp"]), lat))
     rows = []
     for n, (start, end) in written.items():
         # the cordon's PATCHes (more than one after a conflict): those received while it was being written

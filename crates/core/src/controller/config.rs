@@ -155,7 +155,7 @@ pub struct EngineConfig {
     /// are coalesced).
     #[serde(with = "humantime_serde")]
     pub debounce: Duration,
-    /// Nodes whose actions are executed at once.
+    /// Nodes whose actions are executed at once; also the fast paths' fence writes in flight.
     pub node_concurrency: usize,
     /// Evictions in flight per drained node.
     pub drain_concurrency: usize,

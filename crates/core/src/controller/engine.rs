@@ -268,6 +268,11 @@ pub struct Engine {
     progress: watch::Sender<u64>,
     /// One lane per node: the fast path and the reconcile never act on a node at once.
     lanes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The fast paths' fence writes in flight, engine-wide, at most `node_concurrency`: a notice
+    /// in a NodePool of hundreds of nodes fences them all, and a wave of notices in many NodePools
+    /// would otherwise send thousands of PATCHes at once, filling the controller's API Priority
+    /// and Fairness queue until kube-apiserver refuses its cordons too (429).
+    fence_writes: tokio::sync::Semaphore,
     /// Per node, the [`Self::epoch`] at which the fast path last finished acting on it.
     touched: Mutex<HashMap<String, u64>>,
     epoch: AtomicU64,
@@ -344,6 +349,7 @@ pub struct EngineParts {
 impl Engine {
     /// An engine.
     pub fn new(p: EngineParts) -> Arc<Self> {
+        let fence_writes = tokio::sync::Semaphore::new(p.cfg.node_concurrency.max(1));
         Arc::new(Engine {
             cfg: p.cfg,
             policy: p.policy,
@@ -358,6 +364,7 @@ impl Engine {
             wake: p.wake,
             progress: watch::channel(0).0,
             lanes: Mutex::new(HashMap::new()),
+            fence_writes,
             touched: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(0),
             next_due: Mutex::new(None),
@@ -439,6 +446,10 @@ impl Engine {
             }
         };
         let others = futures::future::join_all(fence.into_iter().map(|(n, marks)| async move {
+            // The node's own patch above takes no permit: it is never queued behind a fence.
+            let Ok(_permit) = self.fence_writes.acquire().await else {
+                return None;
+            };
             let lane = self.lane(&n);
             let Ok(_guard) = lane.try_lock() else {
                 tracing::debug!(node = n, "being written; the reconcile fences it");
@@ -1412,18 +1423,7 @@ mod run_tests {
         }
         let (_leader, leader_rx) = watch::channel(true);
         let engine = engine(client, store, EngineConfig::default(), leader_rx);
-        let now = Utc::now();
-        let notice = NodeEvent {
-            version: crate::agent::sources::NODE_EVENT_VERSION,
-            id: "ev1".into(),
-            kind: crate::agent::sources::EventKind::Preemption,
-            cloud: None,
-            source: "test".into(),
-            not_before: Some(now + chrono::Duration::seconds(120)),
-            deadline: None,
-            detected_at: now,
-            detail: Default::default(),
-        };
+        let notice = preemption_notice();
         assert!(engine.add_notice("p", &notice));
         assert!(engine.fast_path("p").await, "acted");
         let seen = lock(&seen).clone();
@@ -1442,6 +1442,92 @@ mod run_tests {
             touched.contains_key("p") && touched.contains_key("q"),
             "{touched:?}"
         );
+    }
+
+    /// Notices in two NodePools of 7 nodes each, at once: their fence writes (12 nodes) are at
+    /// most `node_concurrency` (3) in flight across both fast paths, every node is fenced, and
+    /// each notified node's own patch is sent at once, never queued behind a fence.
+    #[tokio::test(start_paused = true)]
+    async fn the_fast_paths_fence_at_most_node_concurrency_nodes_at_once() {
+        type Seen = Arc<Mutex<(Vec<(String, tokio::time::Instant)>, usize, usize)>>;
+        let seen: Seen = Default::default();
+        let log = seen.clone();
+        let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+            let log = log.clone();
+            async move {
+                let path = req.uri().path().to_string();
+                let Some(name) = path.strip_prefix("/api/v1/nodes/") else {
+                    return not_found();
+                };
+                let name = name.to_string();
+                let fence = !name.ends_with('0');
+                {
+                    let mut l = lock(&log);
+                    l.0.push((name.clone(), tokio::time::Instant::now()));
+                    if fence {
+                        l.1 += 1;
+                        l.2 = l.2.max(l.1);
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if fence {
+                    lock(&log).1 -= 1;
+                }
+                node_answer(&name)
+            }
+        });
+        let client = kube::Client::new(svc, "default");
+        let (store, mut writer) = kube::runtime::reflector::store::<Node>();
+        for pool in ["a", "b"] {
+            for i in 0..7 {
+                let n = pool_node_in(&format!("{pool}{i}"), pool);
+                writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(n));
+            }
+        }
+        let (_leader, leader_rx) = watch::channel(true);
+        let cfg = EngineConfig {
+            node_concurrency: 3,
+            ..EngineConfig::default()
+        };
+        let engine = engine(client, store, cfg, leader_rx);
+        let notice = preemption_notice();
+        let start = tokio::time::Instant::now();
+        assert!(engine.add_notice("a0", &notice) && engine.add_notice("b0", &notice));
+        let (a, b) = tokio::join!(engine.fast_path("a0"), engine.fast_path("b0"));
+        assert!(a && b, "acted");
+        let (sent, _, max) = lock(&seen).clone();
+        assert!(max <= 3, "{max} fence writes in flight at once: {sent:?}");
+        assert_eq!(max, 3, "the fence used its permits: {sent:?}");
+        let fenced: BTreeSet<&str> = sent
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| !n.ends_with('0'))
+            .collect();
+        assert_eq!(fenced.len(), 12, "every other node fenced: {sent:?}");
+        for own in ["a0", "b0"] {
+            let at = sent.iter().find(|(n, _)| n == own).map(|(_, at)| *at);
+            assert_eq!(
+                at,
+                Some(start),
+                "{own}'s own patch was sent at once: {sent:?}"
+            );
+        }
+    }
+
+    /// A preemption notice seen now, 2 minutes before the reclaim.
+    fn preemption_notice() -> NodeEvent {
+        let now = Utc::now();
+        NodeEvent {
+            version: crate::agent::sources::NODE_EVENT_VERSION,
+            id: "ev1".into(),
+            kind: crate::agent::sources::EventKind::Preemption,
+            cloud: None,
+            source: "test".into(),
+            not_before: Some(now + chrono::Duration::seconds(120)),
+            deadline: None,
+            detected_at: now,
+            detail: Default::default(),
+        }
     }
 
     /// `pool_node` in the NodePool `pool`.
