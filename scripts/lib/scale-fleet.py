@@ -351,6 +351,13 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, round((len(xs) - 1) * p))] if xs else float("nan")
 
 
+def ts_ns(text):
+    """RFC 3339 (with up to nanoseconds) as Unix ns."""
+    base, _, frac = text.rstrip("Z").partition(".")
+    t = datetime.datetime.fromisoformat(base + "+00:00")
+    return int(t.timestamp()) * 10**9 + int((frac + "000000000")[:9])
+
+
 def latency(files):
     start, cordon, acted, change, posted = {}, {}, {}, [], {}
     for fn in files:
@@ -364,8 +371,7 @@ def latency(files):
                         continue
                     if (j.get("message") == "node written" and "cordon" in j.get("changes", "").split(",")
                             and j.get("node") not in acted):
-                        t = datetime.datetime.fromisoformat(j["timestamp"].replace("Z", "+00:00"))
-                        acted[j["node"]] = int(t.timestamp() * 1e6) * 1000
+                        acted[j["node"]] = ts_ns(j["timestamp"])
                     continue
                 w = line.split()
                 if len(w) == 3 and w[0] in ("notice", "expiry"):
@@ -391,13 +397,6 @@ def latency(files):
     res["expiry"]["posted_late_max_ms"] = round(max(late), 1) if late else 0
     res["change"] = {"seen": len(change), "p50_ms": round(pct(change, 0.5), 1), "p99_ms": round(pct(change, 0.99), 1)}
     print(json.dumps(res))
-
-
-def ts_ns(text):
-    """RFC 3339 (with up to nanoseconds) as Unix ns."""
-    base, _, frac = text.rstrip("Z").partition(".")
-    t = datetime.datetime.fromisoformat(base + "+00:00")
-    return int(t.timestamp()) * 10**9 + int((frac + "000000000")[:9])
 
 
 def json_lines(fn):

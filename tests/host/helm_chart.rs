@@ -89,6 +89,14 @@ fn assert_lint_clean(r: &Rendered, label: &str) {
     assert_eq!(r.schema_error, None, "{label}");
 }
 
+/// The `spec` of each object, in order, as JSON.
+fn specs<T: serde::Serialize>(objects: &[T]) -> Vec<Value> {
+    objects
+        .iter()
+        .map(|o| serde_json::to_value(o).unwrap()["spec"].clone())
+        .collect()
+}
+
 /// `Kind/namespace/name` with the namespace replaced by `ns`.
 fn ids(a: &All, from_ns: &str, to_ns: &str) -> BTreeSet<String> {
     a.ids
@@ -144,18 +152,8 @@ fn default_values_lint_clean_and_match_the_plain_manifests() {
     assert_rbac_is_the_inventory(&chart, "nodekeeper");
     packaging_support::assert_admission_policy(&chart, "nodekeeper");
     packaging_support::assert_flow_schemas(&chart, "nodekeeper");
-    for (c, p) in chart.flow_schemas.iter().zip(&plain.flow_schemas) {
-        assert_eq!(
-            serde_json::to_value(&c.spec).unwrap(),
-            serde_json::to_value(&p.spec).unwrap()
-        );
-    }
-    for (c, p) in chart.priority_levels.iter().zip(&plain.priority_levels) {
-        assert_eq!(
-            serde_json::to_value(&c.spec).unwrap(),
-            serde_json::to_value(&p.spec).unwrap()
-        );
-    }
+    assert_eq!(specs(&chart.flow_schemas), specs(&plain.flow_schemas));
+    assert_eq!(specs(&chart.priority_levels), specs(&plain.priority_levels));
     for kind in ["DaemonSet", "Deployment"] {
         assert_eq!(
             pod_spec(&chart, kind),
