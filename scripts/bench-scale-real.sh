@@ -24,6 +24,9 @@
 #   AUDIT=1 …                                       kube-apiserver audits the controller's Node PATCHes (Metadata level,
 #                                                   nothing else): SIZE/audit.json splits each notice's cordon into the
 #                                                   controller's side and kube-apiserver's (scale-fleet.py audit)
+#   CHANGES=1 …                                     in each window with the controller up, a Node watch of its own:
+#                                                   SIZE/changes-PHASE.json, which fields the controller's wake filter
+#                                                   reads changed and who wrote them (scale-fleet.py node-changes)
 # Around each window with the controller up, SIZE/engine-PHASE-0.txt and -1.txt keep its reconciles and wakes by
 # cause (`nodekeeper_engine_reconciles_total`, `nodekeeper_engine_wakes_total`): the rate of reconciles; SIZE/engine-end.txt
 # the same after the expiry, with the due paths taken and the reconciles held for them. Around the
@@ -120,7 +123,7 @@ engine_counters() {
 # phase NAME LABEL=PID…: WINDOW s of samples and kube-apiserver's request counters around them (with PERF=1, the
 # controller's hottest symbols in that window too).
 phase() {
-  local name=$1 perf=""; shift
+  local name=$1 perf="" changes=""; shift
   "${F[@]}" requests "$DIR" "$SD/req-$name-0.json"
   engine_counters "$SD/engine-$name-0.txt"
   if [ "${PERF:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
@@ -128,7 +131,12 @@ phase() {
     perf record -q -F 97 --call-graph dwarf,16384 -p "$CTL_PID" -o "$SD/perf-$name.data" -- sleep "$WINDOW" >/dev/null 2>&1 &
     perf=$!
   fi
+  if [ "${CHANGES:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
+    "${F[@]}" node-changes "$DIR" "$WINDOW" >"$SD/changes-$name.json" &
+    changes=$!
+  fi
   "${F[@]}" sample "$WINDOW" "$SD/$name.json" "${CP[@]}" "$@"
+  [ -z "$changes" ] || wait "$changes"
   "${F[@]}" requests "$DIR" "$SD/req-$name-1.json"
   engine_counters "$SD/engine-$name-1.txt"
   if [ -n "$perf" ]; then

@@ -14,6 +14,9 @@ directory: every call here uses its admin client certificate (the harness, never
     scale-fleet.py watch DIR OUT                    until killed: a Node watch writing `cordon NODE UNIX_NS` (first
                                                     spec.unschedulable seen) and `change SENT_NS UNIX_NS` (an agent
                                                     condition whose message is sent_ns=…, controller_bench's agents)
+    scale-fleet.py node-changes DIR SECONDS         a Node watch for SECONDS: which fields the controller's wake filter
+                                                    reads changed in each MODIFIED event, and who wrote it (the newest
+                                                    managedFields entry), as JSON
     scale-fleet.py sample SECONDS OUT LABEL=PID…    samples each PID's RSS and CPU every 0.5 s for SECONDS; OUT (JSON):
                                                     per label rss_mib_start/max/end, cpu_millicores
     scale-fleet.py requests DIR OUT                 kube-apiserver's apiserver_request_total (admin /metrics) by
@@ -248,6 +251,70 @@ def watch(d, out):
             conn.close()
 
 
+def node_changes(d, secs):
+    """For `secs` seconds, which fields of the Nodes change and who wrote them: each MODIFIED event is
+    diffed against the node's previous version over what the controller's wake filter reads (labels, its
+    own annotations and Karpenter's do-not-disrupt, unschedulable, taints, each condition's status and
+    lastTransitionTime, bootID), and attributed to the managedFields entry with the newest time. JSON."""
+    url, ctx = cluster(d)
+    s, lst = Api(d).call("GET", "/api/v1/nodes")
+    if s != 200:
+        sys.exit(f"scale-fleet: listing nodes: HTTP {s}")
+    prev = {n["metadata"]["name"]: n for n in lst["items"]}
+    rv = lst["metadata"]["resourceVersion"]
+
+    def visible(n):
+        m, spec, st = n["metadata"], n.get("spec") or {}, n.get("status") or {}
+        out = {f"label {k}": v for k, v in (m.get("labels") or {}).items()}
+        out.update({f"annotation {k}": v for k, v in (m.get("annotations") or {}).items()
+                    if k.startswith("nodekeeper.io/") or k == "karpenter.sh/do-not-disrupt"})
+        out["unschedulable"] = spec.get("unschedulable")
+        for t in spec.get("taints") or []:
+            out[f"taint {t['key']}"] = (t.get("value"), t["effect"])
+        for c in st.get("conditions") or []:
+            out[f"condition {c['type']} status"] = c["status"]
+            out[f"condition {c['type']} lastTransitionTime"] = c.get("lastTransitionTime")
+        out["bootID"] = (st.get("nodeInfo") or {}).get("bootID")
+        return out
+
+    def writer(n):
+        mf = n["metadata"].get("managedFields") or []
+        if not mf:
+            return "?"
+        w = max(mf, key=lambda e: e.get("time") or "")
+        return f'{w.get("manager")} {w.get("operation")} {w.get("subresource") or "-"}'
+
+    events, seen_by, by_field, by_writer, all_writers = 0, 0, {}, {}, {}
+    t_end = time.time() + secs
+    conn = http.client.HTTPSConnection(url.hostname, url.port, context=ctx, timeout=secs + 30)
+    conn.request("GET", f"/api/v1/nodes?watch=1&resourceVersion={rv}&timeoutSeconds={secs}")
+    for line in conn.getresponse():
+        if time.time() > t_end:
+            break
+        ev = json.loads(line)
+        n = ev.get("object") or {}
+        name = n.get("metadata", {}).get("name")
+        if ev.get("type") != "MODIFIED" or name not in prev:
+            if name:
+                prev[name] = n
+            continue
+        events += 1
+        w = writer(n)
+        all_writers[w] = all_writers.get(w, 0) + 1
+        a, b = visible(prev[name]), visible(n)
+        changed = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        if changed:
+            seen_by += 1
+            by_writer[w] = by_writer.get(w, 0) + 1
+            for k in changed:
+                by_field[k] = by_field.get(k, 0) + 1
+        prev[name] = n
+    conn.close()
+    top = lambda m: dict(sorted(m.items(), key=lambda kv: -kv[1])[:20])
+    print(json.dumps({"secs": secs, "nodes": len(prev), "modified": events, "modified_by_writer": top(all_writers),
+                      "visible": seen_by, "visible_by_writer": top(by_writer), "visible_by_field": top(by_field)}))
+
+
 def proc(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -464,6 +531,8 @@ def main():
         not_ready(args[0], int(args[1]), args[2:])
     elif cmd == "watch":
         watch(args[0], args[1])
+    elif cmd == "node-changes":
+        node_changes(args[0], float(args[1]))
     elif cmd == "sample":
         sample(float(args[0]), args[1], args[2:])
     elif cmd == "requests":
