@@ -30,4 +30,5 @@ mod privilege;
 mod rbac;
 mod repair;
 mod supervised;
+mod transport;
 mod whatif;
