@@ -30,5 +30,4 @@ mod privilege;
 mod rbac;
 mod repair;
 mod supervised;
-mod transport;
 mod whatif;

@@ -427,7 +427,7 @@ pub async fn run(
     let client = crate::k8s::client::client(kcfg.clone())?;
     let mut opts = engine::EngineOptions::new(policy);
     // Drains handle 429 themselves (a PDB refusal must be seen, not retried for minutes).
-    opts.drain_client = Some(drain::client(kcfg)?);
+    opts.drain_client = Some(drain::client(kcfg).map_err(ControllerError::Client)?);
     let mut running = start_under(&shutdown, client, &cfg, Some(opts)).await?;
     // The tasks run on children of `shutdown`: once it is cancelled they end, and that is a
     // stop, not a death (hence `biased`, and the check after a task's end).

@@ -104,9 +104,9 @@ struct Track {
 ///
 /// kube-rs retries 429 transparently by default (up to 15 times, minutes in all), which would hide the
 /// PodDisruptionBudget that refuses an eviction and overrun the deadline. The drain handles 429 itself.
-pub fn client(mut cfg: kube::Config) -> Result<Client, crate::k8s::client::ClientError> {
+pub fn client(mut cfg: kube::Config) -> Result<Client, kube::Error> {
     cfg.default_retry = false;
-    crate::k8s::client::client(cfg)
+    Client::try_from(cfg)
 }
 
 /// Drains `opts.node` using `client` (build it with [`client`]: a client that retries 429 itself is
