@@ -39,6 +39,7 @@ directory: every call here uses its admin client certificate (the harness, never
 import datetime
 import http.client
 import json
+import math
 import os
 import ssl
 import sys
@@ -287,8 +288,11 @@ def node_changes(d, secs):
     events, seen_by, by_field, by_writer, all_writers = 0, 0, {}, {}, {}
     t_end = time.time() + secs
     conn = http.client.HTTPSConnection(url.hostname, url.port, context=ctx, timeout=secs + 30)
-    conn.request("GET", f"/api/v1/nodes?watch=1&resourceVersion={rv}&timeoutSeconds={secs}")
-    for line in conn.getresponse():
+    conn.request("GET", f"/api/v1/nodes?watch=1&resourceVersion={rv}&timeoutSeconds={math.ceil(secs)}")
+    r = conn.getresponse()
+    if r.status != 200:
+        sys.exit(f"scale-fleet: watching nodes: HTTP {r.status}: {r.read()[:300]!r}")
+    for line in r:
         if time.time() > t_end:
             break
         ev = json.loads(line)
