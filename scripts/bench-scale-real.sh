@@ -37,7 +37,8 @@
 # kube-controller-manager's default node heartbeat: Leases of 40 s, NotReady after 50 s), grown size by size:
 #   - KWOK nodes n0 … nN-1 (label karpenter.sh/nodepool=pool-(i % 100)), PODS-PER-NODE pods each bound with
 #     spec.nodeName (namespace bench; no scheduler work, KWOK marks them Running) and the shipped agent
-#     DaemonSet's pod (placed by kube-scheduler); waits until all are Running;
+#     DaemonSet's pod (placed by kube-scheduler); waits until all are Running and kube-controller-manager has
+#     lifted the not-ready taint of every Ready node (at 5,000 nodes ten minutes: its 20 requests a second);
 #   - one token per node: TokenRequest for nodekeeper-agent, audience nodekeeper, bound to the DaemonSet's pod on it;
 # then per size, each phase measured over WINDOW s by scripts/lib/scale-fleet.py (RSS and CPU of each process from
 # /proc; kube-apiserver's apiserver_request_total from its /metrics, read with the harness's admin certificate):
@@ -165,7 +166,7 @@ for n in "${sizes[@]}"; do
   "${F[@]}" wait "$DIR" "$n" 1800
   t2=$(date +%s)
   "${F[@]}" tokens "$DIR" "$prev" "$n" "$FLEET"
-  log "size $n: created in $((t1 - t0)) s, all Running $((t2 - t1)) s later; tokens in $(( $(date +%s) - t2 )) s"
+  log "size $n: created in $((t1 - t0)) s, all Running and no Ready node tainted not-ready $((t2 - t1)) s later; tokens in $(( $(date +%s) - t2 )) s"
   phase base
 
   KUBECONFIG="$OUT/controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL=info \
