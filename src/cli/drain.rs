@@ -85,7 +85,7 @@ pub fn main(args: DrainArgs) -> u8 {
 /// A drain client (no transparent 429 retries) from `--kubeconfig`, else the inferred
 /// configuration (in-cluster, `$KUBECONFIG`).
 async fn client(kubeconfig: Option<&Path>) -> Result<Client, String> {
-    let cfg = nodekeeper_core::k8s::client::config(kubeconfig, None)
+    let cfg = nodekeeper_core::k8s::client::config(kubeconfig, None, "drain")
         .await
         .map_err(|e| error_chain(&e))?;
     drain::client(cfg).map_err(|e| format!("cannot build a Kubernetes client: {e}"))

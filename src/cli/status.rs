@@ -79,7 +79,12 @@ async fn list(
     budgets: Option<&BudgetsConfig>,
     now: chrono::DateTime<Utc>,
 ) -> Result<Listed, Box<dyn std::error::Error + Send + Sync>> {
-    let mut cfg = client::config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    let mut cfg = client::config(
+        args.kubeconfig.as_deref(),
+        args.context.as_deref(),
+        "status",
+    )
+    .await?;
     cfg.connect_timeout = Some(args.connect_timeout);
     let server = cfg.cluster_url.to_string();
     let client = client::client(cfg)?;

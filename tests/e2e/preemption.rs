@@ -164,6 +164,22 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once(
     .await;
     eprintln!("notice → taint + cordon seen after {:?}", t0.elapsed());
     assert!(annotation(&n, keys::INTERRUPTION).is_some_and(|v| v.starts_with("preemption/")));
+    if c.is_real() {
+        // kube-apiserver names a write's field manager after its User-Agent: the cordon is the
+        // controller's, by name (the sim keeps no managedFields).
+        let owner = n
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .find(|m| {
+                m.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.pointer("/f:spec/f:unschedulable").is_some())
+            })
+            .and_then(|m| m.manager.clone());
+        assert_eq!(owner.as_deref(), Some("nodekeeper-controller"));
+    }
 
     // What the budgets allow leaves; the rest is held at the deadline.
     wait_until(

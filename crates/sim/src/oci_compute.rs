@@ -602,7 +602,9 @@ pub async fn run(
     let client = match &args.kubeconfig {
         Some(p) => {
             use nodekeeper_core::k8s::client;
-            Some(client::client(client::config(Some(p), None).await?)?)
+            Some(client::client(
+                client::config(Some(p), None, "oci-compute-emulator").await?,
+            )?)
         }
         None => None,
     };

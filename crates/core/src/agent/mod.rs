@@ -455,7 +455,10 @@ async fn run_label_rules(
     };
     // In a pod: the service account token under /var/run/secrets/kubernetes.io/serviceaccount/;
     // elsewhere: KUBECONFIG (kube's own resolution). Rules are configured, so no client is an error.
-    let client = match kube::Client::try_default().await {
+    let client = match crate::k8s::client::config(None, None, "agent")
+        .await
+        .and_then(crate::k8s::client::client)
+    {
         Ok(c) => c,
         Err(error) => {
             return tracing::error!(

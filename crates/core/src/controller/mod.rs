@@ -423,7 +423,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
     // What kube-rs infers: `$KUBECONFIG` or `~/.kube/config`, else in-cluster.
-    let kcfg = crate::k8s::client::config(None, None).await?;
+    let kcfg = crate::k8s::client::config(None, None, "controller").await?;
     let client = crate::k8s::client::client(kcfg.clone())?;
     let mut opts = engine::EngineOptions::new(policy);
     // Drains handle 429 themselves (a PDB refusal must be seen, not retried for minutes).
