@@ -16,8 +16,8 @@ directory: every call here uses its admin client certificate (the harness, never
                                                     spec.unschedulable seen) and `change SENT_NS UNIX_NS` (an agent
                                                     condition whose message is sent_ns=…, controller_bench's agents)
     scale-fleet.py node-changes DIR SECONDS         a Node watch for SECONDS: which fields the controller's wake filter
-                                                    reads changed in each MODIFIED event, and who wrote it (the newest
-                                                    managedFields entry), as JSON
+                                                    reads changed in each MODIFIED event, and who likely wrote it (the
+                                                    newest managedFields entry), as JSON
     scale-fleet.py sample SECONDS OUT LABEL=PID…    samples each PID's RSS and CPU every 0.5 s for SECONDS; OUT (JSON):
                                                     per label rss_mib_start/max/end, cpu_millicores
     scale-fleet.py requests DIR OUT                 kube-apiserver's apiserver_request_total (admin /metrics) by
@@ -271,7 +271,8 @@ def node_changes(d, secs):
     """For `secs` seconds, which fields of the Nodes change and who wrote them: each MODIFIED event is
     diffed against the node's previous version over what the controller's wake filter reads (labels, its
     own annotations and Karpenter's do-not-disrupt, unschedulable, taints, each condition's status and
-    lastTransitionTime, bootID), and attributed to the managedFields entry with the newest time. JSON."""
+    lastTransitionTime, bootID), and attributed to the managedFields entry with the newest time (a hint only:
+    the times are whole seconds, and a status heartbeat in the same second hides a spec write). JSON."""
     url, ctx = cluster(d)
     s, lst = Api(d).call("GET", "/api/v1/nodes")
     if s != 200:
