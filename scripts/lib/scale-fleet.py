@@ -456,8 +456,7 @@ def latency(files):
                         j = json.loads(line)
                     except ValueError:
                         continue
-                    if (j.get("message") == "node written" and "cordon" in j.get("changes", "").split(",")
-                            and j.get("node") not in acted):
+                    if cordon_written(j) and j.get("node") not in acted:
                         acted[j["node"]] = ts_ns(j["timestamp"])
                     continue
                 w = line.split()
@@ -486,6 +485,12 @@ def latency(files):
     print(json.dumps(res))
 
 
+def cordon_written(j):
+    """Whether a line of the controller's JSON log is its "node written" with a cordon (logged once the
+    PATCH returned)."""
+    return j.get("message") == "node written" and "cordon" in j.get("changes", "").split(",")
+
+
 def json_lines(fn):
     """The JSON objects of a file of JSON lines (other lines skipped)."""
     with open(fn) as f:
@@ -507,8 +512,7 @@ def audit(audit_log, controller_log, events):
     written = {}  # node -> (PATCH started, logged), the first cordon's
     for j in json_lines(controller_log):
         n = j.get("node")
-        if (j.get("message") == "node written" and "cordon" in j.get("changes", "").split(",")
-                and n in notices and n not in written):
+        if cordon_written(j) and n in notices and n not in written:
             end = ts_ns(j["timestamp"])
             written[n] = (end - int(j["took_ms"]) * 10**6, end)
     patches = {}  # node -> [(received, complete, annotations)]
