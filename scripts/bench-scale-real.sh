@@ -9,6 +9,8 @@
 #                                                   nodekeeper-core: its build.rs records the commit)
 #   WINDOW=30 NOTICES=50 FAILS=20 TOLERATION=20 …   seconds per measurement, notices and Ready=False nodes per size,
 #                                                   the repair toleration (s) of the bench's controller config
+#   WAIT=1800 …                                     seconds at most for a size's pods to run and its nodes' not-ready taints
+#                                                   to be lifted (100,000 pods take longer)
 #   SETTLE=60 …                                     seconds more before the Ready=False posts, so that the decision is
 #                                                   measured after the notices' burst rather than in its tail
 #   NK_CONTROLLER_SET='max_connections = 1024' …    TOML lines added to the controller's [controller] table (to
@@ -27,6 +29,11 @@
 #   CHANGES=1 …                                     in each window with the controller up, a Node watch of its own:
 #                                                   SIZE/changes-PHASE.json, which fields the controller's wake filter
 #                                                   reads changed and who wrote them (scale-fleet.py node-changes)
+#   FLEET_NICE=19 …                                 the fleet's stand-ins — KWOK, playing every kubelet, and the agents'
+#                                                   simulator — in scheduler groups at that nice (their autogroups':
+#                                                   each setsid process is one group, /proc/PID/autogroup), so that the
+#                                                   control plane and the controller take the shared cores first, as
+#                                                   they would on a fleet whose kubelets and agents run on the nodes
 # Around each window with the controller up, SIZE/engine-PHASE-0.txt and -1.txt keep its reconciles and wakes by
 # cause (`nodekeeper_engine_reconciles_total`, `nodekeeper_engine_wakes_total`): the rate of reconciles; SIZE/engine-end.txt
 # the same after the expiry, with the due paths taken and the reconciles held for them. Around the
@@ -66,7 +73,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--nodes 500,1000,2000,5000] [--pods-per-node 20] [--max-pods N]" >&2; exit 2 ;;
   esac
 done
-WINDOW=${WINDOW:-30} NOTICES=${NOTICES:-50} FAILS=${FAILS:-20} TOLERATION=${TOLERATION:-20} SETTLE=${SETTLE:-0}
+WINDOW=${WINDOW:-30} NOTICES=${NOTICES:-50} FAILS=${FAILS:-20} TOLERATION=${TOLERATION:-20} SETTLE=${SETTLE:-0} WAIT=${WAIT:-1800}
 PROFILE=${BENCH_PROFILE:-release}
 if [ "${BENCH_BUILD:-1}" = 0 ]; then
   log "BENCH_BUILD=0: the $PROFILE binaries already built ($("$REPO/target/${PROFILE/dev/debug}/nodekeeper" --version))"
@@ -105,6 +112,9 @@ k() { "$REPO/.cache/venv/bin/kubectl" --kubeconfig "$DIR/kubeconfig" "$@"; }
 pid_of() { awk -v n="$1" '$1 == n {print $2}' "$DIR/pids"; }
 CP=("apiserver=$(pid_of kube-apiserver)" "etcd=$(pid_of etcd)" "kcm=$(pid_of kube-controller-manager)" \
     "scheduler=$(pid_of kube-scheduler)" "kwok=$(pid_of kwok)")
+# FLEET_NICE: KWOK's group now, the agents' when they start (setsid: a group of their own).
+fleet_nice() { [ -z "${FLEET_NICE:-}" ] || echo "$FLEET_NICE" >"/proc/$1/autogroup"; }
+fleet_nice "$(pid_of kwok)"
 K8S=$(k version -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])')
 
 CTL_PORT=$(free_port)
@@ -163,7 +173,7 @@ for n in "${sizes[@]}"; do
   "${F[@]}" nodes "$DIR" "$prev" "$n" 100
   [ "$per" -eq 0 ] || "${F[@]}" pods "$DIR" "$prev" "$n" "$per"
   t1=$(date +%s)
-  "${F[@]}" wait "$DIR" "$n" 1800
+  "${F[@]}" wait "$DIR" "$n" "$WAIT"
   t2=$(date +%s)
   "${F[@]}" tokens "$DIR" "$prev" "$n" "$FLEET"
   log "size $n: created in $((t1 - t0)) s, all Running and no Ready node tainted not-ready $((t2 - t1)) s later; tokens in $(( $(date +%s) - t2 )) s"
@@ -183,9 +193,10 @@ for n in "${sizes[@]}"; do
   "${F[@]}" watch "$DIR" "$SD/watch.log" &
   WATCH_PID=$!
   rm -rf "$FLEET/state"   # each size's agents start afresh (no notice queued from the last size)
-  "$FLEET_BIN" --agents "$n" --port "$CTL_PORT" --dir "$FLEET" --idle-ms "${AGENT_IDLE_MS:-1000}" \
+  ${FLEET_NICE:+setsid} "$FLEET_BIN" --agents "$n" --port "$CTL_PORT" --dir "$FLEET" --idle-ms "${AGENT_IDLE_MS:-1000}" \
     --notices "$NOTICES" --notice-from "$prev" --notice-delay-s $((WINDOW + 15)) >"$SD/agents.out" 2>"$SD/agents.err" &
   AGENTS_PID=$!
+  fleet_nice "$AGENTS_PID"
   until grep -q '^started' "$SD/agents.out"; do
     kill -0 "$AGENTS_PID" 2>/dev/null || { echo "bench-scale-real: agents exited: $SD/agents.err" >&2; exit 1; }
     sleep 0.5
@@ -216,7 +227,7 @@ for n in "${sizes[@]}"; do
   stop "$CTL_PID"; CTL_PID=""
   python3 - "$SD" "$n" "$pods" "$open" "$accepted" "$shed" "$engine" "$((t2 - t0))" "$K8S" \
     "$("${F[@]}" latency "$SD/agents.out" "$SD/expiry.out" "$SD/watch.log" "$SD/controller.log")" >>"$RESULTS" <<'EOF'
-import json, sys
+import json, os, sys
 sd, n, pods, open_, accepted, shed, engine, grow, k8s, lat = sys.argv[1:]
 hist = {w: json.load(open(f"{sd}/histograms-{w}.json")) for w in ("notices", "expiry")}
 try:
@@ -236,7 +247,7 @@ print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(
                   "reconciles_total": reconciles, "node_write_conflicts_total": conflicts, "phases": ph,
                   "apiserver_req_per_s": {p: round(sum(r.values()), 1) for p, r in rates.items()},
                   "agents_minus_base_req_per_s": top, "latency": json.loads(lat), "apiserver_histograms": hist,
-                  "cordon_audit": audit}))
+                  "cordon_audit": audit, "fleet_nice": os.environ.get("FLEET_NICE")}))
 EOF
   tail -1 "$RESULTS" >&2
   prev=$n
