@@ -11,6 +11,7 @@
 pub mod actions;
 pub mod auth;
 pub mod config;
+pub mod delay;
 pub mod drain;
 pub mod engine;
 pub mod events;
@@ -295,6 +296,8 @@ pub async fn start_under(
         );
         authenticator = authenticator.with_live_pods(live);
     }
+    let delay = delay::SchedulingDelay::new();
+    delay.start(cancel.clone());
     let app = Arc::new(App {
         auth: authenticator,
         states: states.clone(),
@@ -310,6 +313,7 @@ pub async fn start_under(
         shed: Default::default(),
         connections: Default::default(),
         dead: Default::default(),
+        delay,
     });
     let a2 = app.clone();
     tokio::spawn(async move {

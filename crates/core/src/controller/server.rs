@@ -52,6 +52,8 @@ pub struct App {
     pub connections: Arc<crate::serve::ConnectionStats>,
     /// Set when a task the controller cannot live without died: `/livez` then fails with it.
     pub dead: std::sync::OnceLock<String>,
+    /// How late the process gets to run (`nodekeeper_scheduling_delay_seconds`).
+    pub delay: Arc<super::delay::SchedulingDelay>,
 }
 
 /// The router.
@@ -181,6 +183,7 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
 pub fn registry(app: &Arc<App>) -> Registry {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ApiMetrics(app.clone())));
+    app.delay.register(&mut registry);
     if let Some(n) = &app.notifier {
         n.register(&mut registry);
     }
