@@ -16,7 +16,7 @@
 #   NK_CONTROLLER_SET='max_connections = 1024' …    TOML lines added to the controller's [controller] table (to
 #                                                   compare settings side by side: one run each)
 #   PERF=1 …                                        the controller sampled by `perf record` (97 Hz, DWARF call graphs)
-#                                                   in its idle and agents windows: SIZE/perf-PHASE.txt, its hottest
+#                                                   in its idle, agents and notices windows: SIZE/perf-PHASE.txt, its hottest
 #                                                   symbols, and SIZE/perf-PHASE-callers.txt, who calls them (the CPU
 #                                                   figures then include perf's share)
 #   NODEKEEPER_BIN=path …                           that controller binary (e.g. an older build, side by side)
@@ -37,6 +37,8 @@
 # Around each window with the controller up, SIZE/engine-PHASE-0.txt and -1.txt keep its reconciles and wakes by
 # cause (`nodekeeper_engine_reconciles_total`, `nodekeeper_engine_wakes_total`): the rate of reconciles; SIZE/engine-end.txt
 # the same after the expiry, with the due paths taken and the reconciles held for them. Around the
+# notices, SIZE/delay-notices-{0,1}.txt keep the controller's scheduling delays (how late its runtime and a
+# thread of its own ran: scale-fleet.py delays, printed after the table). Around the
 # notices (with their drains) and around the expiry, SIZE/histograms-{notices,expiry}.json keep kube-apiserver's own
 # latency histograms for them (scale-fleet.py's HISTOGRAMS: APF queue wait and execution of the controller's flows,
 # every Node PATCH, etcd's Node updates), printed after the table: where a cordon's PATCH spends its time.
@@ -126,22 +128,41 @@ shipped_controller_config "127.0.0.1:$CTL_PORT" "$OUT/tls" |
       -e 's|^budgets = .*|budgets = [{ nodes = "100%" }]|' |
   awk -v set="${NK_CONTROLLER_SET:-}" '{ print } /^\[controller\]$/ && set != "" { print set }' >"$OUT/controller.toml"
 ctl_metric() { curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+# The controller's scheduling delay histograms (nodekeeper_scheduling_delay_seconds), for scale-fleet.py delays.
+ctl_delays() { curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | grep '^nodekeeper_scheduling_delay_seconds' >"$1" || true; }
 # The engine's reconciles and wakes by cause around a window (nothing before the controller runs).
 engine_counters() {
   [ -n "$CTL_PID" ] || return 0
   curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | grep -E '^nodekeeper_engine_(reconciles|reconciles_held|wakes|due_paths|fast_paths)_total' >"$1" || true
 }
+# perf_start NAME SECONDS / perf_end NAME: with PERF=1, the controller sampled by perf for SECONDS, then its hottest
+# symbols (SIZE/perf-NAME.txt) and who calls them (SIZE/perf-NAME-callers.txt).
+PERF_PID=""
+perf_start() {
+  PERF_PID=""
+  if [ "${PERF:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
+    # DWARF call graphs: the release build keeps no frame pointers.
+    perf record -q -F 97 --call-graph dwarf,16384 -p "$CTL_PID" -o "$SD/perf-$1.data" -- sleep "$2" >/dev/null 2>&1 &
+    PERF_PID=$!
+  fi
+}
+perf_end() {
+  [ -n "$PERF_PID" ] || return 0
+  wait "$PERF_PID" || true
+  PERF_PID=""
+  perf report -i "$SD/perf-$1.data" --no-children --sort symbol -g none --stdio 2>/dev/null |
+    grep -v '^$' | head -80 >"$SD/perf-$1.txt" || true
+  # Who calls the hottest symbols (the flat list above names only the leaves).
+  perf report -i "$SD/perf-$1.data" --no-children --sort symbol -g caller,2,callee --stdio 2>/dev/null |
+    grep -v '^$' | head -400 >"$SD/perf-$1-callers.txt" || true
+}
 # phase NAME LABEL=PID…: WINDOW s of samples and kube-apiserver's request counters around them (with PERF=1, the
 # controller's hottest symbols in that window too).
 phase() {
-  local name=$1 perf="" changes=""; shift
+  local name=$1 changes=""; shift
   "${F[@]}" requests "$DIR" "$SD/req-$name-0.json"
   engine_counters "$SD/engine-$name-0.txt"
-  if [ "${PERF:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
-    # DWARF call graphs: the release build keeps no frame pointers.
-    perf record -q -F 97 --call-graph dwarf,16384 -p "$CTL_PID" -o "$SD/perf-$name.data" -- sleep "$WINDOW" >/dev/null 2>&1 &
-    perf=$!
-  fi
+  perf_start "$name" "$WINDOW"
   if [ "${CHANGES:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
     "${F[@]}" node-changes "$DIR" "$WINDOW" >"$SD/changes-$name.json" &
     changes=$!
@@ -150,14 +171,7 @@ phase() {
   [ -z "$changes" ] || wait "$changes"
   "${F[@]}" requests "$DIR" "$SD/req-$name-1.json"
   engine_counters "$SD/engine-$name-1.txt"
-  if [ -n "$perf" ]; then
-    wait "$perf" || true
-    perf report -i "$SD/perf-$name.data" --no-children --sort symbol -g none --stdio 2>/dev/null |
-      grep -v '^$' | head -80 >"$SD/perf-$name.txt" || true
-    # Who calls the hottest symbols (the flat list above names only the leaves).
-    perf report -i "$SD/perf-$name.data" --no-children --sort symbol -g caller,2,callee --stdio 2>/dev/null |
-      grep -v '^$' | head -400 >"$SD/perf-$name-callers.txt" || true
-  fi
+  perf_end "$name"
 }
 
 prev=0 pods=0
@@ -207,8 +221,12 @@ for n in "${sizes[@]}"; do
   # kube-apiserver's latency histograms (APF wait and execution of the controller's flows, Node PATCHes, etcd's
   # Node updates) around the notices (with their drains) and around the expiry: SIZE/req-{notices,expiry}-{0,1}.json.
   "${F[@]}" requests "$DIR" "$SD/req-notices-0.json"
+  ctl_delays "$SD/delay-notices-0.txt"
+  perf_start notices $(( 10 + NOTICES / 5 + 5 ))
   sleep $(( 10 + NOTICES / 5 + 5 ))
   "${F[@]}" requests "$DIR" "$SD/req-notices-1.json"
+  ctl_delays "$SD/delay-notices-1.txt"
+  perf_end notices
   sleep "$SETTLE"
   fails=()
   for i in $(seq $((prev + NOTICES)) $((prev + NOTICES + FAILS - 1))); do fails+=("n$i"); done
@@ -226,9 +244,10 @@ for n in "${sizes[@]}"; do
   stop "$WATCH_PID"; WATCH_PID=""
   stop "$CTL_PID"; CTL_PID=""
   python3 - "$SD" "$n" "$pods" "$open" "$accepted" "$shed" "$engine" "$((t2 - t0))" "$K8S" \
-    "$("${F[@]}" latency "$SD/agents.out" "$SD/expiry.out" "$SD/watch.log" "$SD/controller.log")" >>"$RESULTS" <<'EOF'
+    "$("${F[@]}" latency "$SD/agents.out" "$SD/expiry.out" "$SD/watch.log" "$SD/controller.log")" \
+    "$("${F[@]}" delays "$SD/delay-notices-0.txt" "$SD/delay-notices-1.txt")" >>"$RESULTS" <<'EOF'
 import json, os, sys
-sd, n, pods, open_, accepted, shed, engine, grow, k8s, lat = sys.argv[1:]
+sd, n, pods, open_, accepted, shed, engine, grow, k8s, lat, delays = sys.argv[1:]
 hist = {w: json.load(open(f"{sd}/histograms-{w}.json")) for w in ("notices", "expiry")}
 try:
     audit = json.load(open(f"{sd}/audit.json"))
@@ -247,7 +266,8 @@ print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(
                   "reconciles_total": reconciles, "node_write_conflicts_total": conflicts, "phases": ph,
                   "apiserver_req_per_s": {p: round(sum(r.values()), 1) for p, r in rates.items()},
                   "agents_minus_base_req_per_s": top, "latency": json.loads(lat), "apiserver_histograms": hist,
-                  "cordon_audit": audit, "fleet_nice": os.environ.get("FLEET_NICE")}))
+                  "cordon_audit": audit, "scheduling_delay_notices": json.loads(delays),
+                  "fleet_nice": os.environ.get("FLEET_NICE")}))
 EOF
   tail -1 "$RESULTS" >&2
   prev=$n
@@ -272,6 +292,11 @@ for line in open(sys.argv[1]):
     for w, h in r.get("apiserver_histograms", {}).items():
         for series, v in sorted(h.items()):
             print(f'  {r["nodes"]} nodes, {w}: {series}: {v["n"]}; {v["p50_le_s"]} / {v["p99_le_s"]}')
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    for probe, d in r.get("scheduling_delay_notices", {}).items():
+        print(f'controller scheduling delay during the notices at {r["nodes"]} nodes, probe {probe}: {d["n"]} samples, '
+              + ", ".join(f'{d[f"over_{s}s"]} over {s} s' for s in ("0.1", "0.25", "0.5", "1")))
 for line in open(sys.argv[1]):
     r = json.loads(line); a = r.get("cordon_audit")
     if a:

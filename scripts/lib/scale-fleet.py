@@ -24,6 +24,9 @@ directory: every call here uses its admin client certificate (the harness, never
                                                     verb/resource/subresource, and the HISTOGRAMS below, as JSON
     scale-fleet.py histograms A B                   the HISTOGRAMS' requests between two `requests` files: count and
                                                     the bucket bounds of their p50 / p99
+    scale-fleet.py delays A B                       the controller's scheduling delays between two snapshots of its
+                                                    /metrics, per probe (runtime, thread): samples, and how many
+                                                    were over 0.1 / 0.25 / 0.5 / 1 s
     scale-fleet.py latency EVENTS…                  percentiles of from → to from `notice|expiry NODE NS` lines and the
                                                     watch's `cordon NODE NS` lines, and of the watch's change lines;
                                                     given the controller's JSON log too, also from → its
@@ -433,6 +436,27 @@ def histograms(a_file, b_file):
     print(json.dumps(res))
 
 
+def delays(a_file, b_file):
+    """The controller's scheduling delays (`nodekeeper_scheduling_delay_seconds`, two snapshots of its
+    /metrics): per probe, the samples between them and how many were later than 0.1, 0.25, 0.5 and 1 s."""
+    def buckets(fn):
+        out = {}
+        with open(fn) as f:
+            for line in f:
+                if line.startswith("nodekeeper_scheduling_delay_seconds_bucket{"):
+                    labels, val = line[line.index("{") + 1:].rsplit("} ", 1)
+                    kv = labels_of(labels)
+                    out.setdefault(kv["probe"], {})[kv["le"]] = float(val)
+        return out
+    a, b = buckets(a_file), buckets(b_file)
+    res = {}
+    for probe, bs in sorted(b.items()):
+        d = {le: c - a.get(probe, {}).get(le, 0) for le, c in bs.items()}
+        n = d.get("+Inf", 0)
+        res[probe] = {"n": round(n), **{f"over_{le}s": round(n - d.get(le, 0)) for le in ("0.1", "0.25", "0.5", "1")}}
+    print(json.dumps(res))
+
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round((len(xs) - 1) * p))] if xs else float("nan")
@@ -565,6 +589,8 @@ def main():
         latency(args)
     elif cmd == "histograms":
         histograms(args[0], args[1])
+    elif cmd == "delays":
+        delays(args[0], args[1])
     elif cmd == "audit":
         audit(args[0], args[1], args[2])
     else:
