@@ -92,9 +92,14 @@ impl SchedulingDelay {
         );
     }
 
-    /// Starts both probes on the current runtime; they stop when `cancel` is cancelled. Without
-    /// a thread (the system refused one) the runtime's probe runs alone.
-    pub fn start(self: &Arc<Self>, cancel: CancellationToken) {
+    /// Starts both probes on the current runtime; they stop when `cancel` is cancelled (the
+    /// thread also once the runtime's probe and every other holder of `self` are gone, so that a
+    /// controller dropped without a shutdown leaves no thread behind). Without a thread (the
+    /// system refused one) the runtime's probe runs alone. Returns the thread.
+    pub fn start(
+        self: &Arc<Self>,
+        cancel: CancellationToken,
+    ) -> Option<std::thread::JoinHandle<()>> {
         let me = self.clone();
         let stop = cancel.clone();
         tokio::spawn(async move {
@@ -107,18 +112,25 @@ impl SchedulingDelay {
                 me.observe(Probe::Runtime, t.elapsed().saturating_sub(PERIOD));
             }
         });
-        let me = self.clone();
+        let weak = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name("delay-probe".into())
             .spawn(move || {
                 while !cancel.is_cancelled() {
                     let t = Instant::now();
                     std::thread::sleep(PERIOD);
+                    let Some(me) = weak.upgrade() else {
+                        return;
+                    };
                     me.observe(Probe::Thread, t.elapsed().saturating_sub(PERIOD));
                 }
             });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no thread for the scheduling delay probe: runtime probe only");
+        match spawned {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "no thread for the scheduling delay probe: runtime probe only");
+                None
+            }
         }
     }
 }
@@ -155,6 +167,26 @@ mod tests {
         let d = SchedulingDelay::new();
         assert_eq!(counts(&d, "runtime", "0.001"), (0, 0));
         assert_eq!(counts(&d, "thread", "0.001"), (0, 0));
+    }
+
+    /// Dropped without a shutdown (its runtime gone, no holder left), the thread's probe ends.
+    #[test]
+    fn the_thread_ends_with_its_last_holder() {
+        let d = SchedulingDelay::new();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let thread = rt
+            .block_on(async { d.start(CancellationToken::new()) })
+            .unwrap();
+        drop(rt);
+        drop(d);
+        std::thread::sleep(PERIOD * 3);
+        assert!(
+            thread.is_finished(),
+            "the probe's thread outlived its holders"
+        );
     }
 
     /// A task that blocks the runtime's only worker for 400 ms shows in the runtime's probe as
