@@ -390,21 +390,28 @@ def labels_of(text):
     return {k: v.strip('"') for k, v in kv.items()}
 
 
+def samples(text):
+    """The labelled samples of a Prometheus text exposition: (name, labels text, value); labels_of parses
+    the labels of those a caller keeps."""
+    for line in text.splitlines():
+        if "{" not in line or line.startswith("#"):
+            continue
+        name, rest = line.split("{", 1)
+        labels, val = rest.rsplit("} ", 1)
+        yield name, labels, float(val)
+
+
 def requests(d, out):
     api = Api(d)
     conn = api.conn = http.client.HTTPSConnection(api.url.hostname, api.url.port, context=api.ctx, timeout=60)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     tot, hist = {}, {}
-    for line in text.splitlines():
-        if "{" not in line or line.startswith("#"):
-            continue
-        name, rest = line.split("{", 1)
-        labels, val = rest.rsplit("} ", 1)
+    for name, labels, val in samples(text):
         if name == "apiserver_request_total":
             kv = labels_of(labels)
             key = f"{kv.get('verb')} {kv.get('resource')}{'/' + kv['subresource'] if kv.get('subresource') else ''}"
-            tot[key] = tot.get(key, 0) + float(val)
+            tot[key] = tot.get(key, 0) + val
             continue
         for metric, keep in HISTOGRAMS:
             if name != metric:
@@ -414,7 +421,7 @@ def requests(d, out):
                 continue
             le = kv.pop("le")
             series = name[:-len("_bucket")] + "{" + ",".join(f"{k}={v}" for k, v in sorted(kv.items())) + "}"
-            hist.setdefault(series, {})[le] = float(val)
+            hist.setdefault(series, {})[le] = val
     with open(out, "w") as f:
         json.dump({"t": time.time(), "total": tot, "histograms": hist}, f)
 
@@ -442,11 +449,10 @@ def delays(a_file, b_file):
     def buckets(fn):
         out = {}
         with open(fn) as f:
-            for line in f:
-                if line.startswith("nodekeeper_scheduling_delay_seconds_bucket{"):
-                    labels, val = line[line.index("{") + 1:].rsplit("} ", 1)
+            for name, labels, val in samples(f.read()):
+                if name == "nodekeeper_scheduling_delay_seconds_bucket":
                     kv = labels_of(labels)
-                    out.setdefault(kv["probe"], {})[kv["le"]] = float(val)
+                    out.setdefault(kv["probe"], {})[kv["le"]] = val
         return out
     a, b = buckets(a_file), buckets(b_file)
     res = {}
