@@ -128,13 +128,15 @@ shipped_controller_config "127.0.0.1:$CTL_PORT" "$OUT/tls" |
       -e 's|^budgets = .*|budgets = [{ nodes = "100%" }]|' |
   awk -v set="${NK_CONTROLLER_SET:-}" '{ print } /^\[controller\]$/ && set != "" { print set }' >"$OUT/controller.toml"
 ctl_metric() { curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
-# The controller's scheduling delay histograms (nodekeeper_scheduling_delay_seconds), for scale-fleet.py delays.
-ctl_delays() { curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | grep '^nodekeeper_scheduling_delay_seconds' >"$1" || true; }
-# The engine's reconciles and wakes by cause around a window (nothing before the controller runs).
-engine_counters() {
+# ctl_metrics REGEX FILE: the controller's metrics lines matching REGEX (nothing before the controller runs).
+ctl_metrics() {
   [ -n "$CTL_PID" ] || return 0
-  curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | grep -E '^nodekeeper_engine_(reconciles|reconciles_held|wakes|due_paths|fast_paths)_total' >"$1" || true
+  curl -sk "https://127.0.0.1:$CTL_PORT/metrics" | grep -E "$1" >"$2" || true
 }
+# The controller's scheduling delay histograms (nodekeeper_scheduling_delay_seconds), for scale-fleet.py delays.
+ctl_delays() { ctl_metrics '^nodekeeper_scheduling_delay_seconds' "$1"; }
+# The engine's reconciles and wakes by cause around a window.
+engine_counters() { ctl_metrics '^nodekeeper_engine_(reconciles|reconciles_held|wakes|due_paths|fast_paths)_total' "$1"; }
 # perf_start NAME SECONDS / perf_end NAME: with PERF=1, the controller sampled by perf for SECONDS, then its hottest
 # symbols (SIZE/perf-NAME.txt) and who calls them (SIZE/perf-NAME-callers.txt).
 PERF_PID=""
