@@ -167,7 +167,9 @@ fn unix_ns() -> u128 {
 /// message carries the send time, for the parent's watch) until killed. With `--notices K`
 /// (scripts/bench-scale-real.sh), the agents of nodes `n{F}`…`n{F+K-1}` (`--notice-from F`) each
 /// report one spot interruption notice, one every `--notice-ms` (default 200 ms), starting
-/// `--notice-delay-s` (default 2) after `started`; each prints `notice NODE UNIX_NS` (when it
+/// `--notice-delay-s` (default 2) after `started`, or, with `--notice-go FILE`, once FILE exists
+/// (the bench's measurement window is open then, however long its earlier phases took); each
+/// prints `notice NODE UNIX_NS` (when it
 /// was handed to the reporter, as the agent's source does) on stdout. The agents' setup is the
 /// same on the sim and on the real control plane: only the token files differ.
 async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -218,9 +220,16 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
         .map(|(ev, _)| ev.clone());
     let notify: Vec<_> = (from..).zip(notify).collect();
     let notice_delay = Duration::from_secs(arg("--notice-delay-s", 2));
+    let notice_go = str_arg("--notice-go", "");
     tokio::spawn(async move {
         use nodekeeper_core::agent::sources::{EventKind, NodeEvent};
-        tokio::time::sleep(notice_delay).await;
+        if notice_go.is_empty() {
+            tokio::time::sleep(notice_delay).await;
+        } else {
+            while !std::path::Path::new(&notice_go).exists() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         let mut tick = tokio::time::interval(notice_every);
         for (i, ev) in notify {
             tick.tick().await;

@@ -57,8 +57,10 @@
 #      ServiceAccount (token from `kubectl create token`), on a loopback port, no agent connected yet;
 #   3. agents: N agents connected, examples/controller_bench.rs `--agents` (the agent's own Reporter, one
 #      connection each, the default 10 s heartbeat and 1 s idle close, one condition change per 100 ms);
-#   4. notice → cordon: the agents of NOTICES new nodes each report a spot interruption notice (one per 200 ms),
-#      from the notice handed to the agent's reporter to the cordon seen by a Node watch;
+#   4. notice → cordon: the agents of NOTICES new nodes each report a spot interruption notice (one per 200 ms,
+#      starting as the notices' window opens: SIZE/notices.go), from the notice handed to the agent's reporter to
+#      the cordon seen by a Node watch; in that window also every process's CPU, the machine's (busy, runnable
+#      tasks) and kube-apiserver's goroutine scheduling latency (go_sched_latencies_seconds);
 #   5. decision after a toleration expires: the kubelets of FAILS new nodes post Ready=False with one whole-second
 #      lastTransitionTime T; from T + TOLERATION to the repair's cordon seen by the same watch.
 #   For 4 and 5 also (in brackets) to the controller's `node written` log line with the node's cordon, written once
@@ -210,7 +212,7 @@ for n in "${sizes[@]}"; do
   WATCH_PID=$!
   rm -rf "$FLEET/state"   # each size's agents start afresh (no notice queued from the last size)
   ${FLEET_NICE:+setsid} "$FLEET_BIN" --agents "$n" --port "$CTL_PORT" --dir "$FLEET" --idle-ms "${AGENT_IDLE_MS:-1000}" \
-    --notices "$NOTICES" --notice-from "$prev" --notice-delay-s $((WINDOW + 15)) >"$SD/agents.out" 2>"$SD/agents.err" &
+    --notices "$NOTICES" --notice-from "$prev" --notice-go "$SD/notices.go" >"$SD/agents.out" 2>"$SD/agents.err" &
   AGENTS_PID=$!
   fleet_nice "$AGENTS_PID"
   until grep -q '^started' "$SD/agents.out"; do
@@ -222,10 +224,13 @@ for n in "${sizes[@]}"; do
   phase agents "controller=$CTL_PID" "agents=$AGENTS_PID"
   # kube-apiserver's latency histograms (APF wait and execution of the controller's flows, Node PATCHes, etcd's
   # Node updates) around the notices (with their drains) and around the expiry: SIZE/req-{notices,expiry}-{0,1}.json.
+  # The notices start when the window opens (the agents wait for SIZE/notices.go): NOTICES / 5 s of them, then
+  # 15 s of their drains; SIZE/notices.json, every process's CPU and the machine's in that window.
   "${F[@]}" requests "$DIR" "$SD/req-notices-0.json"
   ctl_delays "$SD/delay-notices-0.txt"
-  perf_start notices $(( 10 + NOTICES / 5 + 5 ))
-  sleep $(( 10 + NOTICES / 5 + 5 ))
+  perf_start notices $(( NOTICES / 5 + 15 ))
+  touch "$SD/notices.go"
+  "${F[@]}" sample $(( NOTICES / 5 + 15 )) "$SD/notices.json" "${CP[@]}" "controller=$CTL_PID" "agents=$AGENTS_PID"
   "${F[@]}" requests "$DIR" "$SD/req-notices-1.json"
   ctl_delays "$SD/delay-notices-1.txt"
   perf_end notices
@@ -269,6 +274,7 @@ print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(
                   "apiserver_req_per_s": {p: round(sum(r.values()), 1) for p, r in rates.items()},
                   "agents_minus_base_req_per_s": top, "latency": json.loads(lat), "apiserver_histograms": hist,
                   "cordon_audit": audit, "scheduling_delay_notices": json.loads(delays),
+                  "notices_window": json.load(open(f"{sd}/notices.json")),
                   "fleet_nice": os.environ.get("FLEET_NICE")}))
 EOF
   tail -1 "$RESULTS" >&2
@@ -299,6 +305,16 @@ for line in open(sys.argv[1]):
     for probe, d in r.get("scheduling_delay_notices", {}).items():
         print(f'controller scheduling delay during the notices at {r["nodes"]} nodes, probe {probe}: {d["n"]} samples, '
               + ", ".join(f'{d[f"over_{s}s"]} over {s} s' for s in ("0.1", "0.25", "0.5", "1")))
+    w = r.get("notices_window")
+    if w:
+        m = w["machine"]
+        print(f'the notices\' window at {r["nodes"]} nodes ({w["seconds"]} s): the machine {m["busy_pct"]} % busy '
+              f'({m["busy_pct_max_tick"]} % in its busiest 0.5 s), runnable tasks p50 {m["runnable_p50"]}, max {m["runnable_max"]}; CPU m: '
+              + ", ".join(f'{k} {v["cpu_millicores"]}' for k, v in w.items() if isinstance(v, dict) and "cpu_millicores" in v))
+    for series, v in r.get("apiserver_histograms", {}).get("notices", {}).items():
+        if series.startswith("go_sched"):
+            print(f'kube-apiserver goroutines during the notices at {r["nodes"]} nodes: {v["n"]} waits to run, '
+                  + ", ".join(f'{n} over {float(le) * 1000:.1f} ms' for le, n in v["over_s"].items()))
 for line in open(sys.argv[1]):
     r = json.loads(line); a = r.get("cordon_audit")
     if a:

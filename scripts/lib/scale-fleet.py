@@ -349,10 +349,23 @@ def proc(pid):
         return None
 
 
+def machine():
+    """The machine's CPU time so far (all, idle + iowait; clock ticks) and how many tasks are runnable now."""
+    with open("/proc/stat") as f:
+        lines = f.read().splitlines()
+    ticks = [int(x) for x in lines[0].split()[1:]]
+    running = next(int(l.split()[1]) for l in lines if l.startswith("procs_running "))
+    return sum(ticks), ticks[3] + ticks[4], running
+
+
 def sample(secs, out, specs):
+    """RSS and CPU of each LABEL=PID over secs, and the machine's: its CPU busy over the whole window and
+    at most in one 0.5 s tick, and its runnable tasks per tick (p50, max; the sampler is one of them)."""
     pids = dict(s.split("=", 1) for s in specs)
     first = {k: proc(p) for k, p in pids.items()}
     peak = {k: (v[0] if v else 0) for k, v in first.items()}
+    m0 = last = machine()
+    busiest, runnable = 0.0, []
     t0 = time.time()
     while time.time() - t0 < secs:
         time.sleep(0.5)
@@ -360,6 +373,11 @@ def sample(secs, out, specs):
             v = proc(p)
             if v:
                 peak[k] = max(peak[k], v[0])
+        m = machine()
+        if m[0] > last[0]:
+            busiest = max(busiest, 1 - (m[1] - last[1]) / (m[0] - last[0]))
+        runnable.append(m[2])
+        last = m
     el = time.time() - t0
     res = {}
     for k, p in pids.items():
@@ -369,6 +387,10 @@ def sample(secs, out, specs):
                       "cpu_millicores": round((b[1] - a[1]) / el * 1000)}
     res["seconds"] = round(el, 1)
     res["loadavg"] = open("/proc/loadavg").read().split()[:3]
+    total = last[0] - m0[0]
+    res["machine"] = {"busy_pct": round(100 * (1 - (last[1] - m0[1]) / total), 1) if total else None,
+                      "busy_pct_max_tick": round(100 * busiest, 1),
+                      "runnable_p50": pct(runnable, 0.5), "runnable_max": max(runnable, default=None)}
     with open(out, "w") as f:
         json.dump(res, f)
 
@@ -382,6 +404,9 @@ HISTOGRAMS = (
     ("apiserver_request_duration_seconds_bucket",
      lambda kv: kv.get("verb") == "PATCH" and kv.get("resource") == "nodes" and not kv.get("subresource")),
     ("etcd_request_duration_seconds_bucket", lambda kv: kv.get("resource") == "nodes" and kv.get("operation") == "update"),
+    # kube-apiserver's goroutines: how long each waited, runnable, for one of its GOMAXPROCS threads (the Go
+    # runtime's /sched/latencies; buckets of 10.5 ms and 117 ms at the top).
+    ("go_sched_latencies_seconds_bucket", lambda kv: True),
 )
 
 
@@ -440,6 +465,9 @@ def histograms(a_file, b_file):
         def bound(p):
             return next((le for le, c in delta if c >= p * n), float("inf"))
         res[series] = {"n": round(n), "p50_le_s": bound(0.5), "p99_le_s": bound(0.99)}
+        if series.startswith("go_sched"):
+            # Its buckets are too coarse for a p99 to say much: how many waited longer than the top two.
+            res[series]["over_s"] = {str(le): round(n - c) for le, c in delta[-3:-1]}
     print(json.dumps(res))
 
 
