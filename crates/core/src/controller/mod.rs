@@ -28,6 +28,7 @@ pub mod provider;
 pub mod server;
 pub mod status;
 pub mod supervise;
+pub mod wake;
 
 use std::net::SocketAddr;
 
@@ -188,8 +189,8 @@ pub async fn start_under(
             .modify(|n| n.metadata.managed_fields = None),
     );
     let wake_filter = match &engine {
-        Some(o) => engine::NodeWake::for_policy(&o.policy),
-        None => engine::NodeWake::default(),
+        Some(o) => wake::NodeWake::for_policy(&o.policy),
+        None => wake::NodeWake::default(),
     };
     let mut tasks = supervise::Tasks::default();
     let c1 = cancel.clone();
