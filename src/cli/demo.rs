@@ -1,4 +1,6 @@
 //! `nodekeeper demo`: arguments and exit codes; the demo itself is `nodekeeper_sim::demo`.
+// The arguments' docs are `--help` text, which names TOML tables as `[repair]`, not as links.
+#![allow(rustdoc::broken_intra_doc_links)]
 
 use std::path::PathBuf;
 use std::time::Duration;

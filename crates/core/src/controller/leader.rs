@@ -175,7 +175,7 @@ impl Elector {
 
     /// A follower's pause before its next attempt. When the last attempt read another live
     /// holder, it watches the Lease from that read and returns when the holder releases it, the
-    /// Lease is deleted, the Lease expires unrenewed (by the same clock [`expired`] reads), or the
+    /// Lease is deleted, the Lease expires unrenewed (by the same clock `expired` reads), or the
     /// watch ends; otherwise (no such read, or the watch cannot open) it sleeps `retry_period`.
     pub async fn follower_wait(&self) {
         let seen = self.observed().take();

@@ -1,5 +1,5 @@
 //! `/openapi/v3`: OpenAPI v3 documents for the served kinds, and the schemas behind server-side
-//! field validation ([`validate`]).
+//! field validation ([`validate`](super::validate)).
 //!
 //! kubectl's `--validate` (default `strict`) first asks `/openapi/v3/<group-version>` whether the
 //! PATCH operation of the object's kind takes a `fieldValidation` query parameter. When it does,

@@ -1,5 +1,5 @@
 //! Optional TLS for the sim apiserver: a throw-away CA and a server certificate for
-//! `127.0.0.1`/`localhost`/`::1`, generated at start ([`crate::serve`] serves the router over it).
+//! `127.0.0.1`/`localhost`/`::1`, generated at start ([`serve`](super::serve) serves the router over it).
 
 use std::sync::Arc;
 

@@ -35,7 +35,7 @@ pub struct DemoArgs {
     /// docs/sim.md). The script acts on the first node of the first spot pool and the first
     /// two nodes of the first on-demand pool.
     pub scenario: Option<PathBuf>,
-    /// Your controller configuration (its [repair], [budgets], [interruption] sections) instead
+    /// Your controller configuration (its `[repair]`, `[budgets]`, `[interruption]` sections) instead
     /// of the embedded one (crates/sim/src/demo/controller.toml, typical OKE + KPO values).
     pub controller_config: Option<PathBuf>,
     /// Play on this real cluster instead of the embedded sim: an admin kubeconfig of an API
@@ -58,7 +58,7 @@ pub struct DemoArgs {
     pub snapshot: Option<PathBuf>,
     /// With --snapshot, an event to inject (repeatable): `notready:NODE`,
     /// `preemption:NODE`, also termination, maintenance, rebalance, reboot, redeploy; TARGET
-    /// may be `pool=NAME` (a value of [budgets] group_by) or `LABEL=VALUE`.
+    /// may be `pool=NAME` (a value of `[budgets] group_by`) or `LABEL=VALUE`.
     pub what_if: Vec<whatif::event::WhatIf>,
     /// With --snapshot, decide this long after the events (default: the longest repair
     /// toleration + 1s, so that tolerations have run out).

@@ -4,7 +4,7 @@
 //! - [`lint`]: validation of `[crio]` (names, TOML, `short_name_mode`, version gates, unknown keys);
 //! - [`apply`]: plan and apply, with rollback;
 //! - [`state`]: ownership record and the transaction in flight;
-//! - [`fsops`]: atomic file operations.
+//! - [`fsops`](crate::agent::fsops): atomic file operations.
 
 pub mod apply;
 pub mod lint;

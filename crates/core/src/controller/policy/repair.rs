@@ -64,7 +64,7 @@ pub fn evaluate(node: &NodeView, policies: &[RepairPolicy]) -> Health {
 }
 
 /// When the engine is next due to decide a repair: the earliest moment after `now` at which a
-/// repair toleration expires on an idle node that has been Ready (the moment [`step`] starts
+/// repair toleration expires on an idle node that has been Ready (the moment `step` starts
 /// seeing it as a candidate), and the groups of the nodes whose toleration expires then.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Due {
