@@ -1300,6 +1300,49 @@ fn no_fence_for_a_notready_repair_but_one_for_an_interruption_drain_of_a_ready_n
     );
 }
 
+/// Handed over, an interrupted node no longer needs its NodePool fenced (Karpenter counts it), but
+/// the fence stays for `LIFT_HOLD` after the handover, so that the next notice in the NodePool (a
+/// wave) finds the marks in place instead of writing them again; then it is lifted, once.
+#[test]
+fn the_fence_outlives_a_handover_by_the_lift_hold_then_goes() {
+    use nodekeeper_core::controller::policy::fence::LIFT_HOLD;
+    let now = monday();
+    let mut p = ready_node("p", "spot2", now);
+    p.notices.push(notice(
+        "ev",
+        NoticeKind::Preemption,
+        Some(now + mins(2)),
+        now,
+    ));
+    let mut v = view(vec![p, ready_node("q", "spot2", now)]);
+    let ds = run(&v, &cfg(), now);
+    apply(&mut v, &ds);
+    assert_eq!(mark_of(get(&v, "q")), (Some("true"), Some("fence")));
+    node_mut(&mut v, "p").notices.clear();
+    accept_replacement(&mut v, "p");
+    finish_drain(&mut v, "p");
+    let handover = now + chrono::Duration::seconds(20);
+    let ds = run(&v, &cfg(), handover);
+    assert!(has(&of(&ds, "p"), is_retire), "{ds:#?}");
+    apply(&mut v, &ds);
+    assert!(of(&ds, "q").is_empty(), "held at the handover: {ds:#?}");
+    let ds = run(
+        &v,
+        &cfg(),
+        handover + LIFT_HOLD - chrono::Duration::seconds(1),
+    );
+    assert!(of(&ds, "q").is_empty(), "held: {ds:#?}");
+    let ds = run(&v, &cfg(), handover + LIFT_HOLD);
+    apply(&mut v, &ds);
+    assert_eq!(
+        mark_of(get(&v, "q")),
+        (None, None),
+        "lifted after the hold: {ds:#?}"
+    );
+    let ds = run(&v, &cfg(), handover + LIFT_HOLD + mins(1));
+    assert!(of(&ds, "q").is_empty(), "once: {ds:#?}");
+}
+
 #[test]
 fn a_fenced_node_that_nodekeeper_then_acts_on_takes_the_mark_as_its_own() {
     let now = monday();
@@ -1342,7 +1385,7 @@ fn the_fast_path_fences_the_nodepool_as_the_reconcile_does_and_never_lifts_a_mar
         .insert(keys::KARPENTER_DO_NOT_DISRUPT.into(), "true".into());
     let pool = vec![p.clone(), ready_node("q", "spot", now), user];
     let actions = decide_interruption(&p, &cfg(), now).expect("decided alone");
-    let fast = fence_now(&pool, "p", &actions);
+    let fast = fence_now(&pool, "p", &actions, now);
     // The reconcile's fence for the same NodePool: the same marks, on the same nodes.
     let ds = run(&view(pool.clone()), &cfg(), now);
     assert_eq!(
@@ -1373,5 +1416,5 @@ fn the_fast_path_fences_the_nodepool_as_the_reconcile_does_and_never_lifts_a_mar
             .any(|a| matches!(a, Action::Annotate { value: None, .. })),
         "the reconcile lifts it: {ds:#?}"
     );
-    assert_eq!(fence_now(&[down, stale], "p", &actions), vec![]);
+    assert_eq!(fence_now(&[down, stale], "p", &actions, now), vec![]);
 }

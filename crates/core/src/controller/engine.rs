@@ -323,7 +323,7 @@ impl Engine {
             return false;
         }
         let mut fence: BTreeMap<String, Vec<Action>> = BTreeMap::new();
-        for (n, a) in fence_now(&self.pool_of(v), node, &actions) {
+        for (n, a) in fence_now(&self.pool_of(v), node, &actions, now) {
             fence.entry(n).or_default().push(a);
         }
         let dry_run = self.policy.controller.dry_run;

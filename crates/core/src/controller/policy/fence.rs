@@ -20,6 +20,8 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
+use chrono::{DateTime, Utc};
+
 use super::view::{keys, NodeView, State};
 use super::Action;
 use crate::controller::provider::POOL_LABEL;
@@ -36,8 +38,19 @@ pub fn invisible_to_karpenter(n: &NodeView) -> bool {
     disrupting && n.is_ready() && !n.deleting && !record.retire_requested
 }
 
-/// The fence actions for the whole view, given each node's actions of this round.
-pub fn fence(nodes: &[NodeView], round: &BTreeMap<String, Vec<Action>>) -> Vec<(String, Action)> {
+/// How long a fence stays after a node of its NodePool was handed to the provider
+/// (`retire-requested`), although no node needs it any more: a wave of notices in one NodePool (a
+/// cloud reclaims spot capacity per capacity pool) then costs each other node one mark and one
+/// lift, not a pair per notice, and the lifts come after the wave instead of among its cordons.
+/// Karpenter's voluntary disruptions in that NodePool wait this much longer.
+pub const LIFT_HOLD: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
+
+/// The fence actions for the whole view, given each node's actions of this round, at `now`.
+pub fn fence(
+    nodes: &[NodeView],
+    round: &BTreeMap<String, Vec<Action>>,
+    now: DateTime<Utc>,
+) -> Vec<(String, Action)> {
     // Only the nodes acted on this round are copied (a reconcile of thousands of idle nodes
     // copies none).
     let after: Vec<Cow<'_, NodeView>> = nodes
@@ -58,6 +71,17 @@ pub fn fence(nodes: &[NodeView], round: &BTreeMap<String, Vec<Action>>) -> Vec<(
         .iter()
         .filter_map(|n| Some((n.labels.get(POOL_LABEL)?.as_str(), n)))
         .filter(|(_, n)| invisible_to_karpenter(n))
+        .map(|(pool, _)| pool)
+        .collect();
+    // NodePools with a node handed over less than LIFT_HOLD ago keep their marks.
+    let held_pools: BTreeSet<&str> = after
+        .iter()
+        .filter_map(|n| Some((n.labels.get(POOL_LABEL)?.as_str(), n)))
+        .filter(|(_, n)| {
+            n.annotation(keys::RETIRE_REQUESTED)
+                .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                .is_some_and(|t| now.signed_duration_since(t) < LIFT_HOLD)
+        })
         .map(|(pool, _)| pool)
         .collect();
     let mut out = Vec::new();
@@ -81,7 +105,7 @@ pub fn fence(nodes: &[NodeView], round: &BTreeMap<String, Vec<Action>>) -> Vec<(
             // Ownership first, so a crash in between never leaves an unowned mark.
             out.push(annotate(keys::DO_NOT_DISRUPT_BY, Some(FENCE)));
             out.push(annotate(keys::KARPENTER_DO_NOT_DISRUPT, Some("true")));
-        } else if !wanted && ours {
+        } else if !wanted && ours && !held_pools.contains(pool.as_str()) {
             out.push(annotate(keys::KARPENTER_DO_NOT_DISRUPT, None));
             out.push(annotate(keys::DO_NOT_DISRUPT_BY, None));
         }
@@ -93,9 +117,14 @@ pub fn fence(nodes: &[NodeView], round: &BTreeMap<String, Vec<Action>>) -> Vec<(
 /// [`fence`] adds when `node` takes `actions` this round, given `pool`, the nodes of its NodePool
 /// (`node` included). Only additions: whether a mark is lifted depends on the whole round, which
 /// the reconcile decides; a disruption only ever adds marks, so these are [`fence`]'s for the pool.
-pub fn fence_now(pool: &[NodeView], node: &str, actions: &[Action]) -> Vec<(String, Action)> {
+pub fn fence_now(
+    pool: &[NodeView],
+    node: &str,
+    actions: &[Action],
+    now: DateTime<Utc>,
+) -> Vec<(String, Action)> {
     let round = BTreeMap::from([(node.to_string(), actions.to_vec())]);
-    fence(pool, &round)
+    fence(pool, &round, now)
         .into_iter()
         .filter(|(_, a)| matches!(a, Action::Annotate { value: Some(_), .. }))
         .collect()

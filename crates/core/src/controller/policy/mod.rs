@@ -176,7 +176,7 @@ pub fn decide_with_status(
 ) -> (Vec<Decision>, Vec<GroupStatus>) {
     let (mut out, statuses) = decide_each_group(view, cfg, now, |_| true);
     let round = by_node(&out);
-    out.extend(fence::fence(&view.nodes, &round));
+    out.extend(fence::fence(&view.nodes, &round, now));
     (decisions(out, cfg), statuses)
 }
 
@@ -208,7 +208,7 @@ pub fn decide_groups(
     };
     let whole_pools = cfg.budgets.group_by == POOL_LABEL;
     out.extend(
-        fence::fence(&members, &round)
+        fence::fence(&members, &round, now)
             .into_iter()
             .filter(|(_, a)| whole_pools || matches!(a, Action::Annotate { value: Some(_), .. })),
     );
