@@ -1262,6 +1262,27 @@ fn a_voluntary_disruption_of_a_ready_node_fences_its_nodepool_until_it_ends() {
     );
 }
 
+/// Node `p` of NodePool `spot2`, Ready, with a preemption notice, beside `q`: the view after the
+/// first round, and that round's decisions.
+fn preempted_p_beside_q(
+    now: chrono::DateTime<chrono::Utc>,
+) -> (
+    nodekeeper_core::controller::policy::view::ClusterView,
+    Vec<nodekeeper_core::controller::policy::Decision>,
+) {
+    let mut p = ready_node("p", "spot2", now);
+    p.notices.push(notice(
+        "ev",
+        NoticeKind::Preemption,
+        Some(now + mins(2)),
+        now,
+    ));
+    let mut v = view(vec![p, ready_node("q", "spot2", now)]);
+    let ds = run(&v, &cfg(), now);
+    apply(&mut v, &ds);
+    (v, ds)
+}
+
 #[test]
 fn no_fence_for_a_notready_repair_but_one_for_an_interruption_drain_of_a_ready_node() {
     let now = monday();
@@ -1281,16 +1302,7 @@ fn no_fence_for_a_notready_repair_but_one_for_an_interruption_drain_of_a_ready_n
     assert_eq!(mark_of(get(&v, "b")), (None, None), "{ds:#?}");
     // A preemption of a Ready node: gated by neither tool, but counted by both; Karpenter cannot see
     // it while the node stays Ready, so the NodePool is fenced for the drain.
-    let mut p = ready_node("p", "spot2", now);
-    p.notices.push(notice(
-        "ev",
-        NoticeKind::Preemption,
-        Some(now + mins(2)),
-        now,
-    ));
-    let mut v = view(vec![p, ready_node("q", "spot2", now)]);
-    let ds = run(&v, &cfg(), now);
-    apply(&mut v, &ds);
+    let (v, ds) = preempted_p_beside_q(now);
     assert_eq!(state(get(&v, "p")), Some("interrupted"));
     assert_eq!(mark_of(get(&v, "p")), (Some("true"), Some("nodekeeper")));
     assert_eq!(
@@ -1307,16 +1319,7 @@ fn no_fence_for_a_notready_repair_but_one_for_an_interruption_drain_of_a_ready_n
 fn the_fence_outlives_a_handover_by_the_lift_hold_then_goes() {
     use nodekeeper_core::controller::policy::fence::LIFT_HOLD;
     let now = monday();
-    let mut p = ready_node("p", "spot2", now);
-    p.notices.push(notice(
-        "ev",
-        NoticeKind::Preemption,
-        Some(now + mins(2)),
-        now,
-    ));
-    let mut v = view(vec![p, ready_node("q", "spot2", now)]);
-    let ds = run(&v, &cfg(), now);
-    apply(&mut v, &ds);
+    let (mut v, _) = preempted_p_beside_q(now);
     assert_eq!(mark_of(get(&v, "q")), (Some("true"), Some("fence")));
     node_mut(&mut v, "p").notices.clear();
     accept_replacement(&mut v, "p");
