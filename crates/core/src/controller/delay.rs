@@ -16,6 +16,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::OneLabel;
+
 /// How long each probe sleeps between two measurements.
 pub const PERIOD: Duration = Duration::from_millis(100);
 /// Bucket bounds, seconds: from the timer's resolution to a stall of seconds.
@@ -44,8 +46,6 @@ impl Probe {
     }
 }
 
-type Labels = [(&'static str, &'static str); 1];
-
 fn histogram() -> Histogram {
     Histogram::new(BUCKETS)
 }
@@ -53,7 +53,7 @@ fn histogram() -> Histogram {
 /// The two probes' delays.
 #[derive(Debug)]
 pub struct SchedulingDelay {
-    delays: Family<Labels, Histogram, fn() -> Histogram>,
+    delays: Family<OneLabel, Histogram, fn() -> Histogram>,
 }
 
 impl SchedulingDelay {

@@ -157,7 +157,7 @@ impl Wake {
 
 /// Labels of `nodekeeper_engine_drain_duration_seconds` (`result`) and
 /// `nodekeeper_engine_wakes_total` (`cause`).
-type OneLabel = [(&'static str, &'static str); 1];
+pub(crate) type OneLabel = [(&'static str, &'static str); 1];
 
 fn drain_histogram() -> Histogram {
     Histogram::new(DRAIN_BUCKETS)
