@@ -58,7 +58,7 @@
 #   3. agents: N agents connected, examples/controller_bench.rs `--agents` (the agent's own Reporter, one
 #      connection each, the default 10 s heartbeat and 1 s idle close, one condition change per 100 ms);
 #   4. notice → cordon: the agents of NOTICES new nodes each report a spot interruption notice (one per 200 ms,
-#      starting as the notices' window opens: SIZE/notices.go), from the notice handed to the agent's reporter to
+#      starting as the notices' window opens: SIZE/notices.start), from the notice handed to the agent's reporter to
 #      the cordon seen by a Node watch; in that window also every process's CPU, the machine's (busy, runnable
 #      tasks) and kube-apiserver's goroutine scheduling latency (go_sched_latencies_seconds);
 #   5. decision after a toleration expires: the kubelets of FAILS new nodes post Ready=False with one whole-second
@@ -160,21 +160,25 @@ perf_end() {
   perf report -i "$SD/perf-$1.data" --no-children --sort symbol -g caller,2,callee --stdio 2>/dev/null |
     grep -v '^$' | head -400 >"$SD/perf-$1-callers.txt" || true
 }
-# phase NAME LABEL=PID…: WINDOW s of samples and kube-apiserver's request counters around them (with PERF=1, the
-# controller's hottest symbols in that window too).
+# phase NAME SECONDS LABEL=PID…: SECONDS of samples (SIZE/NAME.json), and around them kube-apiserver's request
+# counters and the controller's engine counters and scheduling delays (with PERF=1, its hottest symbols in that
+# window too). SIZE/NAME.start marks the window's opening (the agents' notices wait for SIZE/notices.start).
 phase() {
-  local name=$1 changes=""; shift
+  local name=$1 secs=$2 changes=""; shift 2
   "${F[@]}" requests "$DIR" "$SD/req-$name-0.json"
   engine_counters "$SD/engine-$name-0.txt"
-  perf_start "$name" "$WINDOW"
+  ctl_delays "$SD/delay-$name-0.txt"
+  perf_start "$name" "$secs"
   if [ "${CHANGES:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
-    "${F[@]}" node-changes "$DIR" "$WINDOW" >"$SD/changes-$name.json" &
+    "${F[@]}" node-changes "$DIR" "$secs" >"$SD/changes-$name.json" &
     changes=$!
   fi
-  "${F[@]}" sample "$WINDOW" "$SD/$name.json" "${CP[@]}" "$@"
+  : >"$SD/$name.start"
+  "${F[@]}" sample "$secs" "$SD/$name.json" "${CP[@]}" "$@"
   [ -z "$changes" ] || wait "$changes"
   "${F[@]}" requests "$DIR" "$SD/req-$name-1.json"
   engine_counters "$SD/engine-$name-1.txt"
+  ctl_delays "$SD/delay-$name-1.txt"
   perf_end "$name"
 }
 
@@ -195,7 +199,7 @@ for n in "${sizes[@]}"; do
   t2=$(date +%s)
   "${F[@]}" tokens "$DIR" "$prev" "$n" "$FLEET"
   log "size $n: created in $((t1 - t0)) s, all Running and no Ready node tainted not-ready $((t2 - t1)) s later; tokens in $(( $(date +%s) - t2 )) s"
-  phase base
+  phase base "$WINDOW"
 
   KUBECONFIG="$OUT/controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL=info \
     "$NK" controller --config "$OUT/controller.toml" >"$SD/controller.log" 2>&1 &
@@ -206,13 +210,12 @@ for n in "${sizes[@]}"; do
     sleep 0.5
   done
   sleep 10   # the first reconcile (seen-ready stamps on nodes younger than 2 minutes)
-  phase idle "controller=$CTL_PID"
-
+  phase idle "$WINDOW" "controller=$CTL_PID"
   "${F[@]}" watch "$DIR" "$SD/watch.log" &
   WATCH_PID=$!
   rm -rf "$FLEET/state"   # each size's agents start afresh (no notice queued from the last size)
   ${FLEET_NICE:+setsid} "$FLEET_BIN" --agents "$n" --port "$CTL_PORT" --dir "$FLEET" --idle-ms "${AGENT_IDLE_MS:-1000}" \
-    --notices "$NOTICES" --notice-from "$prev" --notice-go "$SD/notices.go" >"$SD/agents.out" 2>"$SD/agents.err" &
+    --notices "$NOTICES" --notice-from "$prev" --notice-go "$SD/notices.start" >"$SD/agents.out" 2>"$SD/agents.err" &
   AGENTS_PID=$!
   fleet_nice "$AGENTS_PID"
   until grep -q '^started' "$SD/agents.out"; do
@@ -221,19 +224,12 @@ for n in "${sizes[@]}"; do
   done
   "${F[@]}" sample 5 "$SD/warm.json" "controller=$CTL_PID"  # the agents' first TokenReviews
   open=$(ctl_metric nodekeeper_connections_open)
-  phase agents "controller=$CTL_PID" "agents=$AGENTS_PID"
+  phase agents "$WINDOW" "controller=$CTL_PID" "agents=$AGENTS_PID"
   # kube-apiserver's latency histograms (APF wait and execution of the controller's flows, Node PATCHes, etcd's
   # Node updates) around the notices (with their drains) and around the expiry: SIZE/req-{notices,expiry}-{0,1}.json.
-  # The notices start when the window opens (the agents wait for SIZE/notices.go): NOTICES / 5 s of them, then
+  # The notices start when the window opens (the agents wait for SIZE/notices.start): NOTICES / 5 s of them, then
   # 15 s of their drains; SIZE/notices.json, every process's CPU and the machine's in that window.
-  "${F[@]}" requests "$DIR" "$SD/req-notices-0.json"
-  ctl_delays "$SD/delay-notices-0.txt"
-  perf_start notices $(( NOTICES / 5 + 15 ))
-  touch "$SD/notices.go"
-  "${F[@]}" sample $(( NOTICES / 5 + 15 )) "$SD/notices.json" "${CP[@]}" "controller=$CTL_PID" "agents=$AGENTS_PID"
-  "${F[@]}" requests "$DIR" "$SD/req-notices-1.json"
-  ctl_delays "$SD/delay-notices-1.txt"
-  perf_end notices
+  phase notices $(( NOTICES / 5 + 15 )) "controller=$CTL_PID" "agents=$AGENTS_PID"
   sleep "$SETTLE"
   fails=()
   for i in $(seq $((prev + NOTICES)) $((prev + NOTICES + FAILS - 1))); do fails+=("n$i"); done
