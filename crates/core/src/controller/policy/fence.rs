@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
-use super::view::{keys, NodeView, State};
+use super::view::{keys, parse_time, NodeView, State};
 use super::Action;
 use crate::controller::provider::POOL_LABEL;
 
@@ -79,8 +79,8 @@ pub fn fence(
         .filter_map(|n| Some((n.labels.get(POOL_LABEL)?.as_str(), n)))
         .filter(|(_, n)| {
             n.annotation(keys::RETIRE_REQUESTED)
-                .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-                .is_some_and(|t| now.signed_duration_since(t) < LIFT_HOLD)
+                .and_then(parse_time)
+                .is_some_and(|t| now - t < LIFT_HOLD)
         })
         .map(|(pool, _)| pool)
         .collect();
