@@ -13,6 +13,8 @@
 #                                                   to be lifted (100,000 pods take longer)
 #   SETTLE=60 …                                     seconds more before the Ready=False posts, so that the decision is
 #                                                   measured after the notices' burst rather than in its tail
+#   POOLS=100 …                                     Karpenter NodePools the nodes are spread over (label karpenter.sh/nodepool=
+#                                                   pool-(i % POOLS)); 0: no NodePool label, so no Karpenter fence (side by side)
 #   NK_CONTROLLER_SET='max_connections = 1024' …    TOML lines added to the controller's [controller] table (to
 #                                                   compare settings side by side: one run each)
 #   PERF=1 …                                        the controller sampled by `perf record` (97 Hz, DWARF call graphs)
@@ -44,7 +46,7 @@
 # every Node PATCH, etcd's Node updates), printed after the table: where a cordon's PATCH spends its time.
 # One cluster (`scripts/k8s-cluster.sh up` + `install`: the shipped manifests, with the kubelet's and
 # kube-controller-manager's default node heartbeat: Leases of 40 s, NotReady after 50 s), grown size by size:
-#   - KWOK nodes n0 … nN-1 (label karpenter.sh/nodepool=pool-(i % 100)), PODS-PER-NODE pods each bound with
+#   - KWOK nodes n0 … nN-1 (label karpenter.sh/nodepool=pool-(i % POOLS)), PODS-PER-NODE pods each bound with
 #     spec.nodeName (namespace bench; no scheduler work, KWOK marks them Running) and the shipped agent
 #     DaemonSet's pod (placed by kube-scheduler); waits until all are Running and kube-controller-manager has
 #     lifted the not-ready taint of every Ready node (at 5,000 nodes ten minutes: its 20 requests a second);
@@ -77,7 +79,8 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--nodes 500,1000,2000,5000] [--pods-per-node 20] [--max-pods N]" >&2; exit 2 ;;
   esac
 done
-WINDOW=${WINDOW:-30} NOTICES=${NOTICES:-50} FAILS=${FAILS:-20} TOLERATION=${TOLERATION:-20} SETTLE=${SETTLE:-0} WAIT=${WAIT:-1800}
+POOLS=${POOLS:-100} WINDOW=${WINDOW:-30} NOTICES=${NOTICES:-50} FAILS=${FAILS:-20} TOLERATION=${TOLERATION:-20} SETTLE=${SETTLE:-0} WAIT=${WAIT:-1800}
+export POOLS
 PROFILE=${BENCH_PROFILE:-release}
 if [ "${BENCH_BUILD:-1}" = 0 ]; then
   log "BENCH_BUILD=0: the $PROFILE binaries already built ($("$REPO/target/${PROFILE/dev/debug}/nodekeeper" --version))"
@@ -192,7 +195,7 @@ for n in "${sizes[@]}"; do
   pods=$(( pods + per * (n - prev) ))
   log "size $n: nodes n$prev … n$((n - 1)), $per pods each, $pods in all ($(date -u +%H:%M:%S), load $(cut -d' ' -f1-3 /proc/loadavg))"
   t0=$(date +%s)
-  "${F[@]}" nodes "$DIR" "$prev" "$n" 100
+  "${F[@]}" nodes "$DIR" "$prev" "$n" "$POOLS"
   [ "$per" -eq 0 ] || "${F[@]}" pods "$DIR" "$prev" "$n" "$per"
   t1=$(date +%s)
   "${F[@]}" wait "$DIR" "$n" "$WAIT"
@@ -271,7 +274,7 @@ print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(
                   "agents_minus_base_req_per_s": top, "latency": json.loads(lat), "apiserver_histograms": hist,
                   "cordon_audit": audit, "scheduling_delay_notices": json.loads(delays),
                   "notices_window": json.load(open(f"{sd}/notices.json")),
-                  "fleet_nice": os.environ.get("FLEET_NICE")}))
+                  "fleet_nice": os.environ.get("FLEET_NICE"), "pools": int(os.environ["POOLS"])}))
 EOF
   tail -1 "$RESULTS" >&2
   prev=$n

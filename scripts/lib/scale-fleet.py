@@ -2,7 +2,7 @@
 """The harness side of scripts/bench-scale-real.sh (stdlib only). DIR is a `scripts/k8s-cluster.sh up`
 directory: every call here uses its admin client certificate (the harness, never nodekeeper).
 
-    scale-fleet.py nodes DIR FROM TO GROUPS         KWOK nodes nFROM … nTO-1, label karpenter.sh/nodepool=pool-(i % GROUPS)
+    scale-fleet.py nodes DIR FROM TO GROUPS         KWOK nodes nFROM … nTO-1, label karpenter.sh/nodepool=pool-(i % GROUPS) (none if 0)
     scale-fleet.py pods DIR FROM TO PER             PER pods per node in namespace bench, bound with spec.nodeName
     scale-fleet.py wait DIR TO SECONDS              until the agent DaemonSet has a Running pod on n0 … nTO-1, no
                                                     bench pod is Pending (KWOK plays the kubelets), and no Ready
@@ -133,11 +133,12 @@ def nodes(d, a, b, groups):
         body = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
                              "labels": {"kubernetes.io/hostname": n, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                                        "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64",
-                                        "karpenter.sh/nodepool": f"pool-{i % groups}"}},
+                                        "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"}},
                 "spec": {"providerID": f"kwok://{n}"},
                 "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
                            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"}}}
+        if groups:
+            body["metadata"]["labels"]["karpenter.sh/nodepool"] = f"pool-{i % groups}"
         created(*api.call("POST", "/api/v1/nodes", body), n)
     parallel(d, range(a, b), one)
 
