@@ -1317,10 +1317,13 @@ fn no_fence_for_a_notready_repair_but_one_for_an_interruption_drain_of_a_ready_n
 /// wave) finds the marks in place instead of writing them again; then it is lifted, once.
 #[test]
 fn the_fence_outlives_a_handover_by_the_lift_hold_then_goes() {
-    use nodekeeper_core::controller::policy::fence::LIFT_HOLD;
+    use nodekeeper_core::controller::policy::fence::{fence_only, LIFT_HOLD};
     let now = monday();
-    let (mut v, _) = preempted_p_beside_q(now);
+    let (mut v, ds) = preempted_p_beside_q(now);
     assert_eq!(mark_of(get(&v, "q")), (Some("true"), Some("fence")));
+    // The engine lets the fence's writes give way to the others' (controller::fence_gate).
+    assert!(fence_only(&of(&ds, "q")), "{ds:#?}");
+    assert!(!fence_only(&of(&ds, "p")), "{ds:#?}");
     node_mut(&mut v, "p").notices.clear();
     accept_replacement(&mut v, "p");
     finish_drain(&mut v, "p");
@@ -1336,6 +1339,7 @@ fn the_fence_outlives_a_handover_by_the_lift_hold_then_goes() {
     );
     assert!(of(&ds, "q").is_empty(), "held: {ds:#?}");
     let ds = run(&v, &cfg(), handover + LIFT_HOLD);
+    assert!(fence_only(&of(&ds, "q")), "the lift too: {ds:#?}");
     apply(&mut v, &ds);
     assert_eq!(
         mark_of(get(&v, "q")),

@@ -326,7 +326,27 @@ impl Actor {
         actions: &[Action],
         dry_run: bool,
     ) -> Result<(), ActionError> {
+        self.execute_then(node, actions, dry_run, || {}).await
+    }
+
+    /// [`Self::execute`], calling `written` as soon as the node's first patch is answered (or
+    /// failed, or there is none): what waits for that write alone (the Karpenter fence after a
+    /// notice's cordon) need not wait for the Events and later steps.
+    pub async fn execute_then(
+        self: &Arc<Self>,
+        node: &str,
+        actions: &[Action],
+        dry_run: bool,
+        written: impl FnOnce() + Send,
+    ) -> Result<(), ActionError> {
+        let mut written = Some(written);
+        let mut first_answered = || {
+            if let Some(w) = written.take() {
+                w();
+            }
+        };
         if dry_run {
+            first_answered();
             for a in actions {
                 self.dry(node, a).await;
             }
@@ -342,11 +362,15 @@ impl Actor {
                 events.push(a.clone());
                 continue;
             }
-            self.flush(node, &mut patch).await?;
+            let flushed = self.flush(node, &mut patch).await;
+            first_answered();
+            flushed?;
             self.publish(node, std::mem::take(&mut events)).await;
             self.side_effect(node, a).await?;
         }
-        self.flush(node, &mut patch).await?;
+        let flushed = self.flush(node, &mut patch).await;
+        first_answered();
+        flushed?;
         self.publish(node, events).await;
         Ok(())
     }

@@ -155,7 +155,8 @@ pub struct EngineConfig {
     /// are coalesced).
     #[serde(with = "humantime_serde")]
     pub debounce: Duration,
-    /// Nodes whose actions are executed at once; also the fast paths' fence writes in flight.
+    /// Nodes whose actions are executed at once (the Karpenter fence's writes: at most
+    /// [`crate::controller::fence_gate::FENCE_WRITES`], whatever this is).
     pub node_concurrency: usize,
     /// Evictions in flight per drained node.
     pub drain_concurrency: usize,

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::Store;
 use tokio::sync::{broadcast, watch, Notify};
@@ -31,8 +31,9 @@ use tokio_util::sync::CancellationToken;
 use super::actions::{Actor, REPLACEMENT_ACCEPTED};
 use super::config::EngineConfig;
 use super::drain::tasks::DrainTasks;
+use super::fence_gate::{FenceGate, FENCE_WRITES};
 use super::metrics::{EngineMetrics, Wake};
-use super::policy::fence::fence_now;
+use super::policy::fence::{fence_now, fence_only};
 use super::policy::interruption::notice_recorded;
 use super::policy::repair::{next_expiry, Due};
 use super::policy::view::{became_ready, keys, ConditionView, Notice, NoticeKind, TaintView};
@@ -155,11 +156,13 @@ pub struct Engine {
     progress: watch::Sender<u64>,
     /// One lane per node: the fast path and the reconcile never act on a node at once.
     lanes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// The fast paths' fence writes in flight, engine-wide, at most `node_concurrency`: a notice
+    /// The fence's writes (fast paths' and reconciles'), at most [`FENCE_WRITES`] in flight,
+    /// each started once no other Node write of the engine is in flight ([`FenceGate`]): a notice
     /// in a NodePool of hundreds of nodes fences them all, and a wave of notices in many NodePools
     /// would otherwise send thousands of PATCHes at once, filling the controller's API Priority
-    /// and Fairness queue until kube-apiserver refuses its cordons too (429).
-    fence_writes: tokio::sync::Semaphore,
+    /// and Fairness queue until kube-apiserver refuses its cordons too (429), and slowing the
+    /// wave's cordons on a busy kube-apiserver.
+    fence_gate: FenceGate,
     /// Per node, the [`Self::epoch`] at which the fast path last finished acting on it.
     touched: Mutex<HashMap<String, u64>>,
     epoch: AtomicU64,
@@ -236,7 +239,6 @@ pub struct EngineParts {
 impl Engine {
     /// An engine.
     pub fn new(p: EngineParts) -> Arc<Self> {
-        let fence_writes = tokio::sync::Semaphore::new(p.cfg.node_concurrency.max(1));
         Arc::new(Engine {
             cfg: p.cfg,
             policy: p.policy,
@@ -251,7 +253,7 @@ impl Engine {
             wake: p.wake,
             progress: watch::channel(0).0,
             lanes: Mutex::new(HashMap::new()),
-            fence_writes,
+            fence_gate: FenceGate::new(FENCE_WRITES),
             touched: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(0),
             next_due: Mutex::new(None),
@@ -305,13 +307,14 @@ impl Engine {
     /// reconcile that follows decides the same for this node (and, having read the node before
     /// this acted, skips it). Returns whether it acted.
     ///
-    /// The Karpenter fence goes with it ([`fence_now`]): the marks on the NodePool's other nodes
-    /// are written beside the node's own patch, not a reconcile later, so that Karpenter starts no
-    /// voluntary disruption there in between. A fenced node another task is writing right now
+    /// The Karpenter fence follows ([`fence_now`]): the marks on the NodePool's other nodes are
+    /// written as soon as the node's own patch is answered, not a reconcile later, so that
+    /// Karpenter starts no voluntary disruption there in between; each fence write gives way to
+    /// the engine's other writes ([`FenceGate`]). A fenced node another task is writing right now
     /// (its lane is taken) is left to the reconcile, which fences it too.
     pub async fn fast_path(&self, node: &str) -> bool {
         let lane = self.lane(node);
-        let _guard = lane.lock().await;
+        let guard = lane.lock().await;
         let now = self.clock.now();
         let Some(v) = self.node_now(node) else {
             return false;
@@ -327,36 +330,84 @@ impl Engine {
             fence.entry(n).or_default().push(a);
         }
         let dry_run = self.policy.controller.dry_run;
-        let own = async {
-            if let Err(e) = self.actor.execute(node, &actions, dry_run).await {
+        // The fence waits for the node's own patch to be answered (the urgent write), not for its
+        // Events and drain start after it.
+        let urgent = self.fence_gate.urgent();
+        let own = async move {
+            let written = move || drop(urgent);
+            let done = self.actor.execute_then(node, &actions, dry_run, written);
+            if let Err(e) = done.await {
                 tracing::warn!(error = %e, "fast path failed; retried by the next reconcile");
             }
+            self.touch(node);
+            drop(guard);
         };
-        let others = futures::future::join_all(fence.into_iter().map(|(n, marks)| async move {
-            // The node's own patch above takes no permit: it is never queued behind a fence.
-            let Ok(_permit) = self.fence_writes.acquire().await else {
-                return None;
-            };
-            let lane = self.lane(&n);
-            let Ok(_guard) = lane.try_lock() else {
-                tracing::debug!(node = n, "being written; the reconcile fences it");
-                return None;
-            };
-            if let Err(e) = self.actor.execute(&n, &marks, dry_run).await {
-                tracing::warn!(error = %e, "fence failed; retried by the next reconcile");
+        let fences = futures::future::join_all(fence.into_iter().map(|(n, marks)| async move {
+            if self.write_fence(&n, &marks, None).await {
+                self.touch(&n);
             }
-            Some(n)
         }));
-        let ((), fenced) = tokio::join!(own, others);
-        let done = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut touched = lock(&self.touched);
-        for n in fenced.into_iter().flatten().chain([node.to_string()]) {
-            touched.insert(n, done);
-        }
-        drop(touched);
+        tokio::join!(own, fences);
         self.metrics.fast_paths.fetch_add(1, Ordering::Relaxed);
         self.bump();
         true
+    }
+
+    /// Counts `node` as acted on by a fast path now: a reconcile whose view predates this skips it.
+    fn touch(&self, node: &str) {
+        let done = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        lock(&self.touched).insert(node.to_string(), done);
+    }
+
+    /// Whether a fast path acted on `node` since `epoch` (a view of then is out of date there).
+    fn acted_since(&self, node: &str, epoch: u64) -> bool {
+        let since = lock(&self.touched).get(node).is_some_and(|t| *t > epoch);
+        if since {
+            tracing::debug!(
+                node,
+                "acted on by the fast path since this view; next round"
+            );
+        }
+        since
+    }
+
+    /// Writes fence-only `marks` ([`fence_only`]) on `node` through the [`FenceGate`]: at most
+    /// [`FENCE_WRITES`] in flight, each once the engine's other writes are answered; not when the
+    /// node's lane is taken (another write of it in flight: the next reconcile fences it), a fast
+    /// path acted on it since `epoch` (the reconcile's view), or the cached Node already carries
+    /// them (a fast path and a reconcile deciding the same fence). Returns whether it wrote.
+    async fn write_fence(&self, node: &str, marks: &[Action], epoch: Option<u64>) -> bool {
+        let Some(_slot) = self.fence_gate.fence_slot().await else {
+            return false;
+        };
+        let lane = self.lane(node);
+        let Ok(_guard) = lane.try_lock() else {
+            tracing::debug!(node, "being written; fenced next round");
+            return false;
+        };
+        if epoch.is_some_and(|e| self.acted_since(node, e)) || self.carries(node, marks) {
+            return false;
+        }
+        if let Err(e) = self
+            .actor
+            .execute(node, marks, self.policy.controller.dry_run)
+            .await
+        {
+            tracing::warn!(error = %e, "fence failed; retried by the next reconcile");
+        }
+        true
+    }
+
+    /// Whether the cached `node` (or the engine's fresher answer for it) already has every
+    /// annotation `actions` set or remove.
+    fn carries(&self, node: &str, actions: &[Action]) -> bool {
+        let Some(v) = self.node_now(node) else {
+            return false;
+        };
+        actions.iter().all(|a| match a {
+            Action::Annotate { key, value } => v.annotation(key) == value.as_deref(),
+            _ => false,
+        })
     }
 
     /// `v` and the other nodes of its Karpenter NodePool as the policy sees them now (only `v`
@@ -597,28 +648,45 @@ impl Engine {
     }
 
     /// Executes each node's actions (at most `node_concurrency` nodes at once), in the node's
-    /// lane, skipping a node the fast path acted on since `epoch` (its view predates that).
+    /// lane, skipping a node the fast path acted on since `epoch` (its view predates that); the
+    /// nodes whose actions are only the fence's through [`Self::write_fence`].
     async fn act(&self, by_node: BTreeMap<String, Vec<Action>>, epoch: u64) {
+        // The fence's writes apart, so that none of them holds a place the others wait for.
+        let (fences, others): (Vec<_>, Vec<_>) =
+            by_node.into_iter().partition(|(_, a)| fence_only(a));
+        // Boxed: a stream's closure futures inside `join!` trip the compiler's `Send` inference
+        // for the spawned engine (rust-lang/rust#110338).
+        let others = futures::stream::iter(others)
+            .for_each_concurrent(self.cfg.node_concurrency.max(1), |(node, actions)| {
+                self.act_on(node, actions, epoch)
+            })
+            .boxed();
+        let fences = futures::future::join_all(
+            fences
+                .into_iter()
+                .map(|(node, marks)| self.fence_on(node, marks, epoch)),
+        )
+        .boxed();
+        let ((), _) = tokio::join!(others, fences);
+    }
+
+    /// One node's actions in its lane (waiting for it), counted as a write the fence gives way to.
+    async fn act_on(&self, node: String, actions: Vec<Action>, epoch: u64) {
+        let lane = self.lane(&node);
+        let _guard = lane.lock().await;
+        if self.acted_since(&node, epoch) {
+            return;
+        }
+        let _urgent = self.fence_gate.urgent();
         let dry_run = self.policy.controller.dry_run;
-        futures::stream::iter(by_node)
-            .for_each_concurrent(
-                self.cfg.node_concurrency.max(1),
-                |(node, actions)| async move {
-                    let lane = self.lane(&node);
-                    let _guard = lane.lock().await;
-                    if lock(&self.touched).get(&node).is_some_and(|t| *t > epoch) {
-                        tracing::debug!(
-                            node,
-                            "acted on by the fast path since this view; next round"
-                        );
-                        return;
-                    }
-                    if let Err(e) = self.actor.execute(&node, &actions, dry_run).await {
-                        tracing::warn!(error = %e, "action failed; retried by the next reconcile");
-                    }
-                },
-            )
-            .await;
+        if let Err(e) = self.actor.execute(&node, &actions, dry_run).await {
+            tracing::warn!(error = %e, "action failed; retried by the next reconcile");
+        }
+    }
+
+    /// A reconcile's fence-only actions on one node ([`Self::write_fence`]).
+    async fn fence_on(&self, node: String, marks: Vec<Action>, epoch: u64) -> bool {
+        self.write_fence(&node, &marks, Some(epoch)).await
     }
 
     /// The due path, when a repair toleration expires ([`Due`]): decides and acts on the groups
@@ -1109,11 +1177,11 @@ mod run_tests {
     }
 
     /// The fast path after a preemption notice writes the Karpenter fence on the NodePool's other
-    /// node beside the notice's own patch — sent while that patch is still unanswered, not after it
-    /// nor a reconcile later — and counts both nodes as acted on (so a reconcile whose view
-    /// predates them skips them).
+    /// node as soon as the notice's own patch is answered — not beside it (the cordon never shares
+    /// kube-apiserver with the fence's writes) nor a reconcile later — and counts both nodes as
+    /// acted on (so a reconcile whose view predates them skips them).
     #[tokio::test(start_paused = true)]
-    async fn the_fast_path_fences_the_nodepool_beside_the_cordon() {
+    async fn the_fast_path_fences_the_nodepool_once_the_cordon_is_answered() {
         type Seen = Arc<Mutex<Vec<(String, tokio::time::Instant)>>>;
         let seen: Seen = Default::default();
         let log = seen.clone();
@@ -1128,7 +1196,7 @@ mod run_tests {
                 let name = name.to_string();
                 lock(&log).push((format!("{} {name}", req.method()), at));
                 if name == "p" {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
                 }
                 node_answer(&name)
             }
@@ -1150,9 +1218,10 @@ mod run_tests {
                 .map(|(_, at)| *at)
                 .unwrap_or_else(|| panic!("no {what} in {seen:?}"))
         };
-        assert!(
-            at("PATCH q") < at("PATCH p") + Duration::from_secs(1),
-            "the fence was sent before the node's own patch was answered: {seen:?}"
+        assert_eq!(
+            at("PATCH q"),
+            at("PATCH p") + Duration::from_millis(300),
+            "the fence was sent once the node's own patch was answered, not after its later steps: {seen:?}"
         );
         let touched = lock(&engine.touched).clone();
         assert!(
@@ -1162,38 +1231,12 @@ mod run_tests {
     }
 
     /// Notices in two NodePools of 7 nodes each, at once: their fence writes (12 nodes) are at
-    /// most `node_concurrency` (3) in flight across both fast paths, every node is fenced, and
-    /// each notified node's own patch is sent at once, never queued behind a fence.
+    /// most [`FENCE_WRITES`] in flight across both fast paths, none before the notified nodes'
+    /// own patches are answered, every node is fenced, and each notified node's own patch is sent
+    /// at once, never queued behind a fence.
     #[tokio::test(start_paused = true)]
-    async fn the_fast_paths_fence_at_most_node_concurrency_nodes_at_once() {
-        type Seen = Arc<Mutex<(Vec<(String, tokio::time::Instant)>, usize, usize)>>;
-        let seen: Seen = Default::default();
-        let log = seen.clone();
-        let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
-            let log = log.clone();
-            async move {
-                let path = req.uri().path().to_string();
-                let Some(name) = path.strip_prefix("/api/v1/nodes/") else {
-                    return not_found();
-                };
-                let name = name.to_string();
-                let fence = !name.ends_with('0');
-                {
-                    let mut l = lock(&log);
-                    l.0.push((name.clone(), tokio::time::Instant::now()));
-                    if fence {
-                        l.1 += 1;
-                        l.2 = l.2.max(l.1);
-                    }
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                if fence {
-                    lock(&log).1 -= 1;
-                }
-                node_answer(&name)
-            }
-        });
-        let client = kube::Client::new(svc, "default");
+    async fn the_fast_paths_fence_at_most_fence_writes_nodes_at_once() {
+        let (client, seen) = counting_api(|n| !n.ends_with('0'), Duration::from_secs(1));
         let (store, mut writer) = kube::runtime::reflector::store::<Node>();
         for pool in ["a", "b"] {
             for i in 0..7 {
@@ -1202,24 +1245,26 @@ mod run_tests {
             }
         }
         let (_leader, leader_rx) = watch::channel(true);
-        let cfg = EngineConfig {
-            node_concurrency: 3,
-            ..EngineConfig::default()
-        };
-        let engine = engine(client, store, cfg, leader_rx);
+        let engine = engine(client, store, EngineConfig::default(), leader_rx);
         let notice = preemption_notice();
         let start = tokio::time::Instant::now();
         assert!(engine.add_notice("a0", &notice) && engine.add_notice("b0", &notice));
         let (a, b) = tokio::join!(engine.fast_path("a0"), engine.fast_path("b0"));
         assert!(a && b, "acted");
         let (sent, _, max) = lock(&seen).clone();
-        assert!(max <= 3, "{max} fence writes in flight at once: {sent:?}");
-        assert_eq!(max, 3, "the fence used its permits: {sent:?}");
-        let fenced: BTreeSet<&str> = sent
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .filter(|n| !n.ends_with('0'))
-            .collect();
+        assert!(
+            max <= FENCE_WRITES,
+            "{max} fence writes in flight at once: {sent:?}"
+        );
+        assert_eq!(max, FENCE_WRITES, "the fence used its permits: {sent:?}");
+        let fences: Vec<_> = sent.iter().filter(|(n, _)| !n.ends_with('0')).collect();
+        assert!(
+            fences
+                .iter()
+                .all(|(_, at)| *at >= start + Duration::from_secs(1)),
+            "no fence write before the own patches were answered: {sent:?}"
+        );
+        let fenced: BTreeSet<&str> = fences.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(fenced.len(), 12, "every other node fenced: {sent:?}");
         for own in ["a0", "b0"] {
             let at = sent.iter().find(|(n, _)| n == own).map(|(_, at)| *at);
@@ -1229,6 +1274,93 @@ mod run_tests {
                 "{own}'s own patch was sent at once: {sent:?}"
             );
         }
+    }
+
+    /// A reconcile's round of one cordon and six fence-only nodes, with `node_concurrency` 2: the
+    /// cordon is sent at once although the fenced nodes come first (no fence holds a place it waits
+    /// for), the fence's writes wait until it is answered, at most [`FENCE_WRITES`] in flight.
+    #[tokio::test(start_paused = true)]
+    async fn a_reconciles_fence_writes_give_way_to_its_cordon() {
+        let (client, seen) = counting_api(|n| n.starts_with('f'), Duration::from_millis(400));
+        let (store, mut writer) = kube::runtime::reflector::store::<Node>();
+        let names: Vec<String> = (0..6)
+            .map(|i| format!("f{i}"))
+            .chain(["z".into()])
+            .collect();
+        for n in &names {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_node(n)));
+        }
+        let (_leader, leader_rx) = watch::channel(true);
+        let cfg = EngineConfig {
+            node_concurrency: 2,
+            ..EngineConfig::default()
+        };
+        let engine = engine(client, store, cfg, leader_rx);
+        let mark = |key: &str, value: &str| Action::Annotate {
+            key: key.into(),
+            value: Some(value.into()),
+        };
+        let mut round: BTreeMap<String, Vec<Action>> = names[..6]
+            .iter()
+            .map(|n| {
+                let marks = vec![
+                    mark(
+                        keys::DO_NOT_DISRUPT_BY,
+                        crate::controller::policy::fence::FENCE,
+                    ),
+                    mark(keys::KARPENTER_DO_NOT_DISRUPT, "true"),
+                ];
+                (n.clone(), marks)
+            })
+            .collect();
+        round.insert("z".into(), vec![Action::Cordon]);
+        let start = tokio::time::Instant::now();
+        engine.act(round, 0).await;
+        let (sent, _, max) = lock(&seen).clone();
+        let at = |n: &str| sent.iter().find(|(s, _)| s == n).map(|(_, at)| *at);
+        assert_eq!(at("z"), Some(start), "the cordon at once: {sent:?}");
+        for f in &names[..6] {
+            let at = at(f).unwrap_or_else(|| panic!("{f} not fenced: {sent:?}"));
+            assert!(
+                at >= start + Duration::from_millis(400),
+                "{f} before the cordon was answered: {sent:?}"
+            );
+        }
+        assert_eq!(max, FENCE_WRITES, "{sent:?}");
+    }
+
+    /// The Node writes sent (node, when), and of those `is_fence` picks the most in flight at once.
+    type Counted = Arc<Mutex<(Vec<(String, tokio::time::Instant)>, usize, usize)>>;
+
+    /// An API that answers each Node PATCH after `delay`, recording it in [`Counted`].
+    fn counting_api(is_fence: fn(&str) -> bool, delay: Duration) -> (kube::Client, Counted) {
+        let seen: Counted = Default::default();
+        let log = seen.clone();
+        let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+            let log = log.clone();
+            async move {
+                let path = req.uri().path().to_string();
+                let Some(name) = path.strip_prefix("/api/v1/nodes/") else {
+                    return not_found();
+                };
+                let name = name.to_string();
+                let fence = is_fence(&name);
+                {
+                    let mut l = lock(&log);
+                    l.0.push((name.clone(), tokio::time::Instant::now()));
+                    if fence {
+                        l.1 += 1;
+                        l.2 = l.2.max(l.1);
+                    }
+                }
+                tokio::time::sleep(delay).await;
+                if fence {
+                    lock(&log).1 -= 1;
+                }
+                node_answer(&name)
+            }
+        });
+        (kube::Client::new(svc, "default"), seen)
     }
 
     /// A preemption notice seen now, 2 minutes before the reclaim.

@@ -15,6 +15,7 @@ pub mod delay;
 pub mod drain;
 pub mod engine;
 pub mod events;
+pub mod fence_gate;
 pub mod fresh;
 pub mod labels;
 pub mod leader;

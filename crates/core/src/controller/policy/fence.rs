@@ -129,3 +129,58 @@ pub fn fence_now(
         .filter(|(_, a)| matches!(a, Action::Annotate { value: Some(_), .. }))
         .collect()
 }
+
+/// Whether a node's actions only set or lift fence marks ([`fence`]'s writes, or the lift of a
+/// mark of nodekeeper's): what the engine lets wait for its other Node writes
+/// (`controller::fence_gate`).
+pub fn fence_only(actions: &[Action]) -> bool {
+    !actions.is_empty()
+        && actions.iter().all(|a| match a {
+            Action::Annotate { key, value } => match value.as_deref() {
+                None => key == keys::KARPENTER_DO_NOT_DISRUPT || key == keys::DO_NOT_DISRUPT_BY,
+                Some(v) => {
+                    (key == keys::KARPENTER_DO_NOT_DISRUPT && v == "true")
+                        || (key == keys::DO_NOT_DISRUPT_BY && v == FENCE)
+                }
+            },
+            _ => false,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotate(key: &str, value: Option<&str>) -> Action {
+        Action::Annotate {
+            key: key.into(),
+            value: value.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn only_marks_and_lifts_are_fence_only() {
+        let mark = [
+            annotate(keys::DO_NOT_DISRUPT_BY, Some(FENCE)),
+            annotate(keys::KARPENTER_DO_NOT_DISRUPT, Some("true")),
+        ];
+        let lift = [
+            annotate(keys::KARPENTER_DO_NOT_DISRUPT, None),
+            annotate(keys::DO_NOT_DISRUPT_BY, None),
+        ];
+        assert!(fence_only(&mark));
+        assert!(fence_only(&lift));
+        // A node's own mark (by nodekeeper, not the fence) goes with its disruption: not the fence's.
+        assert!(!fence_only(&[
+            annotate(keys::DO_NOT_DISRUPT_BY, Some("nodekeeper")),
+            annotate(keys::KARPENTER_DO_NOT_DISRUPT, Some("true")),
+        ]));
+        assert!(!fence_only(&[mark[0].clone(), Action::Cordon]));
+        assert!(!fence_only(&[annotate(
+            keys::KARPENTER_DO_NOT_DISRUPT,
+            Some("false")
+        )]));
+        assert!(!fence_only(&[annotate(keys::RETIRE_REQUESTED, None)]));
+        assert!(!fence_only(&[]));
+    }
+}
