@@ -11,7 +11,8 @@
 //! ```
 //! - `report_tx.send(..)` whenever conditions, CRI-O state, label-removal requests or command
 //!   results change; the reporter fills in `agent_instance`, `sequence` and `events` itself.
-//! - Sends happen on change (at most every 200 ms) and every `heartbeat` (default 10 s); failures
+//! - Sends happen on change (at most every 200 ms), at once for a new event (a notice waits for
+//!   no spacing), and every `heartbeat` (default 10 s); failures
 //!   back off exponentially with jitter up to `backoff_max`, or wait 1–2× the `Retry-After` of a
 //!   controller shedding load when that is longer.
 //! - Events sent on `event_tx` are queued until the controller acknowledges their id. The queue is
@@ -266,9 +267,11 @@ impl Reporter {
                     Err(_) => rx_open = false,
                 },
                 e = events.recv(), if ev_open => match e {
+                    // A new event does not wait for the 200 ms between changes: a notice is
+                    // what the controller must act on first (a cordon before the reclaim). One
+                    // already queued goes with the next report.
                     Some(ev) => {
-                        self.queue.enqueue(ev);
-                        if failures == 0 { next = next.min(soon(last_send)); }
+                        if self.queue.enqueue(ev) && failures == 0 { next = Instant::now(); }
                     }
                     None => ev_open = false,
                 },
@@ -431,7 +434,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn changes_are_sent_at_most_every_200_ms_and_restart_the_heartbeat() {
+    async fn changes_wait_200_ms_events_go_at_once_both_restart_the_heartbeat() {
         let r = start(&[], S(10), S(30));
         r.at(MS(50)).await;
         r.report_tx.send_modify(|x| x.boot_id = "changed".into());
@@ -442,12 +445,13 @@ mod tests {
         r.report_tx.send_modify(|x| x.boot_id = "again".into());
         r.at(MS(10_999)).await;
         let got = r.sent_at();
-        // 50 ms: within 200 ms of the first, so at 200; 300: at 400; 1 s: at once.
-        assert!(near(&got, &[S(0), MS(200), MS(400), S(1)]), "{got:?}");
+        // The change at 50 ms: within 200 ms of the first, so at 200; the event at 300 ms: at
+        // once, 100 ms after the last send; the change at 1 s: at once.
+        assert!(near(&got, &[S(0), MS(200), MS(300), S(1)]), "{got:?}");
         r.at(S(11) + MS(1)).await;
         let got = r.sent_at();
         assert!(
-            near(&got, &[S(0), MS(200), MS(400), S(1), S(11)]),
+            near(&got, &[S(0), MS(200), MS(300), S(1), S(11)]),
             "{got:?}"
         );
         let seen = r.stop().await;

@@ -63,10 +63,10 @@ impl Queue {
     }
 
     /// Queues `ev` (unless an event with its id is queued) and persists the queue; when full, the
-    /// oldest event is dropped (never while under the bound).
-    pub(super) fn enqueue(&mut self, ev: NodeEvent) {
+    /// oldest event is dropped (never while under the bound). True when `ev` was queued.
+    pub(super) fn enqueue(&mut self, ev: NodeEvent) -> bool {
         if self.events.iter().any(|e| e.id == ev.id) {
-            return;
+            return false;
         }
         if self.events.len() >= self.max_events {
             if let Some(old) = self.events.pop_front() {
@@ -75,6 +75,7 @@ impl Queue {
         }
         self.events.push_back(ev);
         self.persist();
+        true
     }
 
     /// Drops the events the controller acknowledged (persisting the queue when one was).
@@ -199,9 +200,15 @@ mod tests {
     fn queue_is_bounded_deduplicated_and_persisted_and_commands_run_once() {
         let dir = tempfile::tempdir().unwrap();
         let mut r = Queue::load(dir.path(), 2).unwrap();
-        for id in ["a", "b", "b", "c"] {
-            r.enqueue(ev(id));
-        }
+        let queued: Vec<bool> = ["a", "b", "b", "c"]
+            .into_iter()
+            .map(|id| r.enqueue(ev(id)))
+            .collect();
+        assert_eq!(
+            queued,
+            [true, true, false, true],
+            "a queued id is not queued again"
+        );
         let ids: Vec<&str> = r.events().map(|e| e.id.as_str()).collect();
         assert_eq!(ids, vec!["b", "c"]);
         let reboot = |id: &str| AgentCommand::Reboot {
