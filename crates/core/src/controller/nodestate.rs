@@ -248,12 +248,18 @@ impl NodeStates {
                 commands: vec![],
             });
         }
-        if let Err(e) = self.write_conditions(&node, &mut a, false).await {
+        // The engine first: a notice's cordon waits neither for the conditions' write nor for
+        // the notice's Event (a failed write below is answered 503; the agent resends the
+        // report, and its events, already handed over, are acknowledged once stored).
+        let fresh = self.take_events(&node, &mut a, &report.events);
+        let written = self.write_conditions(&node, &mut a, false).await;
+        self.notice_events(&node, &fresh).await;
+        if let Err(e) = written {
             // The maintenance tick retries it even if the agent does not report again.
             a.dirty = true;
             return Err(e);
         }
-        let acked = self.record_events(&node, &mut a, &report.events).await;
+        let acked = report.events.iter().map(|e| e.id.clone()).collect();
         for ce in &report.check_events {
             // The reason comes from the agent's rules: made a valid Event reason here.
             let reason = super::events::sanitize_reason(&ce.reason);
@@ -273,32 +279,35 @@ impl NodeStates {
         })
     }
 
-    /// Records (once per id) and broadcasts node events; returns every id now known.
-    async fn record_events(&self, node: &str, a: &mut Agent, events: &[NodeEvent]) -> Vec<String> {
-        let mut acked = Vec::new();
+    /// Marks each event not seen before as seen and hands it to the engine at once; returns
+    /// those (for [`Self::notice_events`]).
+    fn take_events(&self, node: &str, a: &mut Agent, events: &[NodeEvent]) -> Vec<NodeEvent> {
+        let mut fresh = Vec::new();
         for ev in events {
-            if !a.seen_events.contains(&ev.id) {
-                self.publish_event(node, ev).await;
-                a.seen_events.push_back(ev.id.clone());
-                if a.seen_events.len() > SEEN_EVENTS {
-                    a.seen_events.pop_front();
-                }
+            if a.seen_events.contains(&ev.id) {
+                continue;
             }
-            acked.push(ev.id.clone());
+            self.counters.node_events.fetch_add(1, Ordering::Relaxed);
+            let _ = self.events_tx.send((node.to_string(), ev.clone()));
+            a.seen_events.push_back(ev.id.clone());
+            if a.seen_events.len() > SEEN_EVENTS {
+                a.seen_events.pop_front();
+            }
+            fresh.push(ev.clone());
         }
-        acked
+        fresh
     }
 
-    async fn publish_event(&self, node: &str, ev: &NodeEvent) {
-        self.counters.node_events.fetch_add(1, Ordering::Relaxed);
-        let reason = Reason::for_kind(&ev.kind);
-        let mut note = format!("{} from {} (id {})", ev.kind.name(), ev.source, ev.id);
-        if let Some(d) = ev.not_before {
-            note.push_str(&format!(", not before {}", ts(d)));
+    /// A `Notice` Event on `node` for each of `events`.
+    async fn notice_events(&self, node: &str, events: &[NodeEvent]) {
+        for ev in events {
+            let reason = Reason::for_kind(&ev.kind);
+            let mut note = format!("{} from {} (id {})", ev.kind.name(), ev.source, ev.id);
+            if let Some(d) = ev.not_before {
+                note.push_str(&format!(", not before {}", ts(d)));
+            }
+            self.recorder.node(node, reason, "Notice", &note).await;
         }
-        // The engine first: the cordon must not wait for the Event write.
-        let _ = self.events_tx.send((node.to_string(), ev.clone()));
-        self.recorder.node(node, reason, "Notice", &note).await;
     }
 
     /// Records a node event from a central source (OCI Events); true when it was new.
@@ -308,10 +317,9 @@ impl NodeStates {
         if a.seen_events.contains(&ev.id) {
             return false;
         }
-        let new = self
-            .record_events(node, &mut a, std::slice::from_ref(&ev))
-            .await;
-        !new.is_empty()
+        let fresh = self.take_events(node, &mut a, std::slice::from_ref(&ev));
+        self.notice_events(node, &fresh).await;
+        !fresh.is_empty()
     }
 
     /// The owned conditions currently on the Node in the cache.
@@ -597,16 +605,20 @@ mod tests {
     const S: fn(u64) -> Duration = Duration::from_secs;
     const PREFIX: &str = "Nodekeeper";
 
-    /// A kube client whose API server answers every request with the Node `n1`; counts the
-    /// PATCHes of Node status.
-    fn client() -> (kube::Client, Arc<AtomicU64>) {
+    /// A kube client whose API server answers every request with the Node `n1`, a PATCH of
+    /// Node status after `status_delay`; counts those PATCHes.
+    fn client(status_delay: Duration) -> (kube::Client, Arc<AtomicU64>) {
         let patches = Arc::new(AtomicU64::new(0));
         let seen = patches.clone();
         let svc = tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
-            if req.method() == "PATCH" && req.uri().path().ends_with("/status") {
+            let status = req.method() == "PATCH" && req.uri().path().ends_with("/status");
+            if status {
                 seen.fetch_add(1, Ordering::SeqCst);
             }
             async move {
+                if status {
+                    tokio::time::sleep(status_delay).await;
+                }
                 hyper::Response::builder()
                     .status(200)
                     .header("content-type", "application/json")
@@ -651,7 +663,16 @@ mod tests {
     }
 
     fn states(staleness: Duration, heartbeat: Duration) -> (Arc<NodeStates>, Arc<AtomicU64>) {
-        let (client, patches) = client();
+        states_slow(staleness, heartbeat, Duration::ZERO)
+    }
+
+    /// [`states`] whose API server answers a Node status PATCH after `status_delay`.
+    fn states_slow(
+        staleness: Duration,
+        heartbeat: Duration,
+        status_delay: Duration,
+    ) -> (Arc<NodeStates>, Arc<AtomicU64>) {
+        let (client, patches) = client(status_delay);
         let (store, mut writer) = reflector::store::<Node>();
         let node: Node = serde_json::from_value(node_json()).unwrap();
         writer.apply_watcher_event(&watcher::Event::Apply(node));
@@ -760,5 +781,38 @@ mod tests {
             2,
             "unchanged, but the interval passed"
         );
+    }
+
+    /// A notice reaches the engine before the report's condition write is answered: a slow
+    /// status PATCH does not delay the cordon.
+    #[tokio::test(start_paused = true)]
+    async fn a_notice_reaches_the_engine_before_the_condition_write_is_answered() {
+        let (s, patches) = states_slow(S(60), S(3600), S(1));
+        let mut engine = s.subscribe_events();
+        let mut r = report(1);
+        r.conditions[0].status = ConditionStatus::True;
+        r.events = vec![NodeEvent::on_node(
+            crate::agent::sources::EventKind::Preemption,
+            "test",
+            "k",
+            Utc::now(),
+        )];
+        let id = r.events[0].id.clone();
+        let start = Instant::now();
+        let handled = tokio::spawn({
+            let s = s.clone();
+            async move { s.handle(r).await }
+        });
+        let (node, ev) = engine.recv().await.unwrap();
+        assert_eq!((node.as_str(), ev.id.as_str()), ("n1", id.as_str()));
+        assert_eq!(start.elapsed(), Duration::ZERO, "handed over at once");
+        assert!(
+            !handled.is_finished(),
+            "the condition write is still in flight"
+        );
+        let resp = handled.await.unwrap().unwrap();
+        assert_eq!(start.elapsed(), S(1), "answered after the write");
+        assert_eq!(patches.load(Ordering::SeqCst), 1);
+        assert_eq!(resp.acknowledged_events, vec![id]);
     }
 }
