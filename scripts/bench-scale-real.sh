@@ -22,6 +22,8 @@
 #                                                   symbols, and SIZE/perf-PHASE-callers.txt, who calls them (the CPU
 #                                                   figures then include perf's share)
 #   NODEKEEPER_BIN=path …                           that controller binary (e.g. an older build, side by side)
+#   FLEET_BIN=path …                                that agents' simulator (examples/controller_bench: the agent's own
+#                                                   Reporter, so an older build of the agent, side by side)
 #   AGENT_IDLE_MS=60000 …                           the agents close a connection after this long without a report (default
 #                                                   1000, the agent's; with the controller's idle_timeout raised through
 #                                                   NK_CONTROLLER_SET, each agent holds its connection: a held transport)
@@ -89,7 +91,7 @@ else
   nice -n 10 cargo build --profile "$PROFILE" --bin nodekeeper --example controller_bench
 fi
 [ "$PROFILE" = dev ] && PROFILE=debug
-NK="${NODEKEEPER_BIN:-$REPO/target/$PROFILE/nodekeeper}" FLEET_BIN="$REPO/target/$PROFILE/examples/controller_bench"
+NK="${NODEKEEPER_BIN:-$REPO/target/$PROFILE/nodekeeper}" FLEET_BIN="${FLEET_BIN:-$REPO/target/$PROFILE/examples/controller_bench}"
 F=(python3 "$REPO/scripts/lib/scale-fleet.py")
 OUT=$(mktemp -d /tmp/nodekeeper-bench-scale.XXXX)
 DIR="$OUT/cluster" FLEET="$OUT/fleet" RESULTS="$OUT/results.jsonl"
