@@ -323,4 +323,10 @@ for line in open(sys.argv[1]):
               + ", ".join(f'{k} {a[k]["p50_ms"]} / {a[k]["p99_ms"]}' for k in ("client", "server", "before", "after")))
         for s in a["slowest"]:
             print(f'  slowest: {s}')
+        if "delivery" in a:
+            print('  before the PATCH (p50 / p99 ms): '
+                  + ", ".join(f'{k} {a[k]["p50_ms"]} / {a[k]["p99_ms"]}' for k in ("delivery", "handler", "engine")))
+            for s in a.get("slowest_before_patch", []):
+                print(f'  slowest before its PATCH: {s["node"]}: delivery {s["delivery"]:.1f}, handler {s["handler"]:.1f}, '
+                      f'engine {s["engine"]:.1f} ms')
 EOF

@@ -38,7 +38,10 @@ directory: every call here uses its admin client certificate (the harness, never
                                                     server (received → response complete: APF wait and execution),
                                                     before (PATCH started → received: connection, TLS, sending) and
                                                     after (response complete → logged); the latency annotations of
-                                                    the slowest
+                                                    the slowest. Before the PATCH, by the controller's `notice
+                                                    received` line: delivery (notice → its report's request
+                                                    arrived), handler (→ handed to the engine), engine (→ PATCH
+                                                    started); the three slowest to their PATCH
 """
 import datetime
 import http.client
@@ -562,18 +565,22 @@ def json_lines(fn):
 
 
 def audit(audit_log, controller_log, events):
-    notices = set()
+    notices = {}  # node -> the notice's time (the agents' simulator's)
     with open(events) as f:
         for line in f:
             w = line.split()
             if len(w) == 3 and w[0] == "notice":
-                notices.add(w[1])
+                notices[w[1]] = int(w[2])
     written = {}  # node -> (PATCH started, logged), the first cordon's
+    received = {}  # node -> (its report's request arrived, notice handed to the engine), the first's
     for j in json_lines(controller_log):
         n = j.get("node")
         if cordon_written(j) and n in notices and n not in written:
             end = ts_ns(j["timestamp"])
             written[n] = (end - int(j["took_ms"]) * 10**6, end)
+        elif j.get("message") == "notice received" and n in notices and n not in received:
+            at = ts_ns(j["timestamp"])
+            received[n] = (at - int(j["waited_ms"]) * 10**6, at)
     patches = {}  # node -> [(received, complete, annotations)]
     for e in json_lines(audit_log):
         ref = e.get("objectRef") or {}
@@ -590,13 +597,26 @@ def audit(audit_log, controller_log, events):
         ps = sorted(p for p in patches.get(n, []) if start - 10**6 <= p[0] <= end)
         if not ps:
             continue
-        rows.append({"node": n, "client": (end - start) / 1e6, "server": sum(b - a for a, b, _ in ps) / 1e6,
-                     "before": (ps[0][0] - start) / 1e6, "after": (end - ps[-1][1]) / 1e6, "latency": ps[-1][2]})
+        row = {"node": n, "client": (end - start) / 1e6, "server": sum(b - a for a, b, _ in ps) / 1e6,
+               "before": (ps[0][0] - start) / 1e6, "after": (end - ps[-1][1]) / 1e6, "latency": ps[-1][2]}
+        if n in received:
+            # before the PATCH: the notice to its report's request (the agent's send, the network),
+            # the request to the engine (authentication, parsing, the node's previous report), the
+            # engine to the PATCH (the fast path's lane and decision)
+            arrived, handed = received[n]
+            row.update(delivery=(arrived - notices[n]) / 1e6, handler=(handed - arrived) / 1e6,
+                       engine=(start - handed) / 1e6)
+        rows.append(row)
     res = {"cordons": len(written), "matched": len(rows)}
-    for k in ("client", "server", "before", "after"):
-        xs = [r[k] for r in rows]
+    for k in ("client", "server", "before", "after", "delivery", "handler", "engine"):
+        xs = [r[k] for r in rows if k in r]
+        if not xs and k in ("delivery", "handler", "engine"):
+            continue  # a controller without the `notice received` line
         res[k] = {"p50_ms": round(pct(xs, 0.5), 1), "p99_ms": round(pct(xs, 0.99), 1)}
     res["slowest"] = sorted(rows, key=lambda r: -r["client"])[:3]
+    # the notices slowest to their PATCH (delivery + handler + engine)
+    res["slowest_before_patch"] = sorted((r for r in rows if "engine" in r),
+                                         key=lambda r: -(r["delivery"] + r["handler"] + r["engine"]))[:3]
     print(json.dumps(res))
 
 

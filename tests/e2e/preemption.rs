@@ -228,14 +228,25 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once(
         },
     )
     .await;
-    // The cordon is logged as it lands, before the drain starts (docs/controller.md).
+    // The notice is logged as the controller takes it, the cordon as it lands, before the drain
+    // starts (docs/controller.md).
+    let received = ctl.position("notice received", NODE);
     let written = ctl.position("node written", NODE);
     let started = ctl.position("drain started", NODE);
     assert!(
-        written.is_some() && written < started,
-        "`node written` before `drain started`:\n{}",
+        received.is_some() && received < written && written.is_some() && written < started,
+        "`notice received`, then `node written`, then `drain started`:\n{}",
         ctl.about(NODE)
     );
+    let line = ctl.lines.lock().unwrap()[received.unwrap_or_default()].clone();
+    let field = |k: &str| {
+        [&line, &line["fields"]]
+            .iter()
+            .find_map(|f| f.get(k).cloned())
+            .unwrap_or_default()
+    };
+    assert_eq!(field("kind"), "preemption", "{line}");
+    assert!(field("waited_ms").is_u64(), "waited_ms: {line}");
     let line = ctl.lines.lock().unwrap()[written.unwrap_or_default()].clone();
     let changes = [&line, &line["fields"]]
         .iter()

@@ -291,7 +291,14 @@ budgets = [{ nodes = "100%" }]
             ("NodekeeperHeld", ConditionStatus::False),
         ],
     );
-    assert!(ctl.app.states.handle(report).await.unwrap().accepted);
+    assert!(
+        ctl.app
+            .states
+            .handle(report, tokio::time::Instant::now())
+            .await
+            .unwrap()
+            .accepted
+    );
     let n = node(&c, "general-0").await;
     assert_eq!(condition(&n, "NodekeeperDisk").unwrap().status, "False");
     let held = condition(&n, "NodekeeperHeld").unwrap();

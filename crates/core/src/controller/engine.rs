@@ -341,6 +341,8 @@ impl Engine {
             }
             self.touch(node);
             drop(guard);
+            // Counted when the node's own actions are done, not after the fence's writes too.
+            self.metrics.fast_paths.fetch_add(1, Ordering::Relaxed);
         };
         let fences = futures::future::join_all(fence.into_iter().map(|(n, marks)| async move {
             if self.write_fence(&n, &marks, None).await {
@@ -348,7 +350,6 @@ impl Engine {
             }
         }));
         tokio::join!(own, fences);
-        self.metrics.fast_paths.fetch_add(1, Ordering::Relaxed);
         self.bump();
         true
     }

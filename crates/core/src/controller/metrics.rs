@@ -343,7 +343,7 @@ impl Collector for EngineMetrics {
         encode_counter(
             &mut enc,
             "nodekeeper_engine_fast_paths_total",
-            "Notices acted on at once for their node alone, before the full reconcile.",
+            "Notices acted on at once for their node alone, before the full reconcile (counted once its own write is done).",
             g(&self.fast_paths),
         )?;
         encode_counter(

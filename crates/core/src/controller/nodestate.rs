@@ -202,8 +202,13 @@ impl NodeStates {
         m.entry(node.to_string()).or_default().clone()
     }
 
-    /// Handles an authenticated report (the caller checked `report.node`).
-    pub async fn handle(&self, report: NodeReport) -> Result<ReportResponse, NodeStateError> {
+    /// Handles an authenticated report (the caller checked `report.node`), `received` when its
+    /// request arrived (for the `notice received` log line).
+    pub async fn handle(
+        &self,
+        report: NodeReport,
+        received: Instant,
+    ) -> Result<ReportResponse, NodeStateError> {
         let node = report.node.clone();
         let entry = self.agent(&node);
         let mut a = entry.lock().await;
@@ -251,7 +256,7 @@ impl NodeStates {
         // The engine first: a notice's cordon waits neither for the conditions' write nor for
         // the notice's Event (a failed write below is answered 503; the agent resends the
         // report, and its events, already handed over, are acknowledged once stored).
-        let fresh = self.take_events(&node, &mut a, &report.events);
+        let fresh = self.take_events(&node, &mut a, &report.events, received);
         let written = self.write_conditions(&node, &mut a, false).await;
         self.notice_events(&node, &fresh).await;
         if let Err(e) = written {
@@ -279,27 +284,42 @@ impl NodeStates {
         })
     }
 
-    /// Marks each event not seen before as seen and hands it to the engine at once; returns
-    /// those (for [`Self::notice_events`]).
-    fn take_events(&self, node: &str, a: &mut Agent, events: &[NodeEvent]) -> Vec<NodeEvent> {
+    /// Marks each event not seen before as seen, logs it (`notice received`, with the time since
+    /// `received`: authentication, parsing and waiting for the node's previous report) and hands
+    /// it to the engine at once; returns those (for [`Self::notice_events`]).
+    fn take_events<'e>(
+        &self,
+        node: &str,
+        a: &mut Agent,
+        events: &'e [NodeEvent],
+        received: Instant,
+    ) -> Vec<&'e NodeEvent> {
         let mut fresh = Vec::new();
         for ev in events {
             if a.seen_events.contains(&ev.id) {
                 continue;
             }
+            tracing::info!(
+                node,
+                kind = ev.kind.name(),
+                id = %ev.id,
+                source = %ev.source,
+                waited_ms = received.elapsed().as_millis() as u64,
+                "notice received"
+            );
             self.counters.node_events.fetch_add(1, Ordering::Relaxed);
             let _ = self.events_tx.send((node.to_string(), ev.clone()));
             a.seen_events.push_back(ev.id.clone());
             if a.seen_events.len() > SEEN_EVENTS {
                 a.seen_events.pop_front();
             }
-            fresh.push(ev.clone());
+            fresh.push(ev);
         }
         fresh
     }
 
     /// A `Notice` Event on `node` for each of `events`.
-    async fn notice_events(&self, node: &str, events: &[NodeEvent]) {
+    async fn notice_events(&self, node: &str, events: &[&NodeEvent]) {
         for ev in events {
             let reason = Reason::for_kind(&ev.kind);
             let mut note = format!("{} from {} (id {})", ev.kind.name(), ev.source, ev.id);
@@ -312,12 +332,10 @@ impl NodeStates {
 
     /// Records a node event from a central source (OCI Events); true when it was new.
     pub async fn ingest_event(&self, node: &str, ev: NodeEvent) -> bool {
+        let received = Instant::now();
         let entry = self.agent(node);
         let mut a = entry.lock().await;
-        if a.seen_events.contains(&ev.id) {
-            return false;
-        }
-        let fresh = self.take_events(node, &mut a, std::slice::from_ref(&ev));
+        let fresh = self.take_events(node, &mut a, std::slice::from_ref(&ev), received);
         self.notice_events(node, &fresh).await;
         !fresh.is_empty()
     }
@@ -698,7 +716,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_agent_is_marked_stale_just_after_staleness_once() {
         let (s, _) = states(S(60), S(3600));
-        s.handle(report(1)).await.unwrap();
+        s.handle(report(1), Instant::now()).await.unwrap();
         tokio::time::advance(S(60)).await;
         s.tick().await;
         assert_eq!(
@@ -713,7 +731,7 @@ mod tests {
         s.tick().await;
         assert_eq!(stale_marked(&s), 1, "marked once, not on every tick");
         // A report clears it; the silence counts again from that report.
-        s.handle(report(2)).await.unwrap();
+        s.handle(report(2), Instant::now()).await.unwrap();
         tokio::time::advance(S(59)).await;
         s.tick().await;
         assert_eq!(stale_marked(&s), 1);
@@ -733,7 +751,7 @@ mod tests {
             Duration::from_millis(100)
         );
         let (s, _) = states(S(20), S(3600));
-        s.handle(report(1)).await.unwrap();
+        s.handle(report(1), Instant::now()).await.unwrap();
         let cancel = tokio_util::sync::CancellationToken::new();
         let task = tokio::spawn(
             s.clone()
@@ -764,18 +782,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn unchanged_conditions_are_rewritten_after_the_heartbeat_interval() {
         let (s, patches) = states(S(3600), S(60));
-        s.handle(report(1)).await.unwrap();
+        s.handle(report(1), Instant::now()).await.unwrap();
         let first = patches.load(Ordering::SeqCst);
         assert_eq!(first, 1, "the first report is written");
         tokio::time::advance(S(59)).await;
-        s.handle(report(2)).await.unwrap();
+        s.handle(report(2), Instant::now()).await.unwrap();
         assert_eq!(
             patches.load(Ordering::SeqCst),
             1,
             "unchanged within the interval"
         );
         tokio::time::advance(S(1)).await;
-        s.handle(report(3)).await.unwrap();
+        s.handle(report(3), Instant::now()).await.unwrap();
         assert_eq!(
             patches.load(Ordering::SeqCst),
             2,
@@ -801,7 +819,7 @@ mod tests {
         let start = Instant::now();
         let handled = tokio::spawn({
             let s = s.clone();
-            async move { s.handle(r).await }
+            async move { s.handle(r, Instant::now()).await }
         });
         let (node, ev) = engine.recv().await.unwrap();
         assert_eq!((node.as_str(), ev.id.as_str()), ("n1", id.as_str()));

@@ -97,6 +97,7 @@ fn err(code: StatusCode, msg: impl Into<String>) -> Response {
 }
 
 async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let received = tokio::time::Instant::now();
     let Ok(_in_flight) = app.in_flight.try_acquire() else {
         let shed = app.shed.fetch_add(1, Ordering::Relaxed) + 1;
         if shed.is_power_of_two() {
@@ -144,7 +145,7 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) ->
         );
     }
     let events = report.events.clone();
-    match app.states.handle(report).await {
+    match app.states.handle(report, received).await {
         Ok(mut resp) => {
             if let Some(engine) = &app.disruption {
                 // Acknowledged only once stored: a controller killed after the answer loses
