@@ -239,28 +239,17 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once(
         ctl.about(NODE)
     );
     let line = ctl.lines.lock().unwrap()[received.unwrap_or_default()].clone();
-    let field = |k: &str| {
-        [&line, &line["fields"]]
-            .iter()
-            .find_map(|f| f.get(k).cloned())
-            .unwrap_or_default()
-    };
-    assert_eq!(field("kind"), "preemption", "{line}");
-    assert!(field("waited_ms").is_u64(), "waited_ms: {line}");
+    assert_eq!(log_field(&line, "kind"), "preemption", "{line}");
+    assert!(log_field(&line, "waited_ms").is_u64(), "waited_ms: {line}");
     let line = ctl.lines.lock().unwrap()[written.unwrap_or_default()].clone();
-    let changes = [&line, &line["fields"]]
-        .iter()
-        .find_map(|f| f["changes"].as_str().map(str::to_string))
-        .unwrap_or_default();
+    let changes = log_field(&line, "changes").as_str().unwrap_or_default();
     assert!(
         changes.split(',').any(|k| k == "cordon") && changes.split(',').any(|k| k == "taint"),
         "the first write cordons and taints: {line}"
     );
     // One PATCH: computed from the copy the controller held (the answer to its own condition
     // write of the agent's reports, or the watch cache), not refused as stale and re-read.
-    let rereads = [&line, &line["fields"]]
-        .iter()
-        .find_map(|f| f["rereads"].as_u64());
+    let rereads = log_field(&line, "rereads").as_u64();
     assert_eq!(rereads, Some(0), "the cordon was one PATCH: {line}");
     let holds = holds.into_inner().unwrap();
     eprintln!("holds seen: {holds:?}");

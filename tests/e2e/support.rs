@@ -919,3 +919,13 @@ pub async fn report_until(
     })
     .await
 }
+
+/// The field `key` of one of the controller's JSON log lines, at the top level or under `fields`
+/// (`Null` when it has none).
+pub fn log_field<'a>(line: &'a serde_json::Value, key: &str) -> &'a serde_json::Value {
+    [line, &line["fields"]]
+        .into_iter()
+        .map(|f| &f[key])
+        .find(|v| !v.is_null())
+        .unwrap_or(&serde_json::Value::Null)
+}
