@@ -18,7 +18,9 @@
 //! - Events sent on `event_tx` are queued until the controller acknowledges their id. The queue is
 //!   bounded (`max_queued_events`; the oldest is dropped with an error log when full — never while
 //!   under the bound) and persisted to `<state_dir>/reporter-events.json` after every change, so a
-//!   restarted agent resends them. Ids are deterministic, so duplicates are harmless.
+//!   restarted agent resends them. Ids are deterministic, so duplicates are harmless. The file is
+//!   written on a blocking thread while the report goes out (a notice's report does not wait for
+//!   the disk); writes finishing out of order leave the latest state, and `run` ends with one.
 //! - Commands are forwarded on `cmd_tx` at most once per id; ids are persisted to
 //!   `<state_dir>/reporter-commands.json` before forwarding (so a command runs at most once even
 //!   across restarts). The executor reports results through `NodeReport::command_results`.
@@ -213,8 +215,18 @@ impl Reporter {
                 url: self.endpoint.clone(),
                 source,
             })?;
-        self.queue.acknowledge(&out.acknowledged_events);
+        if self.queue.acknowledge(&out.acknowledged_events) {
+            self.persist_later();
+        }
         Ok(out)
+    }
+
+    /// Writes the event queue as it is now on a thread that may block, so that the report
+    /// carrying a new event does not wait for the disk (two fsyncs; on a busy node's disk they
+    /// can take longer than the whole exchange with the controller).
+    fn persist_later(&mut self) {
+        let write = self.queue.events_write();
+        tokio::task::spawn_blocking(move || write.run());
     }
 
     /// The wait after `failures` failures in a row, the last one `e`: the backoff, or when the
@@ -271,7 +283,10 @@ impl Reporter {
                     // what the controller must act on first (a cordon before the reclaim). One
                     // already queued goes with the next report.
                     Some(ev) => {
-                        if self.queue.enqueue(ev) && failures == 0 { next = Instant::now(); }
+                        if self.queue.enqueue(ev) {
+                            self.persist_later();
+                            if failures == 0 { next = Instant::now(); }
+                        }
                     }
                     None => ev_open = false,
                 },
@@ -302,7 +317,8 @@ impl Reporter {
                 }
             }
         }
-        self.queue.persist();
+        // On this task, once, as it ends: a runtime shutting down may no longer run blocking tasks.
+        self.queue.events_write().run();
     }
 }
 

@@ -1,10 +1,13 @@
 //! The reporter's persisted state: the unacknowledged events (bounded, deduplicated by id) and the
 //! ids of the commands already forwarded, each a JSON file in the state directory written durably
 //! ([`atomic_write`](crate::agent::fsops::atomic_write)) after every change, so a restarted agent
-//! resends the events and runs no command twice.
+//! resends the events and runs no command twice. The events' file is written by an
+//! [`EventsWrite`], which the reporter runs off its async task so that a notice's report does not
+//! wait for the disk; writes finishing out of order leave the latest state.
 
 use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
@@ -29,6 +32,46 @@ pub(super) struct Queue {
     /// Commands the controller still sends that an earlier agent process ran: their results were
     /// lost with that process, so each report answers them (else the controller resends forever).
     replayed: Vec<String>,
+    /// The events' states taken for writing so far ([`Queue::events_write`]).
+    generation: u64,
+    /// The latest of them written (shared with the writes in flight).
+    written: Arc<Mutex<u64>>,
+}
+
+/// One state of the event queue, serialized, to be written to the state directory by a thread
+/// that may block on the disk ([`EventsWrite::run`]).
+#[derive(Debug)]
+pub(super) struct EventsWrite {
+    path: PathBuf,
+    bytes: serde_json::Result<Vec<u8>>,
+    generation: u64,
+    written: Arc<Mutex<u64>>,
+}
+
+impl EventsWrite {
+    /// Writes this state durably unless a later one is already written (a failure is logged).
+    pub(super) fn run(self) {
+        let EventsWrite {
+            path,
+            bytes,
+            generation,
+            written,
+        } = self;
+        // A poisoned lock only means a write panicked; the generation it guards is still right.
+        let mut written = written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *written >= generation {
+            return;
+        }
+        match store_bytes(&path, bytes) {
+            Ok(()) => *written = generation,
+            Err(e) => tracing::warn!(
+                error = crate::telemetry::error_chain(&e),
+                "cannot persist the event queue"
+            ),
+        }
+    }
 }
 
 impl Queue {
@@ -49,6 +92,8 @@ impl Queue {
             earlier: executed.iter().cloned().collect(),
             executed,
             replayed: Vec::new(),
+            generation: 0,
+            written: Arc::new(Mutex::new(0)),
         })
     }
 
@@ -62,8 +107,8 @@ impl Queue {
         self.events.len()
     }
 
-    /// Queues `ev` (unless an event with its id is queued) and persists the queue; when full, the
-    /// oldest event is dropped (never while under the bound). True when `ev` was queued.
+    /// Queues `ev` (unless an event with its id is queued); when full, the oldest event is dropped
+    /// (never while under the bound). True when `ev` was queued: the queue is then to be written.
     pub(super) fn enqueue(&mut self, ev: NodeEvent) -> bool {
         if self.events.iter().any(|e| e.id == ev.id) {
             return false;
@@ -74,27 +119,25 @@ impl Queue {
             }
         }
         self.events.push_back(ev);
-        self.persist();
         true
     }
 
-    /// Drops the events the controller acknowledged (persisting the queue when one was).
-    pub(super) fn acknowledge(&mut self, ids: &[String]) {
+    /// Drops the events the controller acknowledged. True when one was: the queue is then to be
+    /// written.
+    pub(super) fn acknowledge(&mut self, ids: &[String]) -> bool {
         let before = self.events.len();
         self.events.retain(|e| !ids.contains(&e.id));
-        if self.events.len() != before {
-            self.persist();
-        }
+        self.events.len() != before
     }
 
-    /// Writes the queue to the state directory (a failure is logged).
-    pub(super) fn persist(&self) {
-        let path = self.state_dir.join(EVENTS_FILE);
-        if let Err(e) = store_json(&path, &self.events) {
-            tracing::warn!(
-                error = crate::telemetry::error_chain(&e),
-                "cannot persist the event queue"
-            );
+    /// The queue as it is now, to be written to the state directory ([`EventsWrite::run`]).
+    pub(super) fn events_write(&mut self) -> EventsWrite {
+        self.generation += 1;
+        EventsWrite {
+            path: self.state_dir.join(EVENTS_FILE),
+            bytes: serde_json::to_vec(&self.events),
+            generation: self.generation,
+            written: Arc::clone(&self.written),
         }
     }
 
@@ -163,11 +206,15 @@ fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
 }
 
 fn store_json<T: Serialize>(path: &Path, v: &T) -> Result<(), ReporterError> {
-    let st = |source| ReporterError::State {
+    store_bytes(path, serde_json::to_vec(v))
+}
+
+/// Writes `bytes` (a value serialized, or why it could not be) durably to `path`.
+fn store_bytes(path: &Path, bytes: serde_json::Result<Vec<u8>>) -> Result<(), ReporterError> {
+    let text = bytes.map_err(|e| ReporterError::State {
         path: path.to_path_buf(),
-        source,
-    };
-    let text = serde_json::to_vec(v).map_err(|e| st(std::io::Error::other(e)))?;
+        source: std::io::Error::other(e),
+    })?;
     let dir = path.parent().unwrap_or(Path::new("."));
     Ok(crate::agent::fsops::atomic_write(path, &text, dir)?)
 }
@@ -211,6 +258,7 @@ mod tests {
         );
         let ids: Vec<&str> = r.events().map(|e| e.id.as_str()).collect();
         assert_eq!(ids, vec!["b", "c"]);
+        r.events_write().run();
         let reboot = |id: &str| AgentCommand::Reboot {
             id: id.into(),
             reason: "x".into(),
@@ -252,6 +300,36 @@ mod tests {
         assert!(
             report.command_results.is_empty(),
             "no longer sent by the controller: no longer answered"
+        );
+    }
+
+    #[test]
+    fn writes_finishing_out_of_order_leave_the_latest_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut q = Queue::load(dir.path(), 8).unwrap();
+        let reload = || -> Vec<String> {
+            Queue::load(dir.path(), 8)
+                .unwrap()
+                .events()
+                .map(|e| e.id.clone())
+                .collect()
+        };
+        assert!(q.enqueue(ev("a")));
+        let first = q.events_write();
+        assert!(q.enqueue(ev("b")));
+        let second = q.events_write();
+        assert!(q.acknowledge(&["a".to_string()]));
+        assert!(!q.acknowledge(&["a".to_string()]), "already gone");
+        let third = q.events_write();
+        second.run();
+        assert_eq!(reload(), ["a", "b"]);
+        third.run();
+        assert_eq!(reload(), ["b"]);
+        first.run();
+        assert_eq!(
+            reload(),
+            ["b"],
+            "an older state never overwrites a newer one"
         );
     }
 }
