@@ -19,16 +19,19 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{arg, cpu_seconds, status_kib};
+use futures::future::BoxFuture;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use nodekeeper_core::agent::checks::{CheckResult, ConditionStatus};
+use nodekeeper_core::agent::reporter::transport::{http::HttpTransport, Answer, TransportError};
+use nodekeeper_core::agent::reporter::ReportTransport;
 use nodekeeper_core::controller::config::ControllerConfig;
 use nodekeeper_core::wire::{NodeReport, REPORT_VERSION};
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
@@ -160,6 +163,40 @@ fn unix_ns() -> u128 {
         .unwrap_or(0)
 }
 
+/// A noticed node's transport (the agent's own HTTPS one): prints `post NODE START_NS END_NS` for
+/// the first report that carries the bench's notice, when the reporter began to send it and when
+/// the answer came, so the bench's audit splits the notice's delivery into the agent's part (to
+/// the POST) and the wire's (the connection, TLS resumption, the controller accepting it).
+#[derive(Debug)]
+struct Timed {
+    inner: HttpTransport,
+    node: String,
+    printed: AtomicBool,
+}
+
+impl ReportTransport for Timed {
+    fn post<'a>(
+        &'a self,
+        token: &'a str,
+        body: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Answer, TransportError>> {
+        const MARK: &[u8] = NOTICE_SOURCE.as_bytes();
+        Box::pin(async move {
+            let carries = !self.printed.load(Ordering::Relaxed)
+                && body.windows(MARK.len()).any(|w| w == MARK);
+            let start = unix_ns();
+            let out = self.inner.post(token, body).await;
+            if carries && !self.printed.swap(true, Ordering::Relaxed) {
+                println!("post {} {start} {}", self.node, unix_ns());
+            }
+            out
+        })
+    }
+}
+
+/// The source of the bench's notices (`NodeEvent::source`).
+const NOTICE_SOURCE: &str = "bench/spot";
+
 /// The child of phase 3: `--agents N --port P --dir D --idle-ms I`: N agents' reporters (the
 /// agent's own `Reporter`, each with its client, token file and state directory under D, the
 /// default 10 s heartbeat, `[report] idle_timeout` I), started spread over one heartbeat; prints
@@ -169,8 +206,8 @@ fn unix_ns() -> u128 {
 /// report one spot interruption notice, one every `--notice-ms` (default 200 ms), starting
 /// `--notice-delay-s` (default 2) after `started`, or, with `--notice-go FILE`, once FILE exists
 /// (the bench's measurement window is open then, however long its earlier phases took); each
-/// prints `notice NODE UNIX_NS` (when it
-/// was handed to the reporter, as the agent's source does) on stdout. The agents' setup is the
+/// prints `notice NODE UNIX_NS` (when it was handed to the reporter, as the agent's source does)
+/// on stdout, and `post NODE START_NS END_NS` for the report that carried it ([`Timed`]). The agents' setup is the
 /// same on the sim and on the real control plane: only the token files differ.
 async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
@@ -179,6 +216,10 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
     let dir = std::path::PathBuf::from(str_arg("--dir", ""));
     let idle = Duration::from_millis(arg("--idle-ms", 1000));
     let heartbeat = ReporterConfig::default().heartbeat;
+    let (notices, from) = (
+        arg("--notices", 0) as usize,
+        arg("--notice-from", 0) as usize,
+    );
     let stop_all = tokio_util::sync::CancellationToken::new();
     let mut senders = Vec::with_capacity(n);
     let mut keep = Vec::with_capacity(n);
@@ -191,7 +232,18 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
             idle_timeout: idle,
             ..ReporterConfig::default()
         };
-        let rep = Reporter::new(cfg, &dir.join("state").join(format!("n{i}")))?;
+        let state = dir.join("state").join(format!("n{i}"));
+        let rep = if (from..from + notices).contains(&i) {
+            let inner = HttpTransport::new(&cfg, &format!("{}/v1/reports", cfg.url))?;
+            let timed = Timed {
+                inner,
+                node: format!("n{i}"),
+                printed: AtomicBool::new(false),
+            };
+            Reporter::with_transport(cfg, &state, Box::new(timed))?
+        } else {
+            Reporter::new(cfg, &state)?
+        };
         let first: NodeReport =
             serde_json::from_slice(&report(&format!("n{i}"), 0, ConditionStatus::False))?;
         let (tx, rx) = tokio::sync::watch::channel(first);
@@ -208,10 +260,6 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
     }
     tokio::time::sleep(heartbeat + Duration::from_secs(2)).await;
     println!("started {n}");
-    let (notices, from) = (
-        arg("--notices", 0) as usize,
-        arg("--notice-from", 0) as usize,
-    );
     let notice_every = Duration::from_millis(arg("--notice-ms", 200));
     let notify = keep
         .iter()
@@ -235,7 +283,7 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
             tick.tick().await;
             let now = chrono::Utc::now();
             let mut notice =
-                NodeEvent::on_node(EventKind::Preemption, "bench/spot", &format!("n{i}"), now);
+                NodeEvent::on_node(EventKind::Preemption, NOTICE_SOURCE, &format!("n{i}"), now);
             notice.deadline = Some(now + chrono::Duration::minutes(2));
             println!("notice n{i} {}", unix_ns());
             if ev.send(notice).await.is_err() {

@@ -29,10 +29,15 @@
 #                                                   NK_CONTROLLER_SET, each agent holds its connection: a held transport)
 #   AUDIT=1 …                                       kube-apiserver audits the controller's Node PATCHes (Metadata level,
 #                                                   nothing else): SIZE/audit.json splits each notice's cordon into the
-#                                                   controller's side and kube-apiserver's (scale-fleet.py audit)
+#                                                   controller's side and kube-apiserver's, and the time before it into delivery (the
+#                                                   agent's send and the wire, by the simulator's `post` lines), handler and engine
+#                                                   (scale-fleet.py audit)
 #   CHANGES=1 …                                     in each window with the controller up, a Node watch of its own:
 #                                                   SIZE/changes-PHASE.json, which fields the controller's wake filter
 #                                                   reads changed and who wrote them (scale-fleet.py node-changes)
+#   OPEN_GAP=3 …                                    seconds between the scrapes before each window (kube-apiserver's
+#                                                   /metrics, the controller's) and the window's opening, so that their
+#                                                   aftermath does not fall in its first seconds
 #   FLEET_NICE=19 …                                 the fleet's stand-ins — KWOK, playing every kubelet, and the agents'
 #                                                   simulator — in scheduler groups at that nice (their autogroups':
 #                                                   each setsid process is one group, /proc/PID/autogroup), so that the
@@ -173,6 +178,7 @@ phase() {
   "${F[@]}" requests "$DIR" "$SD/req-$name-0.json"
   engine_counters "$SD/engine-$name-0.txt"
   ctl_delays "$SD/delay-$name-0.txt"
+  sleep "${OPEN_GAP:-0}"
   perf_start "$name" "$secs"
   if [ "${CHANGES:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
     "${F[@]}" node-changes "$DIR" "$secs" >"$SD/changes-$name.json" &
@@ -325,8 +331,10 @@ for line in open(sys.argv[1]):
             print(f'  slowest: {s}')
         if "delivery" in a:
             print('  before the PATCH (p50 / p99 ms): '
-                  + ", ".join(f'{k} {a[k]["p50_ms"]} / {a[k]["p99_ms"]}' for k in ("delivery", "handler", "engine")))
+                  + ", ".join(f'{k} {a[k]["p50_ms"]} / {a[k]["p99_ms"]}'
+                              for k in ("delivery", "send", "wire", "handler", "engine") if k in a))
             for s in a.get("slowest_before_patch", []):
-                print(f'  slowest before its PATCH: {s["node"]}: delivery {s["delivery"]:.1f}, handler {s["handler"]:.1f}, '
-                      f'engine {s["engine"]:.1f} ms')
+                split = f' (send {s["send"]:.1f}, wire {s["wire"]:.1f})' if "send" in s else ""
+                print(f'  slowest before its PATCH: {s["node"]}: delivery {s["delivery"]:.1f}{split}, '
+                      f'handler {s["handler"]:.1f}, engine {s["engine"]:.1f} ms')
 EOF

@@ -41,7 +41,10 @@ directory: every call here uses its admin client certificate (the harness, never
                                                     the slowest. Before the PATCH, by the controller's `notice
                                                     received` line: delivery (notice → its report's request
                                                     arrived), handler (→ handed to the engine), engine (→ PATCH
-                                                    started); the three slowest to their PATCH
+                                                    started); the three slowest to their PATCH. Delivery split by
+                                                    the agents' simulator's `post NODE START END` line (its report
+                                                    carrying the notice): send (notice → the reporter's POST began)
+                                                    and wire (→ the request arrived: connection, TLS, accept)
 """
 import datetime
 import http.client
@@ -566,11 +569,14 @@ def json_lines(fn):
 
 def audit(audit_log, controller_log, events):
     notices = {}  # node -> the notice's time (the agents' simulator's)
+    posts = {}  # node -> when its reporter began the POST carrying the notice (the simulator's)
     with open(events) as f:
         for line in f:
             w = line.split()
             if len(w) == 3 and w[0] == "notice":
                 notices[w[1]] = int(w[2])
+            elif len(w) == 4 and w[0] == "post":
+                posts[w[1]] = int(w[2])
     written = {}  # node -> (PATCH started, logged), the first cordon's
     received = {}  # node -> (its report's request arrived, notice handed to the engine), the first's
     for j in json_lines(controller_log):
@@ -606,12 +612,14 @@ def audit(audit_log, controller_log, events):
             arrived, handed = received[n]
             row.update(delivery=(arrived - notices[n]) / 1e6, handler=(handed - arrived) / 1e6,
                        engine=(start - handed) / 1e6)
+            if n in posts:
+                row.update(send=(posts[n] - notices[n]) / 1e6, wire=(arrived - posts[n]) / 1e6)
         rows.append(row)
     res = {"cordons": len(written), "matched": len(rows)}
-    for k in ("client", "server", "before", "after", "delivery", "handler", "engine"):
+    for k in ("client", "server", "before", "after", "delivery", "handler", "engine", "send", "wire"):
         xs = [r[k] for r in rows if k in r]
-        if not xs and k in ("delivery", "handler", "engine"):
-            continue  # a controller without the `notice received` line
+        if not xs and k in ("delivery", "handler", "engine", "send", "wire"):
+            continue  # a controller without the `notice received` line, a simulator without `post`
         res[k] = {"p50_ms": round(pct(xs, 0.5), 1), "p99_ms": round(pct(xs, 0.99), 1)}
     res["slowest"] = sorted(rows, key=lambda r: -r["client"])[:3]
     # the notices slowest to their PATCH (delivery + handler + engine)
