@@ -207,8 +207,8 @@ const NOTICE_SOURCE: &str = "bench/spot";
 /// `--notice-delay-s` (default 2) after `started`, or, with `--notice-go FILE`, once FILE exists
 /// (the bench's measurement window is open then, however long its earlier phases took); each
 /// prints `notice NODE UNIX_NS` (when it was handed to the reporter, as the agent's source does)
-/// on stdout, and `post NODE START_NS END_NS` for the report that carried it ([`Timed`]). The agents' setup is the
-/// same on the sim and on the real control plane: only the token files differ.
+/// on stdout, and `post NODE START_NS END_NS` for the report that carried it ([`Timed`]). The
+/// agents' setup is the same on the sim and on the real control plane: only the token files differ.
 async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
     let _ = nodekeeper_core::serve::raise_open_files_limit();
@@ -234,7 +234,7 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
         };
         let state = dir.join("state").join(format!("n{i}"));
         let rep = if (from..from + notices).contains(&i) {
-            let inner = HttpTransport::new(&cfg, &format!("{}/v1/reports", cfg.url))?;
+            let inner = HttpTransport::new(&cfg, &cfg.endpoint())?;
             let timed = Timed {
                 inner,
                 node: format!("n{i}"),

@@ -616,10 +616,12 @@ def audit(audit_log, controller_log, events):
                 row.update(send=(posts[n] - notices[n]) / 1e6, wire=(arrived - posts[n]) / 1e6)
         rows.append(row)
     res = {"cordons": len(written), "matched": len(rows)}
-    for k in ("client", "server", "before", "after", "delivery", "handler", "engine", "send", "wire"):
+    # absent with a controller without the `notice received` line, a simulator without `post` lines
+    optional = ("delivery", "handler", "engine", "send", "wire")
+    for k in ("client", "server", "before", "after") + optional:
         xs = [r[k] for r in rows if k in r]
-        if not xs and k in ("delivery", "handler", "engine", "send", "wire"):
-            continue  # a controller without the `notice received` line, a simulator without `post`
+        if not xs and k in optional:
+            continue
         res[k] = {"p50_ms": round(pct(xs, 0.5), 1), "p99_ms": round(pct(xs, 0.99), 1)}
     res["slowest"] = sorted(rows, key=lambda r: -r["client"])[:3]
     # the notices slowest to their PATCH (delivery + handler + engine)

@@ -58,6 +58,11 @@ impl Default for ReporterConfig {
 }
 
 impl ReporterConfig {
+    /// `<url>/v1/reports`: where reports are POSTed.
+    pub fn endpoint(&self) -> String {
+        format!("{}/v1/reports", self.url.trim_end_matches('/'))
+    }
+
     /// Semantic checks.
     pub fn validate(&self) -> Vec<Diagnostic> {
         let mut d = Vec::new();

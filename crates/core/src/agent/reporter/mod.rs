@@ -147,7 +147,7 @@ pub struct Reporter {
 impl Reporter {
     /// A reporter for `cfg`, persisting into `state_dir` (created if missing).
     pub fn new(cfg: ReporterConfig, state_dir: &Path) -> Result<Self, ReporterError> {
-        let transport = transport::http::HttpTransport::new(&cfg, &endpoint(&cfg))?;
+        let transport = transport::http::HttpTransport::new(&cfg, &cfg.endpoint())?;
         Self::with_transport(cfg, state_dir, Box::new(transport))
     }
 
@@ -157,7 +157,7 @@ impl Reporter {
         state_dir: &Path,
         transport: Box<dyn ReportTransport>,
     ) -> Result<Self, ReporterError> {
-        let endpoint = endpoint(&cfg);
+        let endpoint = cfg.endpoint();
         let queue = Queue::load(state_dir, cfg.max_queued_events)?;
         let raw: [u8; 8] = rand::rng().random();
         Ok(Reporter {
@@ -320,11 +320,6 @@ impl Reporter {
         // On this task, once, as it ends: a runtime shutting down may no longer run blocking tasks.
         self.queue.events_write().run();
     }
-}
-
-/// `<url>/v1/reports`.
-fn endpoint(cfg: &ReporterConfig) -> String {
-    format!("{}/v1/reports", cfg.url.trim_end_matches('/'))
 }
 
 #[cfg(test)]
