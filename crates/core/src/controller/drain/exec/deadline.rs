@@ -90,7 +90,9 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
         }
     }
 
-    /// The earliest of: the poll interval, the next retry, the deadline.
+    /// The earliest of: the poll interval, the next retry (at least 5 ms away), the deadline.
+    /// The 5 ms floor never carries the wait past the deadline: a retry due just before it
+    /// would otherwise make the drain time out up to 5 ms late.
     pub(super) fn next_wake(&self, now: Instant) -> Duration {
         let mut wake = now + self.opts.poll_interval;
         for t in self.tracks.values() {
@@ -98,11 +100,13 @@ impl<F: FnMut(&DrainProgress) + Send> Drainer<'_, F> {
                 wake = wake.min(t.next_try);
             }
         }
-        if let Some(d) = self.opts.deadline.filter(|d| *d > now) {
-            wake = wake.min(d);
+        let wait = wake
+            .saturating_duration_since(now)
+            .max(Duration::from_millis(5));
+        match self.opts.deadline.filter(|d| *d > now) {
+            Some(d) => wait.min(d - now),
+            None => wait,
         }
-        wake.saturating_duration_since(now)
-            .max(Duration::from_millis(5))
     }
 }
 
@@ -233,8 +237,8 @@ mod tests {
         );
     }
 
-    /// The wait between rounds: the poll interval, cut by a pod's next retry and by the
-    /// deadline, at least 5 ms; a call's limit: `call_timeout` cut at the deadline, at least
+    /// The wait between rounds: the poll interval, cut by a pod's next retry (at least 5 ms)
+    /// and by the deadline; a call's limit: `call_timeout` cut at the deadline, at least
     /// 100 ms.
     #[tokio::test(start_paused = true)]
     async fn next_wake_and_call_limit_are_cut_at_the_deadline() {
@@ -246,7 +250,11 @@ mod tests {
         let now = Instant::now();
         assert_eq!(d.next_wake(now), S(1));
         assert_eq!(d.call_limit(now), S(1));
-        assert_eq!(d.next_wake(now + MS(999)), MS(5));
+        assert_eq!(
+            d.next_wake(now + MS(999)),
+            MS(1),
+            "the deadline, not the 5 ms floor"
+        );
         assert_eq!(d.call_limit(now + MS(950)), MS(100));
         assert!(!d.past_deadline(now + MS(999)));
         assert!(d.past_deadline(now + S(1)));
@@ -254,6 +262,28 @@ mod tests {
             d.next_wake(now + S(2)),
             S(10),
             "past the deadline: the poll interval"
+        );
+        let mut d = d;
+        d.tracks.insert(
+            "u1".into(),
+            super::super::Track {
+                attempts: 1,
+                next_try: now + MS(2),
+                accepted: false,
+                forced: false,
+                blocker: None,
+            },
+        );
+        assert_eq!(
+            d.next_wake(now),
+            MS(5),
+            "a retry due in 2 ms: the 5 ms floor"
+        );
+        d.tracks.get_mut("u1").unwrap().next_try = now + MS(998);
+        assert_eq!(
+            d.next_wake(now + MS(997)),
+            MS(3),
+            "a retry due before the deadline: the floor stops at the deadline"
         );
         assert!(d.check_deadline(None, 1).is_ok());
         tokio::time::advance(MS(999)).await;
