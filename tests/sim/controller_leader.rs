@@ -7,13 +7,29 @@ use crate::support::drain::{cluster, counting_client};
 
 use std::time::Duration;
 
-use nodekeeper_core::controller::leader::Elector;
+use nodekeeper_core::controller::config::LeaderConfig;
+use nodekeeper_core::controller::leader::{Elector, Timing};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const LEASE: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_millis(200);
+
+/// The shipped timing scaled down: lease 2 s, retry 200 ms, and the default renewal interval
+/// these give (lease − 4 × retry = 1.2 s).
+fn timing() -> Timing {
+    let cfg = LeaderConfig {
+        lease_duration: LEASE,
+        retry_period: RETRY,
+        ..LeaderConfig::default()
+    };
+    Timing {
+        lease: LEASE,
+        retry: RETRY,
+        renew: cfg.renew_interval(),
+    }
+}
 
 struct Replica {
     leader: watch::Receiver<bool>,
@@ -24,7 +40,7 @@ struct Replica {
 
 fn start(c: &crate::support::drain::Cluster, identity: &str) -> Replica {
     let (client, log) = counting_client(c);
-    let e = Elector::new(client, "default", "nk", identity, LEASE, RETRY);
+    let e = Elector::new(client, "default", "nk", identity, timing());
     let (tx, leader) = watch::channel(false);
     let cancel = CancellationToken::new();
     let task = tokio::spawn(e.run(tx, cancel.clone()));
@@ -85,9 +101,11 @@ async fn a_follower_takes_an_unrenewed_lease_just_after_it_expires() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     a.task.abort();
     let took = until_leading(&mut b, LEASE * 2).await;
-    // The last renewal was at most RETRY before the abort; expiry is LEASE after it.
+    // The last renewal was at most the renew interval before the abort; expiry is LEASE after it.
+    let renew = timing().renew;
+    assert_eq!(renew, Duration::from_millis(1200));
     assert!(
-        took >= LEASE - RETRY - Duration::from_millis(50) && took < LEASE + Duration::from_secs(1),
+        took >= LEASE - renew - Duration::from_millis(50) && took < LEASE + Duration::from_secs(1),
         "took {took:?} after the leader stopped"
     );
     b.cancel.cancel();

@@ -1,7 +1,8 @@
 //! Leader election with a `coordination.k8s.io/v1` Lease.
 //!
 //! Optimistic concurrency (resourceVersion on every replace) makes at most one replica win a
-//! takeover. The holder renews every `retry_period`; it steps down on its own when it could not
+//! takeover. The holder renews every `renew_interval` (12 s by default, in a 20 s Lease) and
+//! retries a failed renewal every `retry_period`; it steps down on its own when it could not
 //! renew for `lease_duration - retry_period` (before anyone else may take over), and on shutdown it
 //! releases the Lease (empty holder) so the other replica takes over at once instead of waiting
 //! for expiry. The holder renews by writing the Lease it last wrote (its resourceVersion):
@@ -35,13 +36,23 @@ pub struct Elector {
     api: Api<Lease>,
     name: String,
     identity: String,
-    duration: Duration,
-    retry: Duration,
+    timing: Timing,
     /// The Lease as this replica last wrote it, while it holds it.
     written: Arc<Mutex<Option<Lease>>>,
     /// Another holder's Lease as last read, while following: its resourceVersion, and when it
     /// expires unless renewed (renewTime + leaseDurationSeconds, ms since the epoch).
     observed: Arc<Mutex<Option<(String, i64)>>>,
+}
+
+/// The election's clock (`[controller.leader]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// How long the Lease is valid without renewal.
+    pub lease: Duration,
+    /// The pause after a failed attempt, and between a follower's reads when it cannot watch.
+    pub retry: Duration,
+    /// The holder's pause after a successful renewal.
+    pub renew: Duration,
 }
 
 /// Server-side timeout of a follower's watch of the Lease.
@@ -67,15 +78,13 @@ impl Elector {
         namespace: &str,
         name: &str,
         identity: &str,
-        duration: Duration,
-        retry: Duration,
+        timing: Timing,
     ) -> Self {
         Elector {
             api: Api::namespaced(client, namespace),
             name: name.into(),
             identity: identity.into(),
-            duration,
-            retry,
+            timing,
             written: Arc::default(),
             observed: Arc::default(),
         }
@@ -104,7 +113,7 @@ impl Elector {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         LeaseSpec {
             holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(self.duration.as_secs().max(1) as i32),
+            lease_duration_seconds: Some(self.timing.lease.as_secs().max(1) as i32),
             acquire_time: Some(acquire.unwrap_or_else(|| now.clone())),
             renew_time: Some(now),
             lease_transitions: Some(transitions),
@@ -180,10 +189,10 @@ impl Elector {
     pub async fn follower_wait(&self) {
         let seen = self.observed().take();
         let Some((rv, mut expires)) = seen else {
-            return tokio::time::sleep(self.retry).await;
+            return tokio::time::sleep(self.timing.retry).await;
         };
         // A watch that ends or breaks at once must not turn into a read per round trip.
-        let not_before = Instant::now() + self.retry;
+        let not_before = Instant::now() + self.timing.retry;
         let wp = WatchParams::default()
             .fields(&format!("metadata.name={}", self.name))
             .timeout(FOLLOWER_WATCH_SECS);
@@ -191,7 +200,7 @@ impl Elector {
             Ok(s) => s.boxed(),
             Err(error) => {
                 tracing::debug!(lease = %self.name, %error, "cannot watch the lease; reading it every retry_period");
-                return tokio::time::sleep(self.retry).await;
+                return tokio::time::sleep(self.timing.retry).await;
             }
         };
         loop {
@@ -239,12 +248,10 @@ impl Elector {
 
     /// Runs the election until `cancel`, publishing leadership on `tx`; releases the Lease at the end.
     pub async fn run(self, tx: watch::Sender<bool>, cancel: CancellationToken) {
-        let grace = self.duration.saturating_sub(self.retry);
         elect(
             || self.try_acquire_or_renew(),
             || self.follower_wait(),
-            self.retry,
-            grace,
+            self.timing,
             &tx,
             &cancel,
             (&self.name, &self.identity),
@@ -273,14 +280,14 @@ fn expired(spec: &LeaseSpec, now: k8s_openapi::jiff::Timestamp) -> bool {
     expiry(spec).is_none_or(|at| at < now.as_millisecond())
 }
 
-/// The election loop of [`Elector::run`]: one `attempt` every `retry` while leading, after
-/// `follower_wait` while not; a failed attempt keeps the leadership while the last successful one
-/// is younger than `grace`.
+/// The election loop of [`Elector::run`]: while leading, the next `attempt` `renew` after a
+/// successful one and `retry` after a failed one; after `follower_wait` while not. A failed
+/// attempt keeps the leadership while the last successful one is younger than
+/// `lease - retry`.
 async fn elect<F, Fut, E, W, WFut>(
     mut attempt: F,
     mut follower_wait: W,
-    retry: Duration,
-    grace: Duration,
+    timing: Timing,
     tx: &watch::Sender<bool>,
     cancel: &CancellationToken,
     (name, identity): (&str, &str),
@@ -291,17 +298,18 @@ async fn elect<F, Fut, E, W, WFut>(
     W: FnMut() -> WFut,
     WFut: Future<Output = ()>,
 {
+    let grace = timing.lease.saturating_sub(timing.retry);
     let mut last_renew: Option<Instant> = None;
     loop {
-        let held = match attempt().await {
+        let (held, renewed) = match attempt().await {
             Ok(true) => {
                 last_renew = Some(Instant::now());
-                true
+                (true, true)
             }
-            Ok(false) => false,
+            Ok(false) => (false, false),
             Err(e) => {
                 tracing::warn!(lease = %name, error = %e, "lease renewal failed");
-                last_renew.is_some_and(|t| t.elapsed() < grace)
+                (last_renew.is_some_and(|t| t.elapsed() < grace), false)
             }
         };
         if !held {
@@ -313,9 +321,10 @@ async fn elect<F, Fut, E, W, WFut>(
             let _ = tx.send(held);
         }
         let pause = async {
-            match held {
-                true => tokio::time::sleep(retry).await,
-                false => follower_wait().await,
+            match (held, renewed) {
+                (true, true) => tokio::time::sleep(timing.renew).await,
+                (true, false) => tokio::time::sleep(timing.retry).await,
+                (false, _) => follower_wait().await,
             }
         };
         tokio::select! {
@@ -344,6 +353,20 @@ mod tests {
         retry: Duration,
         lease: Duration,
     ) -> Vec<(Duration, bool)> {
+        let renew = retry;
+        script_timed(
+            results,
+            Timing {
+                lease,
+                retry,
+                renew,
+            },
+        )
+        .await
+    }
+
+    /// [`script`] with a renewal interval of its own.
+    async fn script_timed(results: &[Option<bool>], timing: Timing) -> Vec<(Duration, bool)> {
         let (tx, rx) = watch::channel(false);
         let cancel = CancellationToken::new();
         let t0 = Instant::now();
@@ -370,9 +393,8 @@ mod tests {
                 }
             })
         };
-        let grace = lease.saturating_sub(retry);
-        let follow = || tokio::time::sleep(retry);
-        elect(attempt, follow, retry, grace, &tx, &cancel, ("l", "me")).await;
+        let follow = || tokio::time::sleep(timing.retry);
+        elect(attempt, follow, timing, &tx, &cancel, ("l", "me")).await;
         drop(tx);
         watcher.await.unwrap();
         let changes = leaders.lock().unwrap().clone();
@@ -417,6 +439,36 @@ mod tests {
         assert_eq!(held, [true, true, true, true, true, false]);
     }
 
+    /// The shipped timing (lease 20 s, retry 2 s, renew 12 s): renewals 12 s apart while they
+    /// succeed; after a failure, retries every 2 s, and the step-down at 18 s (lease − retry)
+    /// after the last renewal, three retries later; a follower then reads every retry.
+    #[tokio::test(start_paused = true)]
+    async fn renews_every_renew_interval_and_retries_every_retry_period() {
+        let timing = Timing {
+            lease: S(20),
+            retry: S(2),
+            renew: S(12),
+        };
+        let got = script_timed(&[Some(true); 3], timing).await;
+        assert_eq!(got, [(S(0), true), (S(12), true), (S(24), true)]);
+        let mut results = vec![Some(true)];
+        results.extend([None; 5]);
+        let got = script_timed(&results, timing).await;
+        let want = [
+            (0, true),
+            (12, true),
+            (14, true),
+            (16, true),
+            (18, false),
+            (20, false),
+        ];
+        assert_eq!(got, want.map(|(t, l)| (S(t), l)));
+        // a failed renewal that then succeeds: back to the renew interval
+        let got = script_timed(&[Some(true), None, Some(true), Some(true)], timing).await;
+        let want = [(0, true), (12, true), (14, true), (26, true)];
+        assert_eq!(got, want.map(|(t, l)| (S(t), l)));
+    }
+
     /// Losing the Lease (another holder) drops the lead at once, and a later API error does not
     /// bring it back on the strength of the old renewal.
     #[tokio::test(start_paused = true)]
@@ -427,6 +479,14 @@ mod tests {
     }
 
     type Shared<T> = Arc<Mutex<T>>;
+
+    fn timing() -> Timing {
+        Timing {
+            lease: S(15),
+            retry: S(2),
+            renew: S(2),
+        }
+    }
 
     /// An API server holding one Lease (resourceVersion checked on PUT); every request logged.
     fn lease_server() -> (
@@ -491,7 +551,7 @@ mod tests {
     #[tokio::test]
     async fn the_holder_renews_with_one_write_and_reads_after_a_conflict() {
         let (client, log, store) = lease_server();
-        let e = Elector::new(client, "nodekeeper", "nk", "me", S(15), S(2));
+        let e = Elector::new(client, "nodekeeper", "nk", "me", timing());
         for _ in 0..4 {
             assert!(e.try_acquire_or_renew().await.unwrap());
         }
@@ -522,9 +582,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_follower_whose_watch_ends_at_once_waits_the_retry_period() {
         let (client, log, store) = lease_server();
-        let other = Elector::new(client.clone(), "nodekeeper", "nk", "other", S(15), S(2));
+        let other = Elector::new(client.clone(), "nodekeeper", "nk", "other", timing());
         assert!(other.try_acquire_or_renew().await.unwrap());
-        let e = Elector::new(client, "nodekeeper", "nk", "me", S(15), S(2));
+        let e = Elector::new(client, "nodekeeper", "nk", "me", timing());
         assert!(!e.try_acquire_or_renew().await.unwrap());
         assert!(store.lock().unwrap().is_some());
         log.lock().unwrap().clear();
