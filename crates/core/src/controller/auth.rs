@@ -331,7 +331,11 @@ impl LivePods {
     ) {
         // `PartialObjectMeta` makes the list and the watch metadata-only.
         let api: Api<PartialObjectMeta<Pod>> = Api::namespaced(client, &namespace);
-        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+        let mut events = std::pin::pin!(watcher(
+            api,
+            watcher::Config::default().timeout(crate::k8s::watch_timeout_secs())
+        )
+        .default_backoff());
         // A re-list is gathered here and swapped in whole at its end.
         let mut relist = HashMap::new();
         loop {

@@ -10,7 +10,7 @@
 //! to a read. A follower does not read the Lease every `retry_period` either: it watches it, and
 //! reads it (to take it over) only when the holder released it, it was deleted, the watch ended,
 //! or the Lease's `renewTime + leaseDurationSeconds` passed with no renewal seen (then it finds it
-//! expired, by the same clock). A standby so costs a watch and a read every 30 minutes, not 1,800
+//! expired, by the same clock). A standby so costs a watch and a read every hour or so, not 1,800
 //! reads an hour.
 //!
 //! Choice for two replicas: both serve reports (so a Service can route to either and a failover
@@ -54,9 +54,6 @@ pub struct Timing {
     /// The holder's pause after a successful renewal.
     pub renew: Duration,
 }
-
-/// Server-side timeout of a follower's watch of the Lease.
-const FOLLOWER_WATCH_SECS: u32 = 1800;
 
 impl std::fmt::Debug for Elector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -195,7 +192,7 @@ impl Elector {
         let not_before = Instant::now() + self.timing.retry;
         let wp = WatchParams::default()
             .fields(&format!("metadata.name={}", self.name))
-            .timeout(FOLLOWER_WATCH_SECS);
+            .timeout(crate::k8s::watch_timeout_secs());
         let mut events = match self.api.watch(&wp, &rv).await {
             Ok(s) => s.boxed(),
             Err(error) => {

@@ -185,9 +185,12 @@ pub async fn start_under(
     // Node is ever PUT back from the cache): at 5,000 KWOK Nodes, 14 MB of their JSON.
     let stream = reflector(
         writer,
-        watcher(nodes, watcher::Config::default())
-            .default_backoff()
-            .modify(|n| n.metadata.managed_fields = None),
+        watcher(
+            nodes,
+            watcher::Config::default().timeout(crate::k8s::watch_timeout_secs()),
+        )
+        .default_backoff()
+        .modify(|n| n.metadata.managed_fields = None),
     );
     let wake_filter = match &engine {
         Some(o) => wake::NodeWake::for_policy(&o.policy),

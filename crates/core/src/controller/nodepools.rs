@@ -76,7 +76,11 @@ pub async fn watch(
     let store = writer.as_reader();
     let stream = reflector(
         writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
+        watcher(
+            api,
+            watcher::Config::default().timeout(crate::k8s::watch_timeout_secs()),
+        )
+        .default_backoff(),
     )
     .applied_objects();
     tasks.spawn("nodepool watch", async move {

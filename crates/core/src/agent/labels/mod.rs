@@ -170,12 +170,6 @@ impl LabelRemover for PatchRemover {
     }
 }
 
-/// Server-side timeout of the agent's watches, in seconds: the API server's own default for a
-/// client that names none (`--min-request-timeout`, 30 min). kube-rs's default (290 s) would
-/// re-open each watch 12 times an hour on every node; the server's bookmarks (about one a
-/// minute) keep the idle connection alive meanwhile.
-pub const WATCH_TIMEOUT_SECS: u32 = 1800;
-
 /// Whether the pods on `node` can matter now: a rule that waits for a pod has its label on the
 /// node. Only then does [`watch`] watch the node's pods (most nodes carry no such label: their
 /// agents watch their Node alone).
@@ -201,7 +195,7 @@ impl PodWatch {
         let (store, writer) = reflector::store::<Pod>();
         let cfg = watcher::Config::default()
             .fields(&format!("spec.nodeName={node}"))
-            .timeout(WATCH_TIMEOUT_SECS);
+            .timeout(crate::k8s::watch_timeout_secs());
         let events = reflector(writer, watcher(Api::<Pod>::all(client.clone()), cfg))
             .default_backoff()
             .boxed();
@@ -236,7 +230,7 @@ pub async fn watch<R: LabelRemover>(
     let (node_store, node_writer) = reflector::store::<Node>();
     let node_cfg = watcher::Config::default()
         .fields(&format!("metadata.name={node}"))
-        .timeout(WATCH_TIMEOUT_SECS);
+        .timeout(crate::k8s::watch_timeout_secs());
     // Every watcher event counts, not only touched objects: the stores fill at `InitDone`.
     let mut nodes = reflector(
         node_writer,

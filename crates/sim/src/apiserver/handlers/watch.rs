@@ -85,11 +85,13 @@ pub(super) fn watch(
         ),
     };
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    // kube-apiserver's GetTimeoutForWatch: the client's timeout as asked (no cap), or, when it names
+    // none (or 0), a random one between --min-request-timeout (1800 s) and twice it.
     let timeout = q
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
-        .unwrap_or(1800)
-        .min(3600);
+        .filter(|t| *t > 0)
+        .unwrap_or_else(|| 1800 + rand::random_range(0..1800));
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
     let table = render_as == Render::Table && crate::apiserver::table::supported(res.kind);
     let clock = sim.store.clock.clone();
