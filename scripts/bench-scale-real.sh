@@ -32,6 +32,10 @@
 #                                                   controller's side and kube-apiserver's, and the time before it into delivery (the
 #                                                   agent's send and the wire, by the simulator's `post` lines), handler and engine
 #                                                   (scale-fleet.py audit)
+#   GCTRACE=1 AUDIT=1 …                             the control plane's Go runtimes trace their garbage collections
+#                                                   (K8S_GODEBUG=gctrace=1): SIZE/gc.json, per component the cycles, their
+#                                                   wall and CPU time, and the notices that came while kube-apiserver's
+#                                                   was marking against the others (scale-fleet.py gc)
 #   CHANGES=1 …                                     in each window with the controller up, a Node watch of its own:
 #                                                   SIZE/changes-PHASE.json, which fields the controller's wake filter
 #                                                   reads changed and who wrote them (scale-fleet.py node-changes)
@@ -102,6 +106,7 @@ OUT=$(mktemp -d /tmp/nodekeeper-bench-scale.XXXX)
 DIR="$OUT/cluster" FLEET="$OUT/fleet" RESULTS="$OUT/results.jsonl"
 mkdir -p "$FLEET/state"
 export K8S_NODE_LEASE_SECONDS=40 K8S_NODE_MONITOR_GRACE=50s
+[ "${GCTRACE:-0}" != 1 ] || export K8S_GODEBUG=gctrace=1
 UP=()
 if [ "${AUDIT:-0}" = 1 ]; then
   cat >"$OUT/audit-policy.yaml" <<'EOF'
@@ -254,6 +259,7 @@ for n in "${sizes[@]}"; do
   shed=$(ctl_metric nodekeeper_reports_shed_total)
   engine="$(ctl_metric nodekeeper_engine_reconciles_total) $(ctl_metric nodekeeper_engine_node_write_conflicts_total)"
   [ "${AUDIT:-0}" != 1 ] || "${F[@]}" audit "$DIR/logs/audit.log" "$SD/controller.log" "$SD/agents.out" >"$SD/audit.json"
+  [ "${GCTRACE:-0}" != 1 ] || [ "${AUDIT:-0}" != 1 ] || "${F[@]}" gc "$DIR" "$SD/audit.json" >"$SD/gc.json"
   stop "$AGENTS_PID"; AGENTS_PID=""
   stop "$WATCH_PID"; WATCH_PID=""
   stop "$CTL_PID"; CTL_PID=""
@@ -267,6 +273,10 @@ try:
     audit = json.load(open(f"{sd}/audit.json"))
 except FileNotFoundError:
     audit = None
+try:
+    gc = json.load(open(f"{sd}/gc.json"))
+except FileNotFoundError:
+    gc = None
 reconciles, conflicts = (engine.split() + ["", ""])[:2]
 ph = {p: json.load(open(f"{sd}/{p}.json")) for p in ("base", "idle", "agents")}
 def rate(p):
@@ -280,7 +290,7 @@ print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(
                   "reconciles_total": reconciles, "node_write_conflicts_total": conflicts, "phases": ph,
                   "apiserver_req_per_s": {p: round(sum(r.values()), 1) for p, r in rates.items()},
                   "agents_minus_base_req_per_s": top, "latency": json.loads(lat), "apiserver_histograms": hist,
-                  "cordon_audit": audit, "scheduling_delay_notices": json.loads(delays),
+                  "cordon_audit": audit, "gc": gc, "scheduling_delay_notices": json.loads(delays),
                   "notices_window": json.load(open(f"{sd}/notices.json")),
                   "fleet_nice": os.environ.get("FLEET_NICE"), "pools": int(os.environ["POOLS"])}))
 EOF
@@ -318,6 +328,9 @@ for line in open(sys.argv[1]):
         print(f'the notices\' window at {r["nodes"]} nodes ({w["seconds"]} s): the machine {m["busy_pct"]} % busy '
               f'({m["busy_pct_max_tick"]} % in its busiest 0.5 s), runnable tasks p50 {m["runnable_p50"]}, max {m["runnable_max"]}; CPU m: '
               + ", ".join(f'{k} {v["cpu_millicores"]}' for k, v in w.items() if isinstance(v, dict) and "cpu_millicores" in v))
+        if "steal_pct" in m:
+            print(f'  of it stolen by the hypervisor: {m["steal_pct"]} % ({m["steal_pct_max_tick"]} % in one 0.5 s); '
+                  f'ticks with 10 % or more (end, s since the epoch; %): {m["steal_ticks"]}')
     for series, v in r.get("apiserver_histograms", {}).get("notices", {}).items():
         if series.startswith("go_sched"):
             print(f'kube-apiserver goroutines during the notices at {r["nodes"]} nodes: {v["n"]} waits to run, '
@@ -337,4 +350,13 @@ for line in open(sys.argv[1]):
                 split = f' (send {s["send"]:.1f}, wire {s["wire"]:.1f})' if "send" in s else ""
                 print(f'  slowest before its PATCH: {s["node"]}: delivery {s["delivery"]:.1f}{split}, '
                       f'handler {s["handler"]:.1f}, engine {s["engine"]:.1f} ms')
+    g = r.get("gc")
+    if g:
+        print(f'garbage collections at {r["nodes"]} nodes (cycles; wall p50 / max ms; CPU p50 / max ms; in the notices): '
+              + "; ".join(f'{k} {c["cycles"]}; {c["wall_ms_p50"]} / {c["wall_ms_max"]}; {c["cpu_ms_p50"]} / {c["cpu_ms_max"]}; '
+                          f'{c["in_notices"]}' for k, c in g["components"].items()))
+        for side in ("inside", "outside"):
+            s = g[side]
+            print(f'  notices {side} kube-apiserver\'s marking: {s["n"]}; '
+                  + ", ".join(f'{k} p50 {s[k]["p50_ms"]} max {s[k]["max_ms"]} ms' for k in ("client", "delivery") if k in s))
 EOF

@@ -26,6 +26,8 @@
 # Node heartbeats: KWOK's node Leases last 10 s and kube-controller-manager marks a node NotReady 8 s after its
 # last one (fast tests); K8S_NODE_LEASE_SECONDS and K8S_NODE_MONITOR_GRACE override both (e.g. 40 and 50s, the
 # kubelet's and kube-controller-manager's defaults, for thousands of nodes: scripts/bench-scale-real.sh).
+# K8S_GODEBUG: GODEBUG for the components only (e.g. gctrace=1: each garbage collection of their Go runtimes is
+# a line of their logs, `gc N @SECONDS_SINCE_START …`; DIR/pids holds each start, in clock ticks since boot).
 #
 # `up` writes DIR/kubeconfig (the harness's admin: O=system:masters — never given to a nodekeeper process),
 # DIR/env (`export KUBECONFIG=…`), DIR/ports, DIR/pids, and one log per component in DIR/logs/.
@@ -163,7 +165,7 @@ ossl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
 # start NAME CMD...: runs CMD in its own session with output to DIR/logs/NAME.log, records "NAME PID START".
 start() {
   local name=$1; shift
-  setsid "$@" >"$DIR/logs/$name.log" 2>&1 </dev/null &
+  setsid env ${K8S_GODEBUG:+GODEBUG="$K8S_GODEBUG"} "$@" >"$DIR/logs/$name.log" 2>&1 </dev/null &
   local pid=$!
   local st=""
   for _ in 1 2 3 4 5; do st=$(proc_start $pid); [ -n "$st" ] && break; sleep 0.01; done

@@ -44,13 +44,18 @@ directory: every call here uses its admin client certificate (the harness, never
                                                     started); the three slowest to their PATCH. Delivery split by
                                                     the agents' simulator's `post NODE START END` line (its report
                                                     carrying the notice): send (notice → the reporter's POST began)
-                                                    and wire (→ the request arrived: connection, TLS, accept)
+                                                    and wire (→ the request arrived: connection, TLS, accept);
+                                                    `rows`: every notice's split, with its time (`at`, Unix s)
+    scale-fleet.py gc DIR AUDIT_JSON                (K8S_GODEBUG=gctrace=1) each component's garbage collections from
+                                                    its log and its start in DIR/pids, and the notices that came
+                                                    while kube-apiserver's was marking against the others, as JSON
 """
 import datetime
 import http.client
 import json
 import math
 import os
+import re
 import ssl
 import sys
 import threading
@@ -357,22 +362,25 @@ def proc(pid):
 
 
 def machine():
-    """The machine's CPU time so far (all, idle + iowait; clock ticks) and how many tasks are runnable now."""
+    """The machine's CPU time so far (all, idle + iowait, steal: the hypervisor ran something else on our
+    virtual CPUs; clock ticks) and how many tasks are runnable now."""
     with open("/proc/stat") as f:
         lines = f.read().splitlines()
     ticks = [int(x) for x in lines[0].split()[1:]]
     running = next(int(l.split()[1]) for l in lines if l.startswith("procs_running "))
-    return sum(ticks), ticks[3] + ticks[4], running
+    return sum(ticks), ticks[3] + ticks[4], running, ticks[7] if len(ticks) > 7 else 0
 
 
 def sample(secs, out, specs):
     """RSS and CPU of each LABEL=PID over secs, and the machine's: its CPU busy over the whole window and
-    at most in one 0.5 s tick, and its runnable tasks per tick (p50, max; the sampler is one of them)."""
+    at most in one 0.5 s tick, and its runnable tasks per tick (p50, max; the sampler is one of them); the
+    steal (counted as busy above) over the window, at most in one tick, and the ticks with 10 % or more
+    (their end, s since the epoch), to place a stall that slows every process at once."""
     pids = dict(s.split("=", 1) for s in specs)
     first = {k: proc(p) for k, p in pids.items()}
     peak = {k: (v[0] if v else 0) for k, v in first.items()}
     m0 = last = machine()
-    busiest, runnable = 0.0, []
+    busiest, runnable, steal_max, steal_ticks = 0.0, [], 0.0, []
     t0 = time.time()
     while time.time() - t0 < secs:
         time.sleep(0.5)
@@ -383,6 +391,10 @@ def sample(secs, out, specs):
         m = machine()
         if m[0] > last[0]:
             busiest = max(busiest, 1 - (m[1] - last[1]) / (m[0] - last[0]))
+            stolen = (m[3] - last[3]) / (m[0] - last[0])
+            steal_max = max(steal_max, stolen)
+            if stolen >= 0.1:
+                steal_ticks.append([round(time.time(), 2), round(100 * stolen, 1)])
         runnable.append(m[2])
         last = m
     el = time.time() - t0
@@ -397,7 +409,9 @@ def sample(secs, out, specs):
     total = last[0] - m0[0]
     res["machine"] = {"busy_pct": round(100 * (1 - (last[1] - m0[1]) / total), 1) if total else None,
                       "busy_pct_max_tick": round(100 * busiest, 1),
-                      "runnable_p50": pct(runnable, 0.5), "runnable_max": max(runnable, default=None)}
+                      "runnable_p50": pct(runnable, 0.5), "runnable_max": max(runnable, default=None),
+                      "steal_pct": round(100 * (last[3] - m0[3]) / total, 1) if total else None,
+                      "steal_pct_max_tick": round(100 * steal_max, 1), "steal_ticks": steal_ticks}
     with open(out, "w") as f:
         json.dump(res, f)
 
@@ -603,7 +617,8 @@ def audit(audit_log, controller_log, events):
         ps = sorted(p for p in patches.get(n, []) if start - 10**6 <= p[0] <= end)
         if not ps:
             continue
-        row = {"node": n, "client": (end - start) / 1e6, "server": sum(b - a for a, b, _ in ps) / 1e6,
+        row = {"node": n, "at": round(notices[n] / 1e9, 3) if n in notices else None,
+               "client": (end - start) / 1e6, "server": sum(b - a for a, b, _ in ps) / 1e6,
                "before": (ps[0][0] - start) / 1e6, "after": (end - ps[-1][1]) / 1e6, "latency": ps[-1][2]}
         if n in received:
             # before the PATCH: the notice to its report's request (the agent's send, the network),
@@ -624,9 +639,61 @@ def audit(audit_log, controller_log, events):
             continue
         res[k] = {"p50_ms": round(pct(xs, 0.5), 1), "p99_ms": round(pct(xs, 0.99), 1)}
     res["slowest"] = sorted(rows, key=lambda r: -r["client"])[:3]
+    res["rows"] = sorted(rows, key=lambda r: r["at"] or 0)  # every notice's, by its time
     # the notices slowest to their PATCH (delivery + handler + engine)
     res["slowest_before_patch"] = sorted((r for r in rows if "engine" in r),
                                          key=lambda r: -(r["delivery"] + r["handler"] + r["engine"]))[:3]
+    print(json.dumps(res))
+
+
+GC_LINE = re.compile(r"gc (\d+) @([\d.]+)s \d+%: ([\d.+]+) ms clock, ([\d.+/]+) ms cpu, (\d+)->\d+->(\d+) MB")
+
+
+def gc(cdir, audit_json):
+    """The control plane's garbage collections (`K8S_GODEBUG=gctrace=1`: a line per cycle in each component's
+    log, timed from its start in DIR/pids) and the notices that came while kube-apiserver's was marking: per
+    component the cycles, their wall time (the concurrent mark, during which the Go runtime's mark workers take
+    every core its idle threads leave) and CPU; per notice set (inside / outside), client and delivery p50 / max."""
+    tck = os.sysconf("SC_CLK_TCK")
+    btime = next(int(l.split()[1]) for l in open("/proc/stat") if l.startswith("btime "))
+    cycles = []  # (start, end, component, cpu ms)
+    for line in open(f"{cdir}/pids"):
+        w = line.split()
+        if len(w) < 3:
+            continue
+        started = btime + int(w[2]) / tck
+        try:
+            with open(f"{cdir}/logs/{w[0]}.log", errors="replace") as f:
+                for l in f:
+                    m = GC_LINE.search(l)
+                    if m:
+                        at = started + float(m.group(2))
+                        wall = sum(float(x) for x in m.group(3).split("+")) / 1000
+                        cpu = sum(float(x) for x in re.split("[+/]", m.group(4)))
+                        cycles.append((at, at + wall, w[0], cpu))
+        except FileNotFoundError:
+            continue
+    rows = json.load(open(audit_json)).get("rows", [])
+    t0 = min((r["at"] for r in rows if r.get("at")), default=None)
+    t1 = max((r["at"] for r in rows if r.get("at")), default=None)
+    res = {"components": {}}
+    for name in sorted({c[2] for c in cycles}):
+        cs = [c for c in cycles if c[2] == name]
+        during = [c for c in cs if t0 is not None and c[1] >= t0 and c[0] <= t1]
+        res["components"][name] = {
+            "cycles": len(cs), "wall_ms_p50": round(1000 * pct([c[1] - c[0] for c in cs], 0.5)),
+            "wall_ms_max": round(1000 * max(c[1] - c[0] for c in cs)),
+            "cpu_ms_p50": round(pct([c[3] for c in cs], 0.5)), "cpu_ms_max": round(max(c[3] for c in cs)),
+            "in_notices": len(during)}
+    marking = [c for c in cycles if c[2] == "kube-apiserver"]
+    inside = [r for r in rows if r.get("at") and any(a <= r["at"] <= b for a, b, _, _ in marking)]
+    outside = [r for r in rows if r.get("at") and r not in inside]
+    for label, rs in (("inside", inside), ("outside", outside)):
+        res[label] = {"n": len(rs)}
+        for k in ("client", "delivery"):
+            xs = [r[k] for r in rs if k in r]
+            if xs:
+                res[label][k] = {"p50_ms": round(pct(xs, 0.5), 1), "max_ms": round(max(xs), 1)}
     print(json.dumps(res))
 
 
@@ -658,6 +725,8 @@ def main():
         delays(args[0], args[1])
     elif cmd == "audit":
         audit(args[0], args[1], args[2])
+    elif cmd == "gc":
+        gc(args[0], args[1])
     else:
         sys.exit(__doc__)
 
