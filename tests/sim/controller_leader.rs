@@ -19,16 +19,11 @@ const RETRY: Duration = Duration::from_millis(200);
 /// The shipped timing scaled down: lease 2 s, retry 200 ms, and the default renewal interval
 /// these give (lease − 4 × retry = 1.2 s).
 fn timing() -> Timing {
-    let cfg = LeaderConfig {
+    Timing::from(&LeaderConfig {
         lease_duration: LEASE,
         retry_period: RETRY,
         ..LeaderConfig::default()
-    };
-    Timing {
-        lease: LEASE,
-        retry: RETRY,
-        renew: cfg.renew_interval(),
-    }
+    })
 }
 
 struct Replica {

@@ -55,6 +55,17 @@ pub struct Timing {
     pub renew: Duration,
 }
 
+impl From<&super::config::LeaderConfig> for Timing {
+    /// The timing `[controller.leader]` gives (the renewal interval derived when not set).
+    fn from(c: &super::config::LeaderConfig) -> Self {
+        Timing {
+            lease: c.lease_duration,
+            retry: c.retry_period,
+            renew: c.renew_interval(),
+        }
+    }
+}
+
 impl std::fmt::Debug for Elector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Elector")

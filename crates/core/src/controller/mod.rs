@@ -228,11 +228,7 @@ pub async fn start_under(
         &cfg.namespace,
         &cfg.leader.lease_name,
         &id,
-        leader::Timing {
-            lease: cfg.leader.lease_duration,
-            retry: cfg.leader.retry_period,
-            renew: cfg.leader.renew_interval(),
-        },
+        leader::Timing::from(&cfg.leader),
     );
     let election = tokio::spawn(elector.run(leader_tx, cancel.clone()));
     let recorder = events::Recorder::new(client.clone(), &id, Some(store.clone()));
