@@ -31,7 +31,8 @@
 #                                                   nothing else): SIZE/audit.json splits each notice's cordon into the
 #                                                   controller's side and kube-apiserver's, and the time before it into delivery (the
 #                                                   agent's send and the wire, by the simulator's `post` lines), handler and engine
-#                                                   (scale-fleet.py audit)
+#                                                   (by the controller's `notice acted on` lines: the hop to the fast path's
+#                                                   task, its wait for a worker and the node's lane, its decision; scale-fleet.py audit)
 #   GCTRACE=1 AUDIT=1 …                             the control plane's Go runtimes trace their garbage collections
 #                                                   (K8S_GODEBUG=gctrace=1): SIZE/gc.json, per component the cycles, their
 #                                                   wall and CPU time, and the notices that came while kube-apiserver's
@@ -345,11 +346,14 @@ for line in open(sys.argv[1]):
         if "delivery" in a:
             print('  before the PATCH (p50 / p99 ms): '
                   + ", ".join(f'{k} {a[k]["p50_ms"]} / {a[k]["p99_ms"]}'
-                              for k in ("delivery", "send", "wire", "handler", "engine") if k in a))
+                              for k in ("delivery", "send", "wire", "handler", "engine", "hop", "queued", "decided")
+                              if k in a))
             for s in a.get("slowest_before_patch", []):
                 split = f' (send {s["send"]:.1f}, wire {s["wire"]:.1f})' if "send" in s else ""
+                turn = (f' (hop {s["hop"]:.1f}, queued {s["queued"]:.1f}, decided {s["decided"]:.1f})'
+                        if "queued" in s else "")
                 print(f'  slowest before its PATCH: {s["node"]}: delivery {s["delivery"]:.1f}{split}, '
-                      f'handler {s["handler"]:.1f}, engine {s["engine"]:.1f} ms')
+                      f'handler {s["handler"]:.1f}, engine {s["engine"]:.1f}{turn} ms')
     g = r.get("gc")
     if g:
         print(f'garbage collections at {r["nodes"]} nodes (cycles; wall p50 / max ms; CPU p50 / max ms; in the notices): '

@@ -593,6 +593,7 @@ def audit(audit_log, controller_log, events):
                 posts[w[1]] = int(w[2])
     written = {}  # node -> (PATCH started, logged), the first cordon's
     received = {}  # node -> (its report's request arrived, notice handed to the engine), the first's
+    turns = {}  # node -> the fast path's (queued, decided) ms, the first's (controllers since 2026-12-05)
     for j in json_lines(controller_log):
         n = j.get("node")
         if cordon_written(j) and n in notices and n not in written:
@@ -601,6 +602,8 @@ def audit(audit_log, controller_log, events):
         elif j.get("message") == "notice received" and n in notices and n not in received:
             at = ts_ns(j["timestamp"])
             received[n] = (at - int(j["waited_ms"]) * 10**6, at)
+        elif j.get("message") == "notice acted on" and n in notices and n not in turns:
+            turns[n] = (int(j["queued_us"]) / 1e3, int(j["decided_us"]) / 1e3)
     patches = {}  # node -> [(received, complete, annotations)]
     for e in json_lines(audit_log):
         ref = e.get("objectRef") or {}
@@ -629,10 +632,16 @@ def audit(audit_log, controller_log, events):
                        engine=(start - handed) / 1e6)
             if n in posts:
                 row.update(send=(posts[n] - notices[n]) / 1e6, wire=(arrived - posts[n]) / 1e6)
+            if n in turns:
+                # the engine's turn split: the notice's way to the fast path's task (the engine's
+                # notice channel, its task spawned), the task waiting for a worker and the node's
+                # lane, and its decision (the cached node, the interruption flow)
+                queued, decided = turns[n]
+                row.update(hop=round(row["engine"] - queued - decided, 3), queued=queued, decided=decided)
         rows.append(row)
     res = {"cordons": len(written), "matched": len(rows)}
     # absent with a controller without the `notice received` line, a simulator without `post` lines
-    optional = ("delivery", "handler", "engine", "send", "wire")
+    optional = ("delivery", "handler", "engine", "send", "wire", "hop", "queued", "decided")
     for k in ("client", "server", "before", "after") + optional:
         xs = [r[k] for r in rows if k in r]
         if not xs and k in optional:

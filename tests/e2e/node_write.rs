@@ -67,6 +67,7 @@ async fn actor(
     );
     let actor = Arc::new(Actor::new(ActorParts {
         client,
+        urgent_client: None,
         cache,
         recorder,
         provider: Arc::new(NoReplacement),

@@ -223,6 +223,9 @@ impl NodePatch {
 /// Executes decisions against the API server.
 pub struct Actor {
     nodes: Api<Node>,
+    /// The fast path's own patch ([`Self::write_leading`]): through the notice lane's client
+    /// ([`super::lane`]), else the same as `nodes`.
+    urgent: Api<Node>,
     /// The Node watch cache: a taint patch is first computed from it (or from a fresher answer of
     /// ours, [`FreshNodes`](super::fresh::FreshNodes)).
     cache: Store<Node>,
@@ -248,6 +251,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct ActorParts {
     /// Client for node patches.
     pub client: kube::Client,
+    /// Client for the fast path's node patches (the notice lane's; default: `client`).
+    pub urgent_client: Option<kube::Client>,
     /// The Node watch cache.
     pub cache: Store<Node>,
     /// Events.
@@ -267,8 +272,10 @@ pub struct ActorParts {
 impl Actor {
     /// An actor.
     pub fn new(p: ActorParts) -> Self {
+        let nodes = Api::all(p.client);
         Actor {
-            nodes: Api::all(p.client),
+            urgent: p.urgent_client.map_or_else(|| nodes.clone(), Api::all),
+            nodes,
             cache: p.cache,
             recorder: p.recorder,
             provider: p.provider,
@@ -326,27 +333,7 @@ impl Actor {
         actions: &[Action],
         dry_run: bool,
     ) -> Result<(), ActionError> {
-        self.execute_then(node, actions, dry_run, || {}).await
-    }
-
-    /// [`Self::execute`], calling `written` as soon as the node's first patch is answered (or
-    /// failed, or there is none): what waits for that write alone (the Karpenter fence after a
-    /// notice's cordon) need not wait for the Events and later steps.
-    pub async fn execute_then(
-        self: &Arc<Self>,
-        node: &str,
-        actions: &[Action],
-        dry_run: bool,
-        written: impl FnOnce() + Send,
-    ) -> Result<(), ActionError> {
-        let mut written = Some(written);
-        let mut first_answered = || {
-            if let Some(w) = written.take() {
-                w();
-            }
-        };
         if dry_run {
-            first_answered();
             for a in actions {
                 self.dry(node, a).await;
             }
@@ -362,17 +349,56 @@ impl Actor {
                 events.push(a.clone());
                 continue;
             }
-            let flushed = self.flush(node, &mut patch).await;
-            first_answered();
-            flushed?;
+            self.flush(&self.nodes, node, &mut patch).await?;
             self.publish(node, std::mem::take(&mut events)).await;
             self.side_effect(node, a).await?;
         }
-        let flushed = self.flush(node, &mut patch).await;
-        first_answered();
-        flushed?;
+        self.flush(&self.nodes, node, &mut patch).await?;
         self.publish(node, events).await;
         Ok(())
+    }
+
+    /// The fast path's first step: the node changes among `actions` before the first action that
+    /// is neither a node change nor an Event, written as one patch through the urgent client (the
+    /// notice lane's, [`super::lane`]). Returns where the rest begins, for
+    /// [`Self::execute_rest`]; together they do what [`Self::execute`] does. Writes nothing with
+    /// `dry_run` (the rest is then all of `actions`).
+    pub async fn write_leading(
+        &self,
+        node: &str,
+        actions: &[Action],
+        dry_run: bool,
+    ) -> (usize, Result<(), ActionError>) {
+        if dry_run {
+            return (0, Ok(()));
+        }
+        let mut patch = NodePatch::default();
+        let rest = actions
+            .iter()
+            .position(|a| !patch.add(a) && !matches!(a, Action::Event { .. }))
+            .unwrap_or(actions.len());
+        (rest, self.flush(&self.urgent, node, &mut patch).await)
+    }
+
+    /// After [`Self::write_leading`] returned `rest`: the Events before `rest`, then the actions
+    /// from `rest` on ([`Self::execute`]).
+    pub async fn execute_rest(
+        self: &Arc<Self>,
+        node: &str,
+        actions: &[Action],
+        rest: usize,
+        dry_run: bool,
+    ) -> Result<(), ActionError> {
+        let (leading, after) = actions.split_at(rest.min(actions.len()));
+        if !dry_run {
+            let events = leading
+                .iter()
+                .filter(|a| matches!(a, Action::Event { .. }))
+                .cloned()
+                .collect();
+            self.publish(node, events).await;
+        }
+        self.execute(node, after, dry_run).await
     }
 
     async fn publish(&self, node: &str, events: Vec<Action>) {
@@ -392,13 +418,18 @@ impl Actor {
     }
 
     /// Writes the pending node changes (and the hold condition) as one patch.
-    async fn flush(&self, node: &str, patch: &mut NodePatch) -> Result<(), ActionError> {
+    async fn flush(
+        &self,
+        api: &Api<Node>,
+        node: &str,
+        patch: &mut NodePatch,
+    ) -> Result<(), ActionError> {
         if patch.is_empty() {
             return Ok(());
         }
         let p = std::mem::take(patch);
         let started = std::time::Instant::now();
-        let result = self.write(node, &p).await;
+        let result = self.write(api, node, &p).await;
         if let Ok(rereads) = result {
             if p.unschedulable.is_some() || p.touches_taints() {
                 // Scheduling changes are logged as they land (with the API's round trips): the
@@ -431,7 +462,7 @@ impl Actor {
     }
 
     /// Patches the node; returns how often it was re-read after a conflict.
-    async fn write(&self, node: &str, p: &NodePatch) -> Result<u32, ActionError> {
+    async fn write(&self, api: &Api<Node>, node: &str, p: &NodePatch) -> Result<u32, ActionError> {
         let kube_err = |source| ActionError::Kube {
             node: node.to_string(),
             action: "patch node",
@@ -446,11 +477,10 @@ impl Actor {
                 false => None,
                 true => match self.known(node).filter(|_| attempt == 0) {
                     Some(n) if n.metadata.resource_version.is_some() => Some(n),
-                    _ => Some(Arc::new(self.nodes.get(node).await.map_err(kube_err)?)),
+                    _ => Some(Arc::new(api.get(node).await.map_err(kube_err)?)),
                 },
             };
-            match self
-                .nodes
+            match api
                 .patch(node, &pp, &Patch::Merge(&p.body(current.as_deref())))
                 .await
             {
@@ -580,7 +610,7 @@ impl Actor {
                     key: REPLACEMENT_ACCEPTED.to_string(),
                     value: Some(req.request_id.clone()),
                 });
-                self.write(node, &p).await.map(|_| ())
+                self.write(&self.nodes, node, &p).await.map(|_| ())
             }
             Err(source) => {
                 if !source.is_permanent() {

@@ -166,6 +166,9 @@ pub struct EngineConfig {
     pub on_timeout: DrainOnTimeout,
     /// After the pods, wait until no VolumeAttachment names the node.
     pub wait_volume_detach: bool,
+    /// Run the fast path after a notice, and write the node's cordon, on a thread and client of
+    /// their own (`controller::lane`), not on the runtime that handles reports.
+    pub notice_lane: bool,
 }
 
 impl Default for EngineConfig {
@@ -179,6 +182,7 @@ impl Default for EngineConfig {
             max_parallel_drains: 64,
             on_timeout: DrainOnTimeout::Fail,
             wait_volume_detach: true,
+            notice_lane: true,
         }
     }
 }

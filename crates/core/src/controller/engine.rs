@@ -172,6 +172,24 @@ pub struct Engine {
     /// How long a reconcile takes, microseconds: the longest recent one (each reconcile lowers it
     /// by an eighth, unless it took longer), so that one quick reconcile does not hide the slow.
     reconcile_us: AtomicU64,
+    /// The notice lane's runtime ([`super::lane`]), where the fast path runs.
+    lane: Option<tokio::runtime::Handle>,
+    /// The engine's own runtime, where what follows a fast path's own patch runs.
+    home: super::lane::Home,
+}
+
+/// What the fast path hands to [`Engine::after_notice`] once the node's own patch is answered.
+struct AfterNotice {
+    node: String,
+    view: NodeView,
+    actions: Vec<Action>,
+    /// Where the actions after the own patch begin ([`Actor::write_leading`]).
+    rest: usize,
+    /// The own patch's result.
+    first: Result<(), super::actions::ActionError>,
+    now: DateTime<Utc>,
+    /// The node's lane, held until its actions are done.
+    guard: tokio::sync::OwnedMutexGuard<()>,
 }
 
 /// Why a notice could not be recorded on its Node.
@@ -210,6 +228,11 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// A duration in whole microseconds (for log fields).
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -234,6 +257,8 @@ pub struct EngineParts {
     pub metrics: Arc<EngineMetrics>,
     /// Notified on node changes and drain progress.
     pub wake: Arc<Notify>,
+    /// The notice lane's runtime, where the fast path runs ([`super::lane`]; none: the engine's).
+    pub lane: Option<tokio::runtime::Handle>,
 }
 
 impl Engine {
@@ -258,6 +283,8 @@ impl Engine {
             epoch: AtomicU64::new(0),
             next_due: Mutex::new(None),
             reconcile_us: AtomicU64::default(),
+            lane: p.lane,
+            home: super::lane::Home::here(),
         })
     }
 
@@ -305,16 +332,16 @@ impl Engine {
     /// the rest of the cluster ([`decide_interruption`]: the interruption flow owns it and
     /// nothing waits for a budget), act on it now, without the whole [`ClusterView`]. The full
     /// reconcile that follows decides the same for this node (and, having read the node before
-    /// this acted, skips it). Returns whether it acted.
+    /// this acted, skips it). Returns whether it acted. `spawned`: when its task was spawned
+    /// (logged with `notice acted on`: how long it waited for a thread and the node's lane).
     ///
-    /// The Karpenter fence follows ([`fence_now`]): the marks on the NodePool's other nodes are
-    /// written as soon as the node's own patch is answered, not a reconcile later, so that
-    /// Karpenter starts no voluntary disruption there in between; each fence write gives way to
-    /// the engine's other writes ([`FenceGate`]). A fenced node another task is writing right now
-    /// (its lane is taken) is left to the reconcile, which fences it too.
-    pub async fn fast_path(&self, node: &str) -> bool {
-        let lane = self.lane(node);
-        let guard = lane.lock().await;
+    /// Where it runs: spawned on the notice lane ([`super::lane`]), it decides there and writes
+    /// the node's own patch (the taint, the cordon, the notice's annotation) through the lane's
+    /// client ([`Actor::write_leading`]); the rest — the node's Events and drain, and the
+    /// Karpenter fence — runs on the engine's runtime (`Engine::after_notice`).
+    pub async fn fast_path(self: &Arc<Self>, node: &str, spawned: std::time::Instant) -> bool {
+        let started = std::time::Instant::now();
+        let guard = self.lane(node).lock_owned().await;
         let now = self.clock.now();
         let Some(v) = self.node_now(node) else {
             return false;
@@ -325,33 +352,100 @@ impl Engine {
         if actions.is_empty() {
             return false;
         }
-        let mut fence: BTreeMap<String, Vec<Action>> = BTreeMap::new();
-        for (n, a) in fence_now(&self.pool_of(v), node, &actions, now) {
-            fence.entry(n).or_default().push(a);
-        }
         let dry_run = self.policy.controller.dry_run;
-        // The fence waits for the node's own patch to be answered (the urgent write), not for its
-        // Events and drain start after it.
-        let urgent = self.fence_gate.urgent();
-        let own = async move {
-            let written = move || drop(urgent);
-            let done = self.actor.execute_then(node, &actions, dry_run, written);
-            if let Err(e) = done.await {
+        let writing = std::time::Instant::now();
+        let (rest, first) = {
+            // The fence's writes give way to this one.
+            let _urgent = self.fence_gate.urgent();
+            self.actor.write_leading(node, &actions, dry_run).await
+        };
+        tracing::info!(
+            node,
+            ok = first.is_ok(),
+            queued_us = micros(started - spawned),
+            decided_us = micros(writing - started),
+            took_ms = writing.elapsed().as_millis() as u64,
+            "notice acted on"
+        );
+        let after = AfterNotice {
+            node: node.to_string(),
+            view: v,
+            actions,
+            rest,
+            first,
+            now,
+            guard,
+        };
+        if let Err(e) = self.home.spawn(self.clone().after_notice(after)).await {
+            tracing::warn!(node, error = %e, "fast path's follow-up failed; the next reconcile retries it");
+        }
+        true
+    }
+
+    /// The fast path after the node's own patch ([`Self::fast_path`]), on the engine's runtime:
+    /// the node's Events and the rest of its actions (the drain), and beside them the Karpenter
+    /// fence ([`fence_now`]) on the NodePool's other nodes, whose views are built now (a pass
+    /// over the whole cache) — not a reconcile later, so that Karpenter starts no voluntary
+    /// disruption there in between — each write giving way to the engine's other writes
+    /// ([`FenceGate`]). A fenced node another task is writing right now (its lane is taken) is
+    /// left to the reconcile, which fences it too.
+    async fn after_notice(self: Arc<Self>, a: AfterNotice) {
+        let AfterNotice {
+            node,
+            view,
+            actions,
+            rest,
+            first,
+            now,
+            guard,
+        } = a;
+        let dry_run = self.policy.controller.dry_run;
+        let own = async {
+            let done = match first {
+                Ok(()) => {
+                    self.actor
+                        .execute_rest(&node, &actions, rest, dry_run)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = done {
                 tracing::warn!(error = %e, "fast path failed; retried by the next reconcile");
             }
-            self.touch(node);
+            self.touch(&node);
             drop(guard);
             // Counted when the node's own actions are done, not after the fence's writes too.
             self.metrics.fast_paths.fetch_add(1, Ordering::Relaxed);
         };
-        let fences = futures::future::join_all(fence.into_iter().map(|(n, marks)| async move {
-            if self.write_fence(&n, &marks, None).await {
-                self.touch(&n);
+        // Beside the node's Events and drain start: the fence waits for its own patch alone.
+        let fences = async {
+            let mut fence: BTreeMap<String, Vec<Action>> = BTreeMap::new();
+            for (n, a) in fence_now(&self.pool_of(view), &node, &actions, now) {
+                fence.entry(n).or_default().push(a);
             }
-        }));
+            let me = &self;
+            futures::future::join_all(fence.into_iter().map(|(n, marks)| async move {
+                if me.write_fence(&n, &marks, None).await {
+                    me.touch(&n);
+                }
+            }))
+            .await
+        };
         tokio::join!(own, fences);
         self.bump();
-        true
+    }
+
+    /// Starts the fast path for `node` on the notice lane ([`super::lane`]), or on this runtime
+    /// without one.
+    fn spawn_fast_path(self: &Arc<Self>, node: String) {
+        let (me, spawned) = (self.clone(), std::time::Instant::now());
+        let run = async move {
+            me.fast_path(&node, spawned).await;
+        };
+        match &self.lane {
+            Some(lane) => drop(lane.spawn(run)),
+            None => drop(tokio::spawn(run)),
+        }
     }
 
     /// Counts `node` as acted on by a fast path now: a reconcile whose view predates this skips it.
@@ -500,8 +594,7 @@ impl Engine {
     /// and the fast path started. Idempotent.
     pub fn renotice(self: &Arc<Self>, node: &str, ev: &NodeEvent) {
         if self.add_notice(node, ev) {
-            let (me, node) = (self.clone(), node.to_string());
-            tokio::spawn(async move { me.fast_path(&node).await });
+            self.spawn_fast_path(node.to_string());
         }
     }
 
@@ -638,7 +731,7 @@ impl Engine {
                 .reconciles_with_actions
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let us = micros(started.elapsed());
         self.metrics.last_reconcile_us.store(us, Ordering::Relaxed);
         let _ = self
             .reconcile_us
@@ -909,8 +1002,7 @@ impl Engine {
             };
             let _ = self.add_notice(&node, &ev);
             if *leader.borrow() {
-                let me = self.clone();
-                tokio::spawn(async move { me.fast_path(&node).await });
+                self.spawn_fast_path(node);
             }
         }
     }
@@ -944,6 +1036,9 @@ pub struct EngineOptions {
     pub drain_client: Option<kube::Client>,
     /// Notification hook (see [`super::actions::Notifier`]).
     pub notifier: Option<Arc<dyn super::actions::Notifier>>,
+    /// The notice lane ([`super::lane`]; default: none, the fast path runs on the caller's
+    /// runtime and writes through the controller's client).
+    pub lane: Option<super::lane::Lane>,
 }
 
 impl EngineOptions {
@@ -955,6 +1050,7 @@ impl EngineOptions {
             provider: None,
             drain_client: None,
             notifier: None,
+            lane: None,
         }
     }
 }
@@ -1108,6 +1204,19 @@ mod run_tests {
         policy: PolicyConfig,
         clock: Arc<dyn Clock>,
     ) -> Arc<Engine> {
+        engine_on(client, store, cfg, leader_rx, policy, clock, None)
+    }
+
+    /// [`engine_at`] with the notice lane `lane`.
+    fn engine_on(
+        client: kube::Client,
+        store: Store<Node>,
+        cfg: EngineConfig,
+        leader_rx: watch::Receiver<bool>,
+        policy: PolicyConfig,
+        clock: Arc<dyn Clock>,
+        lane: Option<crate::controller::lane::Lane>,
+    ) -> Arc<Engine> {
         let (metrics, wake) = (Arc::new(EngineMetrics::default()), Arc::new(Notify::new()));
         let drains = Arc::new(DrainTasks::new(
             client.clone(),
@@ -1126,6 +1235,7 @@ mod run_tests {
         );
         let actor = Arc::new(Actor::new(ActorParts {
             client,
+            urgent_client: lane.as_ref().map(|l| l.client.clone()),
             cache: store.clone(),
             recorder,
             provider: Arc::new(provider::none::NoReplacement),
@@ -1144,6 +1254,7 @@ mod run_tests {
             drains,
             metrics,
             wake,
+            lane: lane.map(|l| l.handle),
         })
     }
 
@@ -1211,7 +1322,10 @@ mod run_tests {
         let engine = engine(client, store, EngineConfig::default(), leader_rx);
         let notice = preemption_notice();
         assert!(engine.add_notice("p", &notice));
-        assert!(engine.fast_path("p").await, "acted");
+        assert!(
+            engine.fast_path("p", std::time::Instant::now()).await,
+            "acted"
+        );
         let seen = lock(&seen).clone();
         let at = |what: &str| {
             seen.iter()
@@ -1228,6 +1342,88 @@ mod run_tests {
         assert!(
             touched.contains_key("p") && touched.contains_key("q"),
             "{touched:?}"
+        );
+    }
+
+    /// With the notice lane, the fast path runs on the lane's thread and the notice's own patch
+    /// goes through the lane's client; what follows (the node's Events and drain, the fence on
+    /// the NodePool's other node) through the controller's client, on its runtime: no request of
+    /// that client is sent from the lane.
+    #[tokio::test]
+    async fn on_the_notice_lane_the_cordon_goes_through_the_lanes_client() {
+        type Seen = Arc<Mutex<Vec<(&'static str, String, Option<String>)>>>;
+        let seen: Seen = Default::default();
+        let api = |via: &'static str| {
+            let log = seen.clone();
+            tower::service_fn(move |req: hyper::Request<kube::client::Body>| {
+                let log = log.clone();
+                async move {
+                    let path = req.uri().path().to_string();
+                    let Some(name) = path.strip_prefix("/api/v1/nodes/") else {
+                        return not_found();
+                    };
+                    let thread = std::thread::current().name().map(str::to_string);
+                    lock(&log).push((via, format!("{} {name}", req.method()), thread));
+                    node_answer(name)
+                }
+            })
+        };
+        let started = crate::controller::lane::NoticeLane::start(kube::Config::new(
+            "https://127.0.0.1:1".parse().expect("a URI"),
+        ))
+        .await
+        .expect("the lane");
+        let handle = started.lane().handle;
+        // Built on the lane's runtime, as the lane builds its own client.
+        let lane_api = api("lane");
+        let urgent = handle
+            .spawn(async move { kube::Client::new(lane_api, "default") })
+            .await
+            .expect("the lane's client");
+        let (store, mut writer) = kube::runtime::reflector::store::<Node>();
+        for n in ["p", "q"] {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_node(n)));
+        }
+        let (_leader, leader_rx) = watch::channel(true);
+        let engine = engine_on(
+            kube::Client::new(api("shared"), "default"),
+            store,
+            EngineConfig::default(),
+            leader_rx,
+            PolicyConfig::default(),
+            Arc::new(SystemClock),
+            Some(crate::controller::lane::Lane {
+                handle,
+                client: urgent,
+            }),
+        );
+        engine.renotice("p", &preemption_notice());
+        let end = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !lock(&seen).iter().any(|(_, w, _)| w == "PATCH q") {
+            assert!(
+                tokio::time::Instant::now() < end,
+                "no fence: {:?}",
+                lock(&seen)
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let seen = lock(&seen).clone();
+        let lane = "nodekeeper-notices".to_string();
+        assert!(
+            seen.contains(&("lane", "PATCH p".into(), Some(lane.clone()))),
+            "the cordon through the lane's client, on its thread: {seen:?}"
+        );
+        assert!(
+            seen.iter()
+                .filter(|(via, _, _)| *via == "shared")
+                .all(|(_, _, t)| t.as_ref() != Some(&lane)),
+            "the fence, the Events and the drain through the controller's client, on its runtime: {seen:?}"
+        );
+        assert!(
+            !seen
+                .iter()
+                .any(|(via, w, _)| *via == "lane" && w != "PATCH p"),
+            "only the notice's own patch on the lane: {seen:?}"
         );
     }
 
@@ -1250,7 +1446,10 @@ mod run_tests {
         let notice = preemption_notice();
         let start = tokio::time::Instant::now();
         assert!(engine.add_notice("a0", &notice) && engine.add_notice("b0", &notice));
-        let (a, b) = tokio::join!(engine.fast_path("a0"), engine.fast_path("b0"));
+        let (a, b) = tokio::join!(
+            engine.fast_path("a0", std::time::Instant::now()),
+            engine.fast_path("b0", std::time::Instant::now())
+        );
         assert!(a && b, "acted");
         let (sent, _, max) = lock(&seen).clone();
         assert!(

@@ -5,8 +5,8 @@
 //! binding), [`nodestate`] (conditions, staleness, events), [`labels`] (allow-listed label
 //! removal), [`oci_events`] (OCI Notifications), [`leader`] (Lease election), [`events`]
 //! (Kubernetes Event reasons), [`engine`] (the disruption engine's reconcile loop, leader only),
-//! [`actions`] (the actor executing its decisions), [`drain::tasks`] (one drain per node),
-//! [`metrics`] (engine metrics).
+//! [`actions`] (the actor executing its decisions), [`lane`] (the notice fast path's thread),
+//! [`drain::tasks`] (one drain per node), [`metrics`] (engine metrics).
 
 pub mod actions;
 pub mod auth;
@@ -18,6 +18,7 @@ pub mod events;
 pub mod fence_gate;
 pub mod fresh;
 pub mod labels;
+pub mod lane;
 pub mod leader;
 pub mod metrics;
 pub mod nodepools;
@@ -77,6 +78,9 @@ pub enum ControllerError {
     /// readable).
     #[error(transparent)]
     NodePools(#[from] nodepools::NodePoolsError),
+    /// The notice lane could not be started.
+    #[error(transparent)]
+    Lane(#[from] lane::LaneError),
     /// A supervised task ended or panicked (the Lease was released).
     #[error(transparent)]
     TaskDied(supervise::TaskDied),
@@ -399,6 +403,7 @@ impl EngineStart<'_> {
             self.wake.clone(),
         ));
         let actor = Arc::new(actions::Actor::new(actions::ActorParts {
+            urgent_client: opts.lane.as_ref().map(|l| l.client.clone()),
             client: self.client,
             cache: self.store.clone(),
             recorder: self.recorder,
@@ -418,6 +423,7 @@ impl EngineStart<'_> {
             drains,
             metrics,
             wake: self.wake,
+            lane: opts.lane.map(|l| l.handle),
         }))
     }
 }
@@ -435,7 +441,13 @@ pub async fn run(
     let client = crate::k8s::client::client(kcfg.clone())?;
     let mut opts = engine::EngineOptions::new(policy);
     // Drains handle 429 themselves (a PDB refusal must be seen, not retried for minutes).
-    opts.drain_client = Some(drain::client(kcfg).map_err(ControllerError::Client)?);
+    opts.drain_client = Some(drain::client(kcfg.clone()).map_err(ControllerError::Client)?);
+    // Stopped when `run` returns, after the engine.
+    let lane = match cfg.engine.notice_lane {
+        true => Some(lane::NoticeLane::start(kcfg).await?),
+        false => None,
+    };
+    opts.lane = lane.as_ref().map(lane::NoticeLane::lane);
     let mut running = start_under(&shutdown, client, &cfg, Some(opts)).await?;
     // The tasks run on children of `shutdown`: once it is cancelled they end, and that is a
     // stop, not a death (hence `biased`, and the check after a task's end).
