@@ -1192,23 +1192,19 @@ mod run_tests {
         leader_rx: watch::Receiver<bool>,
         policy: PolicyConfig,
     ) -> Arc<Engine> {
-        engine_at(client, store, cfg, leader_rx, policy, Arc::new(SystemClock))
+        engine_at(
+            client,
+            store,
+            cfg,
+            leader_rx,
+            policy,
+            Arc::new(SystemClock),
+            None,
+        )
     }
 
-    /// [`engine_with`] on `clock`.
+    /// [`engine_with`] on `clock`, with the notice lane `lane`.
     fn engine_at(
-        client: kube::Client,
-        store: Store<Node>,
-        cfg: EngineConfig,
-        leader_rx: watch::Receiver<bool>,
-        policy: PolicyConfig,
-        clock: Arc<dyn Clock>,
-    ) -> Arc<Engine> {
-        engine_on(client, store, cfg, leader_rx, policy, clock, None)
-    }
-
-    /// [`engine_at`] with the notice lane `lane`.
-    fn engine_on(
         client: kube::Client,
         store: Store<Node>,
         cfg: EngineConfig,
@@ -1385,7 +1381,7 @@ mod run_tests {
             writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_node(n)));
         }
         let (_leader, leader_rx) = watch::channel(true);
-        let engine = engine_on(
+        let engine = engine_at(
             kube::Client::new(api("shared"), "default"),
             store,
             EngineConfig::default(),
@@ -1707,6 +1703,7 @@ mod run_tests {
                 leader_rx.clone(),
                 policy,
                 Arc::new(clock),
+                None,
             );
             let (_events, events_rx) = broadcast::channel(8);
             let cancel = CancellationToken::new();
