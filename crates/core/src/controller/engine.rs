@@ -435,16 +435,23 @@ impl Engine {
         self.bump();
     }
 
-    /// Starts the fast path for `node` on the notice lane ([`super::lane`]), or on this runtime
-    /// without one.
+    /// Starts the fast path for `node` on the notice lane.
     fn spawn_fast_path(self: &Arc<Self>, node: String) {
         let (me, spawned) = (self.clone(), std::time::Instant::now());
-        let run = async move {
+        drop(self.spawn_on_lane(async move {
             me.fast_path(&node, spawned).await;
-        };
+        }));
+    }
+
+    /// Spawns `task` on the notice lane ([`super::lane`]), or on this runtime without one.
+    fn spawn_on_lane<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
         match &self.lane {
-            Some(lane) => drop(lane.spawn(run)),
-            None => drop(tokio::spawn(run)),
+            Some(lane) => lane.spawn(task),
+            None => tokio::spawn(task),
         }
     }
 
@@ -886,7 +893,9 @@ impl Engine {
         events: broadcast::Receiver<(String, NodeEvent)>,
         cancel: CancellationToken,
     ) {
-        let mut notices = tokio::spawn(self.clone().take_notices(
+        // On the notice lane: a notice handed over by a report's handler wakes the lane's thread
+        // at once, not a task that waits for one of the shared runtime's workers.
+        let mut notices = self.spawn_on_lane(self.clone().take_notices(
             leader.clone(),
             events,
             cancel.clone(),
@@ -980,7 +989,7 @@ impl Engine {
     }
 
     /// Records each notice (waking the reconcile) and, while leading, runs the fast path for
-    /// its node at once.
+    /// its node at once. Runs on the notice lane when there is one.
     async fn take_notices(
         self: Arc<Self>,
         leader: watch::Receiver<bool>,
