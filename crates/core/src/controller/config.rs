@@ -166,8 +166,10 @@ pub struct EngineConfig {
     pub on_timeout: DrainOnTimeout,
     /// After the pods, wait until no VolumeAttachment names the node.
     pub wait_volume_detach: bool,
-    /// Run the fast path after a notice, and write the node's cordon, on a thread and client of
-    /// their own (`controller::lane`), not on the runtime that handles reports.
+    /// Run the notices' intake and the fast path after a notice, and write the node's cordon, on a
+    /// thread and client of their own (`controller::lane`), not on the runtime that handles
+    /// reports. Off by default: at 5,000 nodes it did not rank against the shared runtime
+    /// (docs/comparison.md#notice-lane).
     pub notice_lane: bool,
 }
 
@@ -182,7 +184,7 @@ impl Default for EngineConfig {
             max_parallel_drains: 64,
             on_timeout: DrainOnTimeout::Fail,
             wait_volume_detach: true,
-            notice_lane: true,
+            notice_lane: false,
         }
     }
 }

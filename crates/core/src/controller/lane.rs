@@ -6,11 +6,15 @@
 //! reconcile the notice wakes, the drains — and its PATCH is written by a connection task that
 //! waits the same way. The lane is one more OS thread with a current-thread runtime and a
 //! Kubernetes client of its own (built on that runtime, so that the client's connections are
-//! driven there): the fast path runs there and writes the node's own patch through that client.
+//! driven there): the notices' intake and the fast path run there, and the fast path writes the
+//! node's own patch through that client.
 //! The thread sleeps between notices, and the kernel's scheduler lets a thread waking from sleep
 //! run soon, where a runtime worker busy with reports has used its share. What follows the
 //! node's own patch — its Events, the drain, the replacement request, the Karpenter fence —
 //! goes to the shared runtime and client as before ([`crate::controller::actions::Actor`]).
+//!
+//! Off by default (`[controller.engine] notice_lane`): at 5,000 nodes on the real control plane it
+//! did not rank against the shared runtime (docs/comparison.md#notice-lane).
 //!
 //! Its price: one thread (a few hundred KiB of stack and runtime) and one more connection to
 //! kube-apiserver while notices come (the client's idle connections close after 90 s).
