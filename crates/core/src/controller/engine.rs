@@ -172,8 +172,9 @@ pub struct Engine {
     /// How long a reconcile takes, microseconds: the longest recent one (each reconcile lowers it
     /// by an eighth, unless it took longer), so that one quick reconcile does not hide the slow.
     reconcile_us: AtomicU64,
-    /// The notice lane's runtime ([`super::lane`]), where the fast path runs.
-    lane: Option<tokio::runtime::Handle>,
+    /// The notice lane's runtime ([`super::lane`]), where the notices' intake and the fast path
+    /// run (none: the engine's).
+    lane: super::lane::Home,
     /// The engine's own runtime, where what follows a fast path's own patch runs.
     home: super::lane::Home,
 }
@@ -283,7 +284,7 @@ impl Engine {
             epoch: AtomicU64::new(0),
             next_due: Mutex::new(None),
             reconcile_us: AtomicU64::default(),
-            lane: p.lane,
+            lane: super::lane::Home::on(p.lane),
             home: super::lane::Home::here(),
         })
     }
@@ -438,21 +439,9 @@ impl Engine {
     /// Starts the fast path for `node` on the notice lane.
     fn spawn_fast_path(self: &Arc<Self>, node: String) {
         let (me, spawned) = (self.clone(), std::time::Instant::now());
-        drop(self.spawn_on_lane(async move {
+        drop(self.lane.spawn(async move {
             me.fast_path(&node, spawned).await;
         }));
-    }
-
-    /// Spawns `task` on the notice lane ([`super::lane`]), or on this runtime without one.
-    fn spawn_on_lane<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
-    where
-        F: std::future::Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        match &self.lane {
-            Some(lane) => lane.spawn(task),
-            None => tokio::spawn(task),
-        }
     }
 
     /// Counts `node` as acted on by a fast path now: a reconcile whose view predates this skips it.
@@ -895,7 +884,7 @@ impl Engine {
     ) {
         // On the notice lane: a notice handed over by a report's handler wakes the lane's thread
         // at once, not a task that waits for one of the shared runtime's workers.
-        let mut notices = self.spawn_on_lane(self.clone().take_notices(
+        let mut notices = self.lane.spawn(self.clone().take_notices(
             leader.clone(),
             events,
             cancel.clone(),

@@ -52,10 +52,10 @@ impl std::fmt::Debug for Lane {
     }
 }
 
-/// Spawns on the runtime it was made on (the controller's shared one), wherever it is called
-/// from: what the fast path does after the node's own patch (its Events, the drain, the
-/// replacement request, the fence) runs there, not on the lane, and no connection of the
-/// controller's client is opened by a task of the lane.
+/// Spawns on one runtime wherever it is called from: the lane's (the notices' intake and fast
+/// path), or the controller's shared one, where what the fast path does after the node's own
+/// patch (its Events, the drain, the replacement request, the fence) runs, so that no connection
+/// of the controller's client is opened by a task of the lane.
 #[derive(Debug, Clone)]
 pub struct Home(Option<Handle>);
 
@@ -65,7 +65,12 @@ impl Home {
         Home(Handle::try_current().ok())
     }
 
-    /// Spawns `task` at home.
+    /// `runtime` (none: each spawn goes to the caller's).
+    pub fn on(runtime: Option<Handle>) -> Self {
+        Home(runtime)
+    }
+
+    /// Spawns `task` on this runtime.
     pub fn spawn<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
     where
         F: std::future::Future + Send + 'static,
