@@ -200,15 +200,19 @@ const NOTICE_SOURCE: &str = "bench/spot";
 /// The child of phase 3: `--agents N --port P --dir D --idle-ms I`: N agents' reporters (the
 /// agent's own `Reporter`, each with its client, token file and state directory under D, the
 /// default 10 s heartbeat, `[report] idle_timeout` I), started spread over one heartbeat; prints
-/// `started N`, then flips one agent's condition status every `--change-ms` (default 100 ms; its
-/// message carries the send time, for the parent's watch) until killed. With `--notices K`
+/// `started N` (the agents it runs), then flips one agent's condition status every `--change-ms`
+/// (default 100 ms; its message carries the send time, for the parent's watch) until killed. With `--notices K`
 /// (scripts/bench-scale-real.sh), the agents of nodes `n{F}`…`n{F+K-1}` (`--notice-from F`) each
 /// report one spot interruption notice, one every `--notice-ms` (default 200 ms), starting
 /// `--notice-delay-s` (default 2) after `started`, or, with `--notice-go FILE`, once FILE exists
 /// (the bench's measurement window is open then, however long its earlier phases took); each
 /// prints `notice NODE UNIX_NS` (when it was handed to the reporter, as the agent's source does)
-/// on stdout, and `post NODE START_NS END_NS` for the report that carried it ([`Timed`]). The
-/// agents' setup is the same on the sim and on the real control plane: only the token files differ.
+/// on stdout, and `post NODE START_NS END_NS` for the report that carried it ([`Timed`]). With
+/// `--part fleet` the process runs every agent but the noticing ones, with `--part noticed` those
+/// alone (a process of their own beside the fleet's, as each agent has its node's runtime to
+/// itself; each process flips the conditions of its own agents only, so the two together make
+/// the same changes as one). The agents' setup is the same on the sim and on the real control
+/// plane: only the token files differ.
 async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
     let _ = nodekeeper_core::serve::raise_open_files_limit();
@@ -220,10 +224,22 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
         arg("--notices", 0) as usize,
         arg("--notice-from", 0) as usize,
     );
+    let noticing = |i: usize| (from..from + notices).contains(&i);
+    let part = str_arg("--part", "all");
+    let hosted = |i: usize| match part.as_str() {
+        "fleet" => !noticing(i),
+        "noticed" => noticing(i),
+        _ => true,
+    };
     let stop_all = tokio_util::sync::CancellationToken::new();
     let mut senders = Vec::with_capacity(n);
     let mut keep = Vec::with_capacity(n);
     for i in 0..n {
+        if !hosted(i) {
+            senders.push(None);
+            keep.push(None);
+            continue;
+        }
         let cfg = ReporterConfig {
             url: format!("https://127.0.0.1:{port}"),
             ca_file: Some(dir.join("ca.pem")),
@@ -233,7 +249,7 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
             ..ReporterConfig::default()
         };
         let state = dir.join("state").join(format!("n{i}"));
-        let rep = if (from..from + notices).contains(&i) {
+        let rep = if noticing(i) {
             let inner = HttpTransport::new(&cfg, &cfg.endpoint())?;
             let timed = Timed {
                 inner,
@@ -255,18 +271,19 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
             tokio::time::sleep(delay).await;
             rep.run(rx, ev_rx, cmd_tx, stop).await
         });
-        senders.push(tx);
-        keep.push((ev_tx, cmd_rx));
+        senders.push(Some(tx));
+        keep.push(Some((ev_tx, cmd_rx)));
     }
     tokio::time::sleep(heartbeat + Duration::from_secs(2)).await;
-    println!("started {n}");
+    println!("started {}", senders.iter().flatten().count());
     let notice_every = Duration::from_millis(arg("--notice-ms", 200));
-    let notify = keep
+    let notify: Vec<_> = keep
         .iter()
+        .enumerate()
         .skip(from)
         .take(notices)
-        .map(|(ev, _)| ev.clone());
-    let notify: Vec<_> = (from..).zip(notify).collect();
+        .filter_map(|(i, k)| k.as_ref().map(|(ev, _)| (i, ev.clone())))
+        .collect();
     let notice_delay = Duration::from_secs(arg("--notice-delay-s", 2));
     let notice_go = str_arg("--notice-go", "");
     tokio::spawn(async move {
@@ -302,7 +319,8 @@ async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>
         } else {
             ConditionStatus::False
         };
-        senders[i].send_modify(|r| {
+        let Some(sender) = &senders[i] else { continue };
+        sender.send_modify(|r| {
             r.conditions[0] = CheckResult::new(
                 "NodekeeperDiskPressure",
                 status,

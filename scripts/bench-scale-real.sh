@@ -43,6 +43,10 @@
 #   OPEN_GAP=3 …                                    seconds between the scrapes before each window (kube-apiserver's
 #                                                   /metrics, the controller's) and the window's opening, so that their
 #                                                   aftermath does not fall in its first seconds
+#   NOTICE_APART=1 …                                the noticing nodes' agents in a simulator process of their own
+#                                                   (`--part noticed`, the fleet's `--part fleet`): on a fleet each
+#                                                   agent has its node's runtime to itself, where in one simulator the
+#                                                   notice's POST waits behind the other agents' reports and handshakes
 #   FLEET_NICE=19 …                                 the fleet's stand-ins — KWOK, playing every kubelet, and the agents'
 #                                                   simulator — in scheduler groups at that nice (their autogroups':
 #                                                   each setsid process is one group, /proc/PID/autogroup), so that the
@@ -124,9 +128,9 @@ EOF
   UP=(--audit-policy "$OUT/audit-policy.yaml")
 fi
 real_cluster "$DIR" ${UP[@]+"${UP[@]}"}
-CTL_PID="" AGENTS_PID="" WATCH_PID=""
+CTL_PID="" AGENTS_PID="" NOTICED_PID="" WATCH_PID=""
 stop() { [ -z "$1" ] || { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }; }
-cleanup() { stop "$WATCH_PID"; stop "$AGENTS_PID"; stop "$CTL_PID"; "$REPO/scripts/k8s-cluster.sh" down "$DIR"; }
+cleanup() { stop "$WATCH_PID"; stop "$NOTICED_PID"; stop "$AGENTS_PID"; stop "$CTL_PID"; "$REPO/scripts/k8s-cluster.sh" down "$DIR"; }
 trap cleanup EXIT
 k() { "$REPO/.cache/venv/bin/kubectl" --kubeconfig "$DIR/kubeconfig" "$@"; }
 pid_of() { awk -v n="$1" '$1 == n {print $2}' "$DIR/pids"; }
@@ -231,22 +235,35 @@ for n in "${sizes[@]}"; do
   "${F[@]}" watch "$DIR" "$SD/watch.log" &
   WATCH_PID=$!
   rm -rf "$FLEET/state"   # each size's agents start afresh (no notice queued from the last size)
-  ${FLEET_NICE:+setsid} "$FLEET_BIN" --agents "$n" --port "$CTL_PORT" --dir "$FLEET" --idle-ms "${AGENT_IDLE_MS:-1000}" \
-    --notices "$NOTICES" --notice-from "$prev" --notice-go "$SD/notices.start" >"$SD/agents.out" 2>"$SD/agents.err" &
-  AGENTS_PID=$!
-  fleet_nice "$AGENTS_PID"
-  until grep -q '^started' "$SD/agents.out"; do
-    kill -0 "$AGENTS_PID" 2>/dev/null || { echo "bench-scale-real: agents exited: $SD/agents.err" >&2; exit 1; }
-    sleep 0.5
+  fleet() {   # fleet PART OUT: the agents' simulator, its pid in FLEET_PID (the noticing agents' own is not niced)
+    ${FLEET_NICE:+setsid} "$FLEET_BIN" --agents "$n" --port "$CTL_PORT" --dir "$FLEET" --idle-ms "${AGENT_IDLE_MS:-1000}" \
+      --notices "$NOTICES" --notice-from "$prev" --notice-go "$SD/notices.start" --part "$1" >"$SD/$2.out" 2>"$SD/$2.err" &
+    FLEET_PID=$!
+    [ "$1" = noticed ] || fleet_nice "$FLEET_PID"
+  }
+  SIMS=()
+  if [ "${NOTICE_APART:-0}" = 1 ]; then
+    fleet fleet agents; AGENTS_PID=$FLEET_PID
+    fleet noticed noticed; NOTICED_PID=$FLEET_PID
+    SIMS=("noticed=$NOTICED_PID")
+  else
+    fleet all agents; AGENTS_PID=$FLEET_PID
+  fi
+  for part in agents ${NOTICED_PID:+noticed}; do
+    until grep -q '^started' "$SD/$part.out"; do
+      kill -0 "$AGENTS_PID" 2>/dev/null && { [ -z "$NOTICED_PID" ] || kill -0 "$NOTICED_PID" 2>/dev/null; } ||
+        { echo "bench-scale-real: agents exited: $SD/$part.err" >&2; exit 1; }
+      sleep 0.5
+    done
   done
   "${F[@]}" sample 5 "$SD/warm.json" "controller=$CTL_PID"  # the agents' first TokenReviews
   open=$(ctl_metric nodekeeper_connections_open)
-  phase agents "$WINDOW" "controller=$CTL_PID" "agents=$AGENTS_PID"
+  phase agents "$WINDOW" "controller=$CTL_PID" "agents=$AGENTS_PID" ${SIMS[@]+"${SIMS[@]}"}
   # kube-apiserver's latency histograms (APF wait and execution of the controller's flows, Node PATCHes, etcd's
   # Node updates) around the notices (with their drains) and around the expiry: SIZE/req-{notices,expiry}-{0,1}.json.
   # The notices start when the window opens (the agents wait for SIZE/notices.start): NOTICES / 5 s of them, then
   # 15 s of their drains; SIZE/notices.json, every process's CPU and the machine's in that window.
-  phase notices $(( NOTICES / 5 + 15 )) "controller=$CTL_PID" "agents=$AGENTS_PID"
+  phase notices $(( NOTICES / 5 + 15 )) "controller=$CTL_PID" "agents=$AGENTS_PID" ${SIMS[@]+"${SIMS[@]}"}
   sleep "$SETTLE"
   fails=()
   for i in $(seq $((prev + NOTICES)) $((prev + NOTICES + FAILS - 1))); do fails+=("n$i"); done
@@ -259,13 +276,16 @@ for n in "${sizes[@]}"; do
   accepted=$(ctl_metric nodekeeper_connections_accepted_total)
   shed=$(ctl_metric nodekeeper_reports_shed_total)
   engine="$(ctl_metric nodekeeper_engine_reconciles_total) $(ctl_metric nodekeeper_engine_node_write_conflicts_total)"
-  [ "${AUDIT:-0}" != 1 ] || "${F[@]}" audit "$DIR/logs/audit.log" "$SD/controller.log" "$SD/agents.out" >"$SD/audit.json"
+  # The agents' lines (notices, their posts) from both simulators when the noticing ones ran apart.
+  cat "$SD/agents.out" ${NOTICED_PID:+"$SD/noticed.out"} >"$SD/events.out"
+  [ "${AUDIT:-0}" != 1 ] || "${F[@]}" audit "$DIR/logs/audit.log" "$SD/controller.log" "$SD/events.out" >"$SD/audit.json"
   [ "${GCTRACE:-0}" != 1 ] || [ "${AUDIT:-0}" != 1 ] || "${F[@]}" gc "$DIR" "$SD/audit.json" >"$SD/gc.json"
+  stop "$NOTICED_PID"; NOTICED_PID=""
   stop "$AGENTS_PID"; AGENTS_PID=""
   stop "$WATCH_PID"; WATCH_PID=""
   stop "$CTL_PID"; CTL_PID=""
   python3 - "$SD" "$n" "$pods" "$open" "$accepted" "$shed" "$engine" "$((t2 - t0))" "$K8S" \
-    "$("${F[@]}" latency "$SD/agents.out" "$SD/expiry.out" "$SD/watch.log" "$SD/controller.log")" \
+    "$("${F[@]}" latency "$SD/events.out" "$SD/expiry.out" "$SD/watch.log" "$SD/controller.log")" \
     "$("${F[@]}" delays "$SD/delay-notices-0.txt" "$SD/delay-notices-1.txt")" >>"$RESULTS" <<'EOF'
 import json, os, sys
 sd, n, pods, open_, accepted, shed, engine, grow, k8s, lat, delays = sys.argv[1:]
@@ -293,7 +313,7 @@ print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(
                   "agents_minus_base_req_per_s": top, "latency": json.loads(lat), "apiserver_histograms": hist,
                   "cordon_audit": audit, "gc": gc, "scheduling_delay_notices": json.loads(delays),
                   "notices_window": json.load(open(f"{sd}/notices.json")),
-                  "fleet_nice": os.environ.get("FLEET_NICE"), "pools": int(os.environ["POOLS"])}))
+                  "fleet_nice": os.environ.get("FLEET_NICE"), "notice_apart": os.environ.get("NOTICE_APART") == "1", "pools": int(os.environ["POOLS"])}))
 EOF
   tail -1 "$RESULTS" >&2
   prev=$n
