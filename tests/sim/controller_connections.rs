@@ -309,27 +309,24 @@ async fn idle_connections_are_closed_and_the_reporter_resumes_its_tls_session() 
     ctl.cancel.cancel();
 }
 
-/// Thousands of agents starting together each wait for a TokenReview; past `max_reports_in_flight`
-/// the controller turns a report away at once with 503 and `Retry-After` instead of holding it,
-/// and the agent's own reporter reads that header (its loop then waits 1–2× it: the reporter's
-/// paused-time test). Here the sim answers every request 1.5 s late, so the first reports are all
-/// in flight together.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reports_past_max_in_flight_are_turned_away_with_retry_after_and_delivered_later() {
-    use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig, ReporterError};
-    install_crypto();
-    const AGENTS: usize = 6;
-    let env = Env::new(AGENTS).await;
-    let mut cfg = env.config();
-    cfg.max_reports_in_flight = 2;
-    let ctl = env.controller(&cfg, true).await;
-    let states = tempfile::tempdir().unwrap();
+/// The agents `n0`…`n{count-1}` of `env` (their own `Reporter`, a token each, a timeout long
+/// enough for a sim answering every request 1.5 s late), each with its first report.
+async fn slow_agents(
+    env: &Env,
+    port: u16,
+    count: usize,
+    states: &std::path::Path,
+) -> Vec<(
+    nodekeeper_core::agent::reporter::Reporter,
+    nodekeeper_core::wire::NodeReport,
+)> {
+    use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
     let mut agents = Vec::new();
-    for i in 0..AGENTS {
-        let token = states.path().join(format!("token-n{i}"));
+    for i in 0..count {
+        let token = states.join(format!("token-n{i}"));
         std::fs::write(&token, env.token(&format!("n{i}"), "nodekeeper").await).unwrap();
         let rcfg = ReporterConfig {
-            url: format!("https://127.0.0.1:{}", ctl.addr.port()),
+            url: format!("https://127.0.0.1:{port}"),
             ca_file: Some(env.ca.clone()),
             server_name: Some(SERVER_NAME.into()),
             token_file: token,
@@ -337,7 +334,7 @@ async fn reports_past_max_in_flight_are_turned_away_with_retry_after_and_deliver
             timeout: Duration::from_secs(20),
             ..ReporterConfig::default()
         };
-        let reporter = Reporter::new(rcfg, &states.path().join(format!("n{i}"))).unwrap();
+        let reporter = Reporter::new(rcfg, &states.join(format!("n{i}"))).unwrap();
         let latest = report(
             &format!("n{i}"),
             0,
@@ -345,28 +342,54 @@ async fn reports_past_max_in_flight_are_turned_away_with_retry_after_and_deliver
         );
         agents.push((reporter, latest));
     }
+    agents
+}
+
+/// Every request to the sim answered `ms` late (0: on time).
+fn sim_latency(env: &Env, ms: u64) {
     env.cluster
         .sim
         .faults
         .set(nodekeeper_sim::apiserver::admin::FaultSpec {
-            latency_ms: 1_500,
+            latency_ms: ms,
             ..Default::default()
         });
+}
+
+/// Whether `r` is the controller's 503 with its `Retry-After` (`max_reports_in_flight`).
+fn turned_away<T: std::fmt::Debug>(
+    r: &Result<T, nodekeeper_core::agent::reporter::ReporterError>,
+) -> bool {
+    use nodekeeper_core::agent::reporter::ReporterError;
+    matches!(r, Err(ReporterError::Status { status: 503, retry_after: Some(d), .. })
+        if *d == Duration::from_secs(nodekeeper_core::controller::server::REPORT_RETRY_AFTER_SECS))
+}
+
+/// Thousands of agents starting together each wait for a TokenReview; past `max_reports_in_flight`
+/// the controller turns a report away at once with 503 and `Retry-After` instead of holding it,
+/// and the agent's own reporter reads that header (its loop then waits 1–2× it: the reporter's
+/// paused-time test). Here the sim answers every request 1.5 s late, so the first reports are all
+/// in flight together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_past_max_in_flight_are_turned_away_with_retry_after_and_delivered_later() {
+    install_crypto();
+    const AGENTS: usize = 6;
+    let env = Env::new(AGENTS).await;
+    let mut cfg = env.config();
+    cfg.max_reports_in_flight = 2;
+    let ctl = env.controller(&cfg, true).await;
+    let states = tempfile::tempdir().unwrap();
+    let mut agents = slow_agents(&env, ctl.addr.port(), AGENTS, states.path()).await;
+    sim_latency(&env, 1_500);
     let results = futures::future::join_all(
         agents
             .iter_mut()
             .map(|(r, latest)| async { r.send_once(latest).await }),
     )
     .await;
-    env.cluster.sim.faults.set(Default::default());
+    sim_latency(&env, 0);
     let delivered = results.iter().filter(|r| r.is_ok()).count();
-    let turned_away = results
-        .iter()
-        .filter(|r| {
-            matches!(r, Err(ReporterError::Status { status: 503, retry_after: Some(d), .. })
-                if *d == Duration::from_secs(nodekeeper_core::controller::server::REPORT_RETRY_AFTER_SECS))
-        })
-        .count();
+    let turned_away = results.iter().filter(|r| turned_away(r)).count();
     assert!(
         (1..=2).contains(&delivered) && delivered + turned_away == AGENTS,
         "at most 2 in flight, the others turned away with Retry-After: {results:?}"
@@ -382,5 +405,70 @@ async fn reports_past_max_in_flight_are_turned_away_with_retry_after_and_deliver
     for (r, latest) in agents.iter_mut() {
         assert!(r.send_once(latest).await.unwrap().accepted);
     }
+    ctl.cancel.cancel();
+}
+
+/// A spot notice that comes while the fleet's first reports fill `max_reports_in_flight` (here 2,
+/// each waiting for the sim's 1.5 s-late TokenReview) is not turned away with them: it takes the
+/// notices' own allowance, where a heartbeat sent at the same instant is turned away; and the
+/// notice is acknowledged once stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_carrying_a_notice_is_handled_past_max_in_flight_where_a_heartbeat_is_turned_away()
+{
+    use nodekeeper_core::agent::sources::{EventKind, NodeEvent};
+    install_crypto();
+    const CROWD: usize = 2;
+    let env = Env::new(CROWD + 2).await;
+    let mut cfg = env.config();
+    cfg.max_reports_in_flight = CROWD;
+    let ctl = env.controller(&cfg, true).await;
+    let states = tempfile::tempdir().unwrap();
+    let mut agents = slow_agents(&env, ctl.addr.port(), CROWD + 2, states.path()).await;
+    let (mut noticed, mut late) = (agents.remove(CROWD), agents.remove(CROWD));
+    let notice = NodeEvent::on_node(
+        EventKind::Preemption,
+        "test/spot",
+        &noticed.1.node,
+        chrono::Utc::now(),
+    );
+    noticed.1.events.push(notice.clone());
+    sim_latency(&env, 1_500);
+    let crowd = futures::future::join_all(
+        agents
+            .iter_mut()
+            .map(|(r, latest)| async { r.send_once(latest).await }),
+    );
+    let (crowd, (notice_sent, heartbeat)) = tokio::join!(crowd, async {
+        // Both permits are taken by the crowd's reports, each waiting for its TokenReview.
+        wait::until(Duration::from_secs(10), "the crowd in flight", || {
+            std::future::ready(ctl.app.in_flight.available_permits() == 0)
+        })
+        .await;
+        tokio::join!(noticed.0.send_once(&noticed.1), late.0.send_once(&late.1))
+    });
+    sim_latency(&env, 0);
+    assert!(crowd.iter().all(|r| r.is_ok()), "{crowd:?}");
+    assert!(turned_away(&heartbeat), "the heartbeat: {heartbeat:?}");
+    let answer = notice_sent.expect("the notice's report handled past the limit");
+    assert!(answer.accepted, "{answer:?}");
+    assert_eq!(ctl.app.notices_past_limit.load(Relaxed), 1);
+    assert_eq!(ctl.app.shed.load(Relaxed), 1, "the heartbeat only");
+    let client = https(&env.ca, ctl.addr);
+    let text = get(&client, ctl.addr, "/metrics").await.unwrap().1;
+    assert!(
+        text.contains("nodekeeper_reports_notices_past_limit_total 1"),
+        "{text}"
+    );
+    // Stored on the Node: acknowledged (by this answer, or the next report's once it is).
+    let mut acked = answer.acknowledged_events.contains(&notice.id);
+    for _ in 0..20 {
+        if acked {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let r = noticed.0.send_once(&noticed.1).await.unwrap();
+        acked = r.acknowledged_events.contains(&notice.id);
+    }
+    assert!(acked, "the notice was acknowledged");
     ctl.cancel.cancel();
 }

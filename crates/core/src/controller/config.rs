@@ -52,7 +52,8 @@ pub struct ControllerConfig {
     /// Reports handled at once at most (token review, Node write, acknowledgement); a report past
     /// it is answered 503 with `Retry-After` at once, before its token is reviewed, and the agent
     /// retries after that (with jitter). Bounds the memory and the TokenReviews in flight when
-    /// thousands of agents start together (docs/controller.md "Reports in flight").
+    /// thousands of agents start together (docs/controller.md "Reports in flight"). Reports
+    /// carrying notices have a second allowance of the same size past it.
     pub max_reports_in_flight: usize,
     /// A report-API connection without a request for this long is closed (HTTP/1.1; also the
     /// time a new connection has to send its first request head). Shorter than the agents'

@@ -46,8 +46,13 @@ pub struct App {
     pub unauthenticated: AtomicU64,
     /// Permits for reports handled at once (`max_reports_in_flight`).
     pub in_flight: tokio::sync::Semaphore,
+    /// A second allowance of the same size, for reports carrying notices past the first
+    /// (`POST /v1/reports`: a notice is never turned away for the heartbeats in flight).
+    pub notices_in_flight: tokio::sync::Semaphore,
     /// Reports answered 503 because `max_reports_in_flight` were being handled.
     pub shed: AtomicU64,
+    /// Reports carrying notices handled past `max_reports_in_flight`, on the notices' allowance.
+    pub notices_past_limit: AtomicU64,
     /// Open and refused connections of the report API (`/metrics`).
     pub connections: Arc<crate::serve::ConnectionStats>,
     /// Set when a task the controller cannot live without died: `/livez` then fails with it.
@@ -96,9 +101,29 @@ fn err(code: StatusCode, msg: impl Into<String>) -> Response {
     (code, Json(serde_json::json!({"error": msg.into()}))).into_response()
 }
 
+/// Whether a report's body carries notices (`events`), read without building them: a report past
+/// `max_reports_in_flight` is turned away before its token is reviewed, unless it carries a
+/// notice, which takes a permit of the notices' own allowance (as many again) instead. A body
+/// that does not parse counts as carrying none (it is refused later, when it gets a permit).
+fn carries_notices(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Peek {
+        #[serde(default)]
+        events: Vec<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Peek>(body).is_ok_and(|p| !p.events.is_empty())
+}
+
 async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
     let received = tokio::time::Instant::now();
-    let Ok(_in_flight) = app.in_flight.try_acquire() else {
+    let permit = match app.in_flight.try_acquire() {
+        Ok(p) => Ok(p),
+        Err(_) if carries_notices(&body) => app.notices_in_flight.try_acquire().inspect(|_| {
+            app.notices_past_limit.fetch_add(1, Ordering::Relaxed);
+        }),
+        Err(e) => Err(e),
+    };
+    let Ok(_in_flight) = permit else {
         let shed = app.shed.fetch_add(1, Ordering::Relaxed) + 1;
         if shed.is_power_of_two() {
             tracing::warn!(
@@ -235,6 +260,11 @@ impl Collector for ApiMetrics {
                 g(&app.shed),
             ),
             (
+                "nodekeeper_reports_notices_past_limit_total",
+                "Reports carrying notices handled past max_reports_in_flight, on the notices' own allowance.",
+                g(&app.notices_past_limit),
+            ),
+            (
                 "nodekeeper_token_reviews_total",
                 "TokenReviews sent to the API server.",
                 g(&app.auth.reviews),
@@ -315,4 +345,29 @@ async fn metrics(registry: Arc<Registry>) -> Response {
         metrics::encode(&registry),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::carries_notices;
+
+    #[test]
+    fn a_body_carries_notices_when_its_events_are_not_empty() {
+        let cases: [(&[u8], bool); 6] = [
+            (br#"{"version":1,"node":"n0","events":[{"id":"a"}]}"#, true),
+            (br#"{"events":[{}, {}],"node":"n0"}"#, true),
+            (br#"{"version":1,"node":"n0","events":[]}"#, false),
+            (br#"{"version":1,"node":"n0"}"#, false),
+            (br#"{"version":1,"events":"#, false),
+            (b"not json", false),
+        ];
+        for (body, want) in cases {
+            assert_eq!(
+                carries_notices(body),
+                want,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
 }
