@@ -43,10 +43,11 @@
 #   OPEN_GAP=3 …                                    seconds between the scrapes before each window (kube-apiserver's
 #                                                   /metrics, the controller's) and the window's opening, so that their
 #                                                   aftermath does not fall in its first seconds
-#   NOTICE_APART=1 …                                the noticing nodes' agents in a simulator process of their own
-#                                                   (`--part noticed`, the fleet's `--part fleet`): on a fleet each
-#                                                   agent has its node's runtime to itself, where in one simulator the
-#                                                   notice's POST waits behind the other agents' reports and handshakes
+#   NOTICE_APART=0 …                                the noticing nodes' agents in the fleet's simulator process, as
+#                                                   before 2026-12-05 (default 1: in a process of their own, `--part
+#                                                   noticed`, the fleet's `--part fleet`: on a fleet each agent has its
+#                                                   node's runtime to itself, where in one simulator the notice's POST
+#                                                   waits behind the other agents' reports and handshakes)
 #   FLEET_NICE=19 …                                 the fleet's stand-ins — KWOK, playing every kubelet, and the agents'
 #                                                   simulator — in scheduler groups at that nice (their autogroups':
 #                                                   each setsid process is one group, /proc/PID/autogroup), so that the
@@ -242,7 +243,7 @@ for n in "${sizes[@]}"; do
     [ "$1" = noticed ] || fleet_nice "$FLEET_PID"
   }
   SIMS=()
-  if [ "${NOTICE_APART:-0}" = 1 ]; then
+  if [ "${NOTICE_APART:-1}" = 1 ]; then
     fleet fleet agents; AGENTS_PID=$FLEET_PID
     fleet noticed noticed; NOTICED_PID=$FLEET_PID
     SIMS=("noticed=$NOTICED_PID")
@@ -313,7 +314,7 @@ print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(
                   "agents_minus_base_req_per_s": top, "latency": json.loads(lat), "apiserver_histograms": hist,
                   "cordon_audit": audit, "gc": gc, "scheduling_delay_notices": json.loads(delays),
                   "notices_window": json.load(open(f"{sd}/notices.json")),
-                  "fleet_nice": os.environ.get("FLEET_NICE"), "notice_apart": os.environ.get("NOTICE_APART") == "1", "pools": int(os.environ["POOLS"])}))
+                  "fleet_nice": os.environ.get("FLEET_NICE"), "notice_apart": os.environ.get("NOTICE_APART", "1") == "1", "pools": int(os.environ["POOLS"])}))
 EOF
   tail -1 "$RESULTS" >&2
   prev=$n
