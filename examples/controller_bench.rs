@@ -201,18 +201,18 @@ const NOTICE_SOURCE: &str = "bench/spot";
 /// agent's own `Reporter`, each with its client, token file and state directory under D, the
 /// default 10 s heartbeat, `[report] idle_timeout` I), started spread over one heartbeat; prints
 /// `started N` (the agents it runs), then flips one agent's condition status every `--change-ms`
-/// (default 100 ms; its message carries the send time, for the parent's watch) until killed. With `--notices K`
-/// (scripts/bench-scale-real.sh), the agents of nodes `n{F}`…`n{F+K-1}` (`--notice-from F`) each
-/// report one spot interruption notice, one every `--notice-ms` (default 200 ms), starting
-/// `--notice-delay-s` (default 2) after `started`, or, with `--notice-go FILE`, once FILE exists
-/// (the bench's measurement window is open then, however long its earlier phases took); each
-/// prints `notice NODE UNIX_NS` (when it was handed to the reporter, as the agent's source does)
-/// on stdout, and `post NODE START_NS END_NS` for the report that carried it ([`Timed`]). With
-/// `--part fleet` the process runs every agent but the noticing ones, with `--part noticed` those
-/// alone (a process of their own beside the fleet's, as each agent has its node's runtime to
-/// itself; each process flips the conditions of its own agents only, so the two together make
-/// the same changes as one). The agents' setup is the same on the sim and on the real control
-/// plane: only the token files differ.
+/// (default 100 ms; its message carries the send time, for the parent's watch) until killed.
+/// With `--notices K` (scripts/bench-scale-real.sh), the agents of nodes `n{F}`…`n{F+K-1}`
+/// (`--notice-from F`) each report one spot interruption notice, one every `--notice-ms`
+/// (default 200 ms), starting `--notice-delay-s` (default 2) after `started`, or, with
+/// `--notice-go FILE`, once FILE exists (the bench's measurement window is open then, however
+/// long its earlier phases took); each prints `notice NODE UNIX_NS` (when it was handed to the
+/// reporter, as the agent's source does) on stdout, and `post NODE START_NS END_NS` for the
+/// report that carried it ([`Timed`]). With `--part fleet` the process runs every agent but the
+/// noticing ones, with `--part noticed` those alone (a process of their own beside the fleet's,
+/// as each agent has its node's runtime to itself; each process flips the conditions of its own
+/// agents only, so the two together make the same changes as one). The agents' setup is the
+/// same on the sim and on the real control plane: only the token files differ.
 async fn agents(n: usize) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig};
     let _ = nodekeeper_core::serve::raise_open_files_limit();
