@@ -97,7 +97,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 POOLS=${POOLS:-100} WINDOW=${WINDOW:-30} NOTICES=${NOTICES:-50} FAILS=${FAILS:-20} TOLERATION=${TOLERATION:-20} SETTLE=${SETTLE:-0} WAIT=${WAIT:-1800}
-export POOLS
+NOTICE_APART=${NOTICE_APART:-1}
+export POOLS NOTICE_APART
 PROFILE=${BENCH_PROFILE:-release}
 if [ "${BENCH_BUILD:-1}" = 0 ]; then
   log "BENCH_BUILD=0: the $PROFILE binaries already built ($("$REPO/target/${PROFILE/dev/debug}/nodekeeper" --version))"
@@ -243,7 +244,7 @@ for n in "${sizes[@]}"; do
     [ "$1" = noticed ] || fleet_nice "$FLEET_PID"
   }
   SIMS=()
-  if [ "${NOTICE_APART:-1}" = 1 ]; then
+  if [ "$NOTICE_APART" = 1 ]; then
     fleet fleet agents; AGENTS_PID=$FLEET_PID
     fleet noticed noticed; NOTICED_PID=$FLEET_PID
     SIMS=("noticed=$NOTICED_PID")
@@ -314,7 +315,7 @@ print(json.dumps({"nodes": int(n), "pods": int(pods), "k8s": k8s, "grow_s": int(
                   "agents_minus_base_req_per_s": top, "latency": json.loads(lat), "apiserver_histograms": hist,
                   "cordon_audit": audit, "gc": gc, "scheduling_delay_notices": json.loads(delays),
                   "notices_window": json.load(open(f"{sd}/notices.json")),
-                  "fleet_nice": os.environ.get("FLEET_NICE"), "notice_apart": os.environ.get("NOTICE_APART", "1") == "1", "pools": int(os.environ["POOLS"])}))
+                  "fleet_nice": os.environ.get("FLEET_NICE"), "notice_apart": os.environ["NOTICE_APART"] == "1", "pools": int(os.environ["POOLS"])}))
 EOF
   tail -1 "$RESULTS" >&2
   prev=$n
