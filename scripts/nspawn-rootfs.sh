@@ -3,6 +3,8 @@
 #
 #   scripts/nspawn-rootfs.sh            # builds <repo>/.cache/nspawn-rootfs, prints its path
 #   NSPAWN_ROOTFS=/some/dir scripts/nspawn-rootfs.sh
+#   scripts/nspawn-rootfs.sh --crio     # <repo>/.cache/nspawn-rootfs-crio: the same with the REAL CRI-O
+#                                       # (scripts/setup-crio.sh) as crio.service; prints its path
 #
 # Idempotent: a stamp file holds a hash of this script; when it matches, nothing is done. Needs root.
 # Installs the Debian packages `systemd-container` and `debootstrap` when missing. The Debian mirror is
@@ -11,6 +13,9 @@
 set -eu
 
 repo=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
+if [ "${1:-}" = "--crio" ]; then
+    exec "$repo/scripts/nspawn-rootfs-crio.sh" "$("$0")"
+fi
 rootfs=${NSPAWN_ROOTFS:-$repo/.cache/nspawn-rootfs}
 stamp="$rootfs.stamp"
 want=$(sha256sum "$0" | cut -d' ' -f1)
@@ -63,7 +68,9 @@ fi
 echo "nspawn-rootfs.sh: debootstrapping bookworm from $mirror into $rootfs" >&2
 rm -rf "$rootfs" "$rootfs.tmp" "$stamp"
 mkdir -p "$(dirname "$rootfs")"
-debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,iproute2 bookworm "$rootfs.tmp" "$mirror" >&2
+# conmon, runc, crun and the CNI plugins: what the real CRI-O of nspawn-rootfs-crio.sh runs with (Debian's).
+debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,iproute2,conmon,runc,crun,containernetworking-plugins \
+    bookworm "$rootfs.tmp" "$mirror" >&2
 
 units="$rootfs.tmp/etc/systemd/system"
 mkdir -p "$units/multi-user.target.wants" "$rootfs.tmp/etc/crio/crio.conf.d"

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Installs everything nodekeeper's demo and tests need on a fresh Debian machine (idempotent):
 # Debian packages (openssl: tests/sim/provider_oci.rs makes its RSA keys with it; rpm and cpio for the .rpm
-# test), cargo-generate-rpm, real kubectl in a venv, the cached nspawn rootfs, and the real Kubernetes
-# control plane built from Go modules (scripts/setup-k8s.sh; needs Go and the Go module proxy), and Amazon's EC2
-# metadata mock (scripts/setup-peers.sh aemm).
+# test), cargo-generate-rpm, real kubectl in a venv, the cached nspawn rootfs, the real Kubernetes
+# control plane built from Go modules (scripts/setup-k8s.sh; needs Go and the Go module proxy), the real CRI-O
+# built from Go modules (scripts/setup-crio.sh) with the nspawn rootfs that runs it as crio.service, and Amazon's
+# EC2 metadata mock (scripts/setup-peers.sh aemm).
 . "$(dirname "$0")/lib.sh"
 
 apt_install ca-certificates systemd systemd-container debootstrap dbus iproute2 util-linux hyperfine python3-venv \
   openssl rpm cpio curl
+# The real CRI-O (scripts/setup-crio.sh): cgo with libseccomp; buildah and strace for the short-name tests
+# (tests/host/crio_shortnames.rs). conmon, runc and the CNI plugins go into the nspawn rootfs (debootstrap).
+apt_install gcc libc6-dev libseccomp-dev buildah strace
 # The .rpm test's packager (tests/host/packaging_rpm.rs).
 . "$REPO/scripts/package-lib.sh"
 ensure_generate_rpm
@@ -16,6 +20,9 @@ ensure_generate_rpm
 [ -x "$REPO/scripts/nspawn-rootfs.sh" ] && "$REPO/scripts/nspawn-rootfs.sh"
 # The real control plane (etcd, kube-apiserver, kcm, scheduler, KWOK) from Go modules, cached by version.
 "$REPO/scripts/setup-k8s.sh" >/dev/null
+# The real CRI-O (crio, pinns, crictl) from Go modules, cached by version, and the nspawn node that runs it.
+"$REPO/scripts/setup-crio.sh" >/dev/null
+[ -x "$REPO/scripts/nspawn-rootfs.sh" ] && "$REPO/scripts/nspawn-rootfs.sh" --crio >/dev/null
 # Amazon's EC2 metadata mock, the AWS source's real peer (tests/host/aemm_netns.rs), keyed by its own version.
 "$REPO/scripts/setup-peers.sh" aemm >/dev/null
 log "setup done"
