@@ -93,6 +93,7 @@ def chart_schema(cfg):
                 "tolerations": ARR,
             }),
             "admissionPolicy": obj({"enabled": BOOL}),
+            "apiPriority": obj({"enabled": BOOL}),
             "serviceMonitor": obj({"enabled": BOOL, "interval": DURATION}),
             "prometheusRule": obj({
                 "enabled": BOOL,

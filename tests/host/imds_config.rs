@@ -10,12 +10,12 @@ use nodekeeper_core::config::{Config, ConfigError, Env};
 
 #[test]
 fn sources_section_defaults_and_overrides() {
-    let l = Config::load_str(Path::new("c.toml"), "", &Env::default(), &|| None).unwrap();
+    let l = Config::load_str(Path::new("c.toml"), "", &Env::default()).unwrap();
     assert_eq!(l.config.sources.cloud, CloudChoice::Auto);
     assert_eq!(l.config.sources.endpoint, "http://169.254.169.254");
     assert_eq!(l.config.sources.poll_interval, Duration::from_secs(1));
     let text = "[sources]\ncloud = \"gcp\"\nendpoint = \"http://127.0.0.1:8169\"\n[sources.gcp]\nlong_poll_timeout = \"30s\"\n";
-    let l = Config::load_str(Path::new("c.toml"), text, &Env::default(), &|| None).unwrap();
+    let l = Config::load_str(Path::new("c.toml"), text, &Env::default()).unwrap();
     assert_eq!(l.config.sources.cloud, CloudChoice::Gcp);
     assert_eq!(
         l.config.sources.gcp.long_poll_timeout,
@@ -27,7 +27,7 @@ fn sources_section_defaults_and_overrides() {
 fn bad_sources_values_are_located() {
     let text = "[sources]\ncloud = \"aws\"\nendpoint = \"https://169.254.169.254\"\n\n[sources.aws]\ntoken_ttl = \"7h\"\n";
     let Err(ConfigError::Invalid { diagnostics, .. }) =
-        Config::load_str(Path::new("c.toml"), text, &Env::default(), &|| None)
+        Config::load_str(Path::new("c.toml"), text, &Env::default())
     else {
         panic!("expected invalid");
     };
@@ -51,7 +51,6 @@ fn bad_sources_values_are_located() {
         Path::new("c.toml"),
         "[sources]\ncloud = \"mars\"\n",
         &Env::default(),
-        &|| None,
     )
     .unwrap_err();
     assert!(

@@ -9,7 +9,7 @@ use nodekeeper_core::agent::checks::config::{ByteSize, RuleKind};
 use nodekeeper_core::config::{Config, ConfigError, Env};
 
 fn load(text: &str) -> Result<nodekeeper_core::config::Loaded, ConfigError> {
-    Config::load_str(Path::new("c.toml"), text, &Env::default(), &|| None)
+    Config::load_str(Path::new("c.toml"), text, &Env::default())
 }
 
 fn errors(text: &str) -> Vec<String> {

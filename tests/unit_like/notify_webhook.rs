@@ -291,7 +291,6 @@ fn load(extra: &str) -> Result<nodekeeper_core::config::Loaded, String> {
         std::path::Path::new("c.toml"),
         &format!("{BASE}{extra}"),
         &Env::default(),
-        &|| None,
     )
     .map_err(|e| e.to_string())
 }

@@ -21,7 +21,7 @@ fn fixture(name: &str) -> String {
 }
 
 fn load(text: &str) -> Result<Loaded, ConfigError> {
-    Config::load_str(Path::new("c.toml"), text, &Env::default(), &|| None)
+    Config::load_str(Path::new("c.toml"), text, &Env::default())
 }
 
 fn errors(text: &str) -> Vec<String> {

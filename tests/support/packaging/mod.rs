@@ -247,7 +247,7 @@ pub fn configs(a: &All) -> BTreeMap<String, String> {
 /// Loads a TOML config as `nodekeeper validate` does; fails on errors **and** warnings.
 pub fn validate_config(label: &str, text: &str) -> nodekeeper_core::config::Config {
     let env = nodekeeper_core::config::Env::default();
-    let l = nodekeeper_core::config::Config::load_str(Path::new(label), text, &env, &|| None)
+    let l = nodekeeper_core::config::Config::load_str(Path::new(label), text, &env)
         .unwrap_or_else(|e| panic!("{label}: {e}\n{text}"));
     assert!(
         l.warnings.is_empty(),

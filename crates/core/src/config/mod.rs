@@ -155,7 +155,11 @@ pub struct CrioConfig {
     /// Where nodekeeper records which drop-ins it owns, and keeps temp files and backups.
     /// Must be on the same filesystem as `dropin_dir` for atomic renames.
     pub state_dir: PathBuf,
-    /// The CRI-O version, when `crio --version` cannot be run (e.g. from a container).
+    /// CRI-O's socket: its CRI `Version` and its live configuration (`GET /config`) are read from
+    /// it after each apply, to name drop-in keys the running CRI-O ignores.
+    pub socket: PathBuf,
+    /// The CRI-O version for the version-dependent lints of `validate` (the running CRI-O's own
+    /// version and live configuration are checked after each apply, through `socket`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     /// The drop-ins, in any order (CRI-O applies them in file-name order, last wins).
@@ -170,6 +174,7 @@ impl Default for CrioConfig {
             unit: "crio.service".to_string(),
             restart_timeout: Duration::from_secs(90),
             state_dir: PathBuf::from("/var/lib/nodekeeper"),
+            socket: PathBuf::from("/var/run/crio/crio.sock"),
             version: None,
             dropins: Vec::new(),
         }
@@ -271,29 +276,25 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("NODEKEEPER_CRIO_UNIT", "crio.unit"),
     ("NODEKEEPER_CRIO_RESTART_TIMEOUT", "crio.restart_timeout"),
     ("NODEKEEPER_CRIO_STATE_DIR", "crio.state_dir"),
+    ("NODEKEEPER_CRIO_SOCKET", "crio.socket"),
     ("NODEKEEPER_CRIO_VERSION", "crio.version"),
 ];
 
 impl Config {
-    /// Reads, parses, applies environment overrides, and validates `path`.
-    /// The CRI-O version for version-dependent lints is `[crio] version`, else what `crio --version`
-    /// prints, asked only when a drop-in sets a version-gated key (so the no-change path of
-    /// `crio apply` spawns nothing).
+    /// Reads, parses, applies environment overrides, and validates `path`. Version-dependent CRI-O
+    /// lints use `[crio] version` only: the running CRI-O's own answers (its version and live
+    /// configuration, from its socket) are checked after each apply
+    /// ([`crate::agent::crio::runtime`]).
     pub fn load(path: &Path, env: &Env) -> Result<Loaded, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::load_str(path, &text, env, &crate::agent::crio::lint::detect_version)
+        Self::load_str(path, &text, env)
     }
 
     /// As [`Config::load`], from text already read.
-    pub fn load_str(
-        path: &Path,
-        text: &str,
-        env: &Env,
-        detect_crio_version: &dyn Fn() -> Option<String>,
-    ) -> Result<Loaded, ConfigError> {
+    pub fn load_str(path: &Path, text: &str, env: &Env) -> Result<Loaded, ConfigError> {
         let invalid = |diagnostics| ConfigError::Invalid {
             path: path.to_path_buf(),
             diagnostics,
@@ -307,15 +308,7 @@ impl Config {
             return Err(invalid(diags));
         };
         diags.extend(config.apply_env(env));
-        let version = config.crio.version.clone();
-        let version = match version {
-            Some(v) => Some(v),
-            None if crate::agent::crio::lint::uses_version_gated_keys(&config.crio) => {
-                detect_crio_version()
-            }
-            None => None,
-        };
-        diags.extend(config.validate(version.as_deref()));
+        diags.extend(config.validate(config.crio.version.as_deref()));
         for d in &mut diags {
             if d.location.is_none() {
                 d.location = locate(&doc, &d.path).map(|off| line_col(text, off));
@@ -375,6 +368,9 @@ impl Config {
         if let Some(v) = env.get("NODEKEEPER_CRIO_STATE_DIR") {
             self.crio.state_dir = PathBuf::from(v);
         }
+        if let Some(v) = env.get("NODEKEEPER_CRIO_SOCKET") {
+            self.crio.socket = PathBuf::from(v);
+        }
         if let Some(v) = env.get("NODEKEEPER_CRIO_VERSION") {
             self.crio.version = Some(v.to_string());
         }
@@ -429,7 +425,7 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<Loaded, ConfigError> {
-        Config::load_str(Path::new("c.toml"), text, &Env::default(), &|| None)
+        Config::load_str(Path::new("c.toml"), text, &Env::default())
     }
 
     fn errors(text: &str) -> Vec<String> {
@@ -513,11 +509,11 @@ mod tests {
             ("NODEKEEPER_CRIO_UNIT", "x.service"),
             ("NODEKEEPER_LOG_FORMAT", "json"),
         ]);
-        let l = Config::load_str(Path::new("c.toml"), "", &env, &|| None).expect("valid");
+        let l = Config::load_str(Path::new("c.toml"), "", &env).expect("valid");
         assert_eq!(l.config.crio.unit, "x.service");
         assert_eq!(l.config.log.format, LogFormat::Json);
         let env = Env::from_pairs([("NODEKEEPER_CRIO_RESTART_TIMEOUT", "soon")]);
-        let err = Config::load_str(Path::new("c.toml"), "", &env, &|| None).expect_err("invalid");
+        let err = Config::load_str(Path::new("c.toml"), "", &env).expect_err("invalid");
         assert!(
             err.to_string().contains("NODEKEEPER_CRIO_RESTART_TIMEOUT"),
             "{err}"
@@ -525,26 +521,18 @@ mod tests {
     }
 
     #[test]
-    fn crio_version_is_probed_only_when_a_gated_key_is_set() {
-        let calls = std::cell::Cell::new(0);
-        let probe = || {
-            calls.set(calls.get() + 1);
-            Some("crio version 1.31.0".to_string())
-        };
-        let plain = "[[crio.dropin]]\nname = \"a.conf\"\ncontent = \"[crio.runtime]\\npids_limit = 1\\n\"\n";
-        let l =
-            Config::load_str(Path::new("c.toml"), plain, &Env::default(), &probe).expect("valid");
-        assert!(l.warnings.is_empty());
-        assert_eq!(calls.get(), 0);
-        let gated = "[[crio.dropin]]\nname = \"a.conf\"\ncontent = \"[crio.image]\\nshort_name_mode = \\\"enforcing\\\"\\n\"\n";
-        let l =
-            Config::load_str(Path::new("c.toml"), gated, &Env::default(), &probe).expect("valid");
-        assert_eq!(calls.get(), 1);
+    fn the_crio_version_comes_from_the_config_only() {
+        let gated = "[crio]\nversion = \"1.31.0\"\n[[crio.dropin]]\nname = \"a.conf\"\ncontent = \"[crio.image]\\nshort_name_mode = \\\"enforcing\\\"\\n\"\n";
+        let l = Config::load_str(Path::new("c.toml"), gated, &Env::default()).expect("valid");
         assert!(
             l.warnings[0].message.contains("CRI-O 1.31 ignores it"),
             "{:?}",
             l.warnings
         );
+        let unversioned = gated.replace("version = \"1.31.0\"\n", "");
+        let l =
+            Config::load_str(Path::new("c.toml"), &unversioned, &Env::default()).expect("valid");
+        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
     }
 
     #[test]

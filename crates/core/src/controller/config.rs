@@ -433,13 +433,7 @@ url = "https://nodekeeper-controller.nodekeeper.svc:8443"
 ca_file = "/ca.pem"
 token_file = "/token"
 "#;
-        let l = Config::load_str(
-            std::path::Path::new("t.toml"),
-            text,
-            &Env::default(),
-            &|| None,
-        )
-        .unwrap();
+        let l = Config::load_str(std::path::Path::new("t.toml"), text, &Env::default()).unwrap();
         let out = l.config.to_redacted_toml();
         assert!(!out.contains("very-secret-token-value"), "{out}");
         assert!(out.contains(crate::config::REDACTED), "{out}");
@@ -455,25 +449,14 @@ token_file = "/token"
         );
         // Neither TLS files nor explicit plain HTTP: an error at the right key.
         let bad = "[controller]\nservice_account = \"x\"\n";
-        let e = Config::load_str(
-            std::path::Path::new("t.toml"),
-            bad,
-            &Env::default(),
-            &|| None,
-        )
-        .unwrap_err();
+        let e = Config::load_str(std::path::Path::new("t.toml"), bad, &Env::default()).unwrap_err();
         let msg = e.to_string();
         assert!(
             msg.contains("tls_cert_file") && msg.contains("service_account"),
             "{msg}"
         );
         // An agent config without the sections stays valid.
-        assert!(
-            Config::load_str(std::path::Path::new("t.toml"), "", &Env::default(), &|| {
-                None
-            })
-            .is_ok()
-        );
+        assert!(Config::load_str(std::path::Path::new("t.toml"), "", &Env::default()).is_ok());
     }
 
     /// The holder's renewal interval: derived from the lease and the retry unless set; a set one
@@ -485,14 +468,9 @@ token_file = "/token"
             let text = format!(
                 "[controller]\nlisten = \"127.0.0.1:1\"\ninsecure_plain_http = true\n[controller.leader]\n{leader}"
             );
-            Config::load_str(
-                std::path::Path::new("t.toml"),
-                &text,
-                &Env::default(),
-                &|| None,
-            )
-            .map(|l| l.config.controller.unwrap().leader)
-            .map_err(|e| e.to_string())
+            Config::load_str(std::path::Path::new("t.toml"), &text, &Env::default())
+                .map(|l| l.config.controller.unwrap().leader)
+                .map_err(|e| e.to_string())
         };
         let s = Duration::from_secs;
         let d = load("").unwrap();
@@ -520,13 +498,7 @@ debounce = "0s"
 on_timeout = "force-delete"
 drain_concurrency = 4
 "#;
-        let l = Config::load_str(
-            std::path::Path::new("t.toml"),
-            text,
-            &Env::default(),
-            &|| None,
-        )
-        .unwrap();
+        let l = Config::load_str(std::path::Path::new("t.toml"), text, &Env::default()).unwrap();
         let e = &l.config.controller.as_ref().unwrap().engine;
         assert!(e.enabled);
         assert_eq!(e.tick, std::time::Duration::from_millis(500));
@@ -537,25 +509,16 @@ drain_concurrency = 4
         );
         assert_eq!(e.drain_concurrency, 4);
         let bad = "[controller]\nlisten = \"127.0.0.1:1\"\ninsecure_plain_http = true\n[controller.engine]\ntick = \"0s\"\nnode_concurrency = 0\n";
-        let msg = Config::load_str(
-            std::path::Path::new("t.toml"),
-            bad,
-            &Env::default(),
-            &|| None,
-        )
-        .unwrap_err()
-        .to_string();
+        let msg = Config::load_str(std::path::Path::new("t.toml"), bad, &Env::default())
+            .unwrap_err()
+            .to_string();
         assert!(
             msg.contains("tick") && msg.contains("node_concurrency"),
             "{msg}"
         );
         let unknown = "[controller]\nlisten = \"127.0.0.1:1\"\ninsecure_plain_http = true\n[controller.engine]\nticks = \"1s\"\n";
-        assert!(Config::load_str(
-            std::path::Path::new("t.toml"),
-            unknown,
-            &Env::default(),
-            &|| { None }
-        )
-        .is_err());
+        assert!(
+            Config::load_str(std::path::Path::new("t.toml"), unknown, &Env::default()).is_err()
+        );
     }
 }

@@ -372,7 +372,6 @@ mod tests {
                 Path::new("agent.toml"),
                 &text,
                 &nodekeeper_core::config::Env::default(),
-                &|| None,
             )
             .unwrap();
             assert!(loaded.warnings.is_empty(), "{cloud}: {:?}", loaded.warnings);

@@ -126,7 +126,6 @@ pub fn policy(file: Option<&Path>, speed: f64) -> Result<(Config, PolicyConfig),
             Path::new("<embedded demo controller.toml>"),
             CONTROLLER_TOML,
             &Env::default(),
-            &|| None,
         )?,
     };
     let mut policy = PolicyConfig::from_config(&loaded.config);

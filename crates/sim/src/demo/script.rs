@@ -291,7 +291,6 @@ impl Env {
             std::path::Path::new("<demo crio>"),
             text,
             &nodekeeper_core::config::Env::default(),
-            &|| None,
         ) {
             Ok(l) => l.config.crio,
             Err(e) => {

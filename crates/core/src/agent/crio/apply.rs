@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::state::{digest, under_root, Pending, State, StateError, StatePaths};
 use crate::agent::fsops::{self, FsError};
+use crate::agent::host::journal;
 use crate::agent::host::systemd::{SystemdError, UnitManager, UnitStatus};
 use crate::config::{CrioConfig, DropIn};
 
@@ -74,22 +75,31 @@ pub enum ApplyError {
     #[error("{0}; nothing was changed")]
     SystemdBefore(#[source] SystemdError),
     /// The restart failed and the previous files were restored.
-    #[error(
-        "restart of {unit} failed (job result: {job_result}, unit {active_state}); rolled back {files}{}",
-        rollback_note.as_deref().map(|n| format!("; {n}")).unwrap_or_default()
-    )]
-    RestartFailed {
-        /// The unit.
-        unit: String,
-        /// The job result, or the systemd error.
-        job_result: String,
-        /// ActiveState after the failed restart.
-        active_state: String,
-        /// The files rolled back (paths).
-        files: String,
-        /// What happened on the rollback restart, when that failed too.
-        rollback_note: Option<String>,
-    },
+    #[error(transparent)]
+    RestartFailed(Box<RestartFailure>),
+}
+
+/// A restart that failed, and its rollback.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "restart of {unit} failed (job result: {job_result}, unit {active_state}){}; rolled back {files}{}",
+    unit_log.as_deref().map(|l| format!("; {unit} said: {l}")).unwrap_or_default(),
+    rollback_note.as_deref().map(|n| format!("; {n}")).unwrap_or_default()
+)]
+pub struct RestartFailure {
+    /// The unit.
+    pub unit: String,
+    /// The job result, or the systemd error.
+    pub job_result: String,
+    /// ActiveState after the failed restart.
+    pub active_state: String,
+    /// The files rolled back (paths).
+    pub files: String,
+    /// The unit's own last error line from the journal (CRI-O's `level=fatal …`), where the
+    /// journal is readable.
+    pub unit_log: Option<String>,
+    /// What happened on the rollback restart, when that failed too.
+    pub rollback_note: Option<String>,
 }
 
 /// The outcome, printed as text or as one JSON line.
@@ -111,6 +121,84 @@ pub struct ApplyReport {
     /// The error, on failure.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What the running CRI-O said on its socket afterwards (absent on a dry run, after a failure,
+    /// and when the unit is not running).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeReport>,
+}
+
+/// The running CRI-O's answers after an apply ([`super::runtime`]).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RuntimeReport {
+    /// The socket asked (under `--root`).
+    pub socket: PathBuf,
+    /// The CRI `Version` answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<super::runtime::RuntimeVersion>,
+    /// Drop-in keys its live configuration lacks or overrides.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<super::runtime::Ignored>,
+    /// Why it could not be asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RuntimeReport {
+    /// One line per finding, for logs and the text output.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.ignored.iter().map(ToString::to_string).collect();
+        if let Some(e) = &self.error {
+            out.push(format!(
+                "cannot check the drop-ins against the running CRI-O: {e}"
+            ));
+        }
+        out
+    }
+}
+
+/// How long each question to CRI-O's socket may take.
+const RUNTIME_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Asks the running CRI-O for its version and live configuration, and compares the declared
+/// drop-ins with it.
+pub async fn check_runtime(cfg: &CrioConfig, root: Option<&Path>) -> RuntimeReport {
+    let socket = under_root(root, &cfg.socket);
+    let mut report = RuntimeReport {
+        socket: socket.clone(),
+        ..RuntimeReport::default()
+    };
+    match super::runtime::version(&socket, RUNTIME_TIMEOUT).await {
+        Ok(v) => report.version = Some(v),
+        Err(e) => {
+            report.error = Some(crate::telemetry::error_chain(&e));
+            return report;
+        }
+    }
+    let live = match super::runtime::live_config(&socket, RUNTIME_TIMEOUT).await {
+        Ok(text) => text.parse::<toml::Table>().map_err(|e| {
+            format!(
+                "CRI-O's live configuration on {} is not TOML: {}",
+                socket.display(),
+                e.message()
+            )
+        }),
+        Err(e) => Err(crate::telemetry::error_chain(&e)),
+    };
+    match live {
+        Ok(live) => {
+            let dropins: Vec<(String, toml::Table)> = cfg
+                .dropins
+                .iter()
+                .filter_map(|d| {
+                    let text = String::from_utf8(render(d)).ok()?;
+                    Some((d.name.clone(), text.parse().ok()?))
+                })
+                .collect();
+            report.ignored = super::runtime::ignored_keys(&dropins, &live);
+        }
+        Err(e) => report.error = Some(e),
+    }
+    report
 }
 
 /// One file in the report.
@@ -279,8 +367,17 @@ where
         ..ApplyReport::default()
     };
     let result = apply_inner(cfg, opts, connect, &mut report).await;
-    if let Err(e) = &result {
-        report.error = Some(crate::telemetry::error_chain(e));
+    match &result {
+        Err(e) => report.error = Some(crate::telemetry::error_chain(e)),
+        // A unit that is not running (the boot-time oneshot) has no socket yet.
+        Ok(()) if !opts.dry_run && matches!(report.unit_state.as_str(), "active" | "unknown") => {
+            let runtime = check_runtime(cfg, opts.root.as_deref()).await;
+            for w in runtime.warnings() {
+                tracing::warn!(socket = %runtime.socket.display(), "{w}");
+            }
+            report.runtime = Some(runtime);
+        }
+        Ok(()) => {}
     }
     (report, result)
 }
@@ -343,6 +440,7 @@ where
         // A unit that failed (possibly by hitting its start limit) would refuse the restart.
         reset_failed(&systemd, &cfg.unit).await;
     }
+    let restart_began = std::time::SystemTime::now();
     let outcome = systemd.restart(&cfg.unit, cfg.restart_timeout).await;
     match outcome {
         Ok(o) if o.succeeded() => {
@@ -355,18 +453,21 @@ where
                 Ok(o) => (o.job_result.clone(), o.status.active_state.clone()),
                 Err(e) => (e.to_string(), current_state(&systemd, &cfg.unit).await),
             };
-            tracing::error!(unit = %cfg.unit, %job_result, %active_state, "restart failed: rolling back");
+            let unit_log =
+                journal::last_error_line(opts.root.as_deref(), &cfg.unit, restart_began).await;
+            tracing::error!(unit = %cfg.unit, %job_result, %active_state, unit_log = unit_log.as_deref().unwrap_or(""), "restart failed: rolling back");
             let (files, rollback_note, unit_state) =
                 rollback(&paths, &mut state, &systemd, &cfg.unit, cfg.restart_timeout).await?;
             report.rolled_back = true;
             report.unit_state = unit_state;
-            Err(ApplyError::RestartFailed {
+            Err(ApplyError::RestartFailed(Box::new(RestartFailure {
                 unit: cfg.unit.clone(),
                 job_result,
                 active_state,
                 files,
+                unit_log,
                 rollback_note,
-            })
+            })))
         }
     }
 }

@@ -7,7 +7,7 @@ use crate::config::{CrioConfig, Diagnostic, DropIn, PathSeg};
 /// The first CRI-O release that reads `[crio.image] short_name_mode` (older ones hard-code `disabled`).
 pub const SHORT_NAME_MODE_SINCE: (u32, u32) = (1, 34);
 
-/// Checks the `[crio]` section. `crio_version` is `[crio] version` or what `crio --version` printed.
+/// Checks the `[crio]` section. `crio_version` is `[crio] version`.
 pub fn lint(crio: &CrioConfig, crio_version: Option<&str>) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     if crio.unit.trim().is_empty() {
@@ -25,6 +25,7 @@ pub fn lint(crio: &CrioConfig, crio_version: Option<&str>) -> Vec<Diagnostic> {
     for (key, dir) in [
         ("dropin_dir", &crio.dropin_dir),
         ("state_dir", &crio.state_dir),
+        ("socket", &crio.socket),
     ] {
         if !dir.is_absolute() {
             out.push(Diagnostic::error(
@@ -130,8 +131,10 @@ fn lint_dropin(i: usize, d: &DropIn, version: Option<(u32, u32)>) -> Vec<Diagnos
             Some("disabled") => out.push(Diagnostic::warning(
                 key_at.clone(),
                 format!(
-                    "`{}` sets short_name_mode = \"disabled\": this PERMITS short image names (every unqualified-search registry is tried); \
-                     use \"enforcing\" to refuse ambiguous short names",
+                    "`{}` sets short_name_mode = \"disabled\": this does NOT require full image names, it PERMITS short ones \
+                     (each unqualified-search registry of registries.conf is tried in turn). \"enforcing\" refuses a short name \
+                     only when it is ambiguous (two or more unqualified-search registries) and still resolves it when there is one; \
+                     to require fully qualified names, set `unqualified-search-registries = []` in /etc/containers/registries.conf",
                     d.name
                 ),
             )),
@@ -158,31 +161,6 @@ pub fn parse_version(text: &str) -> Option<(u32, u32)> {
     let re = regex::Regex::new(r"(?m)(?:^|[\sv:])(\d+)\.(\d+)(?:\.\d+)?").ok()?;
     let caps = re.captures(text)?;
     Some((caps[1].parse().ok()?, caps[2].parse().ok()?))
-}
-
-/// Does any drop-in set a key whose meaning depends on the CRI-O version?
-pub fn uses_version_gated_keys(crio: &CrioConfig) -> bool {
-    crio.dropins.iter().any(|d| {
-        d.content
-            .as_deref()
-            .is_some_and(|c| c.contains("short_name_mode"))
-            || d.settings
-                .as_ref()
-                .is_some_and(|t| t.to_string().contains("short_name_mode"))
-    })
-}
-
-/// Runs `crio --version` if CRI-O is installed here; `None` when it is not (e.g. in a container).
-pub fn detect_version() -> Option<String> {
-    let out = std::process::Command::new("crio")
-        .arg("--version")
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    out.status
-        .success()
-        .then_some(text)
-        .filter(|t| parse_version(t).is_some())
 }
 
 /// Known keys per CRI-O table (crio.conf(5)); `None` marks a table of user-named entries.
@@ -452,7 +430,9 @@ mod tests {
         );
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].0, Warning);
-        assert!(m[0].1.contains("PERMITS short image names"));
+        assert!(m[0]
+            .1
+            .contains("does NOT require full image names, it PERMITS short ones"));
         let m = messages(
             &dropin("a.conf", "[crio.image]\nshort_name_mode = \"permissive\"\n"),
             None,
