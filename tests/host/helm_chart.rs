@@ -150,6 +150,7 @@ fn default_values_lint_clean_and_match_the_plain_manifests() {
         );
     }
     assert_rbac_is_the_inventory(&chart, "nodekeeper");
+    packaging_support::assert_agent_host_paths(&chart);
     packaging_support::assert_admission_policy(&chart, "nodekeeper");
     packaging_support::assert_flow_schemas(&chart, "nodekeeper");
     assert_eq!(specs(&chart.flow_schemas), specs(&plain.flow_schemas));
@@ -215,6 +216,7 @@ fn oke_values_render_one_to_one_into_the_toml_configs() {
     // Monitoring on: now every object of manifests/ is there (but the Namespace).
     assert_eq!(ids(&chart, ns, ns), ids(&plain(), "nodekeeper", ns));
 
+    packaging_support::assert_agent_host_paths(&chart);
     let agent_toml = config_of(&chart, "nodekeeper-agent");
     let ctl_toml = config_of(&chart, "nodekeeper-controller");
     let agent = validate_config("chart agent", &agent_toml);

@@ -298,6 +298,13 @@ fn workloads_have_the_required_shape() {
     packaging_support::assert_flow_schemas(&a, "nodekeeper");
 }
 
+/// The bus address and its mount agree, and the checks read the node (kustomize's render and the files).
+#[test]
+fn every_host_path_the_agent_names_is_mounted_from_that_host_path() {
+    packaging_support::assert_agent_host_paths(&load_all());
+    packaging_support::assert_agent_host_paths(&load(&kustomized()));
+}
+
 fn volume<'a>(pod: &'a PodSpec, name: &str) -> &'a Volume {
     pod.volumes
         .iter()

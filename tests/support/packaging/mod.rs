@@ -429,3 +429,96 @@ pub fn assert_flow_schemas(a: &All, ns: &str) {
         assert_eq!(rr, want, "{name}");
     }
 }
+
+/// Every host path the agent's config names (the bus socket, the drop-in and state directories, CRI-O's socket,
+/// the disk paths under `checks.host_root`, `/dev/kmsg`) is, in the agent's container, a hostPath mount of that
+/// same host path: the bus address the agent dials and the mount that carries the socket agree.
+pub fn assert_agent_host_paths(a: &All) {
+    use nodekeeper_core::agent::checks::HostRoot;
+    use nodekeeper_core::agent::host::DEFAULT_SYSTEM_BUS;
+    let pod = a.daemonsets[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let c = &pod.containers[0];
+    let cfg = validate_config("agent config.toml", &configs(a)["nodekeeper-agent"]);
+    // The host path behind `inside` (a path in the container): the longest mount above it, if a hostPath.
+    let host_of = |inside: &Path| -> Option<PathBuf> {
+        let m = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| inside.starts_with(&m.mount_path))
+            .max_by_key(|m| m.mount_path.len())?;
+        let v = pod.volumes.iter().flatten().find(|v| v.name == m.name)?;
+        let rest = inside.strip_prefix(&m.mount_path).ok()?;
+        let base = PathBuf::from(&v.host_path.as_ref()?.path);
+        Some(if rest.as_os_str().is_empty() {
+            base
+        } else {
+            base.join(rest)
+        })
+    };
+    let bus = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "DBUS_SYSTEM_BUS_ADDRESS")
+        .and_then(|e| e.value.clone())
+        .unwrap_or_else(|| DEFAULT_SYSTEM_BUS.to_string());
+    let bus = PathBuf::from(
+        bus.strip_prefix("unix:path=")
+            .unwrap_or_else(|| panic!("the agent's bus is not a unix:path= address: {bus}")),
+    );
+    let mut want: Vec<(String, PathBuf, PathBuf)> = vec![
+        ("system bus".into(), bus.clone(), bus),
+        (
+            "crio.dropin_dir".into(),
+            cfg.crio.dropin_dir.clone(),
+            cfg.crio.dropin_dir.clone(),
+        ),
+        (
+            "crio.state_dir".into(),
+            cfg.crio.state_dir.clone(),
+            cfg.crio.state_dir.clone(),
+        ),
+        (
+            "crio.socket".into(),
+            cfg.crio.socket.clone(),
+            cfg.crio.socket.clone(),
+        ),
+        (
+            "checks.kmsg.path".into(),
+            cfg.checks.kmsg.path.clone(),
+            cfg.checks.kmsg.path.clone(),
+        ),
+    ];
+    let host = HostRoot::new(&cfg.checks.host_root);
+    for p in &cfg.checks.disk.paths {
+        want.push((
+            format!("checks.disk.paths {}", p.display()),
+            host.join(p),
+            p.clone(),
+        ));
+    }
+    for f in ["proc/meminfo", "proc/loadavg"] {
+        want.push((
+            format!("checks.host_root {f}"),
+            host.join(f),
+            Path::new("/").join(f),
+        ));
+    }
+    for (what, inside, on_host) in want {
+        assert_eq!(
+            host_of(&inside).as_deref(),
+            Some(on_host.as_path()),
+            "{what}: {} in the agent's container must be a hostPath mount of {} on the node",
+            inside.display(),
+            on_host.display()
+        );
+    }
+}

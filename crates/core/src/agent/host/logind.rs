@@ -136,22 +136,9 @@ impl ShutdownWatcher {
         Self { conn, options }
     }
 
-    /// A watcher on the system bus, as zbus resolves it (`DBUS_SYSTEM_BUS_ADDRESS`, else the
-    /// default socket).
+    /// A watcher on the system bus at [`super::system_bus_address`].
     pub async fn connect_system(options: WatcherOptions) -> Result<Self, LogindError> {
-        let address = zbus::Address::system().map_err(|source| LogindError::Connect {
-            address: "(system bus)".to_string(),
-            source,
-        })?;
-        let shown = address.to_string();
-        let conn = zbus::connection::Builder::address(address)
-            .build()
-            .await
-            .map_err(|source| LogindError::Connect {
-                address: shown,
-                source,
-            })?;
-        Ok(Self::new(conn, options))
+        Self::connect_address(&super::system_bus_address(), options).await
     }
 
     /// A watcher on the bus at `addr`.

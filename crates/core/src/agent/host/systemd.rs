@@ -181,15 +181,9 @@ pub struct Systemd {
 }
 
 impl Systemd {
-    /// Connect to the system bus, as zbus resolves it (`DBUS_SYSTEM_BUS_ADDRESS`, else
-    /// `unix:path=/var/run/dbus/system_bus_socket`).
+    /// Connect to the system bus at [`super::system_bus_address`].
     pub async fn connect_system() -> Result<Self, SystemdError> {
-        let address = zbus::Address::system().map_err(|source| SystemdError::Connect {
-            address: "(system bus)".to_string(),
-            source,
-        })?;
-        let shown = address.to_string();
-        Self::connect(zbus::connection::Builder::address(address), shown).await
+        Self::connect_address(&super::system_bus_address()).await
     }
 
     /// Connect to the bus at `addr` (a D-Bus address such as `unix:path=/run/dbus/system_bus_socket`).
