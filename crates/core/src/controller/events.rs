@@ -62,6 +62,10 @@ pub enum Reason {
     LabelRemoved,
     /// An agent asked to remove a label that is not allow-listed (Warning).
     LabelRemovalDenied,
+    /// The node's CRI-O refused the new drop-ins; the agent restored the previous ones (Warning).
+    CrioConfigRolledBack,
+    /// The agent could not apply the CRI-O drop-ins (nothing changed, or the rollback failed too) (Warning).
+    CrioConfigFailed,
 }
 
 impl Reason {
@@ -76,6 +80,8 @@ impl Reason {
             Reason::AgentSilent => "AgentSilent",
             Reason::LabelRemoved => "LabelRemoved",
             Reason::LabelRemovalDenied => "LabelRemovalDenied",
+            Reason::CrioConfigRolledBack => "CrioConfigRolledBack",
+            Reason::CrioConfigFailed => "CrioConfigFailed",
         }
     }
 
@@ -99,6 +105,8 @@ impl Reason {
         Reason::AgentSilent,
         Reason::LabelRemoved,
         Reason::LabelRemovalDenied,
+        Reason::CrioConfigRolledBack,
+        Reason::CrioConfigFailed,
     ];
 
     /// The reason for a node event kind.
@@ -494,6 +502,30 @@ mod tests {
         }
         assert!(crate::k8s::validation::qualified_name(REPORTING_CONTROLLER).is_empty());
         assert!(crate::k8s::validation::dns1123_label(NODE_EVENT_NAMESPACE).is_empty());
+    }
+
+    /// docs/catalog.md's Event table lists each reason of the catalog with its type, and no other.
+    #[test]
+    fn the_docs_list_exactly_the_catalog() {
+        let doc = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/catalog.md"
+        ));
+        let rows: Vec<(String, String)> = doc
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let reason = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                let action = cells.get(3)?;
+                (action.starts_with('`') && reason.chars().next()?.is_ascii_uppercase())
+                    .then(|| (reason.to_string(), cells[2].to_string()))
+            })
+            .collect();
+        let want: Vec<(String, String)> = Reason::ALL
+            .iter()
+            .map(|r| (r.as_str().to_string(), r.event_type().as_str().to_string()))
+            .collect();
+        assert_eq!(rows, want, "docs/catalog.md's reason table vs Reason::ALL");
     }
 
     #[test]

@@ -32,7 +32,7 @@ use super::events::{EventType, Reason, Recorder};
 use super::fresh::FreshNodes;
 use crate::agent::checks::{CheckResult, ConditionStatus};
 use crate::agent::sources::NodeEvent;
-use crate::wire::{AgentCommand, NodeReport, ReportResponse};
+use crate::wire::{AgentCommand, CrioReport, CrioResult, NodeReport, ReportResponse};
 
 /// Reason written on conditions of a silent agent.
 pub const STALE_REASON: &str = "AgentNotReporting";
@@ -124,6 +124,8 @@ struct Agent {
     stale: bool,
     seen_events: VecDeque<String>,
     pending_commands: Vec<AgentCommand>,
+    /// When the CRI-O apply last recorded as an Event ran (`CrioReport::at`).
+    crio_recorded: Option<DateTime<Utc>>,
 }
 
 /// The shared node state.
@@ -274,6 +276,12 @@ impl NodeStates {
             };
             self.recorder
                 .node_with(&node, &reason, type_, "Check", &ce.message)
+                .await;
+        }
+        if let Some((reason, note)) = crio_event(a.crio_recorded, report.crio.as_ref()) {
+            a.crio_recorded = report.crio.as_ref().map(|c| c.at);
+            self.recorder
+                .node(&node, reason, "ApplyCrioConfig", &note)
                 .await;
         }
         super::labels::remove_requested(self, &node, &report.label_removals).await;
@@ -614,6 +622,33 @@ fn command_id(c: &AgentCommand) -> &str {
     }
 }
 
+/// The Event a report's CRI-O apply calls for: a failed or rolled-back apply not recorded yet
+/// (each apply once, by its time; the agent resends its last apply with every report).
+fn crio_event(
+    recorded: Option<DateTime<Utc>>,
+    crio: Option<&CrioReport>,
+) -> Option<(Reason, String)> {
+    let c = crio?;
+    if recorded == Some(c.at) {
+        return None;
+    }
+    let why = c.message.as_deref().unwrap_or("no message");
+    match c.result {
+        CrioResult::RolledBack => Some((
+            Reason::CrioConfigRolledBack,
+            format!(
+                "CRI-O refused the new drop-ins; the previous ones are back (unit {}): {why}",
+                c.unit_state
+            ),
+        )),
+        CrioResult::Failed => Some((
+            Reason::CrioConfigFailed,
+            format!("CRI-O drop-ins not applied (unit {}): {why}", c.unit_state),
+        )),
+        CrioResult::Ok | CrioResult::NoChange => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -622,6 +657,42 @@ mod tests {
 
     const S: fn(u64) -> Duration = Duration::from_secs;
     const PREFIX: &str = "Nodekeeper";
+
+    /// A rolled-back or failed apply is recorded once per apply (by its time), with the agent's
+    /// message (unit, job result, files, CRI-O's own line); a good apply never.
+    #[test]
+    fn a_crio_apply_that_failed_is_one_event_per_apply() {
+        let at = |s: i64| DateTime::<Utc>::from_timestamp(s, 0).unwrap();
+        let report = |result, t| {
+            CrioReport {
+            config_hash: "h".into(),
+            result,
+            unit_state: "active".into(),
+            message: Some("restart of crio.service failed (job result: failed, unit failed); crio.service said: level=fatal msg=x; rolled back /etc/crio/crio.conf.d/30-x.conf".into()),
+            at: at(t),
+        }
+        };
+        let rolled = report(CrioResult::RolledBack, 1);
+        let (reason, note) = crio_event(None, Some(&rolled)).unwrap();
+        assert_eq!(reason, Reason::CrioConfigRolledBack);
+        assert_eq!(reason.event_type(), EventType::Warning);
+        assert!(
+            note.contains("30-x.conf")
+                && note.contains("level=fatal")
+                && note.contains("unit active"),
+            "{note}"
+        );
+        assert_eq!(crio_event(Some(at(1)), Some(&rolled)), None, "resent: once");
+        let failed = report(CrioResult::Failed, 2);
+        assert_eq!(
+            crio_event(Some(at(1)), Some(&failed)).unwrap().0,
+            Reason::CrioConfigFailed
+        );
+        for ok in [CrioResult::Ok, CrioResult::NoChange] {
+            assert_eq!(crio_event(None, Some(&report(ok, 3))), None);
+        }
+        assert_eq!(crio_event(None, None), None);
+    }
 
     /// A kube client whose API server answers every request with the Node `n1`, a PATCH of
     /// Node status after `status_delay`; counts those PATCHes.
