@@ -1,7 +1,9 @@
-//! `nodekeeper crio apply` end to end: the real binary, a throw-away `--root` whose drop-in
-//! directory is bind-mounted into a container running a real systemd with a stand-in
-//! `crio.service` (a drop-in containing `BROKEN` makes its start fail). The binary reaches that
-//! systemd through `DBUS_SYSTEM_BUS_ADDRESS`, which zbus honours.
+//! `nodekeeper crio apply` end to end against a **stand-in** `crio.service` under a real systemd (a
+//! container booted with systemd-nspawn; a drop-in containing `BROKEN` makes its start fail, one containing
+//! `SLOW_START` makes it take 30 s), for what the real CRI-O cannot show quickly or at all: 50 SIGKILL trials,
+//! the start limit after six starts in 10 s, restart timeouts, an unknown unit, a missing bus, files
+//! nodekeeper did not create. The binary reaches that systemd through `DBUS_SYSTEM_BUS_ADDRESS`.
+//! The same scenarios against the real CRI-O are tests/host/crio_real.rs.
 //!
 //! The CRI-O apply tests: (a) change → one restart, exact content; (b) no change → no restart;
 //! (c) refused drop-in → failed restart → rollback, exit 1; (d) unknown unit → clear error, exit 1,

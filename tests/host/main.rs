@@ -18,6 +18,8 @@ mod checks_kmsg;
 mod checks_systemd_nspawn;
 mod cli_crio;
 mod crio_apply_systemd;
+mod crio_real;
+mod crio_shortnames;
 mod helm_chart;
 mod imds_config;
 mod imds_netns;

@@ -10,6 +10,7 @@ pub mod netns;
 pub mod nspawn;
 pub mod package_boot;
 pub mod packaging;
+pub mod pod_root;
 pub mod policy;
 pub mod wait;
 

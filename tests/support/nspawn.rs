@@ -20,6 +20,19 @@ use nodekeeper_core::agent::host::systemd::Systemd;
 const BOOT_TIMEOUT: Duration = Duration::from_secs(60);
 const POWEROFF_TIMEOUT: Duration = Duration::from_secs(20);
 const DROPIN_DIR: &str = "root/etc/crio/crio.conf.d";
+/// The real CRI-O's `/run/crio` (its socket), as `--root` finds it.
+const CRIO_RUN: &str = "root/var/run/crio";
+/// The real CRI-O node's volatile journal, as `journalctl --root` finds it.
+const JOURNAL: &str = "root/run/log/journal";
+
+/// Which crio.service the node runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The stand-in of scripts/nspawn-rootfs.sh.
+    StandIn,
+    /// The real CRI-O of scripts/nspawn-rootfs-crio.sh.
+    RealCrio,
+}
 /// cgroup v1/hybrid hosts: the `name=systemd` and unified hierarchies; a pure cgroup v2 host:
 /// `/sys/fs/cgroup` itself.
 const CGROUP_HIERARCHIES: [&str; 3] = [
@@ -42,8 +55,19 @@ pub fn require_root(test: &str) {
 
 /// Build (once, cached) the rootfs and return its path.
 pub fn rootfs() -> PathBuf {
+    rootfs_of(&[])
+}
+
+/// Build (once, cached) the rootfs whose crio.service is the real CRI-O
+/// (`scripts/nspawn-rootfs.sh --crio`) and return its path.
+pub fn crio_rootfs() -> PathBuf {
+    rootfs_of(&["--crio"])
+}
+
+fn rootfs_of(args: &[&str]) -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/nspawn-rootfs.sh");
     let out = Command::new(&script)
+        .args(args)
         .stderr(Stdio::inherit())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
@@ -77,19 +101,36 @@ impl NspawnNode {
     /// `SystemState` `running`; fails the test when not root ([`require_root`]). `None` only where
     /// a caller's own `?` chain wants an `Option`.
     pub async fn boot(name: &str) -> Option<NspawnNode> {
+        Self::boot_from(name, Kind::StandIn).await
+    }
+
+    /// Boot a node whose crio.service is the real CRI-O ([`crio_rootfs`]), with a network
+    /// namespace of its own (nothing it tries reaches past it) and, for `--root`, its CRI-O socket
+    /// directory at `root()/var/run/crio` and its journal at `root()/run/log/journal`.
+    pub async fn boot_crio(name: &str) -> NspawnNode {
+        match Self::boot_from(name, Kind::RealCrio).await {
+            Some(n) => n,
+            None => unreachable!("boot_from fails the test or returns a node"),
+        }
+    }
+
+    async fn boot_from(name: &str, kind: Kind) -> Option<NspawnNode> {
         require_root(name);
-        let rootfs = rootfs();
+        let rootfs = match kind {
+            Kind::StandIn => rootfs(),
+            Kind::RealCrio => crio_rootfs(),
+        };
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let machine = format!("nk-{name}-{}-{n}", std::process::id());
         let dir = tempfile::Builder::new()
             .prefix("nk-nspawn-")
             .tempdir()
             .unwrap();
-        for sub in ["dbus", DROPIN_DIR] {
+        for sub in ["dbus", DROPIN_DIR, CRIO_RUN, JOURNAL] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();
         }
         let cgroups = make_cgroups(&machine);
-        let child = spawn_nspawn(&rootfs, &machine, dir.path(), &cgroups);
+        let child = spawn_nspawn(&rootfs, &machine, dir.path(), &cgroups, kind);
         let mut node = NspawnNode {
             machine,
             dir,
@@ -166,6 +207,11 @@ impl NspawnNode {
         cmd.args(["-t", &self.leader.to_string(), "-p", "--"])
             .arg(program);
         cmd
+    }
+
+    /// Host path of the real CRI-O's socket (`root()/var/run/crio/crio.sock`).
+    pub fn crio_socket(&self) -> PathBuf {
+        self.dir.path().join(CRIO_RUN).join("crio.sock")
     }
 
     /// How many times the stand-in crio.service began a start (boot included).
@@ -300,7 +346,13 @@ fn make_cgroups(machine: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-fn spawn_nspawn(rootfs: &Path, machine: &str, dir: &Path, cgroups: &[PathBuf]) -> Child {
+fn spawn_nspawn(
+    rootfs: &Path,
+    machine: &str,
+    dir: &Path,
+    cgroups: &[PathBuf],
+    kind: Kind,
+) -> Child {
     let log = std::fs::File::create(dir.join("nspawn.log")).unwrap();
     let procs: Vec<String> = cgroups
         .iter()
@@ -326,8 +378,16 @@ fn spawn_nspawn(rootfs: &Path, machine: &str, dir: &Path, cgroups: &[PathBuf]) -
         .arg(format!(
             "--bind={}:/etc/crio/crio.conf.d",
             dir.join(DROPIN_DIR).display()
-        ))
-        .env("NK_CGROUP_PROCS", procs.join(" "))
+        ));
+    if kind == Kind::RealCrio {
+        cmd.arg("--private-network")
+            .arg(format!("--bind={}:/run/crio", dir.join(CRIO_RUN).display()))
+            .arg(format!(
+                "--bind={}:/run/log/journal",
+                dir.join(JOURNAL).display()
+            ));
+    }
+    cmd.env("NK_CGROUP_PROCS", procs.join(" "))
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log);

@@ -1,9 +1,10 @@
 //! Shared by tests/host/packaging_deb.rs and tests/host/packaging_rpm.rs: a node package installed into a
-//! copy of the nspawn rootfs (a debootstrapped Debian with a stand-in `crio.service`) which then
-//! boots with real systemd, on a plain filesystem like a node's (no overlay, no bind mount over the
-//! drop-in directory). [`assert_boots`] checks what both packages promise: the boot-time oneshot
-//! writes the configured CRI-O drop-in **before** crio.service starts (CRI-O starts once, with its
-//! final config), both units are enabled, and the agent unit loads and runs.
+//! copy of the nspawn rootfs whose `crio.service` is the real CRI-O (scripts/nspawn-rootfs.sh --crio), which
+//! then boots with real systemd, on a plain filesystem like a node's (no overlay, no bind mount over the
+//! drop-in directory), in a network namespace of its own. [`assert_boots`] checks what both packages promise:
+//! the boot-time oneshot writes the configured CRI-O drop-in **before** crio.service starts (CRI-O starts
+//! once, never restarted, and runs with the drop-in's value), both units are enabled, and the agent unit
+//! loads and runs.
 //!
 //! The agent config sets `[sources] cloud = "none"`: the container shares the host's network
 //! namespace and must never talk to 169.254.169.254 from there.
@@ -17,7 +18,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use nodekeeper_core::agent::host::systemd::Systemd;
 
-use super::nspawn::{leader_of, remove_cgroup_tree, rootfs};
+use super::nspawn::{crio_rootfs, leader_of, remove_cgroup_tree};
 
 pub const NK: &str = env!("CARGO_BIN_EXE_nodekeeper");
 pub const DROPIN: &str = "50-nodekeeper-deb-test.conf";
@@ -59,7 +60,7 @@ pub fn repo() -> &'static Path {
 /// image build would do it: config first, then the package).
 pub fn node_root(dir: &Path) -> PathBuf {
     let root = dir.join("rootfs");
-    run(Command::new("cp").arg("-a").arg(rootfs()).arg(&root));
+    run(Command::new("cp").arg("-a").arg(crio_rootfs()).arg(&root));
     std::fs::create_dir_all(root.join("etc/nodekeeper")).unwrap();
     std::fs::write(root.join("etc/nodekeeper/agent.toml"), agent_toml()).unwrap();
     root
@@ -121,7 +122,13 @@ impl Booted {
             .arg("systemd-nspawn")
             .arg("-D")
             .arg(root)
-            .args(["-b", "--register=no", "--keep-unit", "--console=passive"])
+            .args([
+                "-b",
+                "--register=no",
+                "--keep-unit",
+                "--console=passive",
+                "--private-network",
+            ])
             .arg(format!("--machine={machine}"))
             .arg(format!("--bind={}:/run/dbus", bus.display()))
             .env("NK_CGROUP_PROCS", procs.join(" "))
@@ -234,9 +241,30 @@ pub async fn assert_boots(root: &Path, dir: &Path, tag: &str) {
         applied > 0 && applied <= crio_start,
         "oneshot exited at {applied} µs, crio.service started at {crio_start} µs"
     );
-    assert_eq!(crio["ActiveState"], "active");
-    let starts = node.exec_ok(&["cat", "/run/crio-starts"]);
-    assert_eq!(starts.lines().count(), 1, "CRI-O started once:\n{starts}");
+    assert_eq!(crio["ActiveState"], "active", "{}", node.journal());
+    assert_eq!(crio["NRestarts"], "0");
+    let crio_log = node.exec_ok(&[
+        "journalctl",
+        "--no-pager",
+        "-q",
+        "-o",
+        "cat",
+        "_SYSTEMD_UNIT=crio.service",
+    ]);
+    assert_eq!(
+        crio_log
+            .lines()
+            .filter(|l| l.contains("Starting CRI-O, version"))
+            .count(),
+        1,
+        "CRI-O started once:\n{crio_log}"
+    );
+    // The real CRI-O runs with the drop-in's value (its live configuration, from its own client).
+    let live: toml::Table = node.exec_ok(&["crio", "status", "config"]).parse().unwrap();
+    assert_eq!(
+        live["crio"]["runtime"]["pids_limit"].as_integer(),
+        Some(2048)
+    );
     assert_eq!(
         std::fs::read_to_string(root.join("etc/crio/crio.conf.d").join(DROPIN)).unwrap(),
         DROPIN_CONTENT
