@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# The main job at this stage: `nodekeeper crio apply` end to end against a throw-away root and a
-# REAL systemd (Debian booted with systemd-nspawn, a stand-in crio.service inside, the drop-in
-# directory bind-mounted). Shows: a change -> exactly one restart; a second run -> no change, no
-# restart; a drop-in the (stand-in) CRI-O refuses -> failed restart -> rollback, exit 1.
+# `nodekeeper crio apply` end to end against a throw-away root, a REAL systemd and the REAL CRI-O
+# (Debian booted with systemd-nspawn, CRI-O 1.34.0 from scripts/setup-crio.sh as crio.service, the
+# drop-in directory, CRI-O's socket and the journal bind-mounted). Shows: a change -> exactly one
+# restart and CRI-O's live config has the value; a second run -> no change, no restart; a drop-in
+# CRI-O refuses -> failed restart -> rollback, exit 1, with CRI-O's own error line.
 . "$(dirname "$0")/lib.sh"
 "$REPO/scripts/setup.sh" >&2
 log "cargo build --release"
 (cd "$REPO" && cargo build --release --locked --quiet)
 NK="$REPO/target/release/nodekeeper"
-ROOTFS="$("$REPO/scripts/nspawn-rootfs.sh")"
+ROOTFS="$("$REPO/scripts/nspawn-rootfs.sh" --crio)"
+CRIO_BIN="$("$REPO/scripts/setup-crio.sh" --print)"
 
 T="$(mktemp -d /tmp/nodekeeper-demo.XXXXXX)"
 MACHINE="nk-demo-$$"
-mkdir -p "$T/dbus" "$T/root/etc/crio/crio.conf.d" "$T/root/var/lib/nodekeeper"
+mkdir -p "$T/dbus" "$T/root/etc/crio/crio.conf.d" "$T/root/var/lib/nodekeeper" "$T/root/var/run/crio" "$T/root/run/log/journal"
 CGROUPS=()
 for h in /sys/fs/cgroup/systemd /sys/fs/cgroup/unified /sys/fs/cgroup; do
   [ -f "$h/cgroup.procs" ] || continue
@@ -31,10 +33,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log "booting a real systemd (Debian in systemd-nspawn) with a stand-in crio.service"
+log "booting a real systemd (Debian in systemd-nspawn) with the real CRI-O as crio.service"
 NK_CGROUP_PROCS="${CGROUPS[*]/%//cgroup.procs}" sh -c 'for f in $NK_CGROUP_PROCS; do echo $$ > "$f" || exit 1; done; exec "$@"' sh \
   systemd-nspawn -D "$ROOTFS" --volatile=overlay -b --register=no --keep-unit --console=passive \
   --machine="$MACHINE" --bind="$T/dbus:/run/dbus" --bind="$T/root/etc/crio/crio.conf.d:/etc/crio/crio.conf.d" \
+  --private-network --bind="$T/root/var/run/crio:/run/crio" --bind="$T/root/run/log/journal:/run/log/journal" \
   </dev/null >"$T/nspawn.log" 2>&1 &
 NSPAWN_PID=$!
 export DBUS_SYSTEM_BUS_ADDRESS="unix:path=$T/dbus/system_bus_socket"
@@ -45,6 +48,7 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 case "$state" in *running*|*degraded*) ;; *) echo "systemd in the container did not come up:" >&2; cat "$T/nspawn.log" >&2; exit 1 ;; esac
+live() { "$CRIO_BIN/crio" status --socket "$T/root/var/run/crio/crio.sock" config 2>/dev/null | grep -E '^\s*pids_limit'; }
 unit_info() {
   local p=/org/freedesktop/systemd1/unit/crio_2eservice
   printf 'crio.service: %s/%s, NRestarts=%s, started at %s\n' \
@@ -54,17 +58,11 @@ unit_info() {
     "$(bus get-property org.freedesktop.systemd1 $p org.freedesktop.systemd1.Unit ActiveEnterTimestampMonotonic | cut -d' ' -f2)"
 }
 unit_info
+echo "CRI-O's live config: $(live)"
 
 cat >"$T/agent.toml" <<'TOML'
 [crio]
 restart_timeout = "30s"
-
-[[crio.dropin]]
-name = "11-default.conf"
-content = """
-[crio.image]
-short_name_mode = "enforcing"
-"""
 
 [[crio.dropin]]
 name = "20-runtime.conf"
@@ -76,18 +74,20 @@ log "1. nodekeeper validate"
 log "2. nodekeeper crio apply (a change: files written atomically, crio.service restarted over D-Bus)"
 NODEKEEPER_LOG_LEVEL=warn "$NK" crio apply --config "$T/agent.toml" --root "$T/root"
 unit_info
+echo "CRI-O's live config: $(live)"
 for f in "$T"/root/etc/crio/crio.conf.d/*; do echo "--- $(basename "$f")"; cat "$f"; done
 log "3. the same again (no change: no restart)"
 NODEKEEPER_LOG_LEVEL=warn "$NK" crio apply --config "$T/agent.toml" --root "$T/root" --output json
 unit_info
-log "4. a drop-in the stand-in CRI-O refuses to start with (it fails on the word BROKEN): restart fails, rollback"
-sed -i 's/pids_limit = 4096/pids_limit = 4096\nBROKEN = true/' "$T/agent.toml"
+log "4. a drop-in CRI-O refuses to start with (default_runtime names no runtime): restart fails, rollback"
+sed -i 's/pids_limit = 4096/pids_limit = 4096\ndefault_runtime = "does-not-exist"/' "$T/agent.toml"
 set +e
 NODEKEEPER_LOG_LEVEL=off "$NK" crio apply --config "$T/agent.toml" --root "$T/root"
 rc=$?
 set -e
 echo "exit code: $rc (1 = failed and rolled back)"
 unit_info
-grep -q BROKEN "$T"/root/etc/crio/crio.conf.d/* && { echo "BROKEN drop-in left behind!" >&2; exit 1; }
+echo "CRI-O's live config: $(live)"
+grep -q does-not-exist "$T"/root/etc/crio/crio.conf.d/* && { echo "refused drop-in left behind!" >&2; exit 1; }
 [ "$rc" = 1 ] || { echo "expected exit code 1" >&2; exit 1; }
 log "demo finished: change -> 1 restart, no change -> 0 restarts, refused change -> rolled back"

@@ -363,8 +363,17 @@ fn render_text(
 ) -> String {
     use nodekeeper_core::agent::crio::apply::Action;
     let mut out = String::new();
+    // What the running CRI-O said after the apply, whatever changed.
+    let runtime_lines = |out: &mut String| {
+        if let Some(rt) = &r.runtime {
+            for w in rt.warnings() {
+                out.push_str(&format!("warning: {w}\n"));
+            }
+        }
+    };
     if !r.changed {
         out.push_str("no change\n");
+        runtime_lines(&mut out);
         return out;
     }
     for f in &r.files {
@@ -395,6 +404,7 @@ fn render_text(
             )),
         }
     }
+    runtime_lines(&mut out);
     out
 }
 

@@ -436,10 +436,12 @@ where
         return commit(&paths, &mut state, plan.owned_after);
     }
     report.restarted = true;
-    if before.active_state == "failed" {
-        // A unit that failed (possibly by hitting its start limit) would refuse the restart.
-        reset_failed(&systemd, &cfg.unit).await;
-    }
+    // systemd's start limit (5 starts in 10 s by default) guards against a crash loop; nodekeeper's
+    // restart is one deliberate start per change, as its rollback's is. Without the reset, a
+    // change soon after a few restarts (a killed apply finished by the next, the boot oneshot
+    // then the agent) is refused (`start-limit-hit`, no CRI-O line) and rolled back; a failed
+    // unit would refuse it too.
+    reset_failed(&systemd, &cfg.unit).await;
     let restart_began = std::time::SystemTime::now();
     let outcome = systemd.restart(&cfg.unit, cfg.restart_timeout).await;
     match outcome {
@@ -759,11 +761,21 @@ mod tests {
             "good = 1\n"
         );
         assert_eq!(bad.restarts("crio.service"), 2);
-        assert!(
-            bad.calls()
-                .iter()
-                .any(|c| matches!(c, crate::agent::host::fake::FakeCall::ResetFailed { .. })),
-            "the rollback resets the start limit first: {:?}",
+        // Each restart, the change's and the rollback's, resets the start limit first.
+        use crate::agent::host::fake::FakeCall;
+        let calls: Vec<&str> = bad
+            .calls()
+            .iter()
+            .filter_map(|c| match c {
+                FakeCall::ResetFailed { .. } => Some("reset"),
+                FakeCall::Restart { .. } => Some("restart"),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            calls,
+            ["reset", "restart", "reset", "restart"],
+            "{:?}",
             bad.calls()
         );
         // The state still owns exactly the old file, with no transaction pending.
