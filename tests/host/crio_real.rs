@@ -20,11 +20,10 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::nspawn::NspawnNode;
+use common::nspawn::{crio_starts_in, read_dir, NspawnNode, CRIO_JOURNAL};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-const NK: &str = env!("CARGO_BIN_EXE_nodekeeper");
 const PIDS_4096: &str = "[crio.runtime]\npids_limit = 4096\n";
 const PIDS_2048: &str = "[crio.runtime]\npids_limit = 2048\n";
 /// CRI-O refuses to start with it; nodekeeper's own lint cannot know which runtimes a node has.
@@ -73,14 +72,8 @@ impl CrioNode {
     }
 
     fn command(&self) -> Command {
-        let mut cmd = Command::new(NK);
-        cmd.args(["crio", "apply", "--output", "json", "--config"])
-            .arg(&self.config)
-            .arg("--root")
-            .arg(self.node.root())
-            .env("DBUS_SYSTEM_BUS_ADDRESS", self.node.bus_address())
-            .env("NODEKEEPER_LOG_LEVEL", "warn")
-            .stdin(Stdio::null());
+        let mut cmd = self.node.crio_apply(&self.config);
+        cmd.args(["--output", "json"]);
         cmd
     }
 
@@ -103,17 +96,7 @@ impl CrioNode {
 
     /// How many times a CRI-O process started (its own first log line, in the node's journal).
     fn starts(&self) -> usize {
-        let j = self.node.exec_ok(&[
-            "journalctl",
-            "--no-pager",
-            "-q",
-            "-o",
-            "cat",
-            "_SYSTEMD_UNIT=crio.service",
-        ]);
-        j.lines()
-            .filter(|l| l.contains("Starting CRI-O, version"))
-            .count()
+        crio_starts_in(&self.node.exec_ok(&CRIO_JOURNAL))
     }
 
     async fn wait_active(&self) {
@@ -152,16 +135,7 @@ impl CrioNode {
     }
 
     fn dir(&self) -> BTreeMap<String, Vec<u8>> {
-        std::fs::read_dir(self.node.dropin_dir())
-            .unwrap()
-            .map(|e| {
-                let e = e.unwrap();
-                (
-                    e.file_name().to_string_lossy().into_owned(),
-                    std::fs::read(e.path()).unwrap(),
-                )
-            })
-            .collect()
+        read_dir(&self.node.dropin_dir())
     }
 }
 
@@ -174,6 +148,19 @@ fn json_of(out: Output) -> (i32, Value, String) {
         .unwrap_or_else(|| panic!("no JSON line; stderr: {stderr}"));
     let v = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
     (out.status.code().unwrap_or(-1), v, stderr)
+}
+
+/// The report's (changed, restarted, unit_state).
+fn assert_outcome(r: &Value, changed: bool, restarted: bool, unit_state: &str) {
+    assert_eq!(
+        (&r["changed"], &r["restarted"], &r["unit_state"]),
+        (
+            &Value::Bool(changed),
+            &Value::Bool(restarted),
+            &Value::from(unit_state)
+        ),
+        "{r}"
+    );
 }
 
 fn pids_limit(live: &toml::Table) -> i64 {
@@ -192,15 +179,7 @@ async fn a_change_restarts_the_real_crio_once_and_the_same_config_never() {
     n.write(&[("20-runtime.conf", PIDS_4096)]);
     let (code, r, err) = n.apply();
     assert_eq!(code, 0, "{r}\n{err}");
-    assert_eq!(
-        (&r["changed"], &r["restarted"], &r["unit_state"]),
-        (
-            &Value::Bool(true),
-            &Value::Bool(true),
-            &Value::from("active")
-        ),
-        "{r}"
-    );
+    assert_outcome(&r, true, true, "active");
     let pid_after = n.main_pid();
     assert_ne!(pid_after, pid, "a new CRI-O process");
     assert_eq!(n.starts(), starts + 1, "exactly one restart");
@@ -330,15 +309,7 @@ async fn a_stopped_crio_is_not_started_and_a_missing_socket_is_named() {
     n.write(&[("20-runtime.conf", PIDS_4096)]);
     let (code, r, err) = n.apply();
     assert_eq!(code, 0, "{r}\n{err}");
-    assert_eq!(
-        (&r["changed"], &r["restarted"], &r["unit_state"]),
-        (
-            &Value::Bool(true),
-            &Value::Bool(false),
-            &Value::from("inactive")
-        ),
-        "{r}"
-    );
+    assert_outcome(&r, true, false, "inactive");
     assert!(
         r.get("runtime").is_none(),
         "a stopped CRI-O is not asked: {r}"

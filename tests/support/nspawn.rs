@@ -86,6 +86,38 @@ fn rootfs_of(args: &[&str]) -> PathBuf {
     PathBuf::from(path)
 }
 
+/// The files of `dir`, by name.
+pub fn read_dir(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `journalctl` inside a node: crio.service's own output.
+pub const CRIO_JOURNAL: [&str; 6] = [
+    "journalctl",
+    "--no-pager",
+    "-q",
+    "-o",
+    "cat",
+    "_SYSTEMD_UNIT=crio.service",
+];
+
+/// How many CRI-O processes started, from crio.service's own output ([`CRIO_JOURNAL`]).
+pub fn crio_starts_in(journal: &str) -> usize {
+    journal
+        .lines()
+        .filter(|l| l.contains("Starting CRI-O, version"))
+        .count()
+}
+
 /// A booted container; powered off and cleaned up on drop.
 pub struct NspawnNode {
     machine: String,
@@ -206,6 +238,19 @@ impl NspawnNode {
         let mut cmd = Command::new("nsenter");
         cmd.args(["-t", &self.leader.to_string(), "-p", "--"])
             .arg(program);
+        cmd
+    }
+
+    /// `nodekeeper crio apply --config CONFIG --root root()`, reaching this node's systemd over its bus.
+    pub fn crio_apply(&self, config: &Path) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nodekeeper"));
+        cmd.args(["crio", "apply", "--config"])
+            .arg(config)
+            .arg("--root")
+            .arg(self.root())
+            .env("DBUS_SYSTEM_BUS_ADDRESS", self.bus_address())
+            .env("NODEKEEPER_LOG_LEVEL", "warn")
+            .stdin(Stdio::null());
         cmd
     }
 

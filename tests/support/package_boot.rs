@@ -18,7 +18,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use nodekeeper_core::agent::host::systemd::Systemd;
 
-use super::nspawn::{crio_rootfs, leader_of, remove_cgroup_tree};
+use super::nspawn::{crio_rootfs, crio_starts_in, leader_of, remove_cgroup_tree, CRIO_JOURNAL};
 
 pub const NK: &str = env!("CARGO_BIN_EXE_nodekeeper");
 pub const DROPIN: &str = "50-nodekeeper-deb-test.conf";
@@ -243,19 +243,9 @@ pub async fn assert_boots(root: &Path, dir: &Path, tag: &str) {
     );
     assert_eq!(crio["ActiveState"], "active", "{}", node.journal());
     assert_eq!(crio["NRestarts"], "0");
-    let crio_log = node.exec_ok(&[
-        "journalctl",
-        "--no-pager",
-        "-q",
-        "-o",
-        "cat",
-        "_SYSTEMD_UNIT=crio.service",
-    ]);
+    let crio_log = node.exec_ok(&CRIO_JOURNAL);
     assert_eq!(
-        crio_log
-            .lines()
-            .filter(|l| l.contains("Starting CRI-O, version"))
-            .count(),
+        crio_starts_in(&crio_log),
         1,
         "CRI-O started once:\n{crio_log}"
     );

@@ -385,14 +385,7 @@ fn embedded_configs_are_valid() {
     let agent = packaging_support::validate_config("agent config.toml", &cfgs["nodekeeper-agent"]);
     // Atomic renames need state_dir and the drop-in dir on one mount: the DaemonSet's /etc/crio
     // hostPath volume (each volume is a mount of its own).
-    let ds = a.daemonsets[0]
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap();
+    let ds = packaging_support::agent_pod(&a);
     let mounts: Vec<String> = ds.containers[0]
         .volume_mounts
         .iter()

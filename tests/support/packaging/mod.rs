@@ -430,20 +430,25 @@ pub fn assert_flow_schemas(a: &All, ns: &str) {
     }
 }
 
-/// Every host path the agent's config names (the bus socket, the drop-in and state directories, CRI-O's socket,
-/// the disk paths under `checks.host_root`, `/dev/kmsg`) is, in the agent's container, a hostPath mount of that
-/// same host path: the bus address the agent dials and the mount that carries the socket agree.
-pub fn assert_agent_host_paths(a: &All) {
-    use nodekeeper_core::agent::checks::HostRoot;
-    use nodekeeper_core::agent::host::DEFAULT_SYSTEM_BUS;
-    let pod = a.daemonsets[0]
+/// The agent DaemonSet's pod spec.
+pub fn agent_pod(a: &All) -> &k8s_openapi::api::core::v1::PodSpec {
+    a.daemonsets[0]
         .spec
         .as_ref()
         .unwrap()
         .template
         .spec
         .as_ref()
-        .unwrap();
+        .unwrap()
+}
+
+/// Every host path the agent's config names (the bus socket, the drop-in and state directories, CRI-O's socket,
+/// the disk paths under `checks.host_root`, `/dev/kmsg`) is, in the agent's container, a hostPath mount of that
+/// same host path: the bus address the agent dials and the mount that carries the socket agree.
+pub fn assert_agent_host_paths(a: &All) {
+    use nodekeeper_core::agent::checks::HostRoot;
+    use nodekeeper_core::agent::host::DEFAULT_SYSTEM_BUS;
+    let pod = agent_pod(a);
     let c = &pod.containers[0];
     let cfg = validate_config("agent config.toml", &configs(a)["nodekeeper-agent"]);
     // The host path behind `inside` (a path in the container): the longest mount above it, if a hostPath.

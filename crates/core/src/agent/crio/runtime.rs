@@ -158,31 +158,24 @@ pub async fn version(socket: &Path, timeout: Duration) -> Result<RuntimeVersion,
 /// CRI-O's live configuration (`GET /config` on `socket`), as TOML text.
 pub async fn live_config(socket: &Path, timeout: Duration) -> Result<String, RuntimeError> {
     const WHAT: &str = "GET /config";
+    let answer = |detail: String| RuntimeError::Answer {
+        path: socket.to_path_buf(),
+        what: WHAT,
+        detail,
+    };
     within(socket, WHAT, timeout, async {
         let mut io = connect(socket).await?;
         // HTTP/1.0: the answer ends when the connection does, never chunked.
         io.write_all(b"GET /config HTTP/1.0\r\nHost: localhost\r\n\r\n")
             .await
-            .map_err(|e| RuntimeError::Answer {
-                path: socket.to_path_buf(),
-                what: WHAT,
-                detail: e.to_string(),
-            })?;
+            .map_err(|e| answer(e.to_string()))?;
         let mut raw = Vec::new();
         (&mut io)
             .take(MAX_ANSWER as u64 + 1)
             .read_to_end(&mut raw)
             .await
-            .map_err(|e| RuntimeError::Answer {
-                path: socket.to_path_buf(),
-                what: WHAT,
-                detail: e.to_string(),
-            })?;
-        http_body(&raw).map_err(|detail| RuntimeError::Answer {
-            path: socket.to_path_buf(),
-            what: WHAT,
-            detail,
-        })
+            .map_err(|e| answer(e.to_string()))?;
+        http_body(&raw).map_err(answer)
     })
     .await
 }
