@@ -330,7 +330,7 @@ impl std::fmt::Display for Ignored {
             ),
             Some(live) => write!(
                 f,
-                "{} sets {} = {}, but the running CRI-O has {} (another drop-in sorted later, or CRI-O's command line, overrides it)",
+                "{} sets {} = {}, but the running CRI-O has {} (a file read later or CRI-O's command line overrides it, or CRI-O rewrote the value)",
                 self.file, self.key, self.wanted, live
             ),
         }
