@@ -423,10 +423,10 @@ async fn the_agent_with_the_daemonsets_mounts_applies_a_dropin() {
     assert_eq!(n.starts(), starts + 1, "exactly one restart");
 }
 
-/// A drop-in the real CRI-O refuses, applied by the agent (a process on the node, as the systemd unit runs
-/// it): the rollback reaches the Node as a `CrioConfigRolledBack` Warning Event through the controller
-/// (in-process, over TLS, against the API stand-in), naming the unit, the file and CRI-O's own fatal line
-/// from the node's journal.
+/// The agent (a process on the node, as the systemd unit runs it) reports to the controller (in-process,
+/// over TLS, against the API stand-in), which records on the Node: a drop-in key the running CRI-O ignores
+/// (`short_name_mode`) as `CrioConfigIgnored`, then a drop-in the real CRI-O refuses as
+/// `CrioConfigRolledBack`, naming the unit, the file and CRI-O's own fatal line from the node's journal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs root (systemd-nspawn)"]
 async fn a_rollback_is_an_event_on_the_node_through_the_controller() {
@@ -444,8 +444,31 @@ async fn a_rollback_is_an_event_on_the_node_through_the_controller() {
         format!(
             "[node]\nname = \"n0\"\n[sources]\ncloud = \"none\"\n[agent]\nshutdown_watcher = false\n\
              config_poll_interval = \"200ms\"\n[checks]\ninterval = \"1s\"\n{}\n\
-             [crio]\nrestart_timeout = \"60s\"\n[[crio.dropin]]\nname = \"30-runtime.conf\"\ncontent = '''\n{dropin}'''\n",
+             [crio]\nrestart_timeout = \"60s\"\n\
+             [[crio.dropin]]\nname = \"11-default.conf\"\ncontent = '''\n{ENFORCING}'''\n\
+             [[crio.dropin]]\nname = \"30-runtime.conf\"\ncontent = '''\n{dropin}'''\n",
             report_toml(ctl.addr.port(), &env.ca, SERVER_NAME, &token, "500ms")
+        )
+    };
+    let events: kube::Api<Event> = kube::Api::namespaced(env.cluster.client.clone(), "default");
+    let event = |reason: &'static str| {
+        let events = events.clone();
+        common::wait::until(
+            Duration::from_secs(20),
+            format!("a {reason} Event"),
+            move || {
+                let events = events.clone();
+                async move {
+                    let list = events
+                        .list(&Default::default())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    list.items
+                        .into_iter()
+                        .find(|e| e.reason.as_deref() == Some(reason))
+                        .ok_or_else(|| "none yet".to_string())
+                }
+            },
         )
     };
     std::fs::write(&config, agent_toml(PIDS_4096)).unwrap();
@@ -453,29 +476,17 @@ async fn a_rollback_is_an_event_on_the_node_through_the_controller() {
     agent
         .expect("restarted after drop-in change", Duration::from_secs(60))
         .await;
+    let ignored = event("CrioConfigIgnored").await;
+    let note = ignored.note.unwrap_or_default();
+    assert!(
+        note.contains("11-default.conf") && note.contains("crio.image.short_name_mode"),
+        "{note}"
+    );
     std::fs::write(&config, agent_toml(BAD_RUNTIME)).unwrap();
     agent
         .expect("CRI-O apply failed", Duration::from_secs(60))
         .await;
-    let events: kube::Api<Event> = kube::Api::namespaced(env.cluster.client.clone(), "default");
-    let event = common::wait::until(
-        Duration::from_secs(20),
-        "a CrioConfigRolledBack Event",
-        || {
-            let events = events.clone();
-            async move {
-                let list = events
-                    .list(&Default::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                list.items
-                    .into_iter()
-                    .find(|e| e.reason.as_deref() == Some("CrioConfigRolledBack"))
-                    .ok_or_else(|| "none yet".to_string())
-            }
-        },
-    )
-    .await;
+    let event = event("CrioConfigRolledBack").await;
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert_eq!(
         event.regarding.as_ref().and_then(|r| r.name.as_deref()),

@@ -105,6 +105,10 @@ pub struct CrioReport {
     /// The error, when it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Drop-in keys the running CRI-O ignores or holds otherwise, one line each (from its live
+    /// configuration, after a successful apply).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<String>,
     /// When it ran.
     pub at: DateTime<Utc>,
 }

@@ -105,6 +105,11 @@ impl AgentState {
             result: outcome,
             unit_state,
             message: report.error.clone(),
+            ignored: report
+                .runtime
+                .iter()
+                .flat_map(|r| r.ignored.iter().map(ToString::to_string))
+                .collect(),
             at,
         });
     }

@@ -66,6 +66,8 @@ pub enum Reason {
     CrioConfigRolledBack,
     /// The agent could not apply the CRI-O drop-ins (nothing changed, or the rollback failed too) (Warning).
     CrioConfigFailed,
+    /// The running CRI-O ignores drop-in keys, or holds other values (Warning).
+    CrioConfigIgnored,
 }
 
 impl Reason {
@@ -82,6 +84,7 @@ impl Reason {
             Reason::LabelRemovalDenied => "LabelRemovalDenied",
             Reason::CrioConfigRolledBack => "CrioConfigRolledBack",
             Reason::CrioConfigFailed => "CrioConfigFailed",
+            Reason::CrioConfigIgnored => "CrioConfigIgnored",
         }
     }
 
@@ -107,6 +110,7 @@ impl Reason {
         Reason::LabelRemovalDenied,
         Reason::CrioConfigRolledBack,
         Reason::CrioConfigFailed,
+        Reason::CrioConfigIgnored,
     ];
 
     /// The reason for a node event kind.

@@ -622,8 +622,9 @@ fn command_id(c: &AgentCommand) -> &str {
     }
 }
 
-/// The Event a report's CRI-O apply calls for: a failed or rolled-back apply not recorded yet
-/// (each apply once, by its time; the agent resends its last apply with every report).
+/// The Event a report's CRI-O apply calls for: a failed or rolled-back apply, or one whose keys the
+/// running CRI-O ignores, not recorded yet (each apply once, by its time; the agent resends its
+/// last apply with every report).
 fn crio_event(
     recorded: Option<DateTime<Utc>>,
     crio: Option<&CrioReport>,
@@ -644,6 +645,13 @@ fn crio_event(
         CrioResult::Failed => Some((
             Reason::CrioConfigFailed,
             format!("CRI-O drop-ins not applied (unit {}): {why}", c.unit_state),
+        )),
+        CrioResult::Ok | CrioResult::NoChange if !c.ignored.is_empty() => Some((
+            Reason::CrioConfigIgnored,
+            format!(
+                "the running CRI-O does not take every drop-in key: {}",
+                c.ignored.join("; ")
+            ),
         )),
         CrioResult::Ok | CrioResult::NoChange => None,
     }
@@ -669,6 +677,7 @@ mod tests {
             result,
             unit_state: "active".into(),
             message: Some("restart of crio.service failed (job result: failed, unit failed); crio.service said: level=fatal msg=x; rolled back /etc/crio/crio.conf.d/30-x.conf".into()),
+            ignored: vec![],
             at: at(t),
         }
         };
@@ -690,6 +699,12 @@ mod tests {
         );
         for ok in [CrioResult::Ok, CrioResult::NoChange] {
             assert_eq!(crio_event(None, Some(&report(ok, 3))), None);
+            let mut ignoring = report(ok, 4);
+            ignoring.ignored = vec!["11-default.conf sets crio.image.short_name_mode = \"enforcing\", but the running CRI-O does not know the key".into()];
+            let (reason, note) = crio_event(None, Some(&ignoring)).unwrap();
+            assert_eq!(reason, Reason::CrioConfigIgnored);
+            assert!(note.contains("short_name_mode"), "{note}");
+            assert_eq!(crio_event(Some(at(4)), Some(&ignoring)), None);
         }
         assert_eq!(crio_event(None, None), None);
     }

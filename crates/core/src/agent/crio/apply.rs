@@ -122,7 +122,7 @@ pub struct ApplyReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// What the running CRI-O said on its socket afterwards (absent on a dry run, after a failure,
-    /// and when the unit is not running).
+    /// when the unit is not running, and when no drop-in is declared).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime: Option<RuntimeReport>,
 }
@@ -369,8 +369,13 @@ where
     let result = apply_inner(cfg, opts, connect, &mut report).await;
     match &result {
         Err(e) => report.error = Some(crate::telemetry::error_chain(e)),
-        // A unit that is not running (the boot-time oneshot) has no socket yet.
-        Ok(()) if !opts.dry_run && matches!(report.unit_state.as_str(), "active" | "unknown") => {
+        // A unit that is not running (the boot-time oneshot) has no socket yet; with no drop-in
+        // declared (e.g. a containerd node) there is nothing to check.
+        Ok(())
+            if !opts.dry_run
+                && !cfg.dropins.is_empty()
+                && matches!(report.unit_state.as_str(), "active" | "unknown") =>
+        {
             let runtime = check_runtime(cfg, opts.root.as_deref()).await;
             for w in runtime.warnings() {
                 tracing::warn!(socket = %runtime.socket.display(), "{w}");
@@ -833,6 +838,28 @@ mod tests {
         assert_eq!(
             fs::read_to_string(dir.join("11-default.conf")).unwrap(),
             "[crio.image]\nshort_name_mode = \"disabled\"\n"
+        );
+    }
+
+    /// After an apply CRI-O is asked on its socket (here missing: named), unless no drop-in is
+    /// declared (a node without CRI-O config, e.g. containerd) or the unit is not running.
+    #[tokio::test]
+    async fn the_running_crio_is_asked_only_when_there_is_something_to_check() {
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dropin_dir(root.path())).unwrap();
+        let f = fake(vec![outcome("done", "active")]);
+        let (r, res) = run(&cfg(&[]), root.path(), &f).await;
+        res.unwrap();
+        assert!(r.runtime.is_none(), "{r:?}");
+        let (r, res) = run(&cfg(&[("a.conf", "a = 1\n")]), root.path(), &f).await;
+        res.unwrap();
+        let rt = r.runtime.unwrap();
+        assert_eq!(rt.socket, root.path().join("var/run/crio/crio.sock"));
+        assert_eq!(rt.warnings().len(), 1);
+        let e = rt.error.unwrap();
+        assert!(
+            e.contains("cannot connect to CRI-O's socket") && e.contains("crio.sock"),
+            "{e}"
         );
     }
 
