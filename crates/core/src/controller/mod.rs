@@ -324,6 +324,8 @@ pub async fn start_under(
         connections: Default::default(),
         dead: Default::default(),
         delay,
+        max_body: cfg.max_report_bytes,
+        bodies_refused: Default::default(),
     });
     let a2 = app.clone();
     tokio::spawn(async move {
@@ -340,7 +342,7 @@ pub async fn start_under(
         (Some(c), Some(k), false) => Some(crate::serve::tls_config(c, k)?),
         _ => None,
     };
-    let router = server::router(app.clone(), cfg.max_report_bytes);
+    let router = server::router(app.clone());
     let limits = crate::serve::ServeLimits {
         max_connections: cfg.max_connections,
         header_read_timeout: Some(cfg.idle_timeout),

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -99,14 +99,15 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// `POST <path>` (secret in the header).
-pub async fn handle(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn handle(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
     let Some(oci) = &app.oci else {
         return StatusCode::NOT_FOUND.into_response();
     };
     let given = headers
         .get(oci.cfg.header.as_str())
         .and_then(|v| v.to_str().ok());
-    process(&app, oci, oci.token_ok(given), &headers, &body).await
+    let authorized = oci.token_ok(given);
+    read_then_process(&app, oci, authorized, &headers, body).await
 }
 
 /// `POST <path>/<token>`.
@@ -114,21 +115,27 @@ pub async fn handle_with_path_token(
     State(app): State<Arc<App>>,
     Path(token): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     let Some(oci) = &app.oci else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    process(&app, oci, oci.token_ok(Some(&token)), &headers, &body).await
+    let authorized = oci.token_ok(Some(&token));
+    read_then_process(&app, oci, authorized, &headers, body).await
 }
 
-async fn process(
+/// The headers first (a declared oversized body: 413; a missing or wrong secret: 401), then the
+/// body with the report API's limit and deadline: a caller without the secret costs O(headers).
+async fn read_then_process(
     app: &App,
     oci: &OciEvents,
     authorized: bool,
     headers: &HeaderMap,
-    body: &[u8],
+    body: Body,
 ) -> Response {
+    if let Some(r) = super::server::declared_too_large(headers, app.max_body) {
+        return app.refuse_body(r);
+    }
     if !authorized {
         return (
             StatusCode::UNAUTHORIZED,
@@ -136,6 +143,13 @@ async fn process(
         )
             .into_response();
     }
+    match app.body(body).await {
+        Ok(b) => process(app, oci, headers, &b).await,
+        Err(r) => r,
+    }
+}
+
+async fn process(app: &App, oci: &OciEvents, headers: &HeaderMap, body: &[u8]) -> Response {
     let v: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => {

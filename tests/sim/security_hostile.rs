@@ -1,0 +1,277 @@
+//! The hostile-input probes of issue #43, replayed against the real controller binary over TLS
+//! (the sim's API server behind it, sim-minted tokens). Each test fails on the behaviour the probe
+//! found; docs/reliability.md "Hostile input" lists attack, limit and test.
+//!
+//! Sim only: the probes are about the controller's own limits; no cluster behaviour is involved.
+
+use crate::support::ctl;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctl::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::security_api::tls_connect;
+
+const OCI_TOKEN: &str = "hostile-oci-s3cret";
+
+/// The controller binary, killed when dropped.
+struct Controller {
+    child: std::process::Child,
+    addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Resident memory of process `pid`, KiB (0 once it is gone).
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or(0)
+}
+
+impl Controller {
+    /// Resident memory of the controller process, KiB.
+    fn rss_kib(&self) -> u64 {
+        rss_kib(self.child.id())
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Starts `nodekeeper controller` over TLS with `[controller]` lines `extra` (and OCI Events on),
+/// and waits until it is ready and leads.
+async fn start(env: &Env, name: &str, extra: &str) -> Controller {
+    let dir = env.dir.path().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("controller.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[controller]\nlisten = \"127.0.0.1:0\"\ntls_cert_file = {:?}\ntls_key_file = {:?}\n\
+             service_account = \"{SA}\"\n{extra}\n[controller.leader]\nidentity = \"{name}\"\n\
+             lease_duration = \"2s\"\nretry_period = \"200ms\"\n\
+             [controller.oci_events]\nenabled = true\ntoken = \"{OCI_TOKEN}\"\n\
+             confirm_subscriptions = false\n",
+            env.cert, env.key
+        ),
+    )
+    .unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    env.cluster.write_kubeconfig(&kubeconfig).unwrap();
+    let log = dir.join("controller.log");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["controller", "--config"])
+        .arg(&cfg)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("NODEKEEPER_LOG_FORMAT", "json")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut c = Controller {
+        child,
+        addr: "127.0.0.1:1".parse().unwrap(),
+        log,
+    };
+    c.addr = crate::support::controller_addr(&c.log).await;
+    let http = https(&env.ca, c.addr);
+    crate::support::wait::until(Duration::from_secs(20), "the controller ready", || {
+        let http = http.clone();
+        let addr = c.addr;
+        async move { matches!(get(&http, addr, "/readyz").await, Ok((200, _))) }
+    })
+    .await;
+    c
+}
+
+/// What one attacking connection saw.
+#[derive(Debug)]
+struct Outcome {
+    /// The status line's code (0: closed without an answer).
+    status: u16,
+    /// From the connection to the answer (or the close).
+    after: Duration,
+    /// Bytes of the body written before the server answered or closed.
+    written: usize,
+}
+
+/// Sends a request head declaring `body.len() + 1` bytes, then `body` (never the last byte: the
+/// body stays incomplete, as the probe's did), and waits for an answer or the close.
+async fn stalled_body(
+    addr: SocketAddr,
+    ca: PathBuf,
+    head: String,
+    body: Arc<Vec<u8>>,
+    give_up: Duration,
+) -> Outcome {
+    let start = tokio::time::Instant::now();
+    let s = tls_connect(addr, &ca).await;
+    let (mut rd, mut wr) = tokio::io::split(s);
+    let written = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let w = written.clone();
+    let writer = tokio::spawn(async move {
+        if wr.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        for chunk in body.chunks(64 * 1024) {
+            if wr.write_all(chunk).await.is_err() || wr.flush().await.is_err() {
+                return;
+            }
+            w.fetch_add(chunk.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+        // Then stall with the connection open.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        drop(wr);
+    });
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The first bytes of the answer (or the close) are what counts.
+    let _ = tokio::time::timeout(give_up, async {
+        while let Ok(n) = rd.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+            if out.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    let after = start.elapsed();
+    let status = String::from_utf8_lossy(&out)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    // Hold the connection (and its stalled body) until the caller has measured.
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        writer.abort();
+        drop(rd);
+    });
+    Outcome {
+        status,
+        after,
+        written: written.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
+/// Probe 2: 200 TLS connections without valid credentials (no token, an unknown token, no OCI
+/// secret, a wrong one), each declaring a body just under `max_report_bytes`, sending 1 MB of it
+/// and stalling. The controller answers each from its headers — 401; for the unknown token, which
+/// needs a TokenReview and so a permit, 503 past `max_reports_in_flight`, or 408 for the few whose
+/// stalled body was read on the notices' allowance — never waiting longer than the body deadline
+/// (5 s) for a body, and its RSS grows by less than [`RSS_BOUND_MIB`] (it grew by 162 MiB with 150 such
+/// connections when the body was buffered before the token was checked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unauthenticated_bodies_are_not_read_and_memory_stays_bounded() {
+    const CONNECTIONS: usize = 200;
+    const RSS_BOUND_MIB: u64 = 48;
+    let env = Env::new(1).await;
+    let ctl = start(&env, "bodies", "max_reports_in_flight = 4").await;
+    // Warm up: a real report (TLS, TokenReview, Node write) so the baseline includes them.
+    let t0 = env.token("n0", "nodekeeper").await;
+    let http = https(&env.ca, ctl.addr);
+    let r = serde_json::to_value(report("n0", 1, &[])).unwrap();
+    assert_eq!(post(&http, ctl.addr, Some(&t0), &r).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = ctl.rss_kib();
+
+    // The peak, sampled every 20 ms while the attack runs (bodies buffered and then freed when
+    // their requests end would not show afterwards).
+    let pid = ctl.child.id();
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        tokio::spawn(async move {
+            let mut peak = 0;
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_kib(pid));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            peak
+        })
+    };
+    let body = Arc::new(vec![b' '; 1_000_000]);
+    let declared = body.len() + 1;
+    let mut attacks = Vec::new();
+    for i in 0..CONNECTIONS {
+        let (path, auth) = match i % 4 {
+            0 => ("/v1/reports".to_string(), String::new()),
+            1 => (
+                "/v1/reports".to_string(),
+                "authorization: Bearer not-a-token\r\n".to_string(),
+            ),
+            2 => ("/v1/oci-events".to_string(), String::new()),
+            _ => ("/v1/oci-events/wrong-secret".to_string(), String::new()),
+        };
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: c\r\n{auth}content-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
+        );
+        attacks.push(tokio::spawn(stalled_body(
+            ctl.addr,
+            env.ca.clone(),
+            head,
+            body.clone(),
+            Duration::from_secs(30),
+        )));
+    }
+    let mut outcomes = Vec::new();
+    for a in attacks {
+        outcomes.push(a.await.unwrap());
+    }
+    // Every connection is still held open by its client (stalled), as in the probe.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let after = sampler.await.unwrap();
+    let grew = after.saturating_sub(before);
+    let worst = outcomes.iter().map(|o| o.after).max().unwrap();
+    let mut by_status = std::collections::BTreeMap::<u16, usize>::new();
+    for o in &outcomes {
+        *by_status.entry(o.status).or_default() += 1;
+    }
+    let written: usize = outcomes.iter().map(|o| o.written).sum();
+    eprintln!(
+        "NOTE: {CONNECTIONS} unauthenticated connections with stalled 1 MB bodies: controller RSS \
+         {before} -> peak {after} KiB (+{grew} KiB); answers {by_status:?}; slowest {worst:?}; \
+         {written} body bytes written by the clients"
+    );
+    for (i, o) in outcomes.iter().enumerate() {
+        assert!(
+            [0, 401, 503, 408].contains(&o.status),
+            "connection {i}: {o:?} (never a 2xx)"
+        );
+        assert!(
+            o.after < Duration::from_secs(10),
+            "connection {i} waited for its body: {o:?}"
+        );
+    }
+    assert!(
+        by_status.get(&401).copied().unwrap_or(0) >= CONNECTIONS / 2,
+        "{by_status:?}"
+    );
+    assert!(
+        grew < RSS_BOUND_MIB * 1024,
+        "controller RSS grew by {grew} KiB (bound {RSS_BOUND_MIB} MiB)"
+    );
+    // The legitimate agent still reports.
+    let r = serde_json::to_value(report("n0", 2, &[])).unwrap();
+    assert_eq!(post(&http, ctl.addr, Some(&t0), &r).await.0, 200);
+    assert!(!ctl.log_text().contains("panicked"), "{}", ctl.log_text());
+}
