@@ -275,3 +275,178 @@ async fn unauthenticated_bodies_are_not_read_and_memory_stays_bounded() {
     assert_eq!(post(&http, ctl.addr, Some(&t0), &r).await.0, 200);
     assert!(!ctl.log_text().contains("panicked"), "{}", ctl.log_text());
 }
+
+/// A counter's value on `/metrics` (0 when absent). `sample` is the whole sample name with labels.
+async fn metric(http: &reqwest::Client, addr: SocketAddr, sample: &str) -> u64 {
+    let (code, text) = get(http, addr, "/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn notice(id: &str) -> nodekeeper_core::agent::sources::NodeEvent {
+    nodekeeper_core::agent::sources::NodeEvent {
+        version: 1,
+        id: id.into(),
+        kind: nodekeeper_core::agent::sources::EventKind::Maintenance,
+        cloud: None,
+        source: "hostile/test".into(),
+        not_before: None,
+        deadline: None,
+        detected_at: chrono::Utc::now(),
+        detail: Default::default(),
+    }
+}
+
+fn check_event(i: usize) -> nodekeeper_core::agent::checks::CheckEvent {
+    nodekeeper_core::agent::checks::CheckEvent {
+        reason: "KernelOops".into(),
+        message: format!("line {i}"),
+        severity: nodekeeper_core::agent::checks::EventSeverity::Warning,
+    }
+}
+
+/// The Events about `node` in `default`, by reason.
+async fn events_by_reason(env: &Env) -> std::collections::BTreeMap<String, usize> {
+    let api: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::namespaced(
+        env.cluster.client.clone(),
+        nodekeeper_core::controller::events::NODE_EVENT_NAMESPACE,
+    );
+    let mut out = std::collections::BTreeMap::new();
+    for e in api.list(&Default::default()).await.unwrap().items {
+        *out.entry(e.reason.unwrap_or_default()).or_default() += 1;
+    }
+    out
+}
+
+/// Probe 1: one node's valid token, hostile reports. 9,000 conditions, 1,000 check events,
+/// 8,000 events, a 100 kB message: each refused with 400 naming its limit, counted, and nothing
+/// written (the Node gained 9,000 conditions, and 1,000 Events per resend, before). 300 notices
+/// sent in batches and resent count 300 times, not more (the former 256-id memory counted the
+/// resent ones again). 200 check events in one report make at most `events_burst` Events plus
+/// one `EventsRateLimited` (they made 200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_nodes_reports_are_bounded() {
+    let env = Env::new(1).await;
+    let ctl = start(
+        &env,
+        "limits",
+        // a generous notice rate: this test is about deduplication; the Event rate is the default
+        "[controller.report_limits]\nnotices_burst = 1000",
+    )
+    .await;
+    let t0 = env.token("n0", "nodekeeper").await;
+    let http = https(&env.ca, ctl.addr);
+    let nodes = env.nodes();
+    let mut seq = 0;
+    let mut next = || {
+        seq += 1;
+        report("n0", seq, &[])
+    };
+
+    let mut r = next();
+    r.conditions = (0..9_000)
+        .map(|i| {
+            nodekeeper_core::agent::checks::CheckResult::new(
+                format!("NodekeeperX{i}"),
+                nodekeeper_core::agent::checks::ConditionStatus::True,
+                "R",
+                "m",
+            )
+        })
+        .collect();
+    let mut over = vec![(r, "max_conditions")];
+    let mut r = next();
+    r.check_events = (0..1_000).map(check_event).collect();
+    over.push((r, "max_check_events"));
+    let mut r = next();
+    r.events = (0..8_000)
+        .map(|i| {
+            let mut n = notice(&format!("f{i}"));
+            n.source = "x".into();
+            n
+        })
+        .collect();
+    assert!(
+        serde_json::to_vec(&r).unwrap().len() < 1 << 20,
+        "within max_report_bytes"
+    );
+    over.push((r, "max_events"));
+    let mut r = next();
+    r.check_events = vec![nodekeeper_core::agent::checks::CheckEvent {
+        message: "m".repeat(100_000),
+        ..check_event(0)
+    }];
+    over.push((r, "max_message_bytes"));
+    for (r, limit) in &over {
+        let (code, body) = post(
+            &http,
+            ctl.addr,
+            Some(&t0),
+            &serde_json::to_value(r).unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (code, body["limit"].as_str()),
+            (400, Some(*limit)),
+            "{body}"
+        );
+        assert!(body["error"].as_str().unwrap().contains(limit), "{body}");
+        let sample = format!("nodekeeper_reports_over_limit_total{{limit=\"{limit}\"}}");
+        assert_eq!(metric(&http, ctl.addr, &sample).await, 1, "{sample}");
+    }
+    assert!(conditions(&nodes, "n0").await.is_empty());
+    assert_eq!(
+        metric(&http, ctl.addr, "nodekeeper_node_events_total").await,
+        0
+    );
+    assert!(events_by_reason(&env).await.is_empty());
+
+    // 300 notices in batches of 60, then every batch resent: 300 notices, once each.
+    let ids: Vec<String> = (0..300).map(|i| format!("dedup-{i}")).collect();
+    for round in 0..2 {
+        for batch in ids.chunks(60) {
+            let mut r = next();
+            r.events = batch.iter().map(|id| notice(id)).collect();
+            let (code, body) = post(
+                &http,
+                ctl.addr,
+                Some(&t0),
+                &serde_json::to_value(&r).unwrap(),
+            )
+            .await;
+            assert_eq!(code, 200, "round {round}: {body}");
+        }
+    }
+    assert_eq!(
+        metric(&http, ctl.addr, "nodekeeper_node_events_total").await,
+        300
+    );
+
+    // 200 check events in one report (within max_check_events): the Event rate bites.
+    let mut r = next();
+    r.check_events = (0..200).map(check_event).collect();
+    let (code, body) = post(
+        &http,
+        ctl.addr,
+        Some(&t0),
+        &serde_json::to_value(&r).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let events = events_by_reason(&env).await;
+    let total: usize = events.values().sum();
+    let limits = nodekeeper_core::controller::limits::ReportLimits::default();
+    eprintln!("NOTE: Events recorded after 300 notices and 200 check events: {events:?}");
+    assert_eq!(events.get("EventsRateLimited"), Some(&1), "{events:?}");
+    // the burst, one aggregate, and what refilled while the test ran (one per 10 s)
+    assert!(
+        total <= limits.events_burst as usize + 1 + 6,
+        "{total} Events: {events:?}"
+    );
+    assert!(
+        metric(&http, ctl.addr, "nodekeeper_node_events_suppressed_total").await >= 400,
+        "suppressed"
+    );
+}

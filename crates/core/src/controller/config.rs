@@ -77,6 +77,8 @@ pub struct ControllerConfig {
     pub heartbeat_write_interval: Duration,
     /// Labels agents may ask to remove from their own node (exact keys).
     pub label_removal_allow: Vec<String>,
+    /// What one node's reports may ask (`[controller.report_limits]`).
+    pub report_limits: super::limits::ReportLimits,
     /// Leader election.
     pub leader: LeaderConfig,
     /// OCI Events (Notifications HTTPS subscription) ingestion.
@@ -114,6 +116,7 @@ impl Default for ControllerConfig {
             // (docs/comparison.md).
             heartbeat_write_interval: Duration::from_secs(600),
             label_removal_allow: Vec::new(),
+            report_limits: Default::default(),
             leader: LeaderConfig::default(),
             oci_events: OciEventsConfig::default(),
             engine: EngineConfig::default(),
@@ -318,6 +321,7 @@ impl ControllerConfig {
                 "must be greater than zero",
             );
         }
+        d.extend(self.report_limits.validate());
         if self.max_reports_in_flight == 0 {
             err(
                 &mut d,

@@ -20,6 +20,7 @@ pub mod fresh;
 pub mod labels;
 pub mod lane;
 pub mod leader;
+pub mod limits;
 pub mod metrics;
 pub mod nodepools;
 pub mod nodestate;

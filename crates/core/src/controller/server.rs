@@ -291,6 +291,13 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
             ),
         );
     }
+    if let Err(e) = app.states.check_limits(&report) {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": e.to_string(), "limit": e.limit.as_str()})),
+        )
+            .into_response();
+    }
     let events = report.events.clone();
     match app.states.handle(report, received).await {
         Ok(mut resp) => {
@@ -412,6 +419,16 @@ impl Collector for ApiMetrics {
                 g(&c.node_events),
             ),
             (
+                "nodekeeper_node_events_suppressed_total",
+                "Events about Nodes not recorded: over the node's Event rate (events_burst, events_every).",
+                g(&c.events_suppressed),
+            ),
+            (
+                "nodekeeper_notices_deferred_total",
+                "New notices not taken (nor acknowledged, so resent) over the node's notice rate (notices_burst, notices_every).",
+                g(&c.notices_deferred),
+            ),
+            (
                 "nodekeeper_labels_removed_total",
                 "Migration labels removed from Nodes.",
                 g(&c.labels_removed),
@@ -425,6 +442,21 @@ impl Collector for ApiMetrics {
         for (name, help, v) in counters {
             metrics::encode_counter(&mut enc, name, help, v)?;
         }
+        metrics::encode_family(
+            &mut enc,
+            metrics::counter_name("nodekeeper_reports_over_limit_total"),
+            "Reports refused (400) over a [controller.report_limits] limit, by limit.",
+            prometheus_client::metrics::MetricType::Counter,
+            super::limits::Limit::ALL
+                .iter()
+                .zip(&c.over_limit)
+                .map(|(l, n)| {
+                    (
+                        [("limit", l.as_str())],
+                        prometheus_client::metrics::counter::ConstCounter::new(g(n)),
+                    )
+                }),
+        )?;
         let leader = i64::from(*app.leader.borrow());
         metrics::encode_gauge(
             &mut enc,
