@@ -450,3 +450,80 @@ async fn one_nodes_reports_are_bounded() {
         "suppressed"
     );
 }
+
+/// Probe 7: a `crio-state.json` whose maps name paths (`../../../../victim.txt`, an absolute
+/// path) made `crio apply --dry-run` plan the removal of a file outside the drop-in directory
+/// and print its contents as a diff. Now the state file is refused, naming the file, the field
+/// and the remedy; the victim is neither printed nor touched; exit 1. (A process test, beside
+/// the other probes; `tests/host` holds the systemd-backed apply tests.)
+#[test]
+fn a_crio_state_file_naming_paths_is_refused_and_nothing_outside_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let dropins = root.join("etc/crio/crio.conf.d");
+    let state = root.join("var/lib/nodekeeper");
+    std::fs::create_dir_all(&dropins).unwrap();
+    std::fs::create_dir_all(&state).unwrap();
+    let victim = root.join("victim.txt");
+    std::fs::write(&victim, "VICTIM-SECRET-CONTENT\n").unwrap();
+    let abs = dir.path().join("abs.conf");
+    std::fs::write(&abs, "ABSOLUTE-SECRET-CONTENT\n").unwrap();
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        "[crio]\n[[crio.dropin]]\nname = \"10-ok.conf\"\ncontent = \"\"\"\n[crio.runtime]\nlog_level = \"info\"\n\"\"\"\n\n[sources]\ncloud = \"none\"\n",
+    )
+    .unwrap();
+    let cases = [
+        serde_json::json!({"version": 1, "owned": {"../../../../victim.txt": "00"}}),
+        serde_json::json!({"version": 1, "owned": {abs.to_str().unwrap(): "00"}}),
+        serde_json::json!({"version": 1, "owned": {},
+            "pending": {"files": {"../../../victim.txt": true}, "owned_before": {}}}),
+        serde_json::json!({"version": 1, "owned": {},
+            "pending": {"files": {}, "owned_before": {"../../victim.txt": "00"}}}),
+    ];
+    for case in cases {
+        std::fs::write(state.join("crio-state.json"), case.to_string()).unwrap();
+        for dry_run in [true, false] {
+            let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"));
+            cmd.args(["crio", "apply", "--config"])
+                .arg(&cfg)
+                .arg("--root")
+                .arg(&root);
+            if dry_run {
+                cmd.arg("--dry-run");
+            }
+            let out = cmd.output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "{case} dry_run={dry_run}: {text}"
+            );
+            assert!(
+                !text.contains("SECRET-CONTENT"),
+                "{case}: a file outside the drop-ins was printed: {text}"
+            );
+            assert!(
+                text.contains("crio-state.json")
+                    && text.contains("not a drop-in file name")
+                    && text.contains("move it"),
+                "{case}: {text}"
+            );
+        }
+    }
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "VICTIM-SECRET-CONTENT\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&abs).unwrap(),
+        "ABSOLUTE-SECRET-CONTENT\n"
+    );
+    // Nothing was written into the drop-in directory either (the apply stopped at the state).
+    assert_eq!(std::fs::read_dir(&dropins).unwrap().count(), 0);
+}
