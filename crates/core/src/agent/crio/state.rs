@@ -35,6 +35,30 @@ pub struct State {
 }
 
 impl State {
+    /// Parses a state file's bytes (`path` names it in errors): JSON, the schema version, then
+    /// every name ([`State::invalid_name`]).
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<State, StateError> {
+        let path = path.to_path_buf();
+        let state: State = serde_json::from_slice(bytes).map_err(|source| StateError::Parse {
+            path: path.clone(),
+            source,
+        })?;
+        if state.version != STATE_VERSION {
+            return Err(StateError::Version {
+                path,
+                found: state.version,
+            });
+        }
+        if let Some((field, name)) = state.invalid_name() {
+            return Err(StateError::Name {
+                path,
+                field,
+                name: name.chars().take(80).collect(),
+            });
+        }
+        Ok(state)
+    }
+
     /// The first name that is not a drop-in file name, and where it is.
     pub fn invalid_name(&self) -> Option<(&'static str, &str)> {
         fn bad<'a, V>(
@@ -132,24 +156,7 @@ impl StatePaths {
                 ..State::default()
             });
         };
-        let state: State = serde_json::from_slice(&bytes).map_err(|source| StateError::Parse {
-            path: path.clone(),
-            source,
-        })?;
-        if state.version != STATE_VERSION {
-            return Err(StateError::Version {
-                path,
-                found: state.version,
-            });
-        }
-        if let Some((field, name)) = state.invalid_name() {
-            return Err(StateError::Name {
-                path,
-                field,
-                name: name.chars().take(80).collect(),
-            });
-        }
-        Ok(state)
+        State::parse(&path, &bytes)
     }
 
     /// Saves the state atomically.
