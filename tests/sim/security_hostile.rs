@@ -53,9 +53,14 @@ impl Controller {
     }
 }
 
-/// Starts `nodekeeper controller` over TLS with `[controller]` lines `extra` (and OCI Events on),
-/// and waits until it is ready and leads.
+/// Starts `nodekeeper controller` over TLS with `[controller]` lines `extra` (and OCI Events on,
+/// subscription confirmation off), and waits until it is ready.
 async fn start(env: &Env, name: &str, extra: &str) -> Controller {
+    start_with(env, name, extra, "confirm_subscriptions = false\n").await
+}
+
+/// [`start`] with `[controller.oci_events]` lines `oci`.
+async fn start_with(env: &Env, name: &str, extra: &str, oci: &str) -> Controller {
     let dir = env.dir.path().join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("controller.toml");
@@ -65,8 +70,7 @@ async fn start(env: &Env, name: &str, extra: &str) -> Controller {
             "[controller]\nlisten = \"127.0.0.1:0\"\ntls_cert_file = {:?}\ntls_key_file = {:?}\n\
              service_account = \"{SA}\"\n{extra}\n[controller.leader]\nidentity = \"{name}\"\n\
              lease_duration = \"2s\"\nretry_period = \"200ms\"\n\
-             [controller.oci_events]\nenabled = true\ntoken = \"{OCI_TOKEN}\"\n\
-             confirm_subscriptions = false\n",
+             [controller.oci_events]\nenabled = true\ntoken = \"{OCI_TOKEN}\"\n{oci}",
             env.cert, env.key
         ),
     )
@@ -526,4 +530,74 @@ fn a_crio_state_file_naming_paths_is_refused_and_nothing_outside_is_read() {
     );
     // Nothing was written into the drop-in directory either (the apply stopped at the state).
     assert_eq!(std::fs::read_dir(&dropins).unwrap().count(), 0);
+}
+
+/// Probe 3: the OCI secret's holder sends a `ConfirmationURL` of `http://127.0.0.1:PORT/…`: it was
+/// fetched (redirects followed), and a closed port answered 502 with the connect error — a port
+/// scanner. Now such URLs are refused before any request (400 "refused"); an open loopback port,
+/// a redirect to it, the metadata address and a closed port all look the same to the caller, and
+/// the loopback receiver sees nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_oci_confirmation_url_is_no_port_scanner() {
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    let env = Env::new(1).await;
+    // A loopback receiver that would record a confirmation, and a redirect to it.
+    let hits = Arc::new(AtomicU32::new(0));
+    let h = hits.clone();
+    let app = axum::Router::new()
+        .route(
+            "/confirm",
+            axum::routing::get(move || {
+                h.fetch_add(1, Relaxed);
+                async { "ok" }
+            }),
+        )
+        .route(
+            "/redirect",
+            axum::routing::get(|| async {
+                axum::response::Redirect::temporary("http://127.0.0.1:1/confirm")
+            }),
+        );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let open = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let ctl = start_with(&env, "confirm", "", "confirm_subscriptions = true\n").await;
+    let http = https(&env.ca, ctl.addr);
+    let urls = [
+        format!("http://{open}/confirm"),
+        format!("http://{closed}/confirm"),
+        format!("https://{open}/confirm"),
+        format!("http://{open}/redirect"),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+        "http://[fd00:ec2::254]/latest/meta-data/".to_string(),
+        "http://localhost:1/".to_string(),
+        "https://evil.example/notification.us-phoenix-1.oraclecloud.com".to_string(),
+    ];
+    let mut answers = std::collections::BTreeSet::new();
+    for u in &urls {
+        let body = serde_json::to_vec(&serde_json::json!({"ConfirmationURL": u})).unwrap();
+        let (code, text) = request(
+            &http,
+            "POST",
+            &url(ctl.addr, "/v1/oci-events"),
+            None,
+            &[("x-nodekeeper-token", OCI_TOKEN)],
+            Some(body),
+        )
+        .await
+        .unwrap();
+        let text = String::from_utf8_lossy(&text).into_owned();
+        assert_eq!(code, 400, "{u}: {text}");
+        assert!(text.contains("refused"), "{u}: {text}");
+        for leak in ["onnect", "refused (os error", "127.0.0.1", "tcp"] {
+            assert!(!text.contains(leak), "{u}: {text}");
+        }
+        answers.insert(text);
+    }
+    assert_eq!(hits.load(Relaxed), 0, "the loopback receiver was reached");
+    eprintln!("NOTE: confirmation answers: {answers:?}");
 }

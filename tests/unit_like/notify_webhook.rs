@@ -344,3 +344,34 @@ events = []
     assert!(out.contains("[[controller.notify]]"), "{out}");
     assert!(!format!("{:?}", c.notify[0]).contains("topsecret-value"));
 }
+
+/// Probe 4: a target answering 307 to another host made the controller re-POST the signed body,
+/// `x-nodekeeper-signature` included, there. Now a 3xx is the answer (a failure, retried like a
+/// 5xx): the other host receives nothing.
+#[tokio::test]
+async fn a_redirect_is_not_followed_and_the_signed_body_goes_nowhere_else() {
+    let elsewhere = Receiver::new(&[], false);
+    let other = serve(elsewhere.clone()).await;
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let c = calls.clone();
+    let app = Router::new().route(
+        "/hook",
+        post(move || {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let to = other.clone();
+            async move { (StatusCode::TEMPORARY_REDIRECT, [("location", to)]) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let mut t = target(&format!("http://{addr}/hook"));
+    t.secret = SECRET.into();
+    t.max_attempts = 2;
+    let n = Notifier::start(&[t]).unwrap();
+    n.notify(note("n1", Phase::Started, "x"));
+    assert!(n.flush(Duration::from_secs(10)).await);
+    assert!(elsewhere.got().is_empty(), "the signed body was re-sent");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(n.stats()[0].failed, 1);
+}

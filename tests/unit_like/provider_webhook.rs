@@ -351,3 +351,29 @@ fn a_bad_ca_file_is_a_setup_error_naming_it() {
     assert!(e.contains(&ca.display().to_string()), "{e}");
     assert!(e.contains("no certificate"), "{e}");
 }
+
+/// Probe 4, the provider's webhook: a 307 to another host is not followed (the signed request
+/// body never reaches it); the 3xx is the answer.
+#[tokio::test]
+async fn a_redirect_is_not_followed() {
+    let elsewhere = Arc::new(Receiver::default());
+    let other = serve(elsewhere.clone()).await;
+    let app = Router::new().route(
+        "/replace",
+        post(move || {
+            let to = other.clone();
+            async move { (StatusCode::TEMPORARY_REDIRECT, [("location", to)]) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let p = Webhook::new(config(format!("http://{addr}/replace"), SECRET)).unwrap();
+    let err = p.request_replacement(&request()).await.unwrap_err();
+    assert!(err.to_string().contains("307"), "{err}");
+    assert_eq!(
+        elsewhere.calls.load(Ordering::SeqCst),
+        0,
+        "followed the redirect"
+    );
+}

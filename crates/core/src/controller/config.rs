@@ -77,6 +77,10 @@ pub struct ControllerConfig {
     pub heartbeat_write_interval: Duration,
     /// Labels agents may ask to remove from their own node (exact keys).
     pub label_removal_allow: Vec<String>,
+    /// Let outbound requests to URLs from a request reach loopback addresses, over `http://`
+    /// too (tests and local stand-ins only; off: refused). So far the OCI subscription
+    /// confirmation; metadata, link-local and unspecified addresses are refused regardless.
+    pub allow_loopback_destinations: bool,
     /// What one node's reports may ask (`[controller.report_limits]`).
     pub report_limits: super::limits::ReportLimits,
     /// Leader election.
@@ -116,6 +120,7 @@ impl Default for ControllerConfig {
             // (docs/comparison.md).
             heartbeat_write_interval: Duration::from_secs(600),
             label_removal_allow: Vec::new(),
+            allow_loopback_destinations: false,
             report_limits: Default::default(),
             leader: LeaderConfig::default(),
             oci_events: OciEventsConfig::default(),

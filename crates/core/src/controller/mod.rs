@@ -249,10 +249,13 @@ pub async fn start_under(
         "node maintenance",
         states.clone().run_maintenance(period, cancel.clone()),
     );
-    let oci = cfg
-        .oci_events
-        .enabled
-        .then(|| oci_events::OciEvents::new(cfg.oci_events.clone(), store.clone()));
+    let oci = cfg.oci_events.enabled.then(|| {
+        oci_events::OciEvents::new(
+            cfg.oci_events.clone(),
+            store.clone(),
+            cfg.allow_loopback_destinations,
+        )
+    });
     let notifier = match cfg.notify.is_empty() {
         true => None,
         false => Some(Arc::new(notify::Notifier::start(&cfg.notify)?)),

@@ -101,6 +101,8 @@ impl Target {
                 target: name.clone(),
                 source: e,
             })?
+            // A 3xx is the answer: the signed body is never re-sent to another host.
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(cfg.timeout)
             .build()
             .map_err(|source| NotifyError::Client {

@@ -421,6 +421,8 @@ fn oci_client(cfg: &OciConfig) -> Result<reqwest::Client, crate::http::TlsError>
         None => crate::http::builder(None)?.no_proxy(),
     };
     Ok(builder
+        // A 3xx is the answer: signed requests are never re-sent to another host.
+        .redirect(reqwest::redirect::Policy::none())
         .timeout(cfg.timeout)
         .pool_idle_timeout(std::time::Duration::from_secs(60))
         .build()?)

@@ -75,6 +75,8 @@ impl Webhook {
         };
         let http = crate::http::builder(cfg.ca_file.as_deref())
             .map_err(|e| setup(e.into()))?
+            // A 3xx is the answer: the signed body is never re-sent to another host.
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(cfg.timeout)
             .build()
             .map_err(|e| setup(e.into()))?;
