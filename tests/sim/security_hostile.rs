@@ -601,3 +601,54 @@ async fn the_oci_confirmation_url_is_no_port_scanner() {
     assert_eq!(hits.load(Relaxed), 0, "the loopback receiver was reached");
     eprintln!("NOTE: confirmation answers: {answers:?}");
 }
+
+/// Probe 5: `nodekeeper validate` printed webhook URLs verbatim, with userinfo passwords and
+/// Slack/Teams-style path and query secrets. Every planted secret is now absent from its output
+/// (stdout and stderr); each URL is printed as scheme, host and port with a fingerprint.
+#[test]
+fn validate_prints_no_url_secret() {
+    const PLANTED: [&str; 6] = [
+        "PLANTEDuser",
+        "PLANTEDpassword",
+        "T0PLANTED",
+        "B0PLANTEDPATH",
+        "PLANTEDquerytoken",
+        "PLANTEDwebhookpath",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[controller]\nlisten = \"127.0.0.1:0\"\ninsecure_plain_http = true\n\
+             service_account = \"{SA}\"\n\
+             [[controller.notify]]\nurl = \"https://PLANTEDuser:PLANTEDpassword@hooks.slack.com/services/T0PLANTED/B0PLANTEDPATH\"\n\
+             [[controller.notify]]\nurl = \"https://example.webhook.office.com/webhookb2/x?token=PLANTEDquerytoken\"\n\
+             [controller.provider]\nkind = \"webhook\"\nurl = \"https://replace.example/PLANTEDwebhookpath\"\n\
+             secret = \"s3cret-s3cret\"\n\
+             [sources]\ncloud = \"none\"\n"
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["validate", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    for s in PLANTED {
+        assert!(!text.contains(s), "{s} printed:\n{text}");
+    }
+    for origin in [
+        "https://hooks.slack.com/…#",
+        "https://example.webhook.office.com/…#",
+        "https://replace.example/…#",
+    ] {
+        assert!(text.contains(origin), "{origin} not printed:\n{text}");
+    }
+}

@@ -304,6 +304,10 @@ pub fn redact_url(raw: &str) -> String {
     let port = u.port().map(|p| format!(":{p}")).unwrap_or_default();
     let rest = &u[url::Position::BeforePath..];
     if rest.is_empty() || rest == "/" {
+        if u.username().is_empty() && u.password().is_none() {
+            // nothing to hide: as given
+            return raw.to_string();
+        }
         return format!("{}://{host}{port}/", u.scheme());
     }
     let fp = hex::encode(&Sha256::digest(rest.as_bytes())[..4]);
@@ -436,7 +440,8 @@ mod tests {
                 && !u.contains("t0ps3cret"),
             "{u}"
         );
-        assert_eq!(r("https://example.com"), "https://example.com/");
+        assert_eq!(r("https://example.com"), "https://example.com");
+        assert_eq!(r("https://u:pw@example.com/"), "https://example.com/");
         assert_eq!(r("not a url"), "<invalid URL>");
     }
 

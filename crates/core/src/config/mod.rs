@@ -22,7 +22,7 @@ mod secret;
 use crate::cfg_path;
 pub use diagnostic::{display_path, k8s_value_error, line_col, Diagnostic, PathSeg, Severity};
 use load::{deserialize_all, locate, parse_document};
-pub use secret::{Secret, REDACTED};
+pub use secret::{serialize_redacted_url, Secret, REDACTED};
 
 /// The whole configuration file. Every section has defaults, so an empty file is valid.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]

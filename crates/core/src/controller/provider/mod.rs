@@ -373,7 +373,8 @@ pub enum ProviderConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// `https://` (or `http://`) URL to POST to.
+    /// `https://` (or `http://`) URL to POST to (printed redacted).
+    #[serde(serialize_with = "crate::config::serialize_redacted_url")]
     pub url: String,
     /// HMAC-SHA256 key for `X-Nodekeeper-Signature`; never logged.
     pub secret: crate::config::Secret,

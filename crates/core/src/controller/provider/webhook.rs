@@ -59,7 +59,7 @@ pub struct Webhook {
 impl std::fmt::Debug for Webhook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Webhook")
-            .field("url", &self.cfg.url)
+            .field("url", &crate::http::redact_url(&self.cfg.url))
             .field("secret", &"<redacted>")
             .finish()
     }
@@ -104,7 +104,7 @@ impl Webhook {
             .body(body.to_vec())
             .send()
             .await;
-        let request = || format!("POST {}", self.cfg.url);
+        let request = || format!("POST {}", crate::http::redact_url(&self.cfg.url));
         match res {
             Ok(r) if r.status().is_success() => Attempt::Done(()),
             Ok(r) => {
@@ -123,7 +123,8 @@ impl Webhook {
             }
             Err(source) => Attempt::Retry(CallError::Send {
                 request: request(),
-                source,
+                // (reqwest's error names the URL: not in logs or Events)
+                source: source.without_url(),
             }),
         }
     }
@@ -156,13 +157,13 @@ impl Webhook {
     }
 
     fn accept(&self, req: &ReplacementRequest) -> ReplacementTicket {
-        tracing::info!(node = %req.node, request = %req.request_id, url = %self.cfg.url, "webhook accepted the replacement");
+        tracing::info!(node = %req.node, request = %req.request_id, url = %crate::http::redact_url(&self.cfg.url), "webhook accepted the replacement");
         let t = ReplacementTicket {
             provider: NAME.into(),
             request_id: req.request_id.clone(),
             node: req.node.clone(),
             pool: req.pool.clone(),
-            reference: Some(self.cfg.url.clone()),
+            reference: Some(crate::http::redact_url(&self.cfg.url)),
             requested_at: Some(chrono::Utc::now().to_rfc3339()),
             existing_nodes: Vec::new(),
         };
