@@ -652,3 +652,55 @@ fn validate_prints_no_url_secret() {
         assert!(text.contains(origin), "{origin} not printed:\n{text}");
     }
 }
+
+/// Probe 6: a 17 MB valid configuration took 1.24 GB and exited 0; a file of 3,000 nested table
+/// headers exited 2 without a location. Now a file over 1 MiB (a ConfigMap's limit) is refused
+/// before it is read (exit 2, naming the limit), and the deepest header's error is located.
+#[test]
+fn config_files_are_bounded_and_every_parse_error_is_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let validate = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        let t = std::time::Instant::now();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+            .args(["validate", "--config"])
+            .arg(&p)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text, t.elapsed(), p)
+    };
+    // 17 MB, valid TOML: a long allow-list.
+    let mut big = String::from("[sources]\ncloud = \"none\"\n[labels]\n# padding\n");
+    while big.len() < 17_000_000 {
+        big.push_str("# a comment line to make the file large, as the probe's was\n");
+    }
+    let (code, text, took, _) = validate("big.toml", &big);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("at most 1048576 bytes"), "{text}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // The probe's 9 MB of 3,000 nested headers: refused by its size too.
+    let nested: String = (1..=3000)
+        .map(|i| format!("[{}]\n", vec!["a"; i].join(".")))
+        .collect();
+    let (code, text, _, _) = validate("nested.toml", &nested);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("at most 1048576 bytes"), "{text}");
+    // One 3,000-deep header within the limit: its error is located at its line.
+    let deep = format!(
+        "[sources]\ncloud = \"none\"\n[{}]\nb = 1\n",
+        vec!["a"; 3000].join(".")
+    );
+    let (code, text, _, p) = validate("deep.toml", &deep);
+    assert_eq!(code, Some(2), "{text}");
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains("error")).collect();
+    assert!(!errors.is_empty(), "{text}");
+    for e in errors {
+        assert!(e.starts_with(&format!("{}:3:", p.display())), "{e}");
+    }
+}
