@@ -375,3 +375,31 @@ async fn a_redirect_is_not_followed_and_the_signed_body_goes_nowhere_else() {
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
     assert_eq!(n.stats()[0].failed, 1);
 }
+
+/// Probe 3, for URLs from the configuration: a notification or webhook-provider URL naming a
+/// metadata, link-local or unspecified address is refused at its key (loopback stays allowed
+/// for local receivers); the clients refuse names resolving to them too (`http::tests`).
+#[test]
+fn webhook_urls_naming_metadata_or_link_local_addresses_are_refused() {
+    for (url, why) in [
+        (
+            "http://169.254.169.254/latest/meta-data/",
+            "a cloud metadata address",
+        ),
+        ("http://[fd00:ec2::254]/", "a cloud metadata address"),
+        ("http://169.254.10.1:8080/hook", "link-local"),
+        ("http://0.0.0.0:9/hook", "unspecified"),
+    ] {
+        let notify = format!("[[controller.notify]]\nurl = \"{url}\"\n");
+        let e = load(&notify).unwrap_err();
+        assert!(
+            e.contains("c.toml:5:") && e.contains("refused") && e.contains(why),
+            "{url}: {e}"
+        );
+        let provider =
+            format!("[controller.provider]\nkind = \"webhook\"\nurl = \"{url}\"\nsecret = \"s\"\n");
+        let e = load(&provider).unwrap_err();
+        assert!(e.contains("refused") && e.contains(why), "{url}: {e}");
+    }
+    assert!(load("[[controller.notify]]\nurl = \"http://127.0.0.1:9/\"\n").is_ok());
+}

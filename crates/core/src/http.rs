@@ -270,10 +270,16 @@ pub fn guarded_builder(
     ca_file: Option<&Path>,
     allow_loopback: bool,
 ) -> Result<reqwest::ClientBuilder, TlsError> {
-    Ok(builder(ca_file)?
+    Ok(guard(builder(ca_file)?, allow_loopback).no_proxy())
+}
+
+/// `builder` following no redirect and resolving names through [`refused_address`] (a proxy
+/// from the environment, when `builder` keeps one, resolves the target itself): the webhook,
+/// notification and OCI API clients, whose URLs come from the configuration.
+pub fn guard(builder: reqwest::ClientBuilder, allow_loopback: bool) -> reqwest::ClientBuilder {
+    builder
         .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .dns_resolver(Arc::new(Guarded { allow_loopback })))
+        .dns_resolver(Arc::new(Guarded { allow_loopback }))
 }
 
 /// Refuses a URL whose host is an IP address [`refused_address`] refuses (names are checked

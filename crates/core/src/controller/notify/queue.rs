@@ -96,13 +96,13 @@ pub(super) struct Target {
 impl Target {
     pub(super) fn new(index: usize, cfg: &NotifyConfig) -> Result<Self, NotifyError> {
         let name = target_name(index, &cfg.url);
-        let http = crate::http::builder(cfg.ca_file.as_deref())
-            .map_err(|e| NotifyError::Tls {
-                target: name.clone(),
-                source: e,
-            })?
-            // A 3xx is the answer: the signed body is never re-sent to another host.
-            .redirect(reqwest::redirect::Policy::none())
+        let http = crate::http::builder(cfg.ca_file.as_deref()).map_err(|e| NotifyError::Tls {
+            target: name.clone(),
+            source: e,
+        })?;
+        // No redirect (a 3xx is the answer: the signed body is never re-sent to another
+        // host); names resolving to metadata, link-local or unspecified addresses refused.
+        let http = crate::http::guard(http, true)
             .timeout(cfg.timeout)
             .build()
             .map_err(|source| NotifyError::Client {

@@ -228,7 +228,18 @@ pub trait NodeProvider: Send + Sync {
 
 /// The error of a webhook URL that is not a plain `http://` URL (providers and notifications).
 pub fn check_http_url(url: &str, path: Vec<crate::config::PathSeg>) -> Option<Diagnostic> {
-    match reqwest::Url::parse(url) {
+    let parsed = reqwest::Url::parse(url);
+    if let Ok(u) = &parsed {
+        // Loopback stays allowed here (local receivers); metadata, link-local and unspecified
+        // addresses never are (the clients refuse names resolving to them as well).
+        if let Err(why) = crate::http::check_destination(u, true) {
+            return Some(Diagnostic::error(
+                path,
+                format!("{why}: no webhook may be sent there"),
+            ));
+        }
+    }
+    match parsed {
         Ok(u) if u.scheme() == "https" => None,
         Ok(u) if u.scheme() == "http" && is_loopback(&u) => None,
         Ok(u) if u.scheme() == "http" => Some(Diagnostic::warning(

@@ -420,9 +420,9 @@ fn oci_client(cfg: &OciConfig) -> Result<reqwest::Client, crate::http::TlsError>
         Some(ca) => crate::http::pinned_builder(ca)?,
         None => crate::http::builder(None)?.no_proxy(),
     };
-    Ok(builder
-        // A 3xx is the answer: signed requests are never re-sent to another host.
-        .redirect(reqwest::redirect::Policy::none())
+    // No redirect (a 3xx is the answer: signed requests are never re-sent to another host);
+    // names resolving to metadata, link-local or unspecified addresses refused.
+    Ok(crate::http::guard(builder, true)
         .timeout(cfg.timeout)
         .pool_idle_timeout(std::time::Duration::from_secs(60))
         .build()?)

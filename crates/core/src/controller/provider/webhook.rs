@@ -73,10 +73,10 @@ impl Webhook {
             what: format!("building the HTTP client for {}", cfg.url),
             source,
         };
-        let http = crate::http::builder(cfg.ca_file.as_deref())
-            .map_err(|e| setup(e.into()))?
-            // A 3xx is the answer: the signed body is never re-sent to another host.
-            .redirect(reqwest::redirect::Policy::none())
+        let http = crate::http::builder(cfg.ca_file.as_deref()).map_err(|e| setup(e.into()))?;
+        // No redirect (a 3xx is the answer: the signed body is never re-sent to another
+        // host); names resolving to metadata, link-local or unspecified addresses refused.
+        let http = crate::http::guard(http, true)
             .timeout(cfg.timeout)
             .build()
             .map_err(|e| setup(e.into()))?;
