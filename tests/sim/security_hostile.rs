@@ -576,6 +576,9 @@ async fn the_oci_confirmation_url_is_no_port_scanner() {
         "http://[fd00:ec2::254]/latest/meta-data/".to_string(),
         "http://localhost:1/".to_string(),
         "https://evil.example/notification.us-phoenix-1.oraclecloud.com".to_string(),
+        // a secret in the query: refused (port), and logged only redacted
+        "https://notification.us-phoenix-1.oraclecloud.com:8443/c?token=PLANTEDconfirmtoken"
+            .to_string(),
     ];
     let mut answers = std::collections::BTreeSet::new();
     for u in &urls {
@@ -600,6 +603,16 @@ async fn the_oci_confirmation_url_is_no_port_scanner() {
     }
     assert_eq!(hits.load(Relaxed), 0, "the loopback receiver was reached");
     eprintln!("NOTE: confirmation answers: {answers:?}");
+    // Item 5: the controller's log and metrics carry no URL secret.
+    let metrics = get(&http, ctl.addr, "/metrics").await.unwrap().1;
+    let log = ctl.log_text();
+    assert!(
+        log.contains("refused a subscription confirmation URL"),
+        "{log}"
+    );
+    for out in [&log, &metrics] {
+        assert!(!out.contains("PLANTEDconfirmtoken"), "{out}");
+    }
 }
 
 /// Probe 5: `nodekeeper validate` printed webhook URLs verbatim, with userinfo passwords and
