@@ -657,6 +657,25 @@ fn validate_prints_no_url_secret() {
     for s in PLANTED {
         assert!(!text.contains(s), "{s} printed:\n{text}");
     }
+    // A mistyped URL (invalid: exit 2) is not echoed either.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[controller.notify]]\nurl = \"https://hooks.slack.com:99999/services/PLANTEDtypo\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["validate", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let bad_text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{bad_text}");
+    assert!(
+        bad_text.contains("not a URL") && !bad_text.contains("PLANTEDtypo"),
+        "{bad_text}"
+    );
     for origin in [
         "https://hooks.slack.com/…#",
         "https://example.webhook.office.com/…#",

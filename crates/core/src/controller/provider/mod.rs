@@ -258,7 +258,8 @@ pub fn check_http_url(url: &str, path: Vec<crate::config::PathSeg>) -> Option<Di
         )),
         Err(e) => Some(Diagnostic::error(
             path,
-            format!("`{url}` is not a URL: {e}"),
+            // (not echoed: a mistyped webhook URL may still hold its secret)
+            format!("not a URL: {e}"),
         )),
     }
 }
