@@ -736,3 +736,140 @@ fn config_files_are_bounded_and_every_parse_error_is_located() {
         assert!(e.starts_with(&format!("{}:3:", p.display())), "{e}");
     }
 }
+
+/// A TLS connection offering HTTP/2 only.
+async fn tls_connect_h2(
+    addr: SocketAddr,
+    ca: &std::path::Path,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, tcp)
+        .await
+        .unwrap()
+}
+
+/// Probe 2 over HTTP/2 (`[controller] http2 = true`, agents holding their connection): 100
+/// connections without a token, each opening 8 streams that declare a body just under
+/// `max_report_bytes`, send 256 KiB of it and stall. Every stream is answered 401 from its
+/// headers, and the controller's RSS stays under the same bound as over HTTP/1.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unauthenticated_http2_streams_are_not_buffered() {
+    use http_body_util::BodyExt;
+    const CONNECTIONS: usize = 100;
+    const STREAMS: usize = 8;
+    const RSS_BOUND_MIB: u64 = 48;
+    let env = Env::new(1).await;
+    let ctl = start(&env, "h2", "http2 = true\nmax_reports_in_flight = 4").await;
+    let http = https(&env.ca, ctl.addr);
+    let t0 = env.token("n0", "nodekeeper").await;
+    let r = serde_json::to_value(report("n0", 1, &[])).unwrap();
+    assert_eq!(post(&http, ctl.addr, Some(&t0), &r).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = ctl.rss_kib();
+    let pid = ctl.child.id();
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        tokio::spawn(async move {
+            let mut peak = 0;
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_kib(pid));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            peak
+        })
+    };
+    let chunk = bytes::Bytes::from(vec![b' '; 64 * 1024]);
+    let mut conns = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let addr = ctl.addr;
+        let ca = env.ca.clone();
+        let chunk = chunk.clone();
+        conns.push(tokio::spawn(async move {
+            let tls = tls_connect_h2(addr, &ca).await;
+            let (mut send, conn) = hyper::client::conn::http2::handshake(
+                hyper_util::rt::TokioExecutor::new(),
+                hyper_util::rt::TokioIo::new(tls),
+            )
+            .await
+            .unwrap();
+            tokio::spawn(conn);
+            // Every stream opened before any answer is awaited: all stall together.
+            let mut held = Vec::new();
+            let mut answers = Vec::new();
+            for _ in 0..STREAMS {
+                let (tx, rx) = tokio::sync::mpsc::channel::<
+                    Result<hyper::body::Frame<bytes::Bytes>, std::convert::Infallible>,
+                >(8);
+                let body = http_body_util::StreamBody::new(tokio_stream_from(rx));
+                let req = hyper::Request::post(format!("https://{SERVER_NAME}/v1/reports"))
+                    .header("content-type", "application/json")
+                    .header("content-length", (1_000_000).to_string())
+                    .body(body.boxed())
+                    .unwrap();
+                send.ready().await.ok();
+                answers.push(send.send_request(req));
+                for _ in 0..4 {
+                    let _ = tx.try_send(Ok(hyper::body::Frame::data(chunk.clone())));
+                }
+                held.push(tx); // the body stays open: stalled
+            }
+            let statuses: Vec<u16> =
+                futures::future::join_all(answers.into_iter().map(|a| async {
+                    tokio::time::timeout(Duration::from_secs(10), a)
+                        .await
+                        .ok()
+                        .and_then(|r| r.ok())
+                        .map(|r| r.status().as_u16())
+                        .unwrap_or(0)
+                }))
+                .await;
+            (statuses, held, send)
+        }));
+    }
+    let mut by_status = std::collections::BTreeMap::<u16, usize>::new();
+    let mut keep = Vec::new();
+    for c in conns {
+        let (statuses, held, send) = c.await.unwrap();
+        for s in statuses {
+            *by_status.entry(s).or_default() += 1;
+        }
+        keep.push((held, send));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.await.unwrap();
+    let grew = peak.saturating_sub(before);
+    eprintln!(
+        "NOTE: {CONNECTIONS} HTTP/2 connections x {STREAMS} unauthenticated stalled streams: \
+         controller RSS {before} -> peak {peak} KiB (+{grew} KiB); answers {by_status:?}"
+    );
+    assert_eq!(
+        by_status.get(&401).copied(),
+        Some(CONNECTIONS * STREAMS),
+        "{by_status:?}"
+    );
+    assert!(
+        grew < RSS_BOUND_MIB * 1024,
+        "controller RSS grew by {grew} KiB (bound {RSS_BOUND_MIB} MiB)"
+    );
+    drop(keep);
+}
+
+/// A stream of the frames received on `rx`, pending while it is open.
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
