@@ -77,9 +77,10 @@ pub struct ControllerConfig {
     pub heartbeat_write_interval: Duration,
     /// Labels agents may ask to remove from their own node (exact keys).
     pub label_removal_allow: Vec<String>,
-    /// Let outbound requests to URLs from a request reach loopback addresses, over `http://`
-    /// too (tests and local stand-ins only; off: refused). So far the OCI subscription
-    /// confirmation; metadata, link-local and unspecified addresses are refused regardless.
+    /// Let outbound requests reach loopback addresses (tests and local stand-ins only; off:
+    /// refused): notification targets, the webhook provider, the OCI API endpoint, and the OCI
+    /// subscription confirmation (then over `http://` too). Metadata, link-local and
+    /// unspecified addresses are refused regardless.
     pub allow_loopback_destinations: bool,
     /// What one node's reports may ask (`[controller.report_limits]`).
     pub report_limits: super::limits::ReportLimits,

@@ -258,7 +258,10 @@ pub async fn start_under(
     });
     let notifier = match cfg.notify.is_empty() {
         true => None,
-        false => Some(Arc::new(notify::Notifier::start(&cfg.notify)?)),
+        false => Some(Arc::new(notify::Notifier::start(
+            &cfg.notify,
+            cfg.allow_loopback_destinations,
+        )?)),
     };
     let engine = match engine.filter(|_| cfg.engine.enabled) {
         Some(mut opts) => {
@@ -400,7 +403,11 @@ impl EngineStart<'_> {
     fn build(self, opts: engine::EngineOptions) -> Result<Arc<engine::Engine>, ControllerError> {
         let provider: Arc<dyn provider::NodeProvider> = match opts.provider {
             Some(p) => p,
-            None => Arc::from(provider::build(&self.cfg.provider, self.client.clone())?),
+            None => Arc::from(provider::build(
+                &self.cfg.provider,
+                self.client.clone(),
+                self.cfg.allow_loopback_destinations,
+            )?),
         };
         let metrics = Arc::new(metrics::EngineMetrics::default());
         let drains = Arc::new(drain::tasks::DrainTasks::new(

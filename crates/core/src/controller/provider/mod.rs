@@ -457,11 +457,12 @@ pub(crate) fn check_retries(timeout: Duration, max_attempts: u32) -> Vec<Diagnos
 pub fn build(
     cfg: &ProviderConfig,
     client: kube::Client,
+    allow_loopback: bool,
 ) -> Result<Box<dyn NodeProvider>, ProviderError> {
     Ok(match cfg {
         ProviderConfig::Karpenter => Box::new(karpenter::Karpenter::new(client)),
-        ProviderConfig::Webhook(w) => Box::new(webhook::Webhook::new(w.clone())?),
-        ProviderConfig::Oci(o) => Box::new(oci::Oci::new(o.clone(), client)?),
+        ProviderConfig::Webhook(w) => Box::new(webhook::Webhook::new(w.clone(), allow_loopback)?),
+        ProviderConfig::Oci(o) => Box::new(oci::Oci::new(o.clone(), client, allow_loopback)?),
         ProviderConfig::None => Box::new(none::NoReplacement),
     })
 }

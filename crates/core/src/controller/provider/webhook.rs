@@ -66,17 +66,22 @@ impl std::fmt::Debug for Webhook {
 }
 
 impl Webhook {
-    /// A provider for `cfg`.
-    pub fn new(cfg: WebhookConfig) -> Result<Self, SetupError> {
+    /// A provider for `cfg`; its URL on loopback only with `allow_loopback`
+    /// (`[controller] allow_loopback_destinations`).
+    pub fn new(cfg: WebhookConfig, allow_loopback: bool) -> Result<Self, SetupError> {
         let setup = |source: Box<dyn std::error::Error + Send + Sync>| SetupError {
             provider: NAME,
             what: format!("building the HTTP client for {}", cfg.url),
             source,
         };
+        if let Ok(url) = reqwest::Url::parse(&cfg.url) {
+            crate::http::check_destination(&url, allow_loopback)
+                .map_err(|why| setup(why.into()))?;
+        }
         let http = crate::http::builder(cfg.ca_file.as_deref()).map_err(|e| setup(e.into()))?;
         // No redirect (a 3xx is the answer: the signed body is never re-sent to another
         // host); names resolving to metadata, link-local or unspecified addresses refused.
-        let http = crate::http::guard(http, true)
+        let http = crate::http::guard(http, allow_loopback)
             .timeout(cfg.timeout)
             .build()
             .map_err(|e| setup(e.into()))?;
