@@ -9,7 +9,7 @@ set -eu
 cd "$(dirname "$0")/.."
 secs=${1:-180}
 [ $# -gt 0 ] && shift
-targets=${*:-"config_toml imds_aws imds_azure imds_gcp imds_oci oci_event report_body"}
+targets=${*:-"config_toml imds_aws imds_azure imds_gcp imds_oci oci_event report_body report_handler crio_state"}
 # Rust is memory-safe here (unsafe_code = deny): no sanitizer, which doubles the speed.
 # The binaries are run directly: `cargo fuzz run` would rebuild nodekeeper whenever its build script
 # reruns (in a git worktree `.git/HEAD` is no file, so it reruns on every cargo call).

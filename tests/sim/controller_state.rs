@@ -255,7 +255,8 @@ async fn oci_preemption_reaches_the_right_node() {
     let mut cfg = env.config();
     cfg.oci_events.enabled = true;
     cfg.oci_events.token = nodekeeper_core::controller::config::Secret::new("s3cret-s3cret-s3cret");
-    // Confirmation target: a loopback server that records the GET.
+    // Confirmation target: a loopback server that records the GET (allowed by the opt-in only).
+    cfg.allow_loopback_destinations = true;
     let hits = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let h2 = hits.clone();
     let confirm = axum::Router::new().route(

@@ -48,6 +48,8 @@ async fn preemption_actions_are_notified() {
     let (url, seen) = receiver().await;
     let c = cluster(20.0, Scenario::default_mixed(), loops()).await;
     let mut cfg = controller_config("engine-notify");
+    // the receiver is on loopback
+    cfg.allow_loopback_destinations = true;
     cfg.notify = vec![toml::from_str::<NotifyConfig>(&format!("url = \"{url}\"")).unwrap()];
     let fake = Arc::new(FakeProvider::new());
     let ctl = controller(&c, &cfg, PolicyConfig::default(), Some(fake.clone())).await;

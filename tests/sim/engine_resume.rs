@@ -273,6 +273,8 @@ async fn webhook_is_called_once_across_a_restart_mid_drain() {
     let (url, calls) = webhook_receiver().await;
     let config = |id: &str| {
         let mut cfg = controller_config(id);
+        // the receiver is on loopback
+        cfg.allow_loopback_destinations = true;
         cfg.provider = ProviderConfig::Webhook(WebhookConfig {
             url: url.clone(),
             ca_file: None,

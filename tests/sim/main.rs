@@ -40,6 +40,7 @@ mod metrics_catalog;
 mod provider_karpenter;
 mod provider_oci;
 mod security_api;
+mod security_hostile;
 mod sim_kube;
 mod sim_kubeconfig;
 mod sim_kubectl;

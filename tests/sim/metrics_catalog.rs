@@ -131,6 +131,8 @@ async fn metrics_endpoint_exposes_exactly_the_catalog() {
     });
     let c = cluster(20.0, Scenario::default_mixed(), loops()).await;
     let mut cfg = controller_config("metrics-catalog");
+    // the receiver is on loopback
+    cfg.allow_loopback_destinations = true;
     cfg.notify = vec![toml::from_str::<NotifyConfig>(&format!("url = \"{url}\"")).unwrap()];
     let fake = std::sync::Arc::new(FakeProvider::new());
     let ctl = controller(&c, &cfg, PolicyConfig::default(), Some(fake)).await;

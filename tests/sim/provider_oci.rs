@@ -171,6 +171,8 @@ impl Fixture {
         Oci::new(
             config(&self.oci, &self.key, &self.ca, mode),
             self.cluster.client.clone(),
+            // the stand-in is on loopback
+            true,
         )
         .unwrap()
     }
@@ -525,7 +527,7 @@ async fn a_wrong_key_is_refused_with_401_and_a_permanent_error_naming_the_node()
     let wrong = test_key(f.dir.path(), "wrong");
     let mut cfg = config(&f.oci, &f.key, &f.ca, OciMode::Terminate);
     cfg.key_file = wrong.pkcs1.clone();
-    let p = Oci::new(cfg, f.cluster.client.clone()).unwrap();
+    let p = Oci::new(cfg, f.cluster.client.clone(), true).unwrap();
     let err = p
         .request_replacement(&ReplacementRequest::new(&node, "repair", "e1"))
         .await
@@ -685,7 +687,7 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
         backoff: Duration::from_millis(1),
     };
     let missing = dir.path().join("missing.pem");
-    let err = Oci::new(base(missing.clone()), c.client.clone()).unwrap_err();
+    let err = Oci::new(base(missing.clone()), c.client.clone(), true).unwrap_err();
     assert!(err.to_string().contains("missing.pem"), "{err}");
     let ec = dir.path().join("ec.pem");
     openssl(&[
@@ -697,7 +699,7 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
         "-out",
         ec.to_str().unwrap(),
     ]);
-    let err = Oci::new(base(ec.clone()), c.client.clone()).unwrap_err();
+    let err = Oci::new(base(ec.clone()), c.client.clone(), true).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("RSA") && msg.contains("ec.pem"), "{msg}");
     let pem = std::fs::read_to_string(&ec).unwrap();
@@ -708,6 +710,7 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
     let p = nodekeeper_core::controller::provider::build(
         &ProviderConfig::Oci(base(key.pkcs1.clone())),
         c.client.clone(),
+        true,
     )
     .unwrap();
     assert_eq!(p.name(), "oci");
@@ -728,6 +731,8 @@ async fn the_controller_replaces_an_interrupted_node_through_kind_oci() {
     let instance = instance_of(&victim);
     let mut cfg = engine_support::controller_config("oci-engine");
     cfg.provider = ProviderConfig::Oci(config(&f.oci, &f.key, &f.ca, OciMode::Terminate));
+    // the stand-in is on loopback
+    cfg.allow_loopback_destinations = true;
     let ctl = engine_support::controller(&f.cluster, &cfg, PolicyConfig::default(), None).await;
     let now = f.cluster.sim.store.clock.now();
     let ev = engine_support::notice(
@@ -840,7 +845,7 @@ async fn the_sim_subcommand_serves_the_stand_in_for_a_cluster() {
         ..config_for(&key, &ca)
     };
     cfg.mode = OciMode::NodePool;
-    let p = Oci::new(cfg, cluster.client.clone()).unwrap();
+    let p = Oci::new(cfg, cluster.client.clone(), true).unwrap();
     let t = p
         .request_replacement(&ReplacementRequest::new(&node, "repair", "cli"))
         .await

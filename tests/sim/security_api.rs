@@ -319,10 +319,10 @@ async fn oversized_bodies_and_oci_endpoint_abuse_are_rejected() {
     ctl.stop().await;
 }
 
-type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+pub(crate) type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 
 /// A TLS connection (HTTP/1.1) to the controller, trusting only the test CA.
-async fn tls_connect(addr: std::net::SocketAddr, ca: &std::path::Path) -> Tls {
+pub(crate) async fn tls_connect(addr: std::net::SocketAddr, ca: &std::path::Path) -> Tls {
     use rustls_pki_types::pem::PemObject;
     install_crypto();
     let mut roots = rustls::RootCertStore::empty();

@@ -396,6 +396,43 @@ fn report_body() {
     );
 }
 
+#[test]
+fn report_handler() {
+    for f in ["full.json", "minimal.json", "events.json"] {
+        // parsed, and within the limits
+        assert_eq!(seed_accepted("report_handler", f).accepted, 2, "{f}");
+    }
+    assert_eq!(
+        seed_accepted("report_handler", "over_limit.json"),
+        Outcome {
+            accepted: 1,
+            rejected: 1
+        },
+        "parsed, then over max_conditions"
+    );
+    assert_eq!(
+        seed_accepted("report_handler", "other_node.json").rejected,
+        1
+    );
+    let (total, accepted, rejected) = smoke("report_handler", JSON_TOKENS);
+    assert!(
+        accepted > 0 && rejected > total / 10,
+        "{accepted} {rejected}"
+    );
+}
+
+#[test]
+fn crio_state() {
+    for f in ["owned.json", "pending.json"] {
+        assert_eq!(seed_accepted("crio_state", f).accepted, 1, "{f}");
+    }
+    for f in ["traversal.json", "version2.json"] {
+        assert_eq!(seed_accepted("crio_state", f).rejected, 1, "{f}");
+    }
+    let (_, accepted, rejected) = smoke("crio_state", JSON_TOKENS);
+    assert!(accepted > 0 && rejected > 0, "{accepted} {rejected}");
+}
+
 /// Regression inputs found by fuzzing (each was a panic or an unbounded error before its fix).
 #[test]
 fn regressions() {

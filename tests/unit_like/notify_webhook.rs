@@ -115,7 +115,7 @@ async fn default_body_signature_template_and_event_filter() {
     b.events = vec![Phase::Failed];
     b.template =
         Some(r#"{"text": "nodekeeper {action} on {node}: {result} ({reason}) {message}"}"#.into());
-    let n = Notifier::start(&[a, b]).unwrap();
+    let n = Notifier::start(&[a, b], true).unwrap();
 
     n.notify(note("n1", Phase::Started, ""));
     n.notify(note("n1", Phase::Finished, "3 pods evicted"));
@@ -182,7 +182,7 @@ async fn text_template_is_plain_text() {
     let r = Receiver::new(&[], false);
     let mut t = target(&serve(r.clone()).await);
     t.template = Some("{node} {action} {phase} -> {result}: {message}".into());
-    let n = Notifier::start(&[t]).unwrap();
+    let n = Notifier::start(&[t], true).unwrap();
     n.notify(note("gpu-3", Phase::Failed, "said \"no\""));
     assert!(n.flush(Duration::from_secs(10)).await);
     let got = r.got();
@@ -199,7 +199,7 @@ async fn retries_500_with_the_same_body_and_id_then_gives_up_on_4xx_and_exhausti
     let mut t = target(&serve(r.clone()).await);
     t.secret = SECRET.into();
     t.max_attempts = 3;
-    let n = Notifier::start(&[t]).unwrap();
+    let n = Notifier::start(&[t], true).unwrap();
     n.notify(note("n1", Phase::Finished, "ok"));
     assert!(n.flush(Duration::from_secs(10)).await);
     let got = r.got();
@@ -235,7 +235,7 @@ async fn unreachable_target_is_retried_then_counted_failed() {
     let (_held, addr) = crate::support::refused_addr();
     let mut t = target(&format!("http://{addr}/hook"));
     t.max_attempts = 2;
-    let n = Notifier::start(&[t]).unwrap();
+    let n = Notifier::start(&[t], true).unwrap();
     n.notify(note("n1", Phase::Started, ""));
     assert!(n.flush(Duration::from_secs(10)).await);
     let s = &n.stats()[0];
@@ -247,7 +247,7 @@ async fn queue_is_bounded_drops_the_oldest_and_notify_never_blocks() {
     let r = Receiver::new(&[], true);
     let mut t = target(&serve(r.clone()).await);
     t.queue_size = 3;
-    let n = Notifier::start(&[t]).unwrap();
+    let n = Notifier::start(&[t], true).unwrap();
     n.notify(note("n0", Phase::Started, "m0"));
     // m0 is in flight, held by the stuck receiver.
     tokio::time::timeout(Duration::from_secs(10), r.arrived.notified())
@@ -274,13 +274,14 @@ async fn queue_is_bounded_drops_the_oldest_and_notify_never_blocks() {
 
 #[tokio::test]
 async fn no_targets_and_no_runtime() {
-    let n = Notifier::start(&[]).unwrap();
+    let n = Notifier::start(&[], true).unwrap();
     n.notify(note("n1", Phase::Started, ""));
     assert!(n.stats().is_empty());
-    let e = std::thread::spawn(|| Notifier::start(&[NotifyConfig::new("http://127.0.0.1:1/")]))
-        .join()
-        .unwrap()
-        .unwrap_err();
+    let e =
+        std::thread::spawn(|| Notifier::start(&[NotifyConfig::new("http://127.0.0.1:1/")], true))
+            .join()
+            .unwrap()
+            .unwrap_err();
     assert!(e.to_string().contains("tokio runtime"), "{e}");
 }
 
@@ -342,4 +343,75 @@ events = []
     assert!(!out.contains("topsecret-value"), "{out}");
     assert!(out.contains("[[controller.notify]]"), "{out}");
     assert!(!format!("{:?}", c.notify[0]).contains("topsecret-value"));
+}
+
+/// Probe 4: a target answering 307 to another host made the controller re-POST the signed body,
+/// `x-nodekeeper-signature` included, there. Now a 3xx is the answer (a failure, retried like a
+/// 5xx): the other host receives nothing.
+#[tokio::test]
+async fn a_redirect_is_not_followed_and_the_signed_body_goes_nowhere_else() {
+    let elsewhere = Receiver::new(&[], false);
+    let other = serve(elsewhere.clone()).await;
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let c = calls.clone();
+    let app = Router::new().route(
+        "/hook",
+        post(move || {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let to = other.clone();
+            async move { (StatusCode::TEMPORARY_REDIRECT, [("location", to)]) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let mut t = target(&format!("http://{addr}/hook"));
+    t.secret = SECRET.into();
+    t.max_attempts = 2;
+    let n = Notifier::start(&[t], true).unwrap();
+    n.notify(note("n1", Phase::Started, "x"));
+    assert!(n.flush(Duration::from_secs(10)).await);
+    assert!(elsewhere.got().is_empty(), "the signed body was re-sent");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(n.stats()[0].failed, 1);
+}
+
+/// Probe 3, for URLs from the configuration: a notification or webhook-provider URL naming a
+/// metadata, link-local or unspecified address is refused at its key (loopback stays allowed
+/// for local receivers); the clients refuse names resolving to them too (`http::tests`).
+#[test]
+fn webhook_urls_naming_metadata_or_link_local_addresses_are_refused() {
+    for (url, why) in [
+        (
+            "http://169.254.169.254/latest/meta-data/",
+            "a cloud metadata address",
+        ),
+        ("http://[fd00:ec2::254]/", "a cloud metadata address"),
+        ("http://169.254.10.1:8080/hook", "link-local"),
+        ("http://0.0.0.0:9/hook", "unspecified"),
+    ] {
+        let notify = format!("[[controller.notify]]\nurl = \"{url}\"\n");
+        let e = load(&notify).unwrap_err();
+        assert!(
+            e.contains("c.toml:5:") && e.contains("refused") && e.contains(why),
+            "{url}: {e}"
+        );
+        let provider =
+            format!("[controller.provider]\nkind = \"webhook\"\nurl = \"{url}\"\nsecret = \"s\"\n");
+        let e = load(&provider).unwrap_err();
+        assert!(e.contains("refused") && e.contains(why), "{url}: {e}");
+    }
+    assert!(load("[[controller.notify]]\nurl = \"http://127.0.0.1:9/\"\n").is_ok());
+}
+
+/// Probe 3 for configured URLs: a notification target on loopback is refused when the
+/// notifier starts, unless `[controller] allow_loopback_destinations` opts in.
+#[tokio::test]
+async fn a_loopback_notification_target_needs_the_opt_in() {
+    let e = Notifier::start(&[NotifyConfig::new("http://127.0.0.1:9/hook")], false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("refused") && e.contains("loopback"), "{e}");
+    assert!(Notifier::start(&[NotifyConfig::new("http://127.0.0.1:9/hook")], true).is_ok());
+    assert!(Notifier::start(&[NotifyConfig::new("https://hooks.example.com/x")], false).is_ok());
 }

@@ -92,14 +92,18 @@ async fn retries_503_then_accepts_once_per_request_id() {
         ..Default::default()
     });
     let url = serve(r.clone()).await;
-    let p = Webhook::new(config(url.clone(), SECRET)).unwrap();
+    let p = Webhook::new(config(url.clone(), SECRET), true).unwrap();
     let req = request();
     let t = p.request_replacement(&req).await.unwrap();
     assert_eq!(r.calls.load(Ordering::SeqCst), 3, "two 503s, then 202");
     assert_eq!(r.bad_signatures.load(Ordering::SeqCst), 0);
     assert_eq!(t.provider, "webhook");
     assert_eq!(t.request_id, req.request_id);
-    assert_eq!(t.reference.as_deref(), Some(url.as_str()));
+    assert_eq!(
+        t.reference,
+        Some(nodekeeper_core::http::redact_url(&url)),
+        "the URL as printed (its path may hold a secret)"
+    );
     let bodies = r.bodies.lock().unwrap().clone();
     assert_eq!(bodies[2]["action"], "replace-node");
     assert_eq!(bodies[2]["node"], "general-1");
@@ -121,7 +125,7 @@ async fn a_400_is_permanent_and_not_retried() {
         always: Some(400),
         ..Default::default()
     });
-    let p = Webhook::new(config(serve(r.clone()).await, SECRET)).unwrap();
+    let p = Webhook::new(config(serve(r.clone()).await, SECRET), true).unwrap();
     let err = p.request_replacement(&request()).await.unwrap_err();
     assert!(err.is_permanent(), "{err}");
     assert!(err.to_string().contains("400"), "{err}");
@@ -141,7 +145,7 @@ async fn a_400_is_permanent_and_not_retried() {
 #[tokio::test]
 async fn a_wrong_secret_is_refused_by_the_receiver() {
     let r = Arc::new(Receiver::default());
-    let p = Webhook::new(config(serve(r.clone()).await, "not-the-secret")).unwrap();
+    let p = Webhook::new(config(serve(r.clone()).await, "not-the-secret"), true).unwrap();
     let err = p.request_replacement(&request()).await.unwrap_err();
     assert!(err.is_permanent(), "{err}");
     assert_eq!(r.bad_signatures.load(Ordering::SeqCst), 1);
@@ -158,7 +162,7 @@ async fn persistent_503_gives_up_after_max_attempts() {
         always: Some(503),
         ..Default::default()
     });
-    let p = Webhook::new(config(serve(r.clone()).await, SECRET)).unwrap();
+    let p = Webhook::new(config(serve(r.clone()).await, SECRET), true).unwrap();
     let err = p.request_replacement(&request()).await.unwrap_err();
     assert!(
         matches!(
@@ -178,7 +182,7 @@ async fn persistent_503_gives_up_after_max_attempts() {
 async fn connection_refused_is_retried_then_transient() {
     // Bound, never listening: every connection is refused.
     let (_held, addr) = crate::support::refused_addr();
-    let p = Webhook::new(config(format!("http://{addr}/x"), SECRET)).unwrap();
+    let p = Webhook::new(config(format!("http://{addr}/x"), SECRET), true).unwrap();
     let err = p.request_replacement(&request()).await.unwrap_err();
     assert!(!err.is_permanent(), "{err}");
     // The transport error is kept as the source, its own chain down to the refused connect.
@@ -315,7 +319,7 @@ async fn https_receiver_with_a_private_ca_gets_the_signed_request() {
     let (url, ca) = serve_tls(r.clone(), dir.path()).await;
     let mut cfg = config(url, SECRET);
     cfg.ca_file = Some(ca);
-    let w = Webhook::new(cfg).unwrap();
+    let w = Webhook::new(cfg, true).unwrap();
     let t = w.request_replacement(&request()).await.unwrap();
     assert_eq!(t.provider, "webhook");
     assert_eq!(r.calls.load(Ordering::SeqCst), 1);
@@ -330,7 +334,7 @@ async fn https_receiver_of_an_unknown_ca_is_refused_and_never_reached() {
     let (url, _ca) = serve_tls(r.clone(), dir.path()).await;
     let mut cfg = config(url, SECRET);
     cfg.max_attempts = 1;
-    let w = Webhook::new(cfg).unwrap();
+    let w = Webhook::new(cfg, true).unwrap();
     let e = w.request_replacement(&request()).await.unwrap_err();
     let text = format!("{e} {:?}", e);
     assert!(
@@ -347,7 +351,61 @@ fn a_bad_ca_file_is_a_setup_error_naming_it() {
     std::fs::write(&ca, "not a certificate").unwrap();
     let mut cfg = config("https://localhost:1/x".into(), SECRET);
     cfg.ca_file = Some(ca.clone());
-    let e = Webhook::new(cfg).unwrap_err().to_string();
+    let e = Webhook::new(cfg, true).unwrap_err().to_string();
     assert!(e.contains(&ca.display().to_string()), "{e}");
     assert!(e.contains("no certificate"), "{e}");
+}
+
+/// Probe 4, the provider's webhook: a 307 to another host is not followed (the signed request
+/// body never reaches it); the 3xx is the answer.
+#[tokio::test]
+async fn a_redirect_is_not_followed() {
+    let elsewhere = Arc::new(Receiver::default());
+    let other = serve(elsewhere.clone()).await;
+    let app = Router::new().route(
+        "/replace",
+        post(move || {
+            let to = other.clone();
+            async move { (StatusCode::TEMPORARY_REDIRECT, [("location", to)]) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let p = Webhook::new(config(format!("http://{addr}/replace"), SECRET), true).unwrap();
+    let err = p.request_replacement(&request()).await.unwrap_err();
+    assert!(err.to_string().contains("307"), "{err}");
+    assert_eq!(
+        elsewhere.calls.load(Ordering::SeqCst),
+        0,
+        "followed the redirect"
+    );
+}
+
+/// Probe 3 for configured URLs: without `[controller] allow_loopback_destinations` a webhook on
+/// loopback is refused — an IP host when the provider is built, a name resolving to loopback
+/// when the request would be sent (the receiver is never reached); with it, both work.
+#[tokio::test]
+async fn a_loopback_webhook_needs_the_opt_in() {
+    let r = Arc::new(Receiver::default());
+    let url = serve(r.clone()).await;
+    let e = Webhook::new(config(url.clone(), SECRET), false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("refused") && e.contains("loopback"), "{e}");
+    let by_name = url.replace("127.0.0.1", "localhost");
+    let mut cfg = config(by_name.clone(), SECRET);
+    cfg.max_attempts = 1;
+    let p = Webhook::new(cfg, false).unwrap();
+    let err = p.request_replacement(&request()).await.unwrap_err();
+    let chain = format!("{err:?}");
+    assert!(chain.contains("refused"), "{chain}");
+    assert_eq!(
+        r.calls.load(Ordering::SeqCst),
+        0,
+        "the loopback receiver was reached"
+    );
+    let p = Webhook::new(config(by_name, SECRET), true).unwrap();
+    p.request_replacement(&request()).await.unwrap();
+    assert_eq!(r.calls.load(Ordering::SeqCst), 1);
 }

@@ -25,6 +25,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("imds_oci", imds_oci),
     ("oci_event", oci_event),
     ("report_body", report_body),
+    ("report_handler", report_handler),
+    ("crio_state", crio_state),
 ];
 
 /// How the parsers of one target judged one input.
@@ -200,6 +202,120 @@ pub fn report_body(data: &[u8]) -> Outcome {
         Err(e) => {
             assert!(e.to_string().chars().count() <= 600, "bounded error: {e}");
         }
+    }
+    o
+}
+
+/// The report API's decisions on a body from a caller holding a valid token for node `n0` (what
+/// `POST /v1/reports` runs after authentication and before anything is written): the body
+/// parsed, the node checked against the token's, `[controller.report_limits]` at their defaults,
+/// then the notices through the dedup window twice. Invariants: a report within the limits
+/// really is (counted independently), a refusal names a limit it really exceeds, errors are
+/// bounded, and a resent batch is never new the second time. (The Node writes and Events need
+/// the API server: `tests/sim/security_hostile.rs`.)
+pub fn report_handler(data: &[u8]) -> Outcome {
+    use crate::controller::limits::{self, Limit, ReportLimits, SeenEvents};
+    const TOKEN_NODE: &str = "n0";
+    let mut o = Outcome::default();
+    let r = crate::wire::parse_body(data);
+    o.add(&r);
+    let Ok(report) = r else { return o };
+    if report.node != TOKEN_NODE {
+        // 403: another node's report; nothing else runs.
+        o.rejected += 1;
+        return o;
+    }
+    let l = ReportLimits::default();
+    let prefix = crate::agent::checks::config::OWNED_PREFIX;
+    let checked = limits::check(&report, &l, prefix);
+    o.add(&checked);
+    let types: std::collections::BTreeSet<&str> = report
+        .conditions
+        .iter()
+        .map(|c| c.condition_type.as_str())
+        .filter(|t| t.starts_with(prefix))
+        .collect();
+    let counts = [
+        (Limit::Conditions, report.conditions.len(), l.max_conditions),
+        (Limit::ConditionTypes, types.len(), l.max_condition_types),
+        (
+            Limit::CheckEvents,
+            report.check_events.len(),
+            l.max_check_events,
+        ),
+        (Limit::Events, report.events.len(), l.max_events),
+    ];
+    match &checked {
+        Ok(()) => {
+            for (limit, n, max) in counts {
+                assert!(n <= max, "{} passed with {n} > {max}", limit.as_str());
+            }
+            assert!(report
+                .conditions
+                .iter()
+                .all(|c| c.message.len() <= l.max_message_bytes
+                    && c.reason.len() <= l.max_reason_bytes));
+            assert!(report
+                .events
+                .iter()
+                .all(|e| e.id.len() <= l.max_message_bytes));
+        }
+        Err(e) => {
+            assert!(e.found > e.max, "{e}");
+            if let Some((_, n, max)) = counts.iter().find(|(lim, _, _)| *lim == e.limit) {
+                assert_eq!((e.found, e.max), (*n, *max), "{e}");
+            }
+            assert!(e.to_string().len() <= 200, "bounded error: {e}");
+            return o;
+        }
+    }
+    let now = tokio::time::Instant::now();
+    let window = l.event_dedup_window;
+    let mut seen = SeenEvents::default();
+    let mut new = 0;
+    for ev in &report.events {
+        if !seen.seen(&ev.id, now, window) {
+            seen.remember(&ev.id, now, window);
+            new += 1;
+        }
+    }
+    assert!(new <= report.events.len());
+    assert!(
+        report
+            .events
+            .iter()
+            .all(|ev| seen.seen(&ev.id, now, window)),
+        "a resent batch is not new again"
+    );
+    o
+}
+
+/// `crio-state.json` ([`crate::agent::crio::state::State::parse`], what `crio apply`, its dry
+/// run and the rollback load first). Invariants: an accepted state names only drop-in file
+/// names, each of which stays inside a directory it is joined to; a refused name is cut to 80
+/// characters in the error.
+pub fn crio_state(data: &[u8]) -> Outcome {
+    use crate::agent::crio::state::{State, StateError};
+    let mut o = Outcome::default();
+    let dir = Path::new("/dropins");
+    let r = State::parse(Path::new("/state/crio-state.json"), data);
+    o.add(&r);
+    match &r {
+        Ok(state) => {
+            let pending = state
+                .pending
+                .iter()
+                .flat_map(|p| p.files.keys().chain(p.owned_before.keys()));
+            for name in state.owned.keys().chain(pending) {
+                assert!(crate::agent::crio::lint::valid_name(name), "{name:?}");
+                let joined = dir.join(name);
+                assert_eq!(joined.parent(), Some(dir), "{name:?} leaves the directory");
+            }
+        }
+        Err(StateError::Name { name, .. }) => {
+            assert!(name.chars().count() <= 80, "unbounded name in the error");
+        }
+        Err(_) => {}
     }
     o
 }

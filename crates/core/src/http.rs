@@ -199,6 +199,127 @@ pub fn plain_builder() -> Result<reqwest::ClientBuilder, TlsError> {
         .tls_backend_preconfigured(with_roots(rustls::RootCertStore::empty())?))
 }
 
+/// Why `ip` is no destination for a URL taken from configuration or from a request (a webhook, a
+/// notification target, an OCI subscription's confirmation), or `None` when it may be reached:
+/// the unspecified, broadcast and multicast addresses, the cloud metadata addresses
+/// (169.254.169.254, fd00:ec2::254), link-local addresses, and loopback unless `allow_loopback`
+/// (an explicit opt-in for tests and local stand-ins). An IPv4-mapped IPv6 address is judged as
+/// its IPv4 address.
+pub fn refused_address(ip: std::net::IpAddr, allow_loopback: bool) -> Option<&'static str> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let ip = match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    };
+    const AWS_V6_METADATA: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
+    match ip {
+        IpAddr::V4(a) if a == Ipv4Addr::new(169, 254, 169, 254) => Some("a cloud metadata address"),
+        IpAddr::V6(a) if a == AWS_V6_METADATA => Some("a cloud metadata address"),
+        IpAddr::V4(a) if a.is_unspecified() || a.octets()[0] == 0 => Some("unspecified"),
+        IpAddr::V6(a) if a.is_unspecified() => Some("unspecified"),
+        IpAddr::V4(a) if a.is_broadcast() || a.is_multicast() => Some("broadcast or multicast"),
+        IpAddr::V6(a) if a.is_multicast() => Some("multicast"),
+        IpAddr::V4(a) if a.is_link_local() => Some("link-local"),
+        IpAddr::V6(a) if (a.segments()[0] & 0xffc0) == 0xfe80 => Some("link-local"),
+        a if a.is_loopback() && !allow_loopback => Some("loopback"),
+        _ => None,
+    }
+}
+
+/// A resolver that drops the addresses [`refused_address`] refuses, after DNS: a name that
+/// resolves only to refused addresses fails with "refused" (the request is never sent).
+#[derive(Debug, Clone, Copy)]
+struct Guarded {
+    allow_loopback: bool,
+}
+
+impl reqwest::dns::Resolve for Guarded {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow = self.allow_loopback;
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let all: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let mut why = "no address";
+            let ok: Vec<SocketAddr> = all
+                .into_iter()
+                .filter(|a| match refused_address(a.ip(), allow) {
+                    Some(w) => {
+                        why = w;
+                        false
+                    }
+                    None => true,
+                })
+                .collect();
+            if ok.is_empty() {
+                return Err(format!("refused: {host} resolves to {why} addresses only").into());
+            }
+            Ok(Box::new(ok.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// A client builder for URLs from configuration or from a request: [`builder`]'s trust, no
+/// redirects (a 3xx is the answer: a signed body is never re-sent elsewhere, and no rule is
+/// skipped on a redirect target), no proxy from the environment (a proxy would resolve names
+/// itself), and names resolved through [`refused_address`]. A URL whose host is an IP address
+/// is not resolved: check it with [`check_destination`] first.
+pub fn guarded_builder(
+    ca_file: Option<&Path>,
+    allow_loopback: bool,
+) -> Result<reqwest::ClientBuilder, TlsError> {
+    Ok(guard(builder(ca_file)?, allow_loopback).no_proxy())
+}
+
+/// `builder` following no redirect and resolving names through [`refused_address`] (a proxy
+/// from the environment, when `builder` keeps one, resolves the target itself): the webhook,
+/// notification and OCI API clients, whose URLs come from the configuration.
+pub fn guard(builder: reqwest::ClientBuilder, allow_loopback: bool) -> reqwest::ClientBuilder {
+    builder
+        .redirect(reqwest::redirect::Policy::none())
+        .dns_resolver(Arc::new(Guarded { allow_loopback }))
+}
+
+/// Refuses a URL whose host is an IP address [`refused_address`] refuses (names are checked
+/// when they are resolved, by [`guarded_builder`]'s resolver).
+pub fn check_destination(url: &reqwest::Url, allow_loopback: bool) -> Result<(), String> {
+    let ip = match url.host() {
+        Some(url::Host::Ipv4(a)) => std::net::IpAddr::V4(a),
+        Some(url::Host::Ipv6(a)) => std::net::IpAddr::V6(a),
+        Some(url::Host::Domain(_)) => return Ok(()),
+        None => return Err("refused: no host".into()),
+    };
+    match refused_address(ip, allow_loopback) {
+        Some(why) => Err(format!("refused: {ip} is {why}")),
+        None => Ok(()),
+    }
+}
+
+/// A URL as it may be printed (logs, `nodekeeper validate`, Events): the scheme, host and port,
+/// without userinfo, and the path and query reduced to a fingerprint (the first 8 hex digits of
+/// their SHA-256), since Slack-, Teams- and token-style URLs carry their secret there:
+/// `https://hooks.example.com/…#3f2a9c1b`. A text that is no URL gives `<invalid URL>`.
+pub fn redact_url(raw: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let Ok(u) = reqwest::Url::parse(raw) else {
+        return "<invalid URL>".into();
+    };
+    let host = u.host_str().unwrap_or("");
+    let port = u.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let rest = &u[url::Position::BeforePath..];
+    if rest.is_empty() || rest == "/" {
+        if u.username().is_empty() && u.password().is_none() {
+            // nothing to hide: as given
+            return raw.to_string();
+        }
+        return format!("{}://{host}{port}/", u.scheme());
+    }
+    let fp = hex::encode(&Sha256::digest(rest.as_bytes())[..4]);
+    format!("{}://{host}{port}/…#{fp}", u.scheme())
+}
+
 /// A client with [`builder`]'s trust and reqwest's defaults (the demo, tests, benchmarks).
 pub fn client() -> Result<reqwest::Client, TlsError> {
     Ok(builder(None)?.build()?)
@@ -242,6 +363,92 @@ mod tests {
         );
         assert!(pin("https://10.0.0.5/x", "10.0.0.6").is_err());
         assert!(pin("https://10.0.0.5/x", "not a name").is_err());
+    }
+
+    #[test]
+    fn refused_addresses() {
+        use super::refused_address as r;
+        let cases: [(&str, bool, Option<&str>); 16] = [
+            ("127.0.0.1", false, Some("loopback")),
+            ("127.0.0.1", true, None),
+            ("::1", false, Some("loopback")),
+            ("::ffff:127.0.0.1", false, Some("loopback")),
+            ("169.254.169.254", true, Some("a cloud metadata address")),
+            ("fd00:ec2::254", true, Some("a cloud metadata address")),
+            (
+                "::ffff:169.254.169.254",
+                true,
+                Some("a cloud metadata address"),
+            ),
+            ("169.254.1.1", true, Some("link-local")),
+            ("fe80::1", true, Some("link-local")),
+            ("0.0.0.0", true, Some("unspecified")),
+            ("::", true, Some("unspecified")),
+            ("255.255.255.255", true, Some("broadcast or multicast")),
+            ("10.0.0.5", false, None),
+            ("192.168.1.1", false, None),
+            ("93.184.216.34", false, None),
+            ("2001:db8::1", false, None),
+        ];
+        for (ip, allow, want) in cases {
+            assert_eq!(r(ip.parse().unwrap(), allow), want, "{ip} allow={allow}");
+        }
+    }
+
+    #[test]
+    fn check_destination_judges_ip_hosts_and_leaves_names_to_the_resolver() {
+        let c = |u: &str, allow| super::check_destination(&reqwest::Url::parse(u).unwrap(), allow);
+        assert!(c("http://127.0.0.1:9/x", false)
+            .unwrap_err()
+            .starts_with("refused"));
+        assert!(c("http://127.0.0.1:9/x", true).is_ok());
+        assert!(c("http://[::1]/x", false).is_err());
+        assert!(c("http://169.254.169.254/latest", true).is_err());
+        assert!(c("https://hooks.example.com/x", false).is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_guarded_resolver_refuses_names_of_refused_addresses() {
+        use reqwest::dns::Resolve;
+        let g = super::Guarded {
+            allow_loopback: false,
+        };
+        let e = match g.resolve("localhost".parse().unwrap()).await {
+            Ok(a) => panic!("resolved: {:?}", a.collect::<Vec<_>>()),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.starts_with("refused: localhost resolves to loopback"),
+            "{e}"
+        );
+        let ok = super::Guarded {
+            allow_loopback: true,
+        };
+        assert!(ok.resolve("localhost".parse().unwrap()).await.is_ok());
+    }
+
+    #[test]
+    fn redacted_urls_keep_no_userinfo_path_or_query() {
+        use super::redact_url as r;
+        let slack = "https://hooks.slack.com/services/T000/B000/XXXXSECRETXXXX";
+        let out = r(slack);
+        assert!(
+            out.starts_with("https://hooks.slack.com/…#") && !out.contains("SECRET"),
+            "{out}"
+        );
+        assert_eq!(r(slack), out, "the same URL, the same fingerprint");
+        assert_ne!(r("https://hooks.slack.com/services/T000/B000/other"), out);
+        let u = r("https://user:p4ssw0rd@example.com:8443/hook?token=t0ps3cret");
+        assert!(
+            u.starts_with("https://example.com:8443/…#")
+                && !u.contains("p4ssw0rd")
+                && !u.contains("user")
+                && !u.contains("t0ps3cret"),
+            "{u}"
+        );
+        assert_eq!(r("https://example.com"), "https://example.com");
+        assert_eq!(r("https://u:pw@example.com/"), "https://example.com/");
+        assert_eq!(r("not a url"), "<invalid URL>");
     }
 
     #[tokio::test]

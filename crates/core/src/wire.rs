@@ -15,6 +15,10 @@ use crate::agent::sources::{InstanceIdentity, NodeEvent};
 /// The schema version this build writes and reads.
 pub const REPORT_VERSION: u32 = 1;
 
+/// Most notices (`events`) the agent puts in one report, oldest first; the rest go with the next
+/// reports. The controller's default `[controller.report_limits] max_events`.
+pub const MAX_EVENTS_PER_REPORT: usize = 64;
+
 /// One report from the agent on `node`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeReport {

@@ -20,6 +20,11 @@ pub(super) fn deserialize_all<T: serde::de::DeserializeOwned>(
         };
         let mut d = Diagnostic::error(Vec::new(), err.message().trim().to_string());
         d.location = err.span().map(|s| line_col(text, s.start));
+        if d.location.is_none() {
+            // serde's recursion limit has no span: the most deeply nested line is the cause.
+            d.location = deepest_nesting(&work).map(|at| line_col(text, at));
+            d.message = format!("{} (nested too deeply here)", d.message);
+        }
         diags.push(d);
         let Some(span) = err.span() else { break };
         if !blank_out(&mut work, span.start) || toml::de::DeTable::parse(&work).is_err() {
@@ -27,6 +32,24 @@ pub(super) fn deserialize_all<T: serde::de::DeserializeOwned>(
         }
     }
     (None, diags)
+}
+
+/// The byte offset of the start of the most deeply nested line (the first of the deepest): a
+/// table header or key counts its dots, brackets and braces. `None` for an empty text.
+pub(super) fn deepest_nesting(text: &str) -> Option<usize> {
+    let mut best: Option<(usize, usize)> = None;
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        let depth = line
+            .bytes()
+            .filter(|b| matches!(b, b'.' | b'[' | b'{'))
+            .count();
+        if !line.trim().is_empty() && best.is_none_or(|(d, _)| depth > d) {
+            best = Some((depth, at + (line.len() - line.trim_start().len())));
+        }
+        at += line.len();
+    }
+    best.map(|(_, at)| at)
 }
 
 /// Replaces the line holding byte `at` with spaces; a table header takes its whole table along.
@@ -71,7 +94,11 @@ pub(super) fn parse_document(
         .into_iter()
         .map(|e| {
             let mut d = Diagnostic::error(Vec::new(), e.message().trim().to_string());
-            d.location = e.span().map(|s| line_col(text, s.start));
+            d.location = e
+                .span()
+                .map(|s| s.start)
+                .or_else(|| deepest_nesting(text))
+                .map(|at| line_col(text, at));
             d
         })
         .collect())

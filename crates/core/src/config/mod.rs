@@ -22,7 +22,7 @@ mod secret;
 use crate::cfg_path;
 pub use diagnostic::{display_path, k8s_value_error, line_col, Diagnostic, PathSeg, Severity};
 use load::{deserialize_all, locate, parse_document};
-pub use secret::{Secret, REDACTED};
+pub use secret::{serialize_redacted_url, Secret, REDACTED};
 
 /// The whole configuration file. Every section has defaults, so an empty file is valid.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
@@ -280,16 +280,38 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("NODEKEEPER_CRIO_VERSION", "crio.version"),
 ];
 
+/// The largest configuration file read: 1 MiB, what a ConfigMap holds.
+pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+
+fn too_large(size: u64) -> Diagnostic {
+    Diagnostic::error(
+        Vec::new(),
+        format!(
+            "the file is {size} bytes; a configuration is at most {MAX_CONFIG_BYTES} bytes (1 MiB, \
+             what a ConfigMap holds)"
+        ),
+    )
+}
+
 impl Config {
     /// Reads, parses, applies environment overrides, and validates `path`. Version-dependent CRI-O
     /// lints use `[crio] version` only: the running CRI-O's own answers (its version and live
     /// configuration, from its socket) are checked after each apply
     /// ([`crate::agent::crio::runtime`]).
     pub fn load(path: &Path, env: &Env) -> Result<Loaded, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let read_err = |source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        // Refused before it is read: parsing a 17 MB file took 1.24 GB.
+        let size = std::fs::metadata(path).map_err(read_err)?.len();
+        if size > MAX_CONFIG_BYTES as u64 {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                diagnostics: vec![too_large(size)],
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(read_err)?;
         Self::load_str(path, &text, env)
     }
 
@@ -299,6 +321,11 @@ impl Config {
             path: path.to_path_buf(),
             diagnostics,
         };
+        if text.len() > MAX_CONFIG_BYTES {
+            let mut d = too_large(text.len() as u64);
+            d.location = Some(line_col(text, MAX_CONFIG_BYTES));
+            return Err(invalid(vec![d]));
+        }
         let doc = match parse_document(text) {
             Ok(doc) => doc,
             Err(diags) => return Err(invalid(diags)),
@@ -539,6 +566,39 @@ mod tests {
     fn line_col_counts_characters() {
         assert_eq!(line_col("a\nbé c", 5), (2, 3));
         assert_eq!(line_col("", 0), (1, 1));
+    }
+
+    /// Probe 6: every parse error is located, nesting included (a deep table header had none),
+    /// and a text over 1 MiB is refused at the byte past the limit.
+    #[test]
+    fn deep_nesting_and_oversized_texts_are_refused_with_a_location() {
+        let deep_header = format!(
+            "[log]\nlevel = \"info\"\n[{}]\nb = 1\n",
+            vec!["a"; 3000].join(".")
+        );
+        let deep_array = format!("x = {}{}\n", "[".repeat(3000), "]".repeat(3000));
+        let deep_inline = format!("x = {}1{}\n", "{a = ".repeat(3000), "}".repeat(3000));
+        for (name, text, line) in [
+            ("header", deep_header, 3),
+            ("array", deep_array, 1),
+            ("inline", deep_inline, 1),
+        ] {
+            let e = errors(&text);
+            assert!(!e.is_empty(), "{name}");
+            for d in &e {
+                assert!(d.starts_with(&format!("c.toml:{line}:")), "{name}: {d}");
+            }
+        }
+        let big = format!("# {}\n", "x".repeat(MAX_CONFIG_BYTES));
+        let e = errors(&big);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("c.toml:1:") && e[0].contains("at most 1048576 bytes"),
+            "{e:?}"
+        );
+        // At the limit: read as usual.
+        let fits = format!("# {}\n", "x".repeat(MAX_CONFIG_BYTES - 3));
+        assert!(load(&fits).is_ok());
     }
 
     #[test]

@@ -34,6 +34,12 @@ impl Serialize for Secret {
     }
 }
 
+/// Serializes a URL from the configuration as [`crate::http::redact_url`] prints it: webhook
+/// URLs carry their secrets in userinfo, path or query (`nodekeeper validate` prints the config).
+pub fn serialize_redacted_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&crate::http::redact_url(url))
+}
+
 impl From<&str> for Secret {
     fn from(s: &str) -> Self {
         Secret(s.to_string())

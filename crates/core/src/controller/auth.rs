@@ -172,13 +172,19 @@ impl Authenticator {
         self
     }
 
+    /// The caller of a token this authenticator has already reviewed and still caches, without
+    /// asking the API server: `Ok(None)` when the token is not cached (it needs
+    /// [`Authenticator::authenticate`]), an error when the header carries no bearer token. Costs a
+    /// hash and a lookup: the report API calls it before it reads a body or takes a permit.
+    pub fn cached(&self, authorization: Option<&str>) -> Result<Option<Caller>, AuthError> {
+        let token = bearer(authorization)?;
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        Ok(self.lock().get(&key, Instant::now(), self.live.as_deref()))
+    }
+
     /// Authenticates an `Authorization` header value (`Bearer <token>`).
     pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, AuthError> {
-        let token = authorization
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| AuthError::Unauthenticated("missing bearer token".into()))?;
+        let token = bearer(authorization)?;
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = Instant::now();
         let live = self.live.as_deref();
@@ -384,6 +390,15 @@ impl LivePods {
             }
         }
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` header value.
+fn bearer(authorization: Option<&str>) -> Result<&str, AuthError> {
+    authorization
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| AuthError::Unauthenticated("missing bearer token".into()))
 }
 
 /// Seconds until a JWT's `exp` (unverified: only used to shorten the cache lifetime after the API

@@ -77,6 +77,13 @@ pub struct ControllerConfig {
     pub heartbeat_write_interval: Duration,
     /// Labels agents may ask to remove from their own node (exact keys).
     pub label_removal_allow: Vec<String>,
+    /// Let outbound requests reach loopback addresses (tests and local stand-ins only; off:
+    /// refused): notification targets, the webhook provider, the OCI API endpoint, and the OCI
+    /// subscription confirmation (then over `http://` too). Metadata, link-local and
+    /// unspecified addresses are refused regardless.
+    pub allow_loopback_destinations: bool,
+    /// What one node's reports may ask (`[controller.report_limits]`).
+    pub report_limits: super::limits::ReportLimits,
     /// Leader election.
     pub leader: LeaderConfig,
     /// OCI Events (Notifications HTTPS subscription) ingestion.
@@ -114,6 +121,8 @@ impl Default for ControllerConfig {
             // (docs/comparison.md).
             heartbeat_write_interval: Duration::from_secs(600),
             label_removal_allow: Vec::new(),
+            allow_loopback_destinations: false,
+            report_limits: Default::default(),
             leader: LeaderConfig::default(),
             oci_events: OciEventsConfig::default(),
             engine: EngineConfig::default(),
@@ -318,6 +327,7 @@ impl ControllerConfig {
                 "must be greater than zero",
             );
         }
+        d.extend(self.report_limits.validate());
         if self.max_reports_in_flight == 0 {
             err(
                 &mut d,

@@ -20,6 +20,7 @@ pub mod fresh;
 pub mod labels;
 pub mod lane;
 pub mod leader;
+pub mod limits;
 pub mod metrics;
 pub mod nodepools;
 pub mod nodestate;
@@ -248,13 +249,19 @@ pub async fn start_under(
         "node maintenance",
         states.clone().run_maintenance(period, cancel.clone()),
     );
-    let oci = cfg
-        .oci_events
-        .enabled
-        .then(|| oci_events::OciEvents::new(cfg.oci_events.clone(), store.clone()));
+    let oci = cfg.oci_events.enabled.then(|| {
+        oci_events::OciEvents::new(
+            cfg.oci_events.clone(),
+            store.clone(),
+            cfg.allow_loopback_destinations,
+        )
+    });
     let notifier = match cfg.notify.is_empty() {
         true => None,
-        false => Some(Arc::new(notify::Notifier::start(&cfg.notify)?)),
+        false => Some(Arc::new(notify::Notifier::start(
+            &cfg.notify,
+            cfg.allow_loopback_destinations,
+        )?)),
     };
     let engine = match engine.filter(|_| cfg.engine.enabled) {
         Some(mut opts) => {
@@ -324,6 +331,8 @@ pub async fn start_under(
         connections: Default::default(),
         dead: Default::default(),
         delay,
+        max_body: cfg.max_report_bytes,
+        bodies_refused: Default::default(),
     });
     let a2 = app.clone();
     tokio::spawn(async move {
@@ -340,7 +349,7 @@ pub async fn start_under(
         (Some(c), Some(k), false) => Some(crate::serve::tls_config(c, k)?),
         _ => None,
     };
-    let router = server::router(app.clone(), cfg.max_report_bytes);
+    let router = server::router(app.clone());
     let limits = crate::serve::ServeLimits {
         max_connections: cfg.max_connections,
         header_read_timeout: Some(cfg.idle_timeout),
@@ -394,7 +403,11 @@ impl EngineStart<'_> {
     fn build(self, opts: engine::EngineOptions) -> Result<Arc<engine::Engine>, ControllerError> {
         let provider: Arc<dyn provider::NodeProvider> = match opts.provider {
             Some(p) => p,
-            None => Arc::from(provider::build(&self.cfg.provider, self.client.clone())?),
+            None => Arc::from(provider::build(
+                &self.cfg.provider,
+                self.client.clone(),
+                self.cfg.allow_loopback_destinations,
+            )?),
         };
         let metrics = Arc::new(metrics::EngineMetrics::default());
         let drains = Arc::new(drain::tasks::DrainTasks::new(

@@ -13,7 +13,7 @@
 //! - An agent silent for `staleness` (counted from the controller's start for nodes it has not
 //!   heard from yet) gets its owned conditions set to `Unknown` / `AgentNotReporting`.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,6 +30,7 @@ use tokio::sync::{broadcast, watch};
 
 use super::events::{EventType, Reason, Recorder};
 use super::fresh::FreshNodes;
+use super::limits::{Bucket, Exceeded, Limit, ReportLimits, SeenEvents};
 use crate::agent::checks::{CheckResult, ConditionStatus};
 use crate::agent::sources::NodeEvent;
 use crate::wire::{AgentCommand, CrioReport, CrioResult, NodeReport, ReportResponse};
@@ -51,8 +52,9 @@ fn transient(e: &kube::Error) -> bool {
     }
 }
 
-/// Event ids remembered per node for deduplication.
-const SEEN_EVENTS: usize = 256;
+/// The reason of the one Event recorded when a node's Events start being dropped by
+/// `[controller.report_limits] events_burst`/`events_every` (docs/catalog.md).
+pub const EVENTS_RATE_LIMITED: &str = "EventsRateLimited";
 
 /// Tunables of the node-state layer.
 #[derive(Debug, Clone)]
@@ -65,6 +67,8 @@ pub struct NodeStateConfig {
     pub heartbeat_write_interval: Duration,
     /// Label keys agents may have removed from their own node.
     pub label_allow: Vec<String>,
+    /// What one node's reports may ask (`[controller.report_limits]`).
+    pub limits: ReportLimits,
 }
 
 impl From<&super::config::ControllerConfig> for NodeStateConfig {
@@ -75,6 +79,7 @@ impl From<&super::config::ControllerConfig> for NodeStateConfig {
             staleness: cfg.staleness,
             heartbeat_write_interval: cfg.heartbeat_write_interval,
             label_allow: cfg.label_removal_allow.clone(),
+            limits: cfg.report_limits.clone(),
         }
     }
 }
@@ -109,6 +114,12 @@ pub struct Counters {
     pub labels_removed: AtomicU64,
     /// Nodes marked stale.
     pub stale_marked: AtomicU64,
+    /// Reports refused over a limit, by [`Limit::ALL`]'s order.
+    pub over_limit: [AtomicU64; Limit::ALL.len()],
+    /// Events about Nodes not recorded: over the node's Event rate.
+    pub events_suppressed: AtomicU64,
+    /// New notices not taken (nor acknowledged) over the node's notice rate.
+    pub notices_deferred: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -122,7 +133,13 @@ struct Agent {
     written_at: Option<Instant>,
     dirty: bool,
     stale: bool,
-    seen_events: VecDeque<String>,
+    seen_events: SeenEvents,
+    /// New notices taken from this node's reports.
+    notices: Bucket,
+    /// Events recorded about this node.
+    events: Bucket,
+    /// Events are being dropped (the `EventsRateLimited` Event is recorded once per stretch).
+    events_limited: bool,
     pending_commands: Vec<AgentCommand>,
     /// When the CRI-O apply last recorded as an Event ran (`CrioReport::at`).
     crio_recorded: Option<DateTime<Utc>>,
@@ -258,16 +275,25 @@ impl NodeStates {
         // The engine first: a notice's cordon waits neither for the conditions' write nor for
         // the notice's Event (a failed write below is answered 503; the agent resends the
         // report, and its events, already handed over, are acknowledged once stored).
-        let fresh = self.take_events(&node, &mut a, &report.events, received);
+        let fresh = self.take_events(&node, &mut a, &report.events, received, true);
         let written = self.write_conditions(&node, &mut a, false).await;
-        self.notice_events(&node, &fresh).await;
+        self.notice_events(&node, &mut a, &fresh).await;
         if let Err(e) = written {
             // The maintenance tick retries it even if the agent does not report again.
             a.dirty = true;
             return Err(e);
         }
-        let acked = report.events.iter().map(|e| e.id.clone()).collect();
+        // Those over the notices' rate are not acknowledged: the agent sends them again.
+        let acked = report
+            .events
+            .iter()
+            .filter(|e| a.seen_events.contains(&e.id))
+            .map(|e| e.id.clone())
+            .collect();
         for ce in &report.check_events {
+            if !self.admit_event(&node, &mut a).await {
+                continue;
+            }
             // The reason comes from the agent's rules: made a valid Event reason here.
             let reason = super::events::sanitize_reason(&ce.reason);
             let type_ = match ce.severity {
@@ -280,9 +306,12 @@ impl NodeStates {
         }
         if let Some((reason, note)) = crio_event(a.crio_recorded, report.crio.as_ref()) {
             a.crio_recorded = report.crio.as_ref().map(|c| c.at);
-            self.recorder
-                .node(&node, reason, "ApplyCrioConfig", &note)
-                .await;
+            // An agent sets `at` itself: one node cannot flood the API with applies either.
+            if self.admit_event(&node, &mut a).await {
+                self.recorder
+                    .node(&node, reason, "ApplyCrioConfig", &note)
+                    .await;
+            }
         }
         super::labels::remove_requested(self, &node, &report.label_removals).await;
         Ok(ReportResponse {
@@ -292,19 +321,76 @@ impl NodeStates {
         })
     }
 
-    /// Marks each event not seen before as seen, logs it (`notice received`, with the time since
-    /// `received`: authentication, parsing and waiting for the node's previous report) and hands
-    /// it to the engine at once; returns those (for [`Self::notice_events`]).
+    /// Whether `report` keeps within `[controller.report_limits]`; a refusal is counted. The
+    /// report API calls it before [`Self::handle`], so nothing of a refused report is stored.
+    pub fn check_limits(&self, report: &NodeReport) -> Result<(), Exceeded> {
+        super::limits::check(report, &self.cfg.limits, &self.cfg.prefix).inspect_err(|e| {
+            if let Some(i) = Limit::ALL.iter().position(|l| *l == e.limit) {
+                self.counters.over_limit[i].fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::warn!(node = %report.node, error = %e, "refused a report over a limit");
+        })
+    }
+
+    /// Whether one more Event about `node` may be recorded now (`events_burst`/`events_every`).
+    /// The first one refused in a stretch records an `EventsRateLimited` Event in its place.
+    async fn admit_event(&self, node: &str, a: &mut Agent) -> bool {
+        let l = &self.cfg.limits;
+        if a.events
+            .take(Instant::now(), l.events_burst, l.events_every)
+        {
+            a.events_limited = false;
+            return true;
+        }
+        self.counters
+            .events_suppressed
+            .fetch_add(1, Ordering::Relaxed);
+        if !a.events_limited {
+            a.events_limited = true;
+            let note = format!(
+                "more than {} Events about this node in a burst: further ones are dropped until \
+                 one per {} is left (events_burst, events_every); counted in \
+                 nodekeeper_node_events_suppressed_total",
+                l.events_burst,
+                humantime::format_duration(l.events_every)
+            );
+            self.recorder
+                .node_with(
+                    node,
+                    EVENTS_RATE_LIMITED,
+                    EventType::Warning,
+                    "Record",
+                    &note,
+                )
+                .await;
+        }
+        false
+    }
+
+    /// Marks each event not seen within the dedup window as seen, logs it (`notice received`,
+    /// with the time since `received`: authentication, parsing and waiting for the node's
+    /// previous report) and hands it to the engine at once; returns those (for
+    /// [`Self::notice_events`]). With `limited` (a node's own report), new events past the
+    /// node's notice rate are left untaken: not acknowledged, the agent sends them again.
     fn take_events<'e>(
         &self,
         node: &str,
         a: &mut Agent,
         events: &'e [NodeEvent],
         received: Instant,
+        limited: bool,
     ) -> Vec<&'e NodeEvent> {
         let mut fresh = Vec::new();
+        let l = &self.cfg.limits;
+        let now = Instant::now();
         for ev in events {
-            if a.seen_events.contains(&ev.id) {
+            if a.seen_events.seen(&ev.id, now, l.event_dedup_window) {
+                continue;
+            }
+            if limited && !a.notices.take(now, l.notices_burst, l.notices_every) {
+                self.counters
+                    .notices_deferred
+                    .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             tracing::info!(
@@ -317,18 +403,18 @@ impl NodeStates {
             );
             self.counters.node_events.fetch_add(1, Ordering::Relaxed);
             let _ = self.events_tx.send((node.to_string(), ev.clone()));
-            a.seen_events.push_back(ev.id.clone());
-            if a.seen_events.len() > SEEN_EVENTS {
-                a.seen_events.pop_front();
-            }
+            a.seen_events.remember(&ev.id, now, l.event_dedup_window);
             fresh.push(ev);
         }
         fresh
     }
 
     /// A `Notice` Event on `node` for each of `events`.
-    async fn notice_events(&self, node: &str, events: &[&NodeEvent]) {
+    async fn notice_events(&self, node: &str, a: &mut Agent, events: &[&NodeEvent]) {
         for ev in events {
+            if !self.admit_event(node, a).await {
+                continue;
+            }
             let reason = Reason::for_kind(&ev.kind);
             let mut note = format!("{} from {} (id {})", ev.kind.name(), ev.source, ev.id);
             if let Some(d) = ev.not_before {
@@ -343,8 +429,8 @@ impl NodeStates {
         let received = Instant::now();
         let entry = self.agent(node);
         let mut a = entry.lock().await;
-        let fresh = self.take_events(node, &mut a, std::slice::from_ref(&ev), received);
-        self.notice_events(node, &fresh).await;
+        let fresh = self.take_events(node, &mut a, std::slice::from_ref(&ev), received, false);
+        self.notice_events(node, &mut a, &fresh).await;
         !fresh.is_empty()
     }
 
@@ -788,6 +874,7 @@ mod tests {
             staleness,
             heartbeat_write_interval: heartbeat,
             label_allow: vec![],
+            limits: ReportLimits::default(),
         };
         (
             NodeStates::new(cfg, client, store, leader, recorder),

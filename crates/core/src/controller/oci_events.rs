@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -43,15 +43,18 @@ pub struct OciEvents {
     cfg: OciEventsConfig,
     store: Store<Node>,
     http: Option<reqwest::Client>,
+    allow_loopback: bool,
 }
 
 impl OciEvents {
-    /// Ingestion with `cfg`, mapping instances through the Node cache.
-    pub fn new(cfg: OciEventsConfig, store: Store<Node>) -> Self {
+    /// Ingestion with `cfg`, mapping instances through the Node cache; confirmation URLs on
+    /// loopback addresses only with `allow_loopback` (`[controller] allow_loopback_destinations`).
+    pub fn new(cfg: OciEventsConfig, store: Store<Node>, allow_loopback: bool) -> Self {
         OciEvents {
             cfg,
             store,
-            http: crate::http::builder(None)
+            allow_loopback,
+            http: crate::http::guarded_builder(None, allow_loopback)
                 .and_then(|b| Ok(b.timeout(std::time::Duration::from_secs(10)).build()?))
                 .map_err(|e| {
                     tracing::error!(
@@ -99,14 +102,15 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// `POST <path>` (secret in the header).
-pub async fn handle(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn handle(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
     let Some(oci) = &app.oci else {
         return StatusCode::NOT_FOUND.into_response();
     };
     let given = headers
         .get(oci.cfg.header.as_str())
         .and_then(|v| v.to_str().ok());
-    process(&app, oci, oci.token_ok(given), &headers, &body).await
+    let authorized = oci.token_ok(given);
+    read_then_process(&app, oci, authorized, &headers, body).await
 }
 
 /// `POST <path>/<token>`.
@@ -114,21 +118,27 @@ pub async fn handle_with_path_token(
     State(app): State<Arc<App>>,
     Path(token): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     let Some(oci) = &app.oci else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    process(&app, oci, oci.token_ok(Some(&token)), &headers, &body).await
+    let authorized = oci.token_ok(Some(&token));
+    read_then_process(&app, oci, authorized, &headers, body).await
 }
 
-async fn process(
+/// The headers first (a declared oversized body: 413; a missing or wrong secret: 401), then the
+/// body with the report API's limit and deadline: a caller without the secret costs O(headers).
+async fn read_then_process(
     app: &App,
     oci: &OciEvents,
     authorized: bool,
     headers: &HeaderMap,
-    body: &[u8],
+    body: Body,
 ) -> Response {
+    if let Some(r) = super::server::declared_too_large(headers, app.max_body) {
+        return app.refuse_body(r);
+    }
     if !authorized {
         return (
             StatusCode::UNAUTHORIZED,
@@ -136,6 +146,13 @@ async fn process(
         )
             .into_response();
     }
+    match app.body(body).await {
+        Ok(b) => process(app, oci, headers, &b).await,
+        Err(r) => r,
+    }
+}
+
+async fn process(app: &App, oci: &OciEvents, headers: &HeaderMap, body: &[u8]) -> Response {
     let v: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => {
@@ -230,8 +247,66 @@ fn unavailable(node: &str, id: &str, why: &super::engine::NotRecorded) -> Respon
         .into_response()
 }
 
+/// Hosts of OCI Notifications' confirmation URLs: `notification.<region>.` one of these (the
+/// commercial realm, the government realms).
+const OCI_NOTIFICATION_DOMAINS: [&str; 4] = [
+    "oraclecloud.com",
+    "oci.oraclecloud.com",
+    "oraclegovcloud.com",
+    "oraclegovcloud.uk",
+];
+
+/// The URL to fetch to confirm a subscription, or why it is refused: an `https` URL whose host
+/// is an OCI Notifications host (`notification.<region>.oraclecloud.com` and the government
+/// realms' equivalents), no userinfo, default port; with `allow_loopback` also an `http` or
+/// `https` URL on a loopback address or `localhost` (tests and local stand-ins). Pure; the
+/// client then refuses redirects and, after DNS, loopback, link-local and metadata addresses.
+pub fn confirmation_target(raw: &str, allow_loopback: bool) -> Result<reqwest::Url, &'static str> {
+    let url = reqwest::Url::parse(raw).map_err(|_| "not a URL")?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("a URL with userinfo");
+    }
+    let loopback = match url.host() {
+        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => return Err("a URL without a host"),
+    };
+    if loopback && allow_loopback && matches!(url.scheme(), "http" | "https") {
+        return Ok(url);
+    }
+    if url.scheme() != "https" {
+        return Err("not an https URL");
+    }
+    if url.port().is_some() {
+        return Err("not on the default https port");
+    }
+    let Some(url::Host::Domain(host)) = url.host() else {
+        return Err("an IP address, not an OCI Notifications host");
+    };
+    let host = host.to_ascii_lowercase();
+    let ok = host.strip_prefix("notification.").is_some_and(|rest| {
+        OCI_NOTIFICATION_DOMAINS.iter().any(|d| {
+            rest.strip_suffix(d)
+                .and_then(|region| region.strip_suffix('.'))
+                .is_some_and(|region| {
+                    !region.is_empty()
+                        && region
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                })
+        })
+    });
+    if ok {
+        Ok(url)
+    } else {
+        Err("not an OCI Notifications host")
+    }
+}
+
 async fn confirm_subscription(oci: &OciEvents, url: &str) -> Response {
-    tracing::info!(url, "OCI Notifications subscription confirmation");
+    let shown = crate::http::redact_url(url);
+    tracing::info!(url = %shown, "OCI Notifications subscription confirmation");
     if !oci.cfg.confirm_subscriptions {
         return Json(json!({"confirmation": "logged"})).into_response();
     }
@@ -242,18 +317,38 @@ async fn confirm_subscription(oci: &OciEvents, url: &str) -> Response {
         )
             .into_response();
     };
-    let res = match http.get(url).send().await {
+    let target = match confirmation_target(url, oci.allow_loopback) {
+        Ok(t) => t,
+        Err(why) => {
+            tracing::warn!(url = %shown, why, "refused a subscription confirmation URL");
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"error": format!("confirmation URL refused: {why}")})),
+            )
+                .into_response();
+        }
+    };
+    if let Err(why) = crate::http::check_destination(&target, oci.allow_loopback) {
+        tracing::warn!(url = %shown, why, "refused a subscription confirmation URL");
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": "confirmation URL refused"})),
+        )
+            .into_response();
+    }
+    let res = match http.get(target).send().await {
         Ok(r) if r.status().is_success() => Ok(()),
         Ok(r) => Err(format!("HTTP {}", r.status().as_u16())),
-        Err(e) => Err(crate::telemetry::error_chain(&e)),
+        Err(e) => Err(crate::telemetry::error_chain(&e.without_url())),
     };
     match res {
         Ok(()) => Json(json!({"confirmation": "confirmed"})).into_response(),
         Err(e) => {
-            tracing::warn!(url, error = %e, "cannot confirm the subscription");
+            // The cause stays in the log: the caller learns nothing of what is behind the URL.
+            tracing::warn!(url = %shown, error = %e, "cannot confirm the subscription");
             (
                 StatusCode::BAD_GATEWAY,
-                Json(json!({"error": format!("confirmation failed: {e}")})),
+                Json(json!({"error": "confirmation failed"})),
             )
                 .into_response()
         }
@@ -336,6 +431,35 @@ pub fn parse(v: &Value) -> Result<Parsed, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_oci_notifications_hosts_over_https_confirm_a_subscription() {
+        let cases: [(&str, bool, Result<(), &str>); 16] = [
+            ("https://notification.us-phoenix-1.oraclecloud.com/20181201/subscriptions/ocid1.x/confirmation?token=t", false, Ok(())),
+            ("https://notification.eu-frankfurt-1.oci.oraclecloud.com/c?token=t", false, Ok(())),
+            ("https://NOTIFICATION.us-langley-1.oraclegovcloud.com/c", false, Ok(())),
+            ("https://notification.uk-gov-london-1.oraclegovcloud.uk/c", false, Ok(())),
+            ("http://notification.us-phoenix-1.oraclecloud.com/c", false, Err("not an https URL")),
+            ("https://notification.us-phoenix-1.oraclecloud.com:8443/c", false, Err("not on the default https port")),
+            ("https://notification.oraclecloud.com/c", false, Err("not an OCI Notifications host")),
+            ("https://notification.x.oraclecloud.com.evil.example/c", false, Err("not an OCI Notifications host")),
+            ("https://evil.example/notification.us-phoenix-1.oraclecloud.com", false, Err("not an OCI Notifications host")),
+            ("https://u:p@notification.us-phoenix-1.oraclecloud.com/c", false, Err("a URL with userinfo")),
+            ("http://127.0.0.1:8080/confirm", false, Err("not an https URL")),
+            ("https://127.0.0.1/confirm", false, Err("an IP address, not an OCI Notifications host")),
+            ("https://169.254.169.254/latest/meta-data", true, Err("an IP address, not an OCI Notifications host")),
+            ("http://127.0.0.1:8080/confirm", true, Ok(())),
+            ("http://localhost:8080/confirm", true, Ok(())),
+            ("file:///etc/passwd", true, Err("a URL without a host")),
+        ];
+        for (url, allow, want) in cases {
+            assert_eq!(
+                confirmation_target(url, allow).map(|_| ()),
+                want,
+                "{url} allow_loopback={allow}"
+            );
+        }
+    }
 
     #[test]
     fn samples_map_to_events_with_stable_ids() {

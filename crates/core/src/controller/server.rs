@@ -5,13 +5,14 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
+use futures::future::Either;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
@@ -59,10 +60,15 @@ pub struct App {
     pub dead: std::sync::OnceLock<String>,
     /// How late the process gets to run (`nodekeeper_scheduling_delay_seconds`).
     pub delay: Arc<super::delay::SchedulingDelay>,
+    /// The largest body read (`max_report_bytes`): larger ones are answered 413.
+    pub max_body: usize,
+    /// Request bodies refused as too large (413) or too slow (408).
+    pub bodies_refused: AtomicU64,
 }
 
-/// The router.
-pub fn router(app: Arc<App>, max_body: usize) -> Router {
+/// The router. Its handlers read their bodies themselves ([`read_body`]), after the caller is
+/// authenticated and holds a permit, so nothing is buffered for a caller that is refused.
+pub fn router(app: Arc<App>) -> Router {
     let mut r = Router::new()
         .route("/v1/reports", post(report))
         .route("/livez", get(livez))
@@ -78,7 +84,83 @@ pub fn router(app: Arc<App>, max_body: usize) -> Router {
             post(super::oci_events::handle_with_path_token),
         );
     }
-    r.layer(DefaultBodyLimit::max(max_body)).with_state(app)
+    r.with_state(app)
+}
+
+/// How long a handler waits for a request body once it decided to read it (after
+/// authentication and the permit): a caller holding a permit cannot keep it longer by sending
+/// slowly. The agent's report (≤ `max_report_bytes`, 1 MiB by default) takes milliseconds.
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Why a body was not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyRefusal {
+    /// Larger than the limit (its Content-Length, or the bytes sent): 413.
+    TooLarge,
+    /// Not complete within [`BODY_READ_TIMEOUT`]: 408.
+    TooSlow,
+    /// The connection failed or the framing was bad: 400.
+    Broken,
+}
+
+impl BodyRefusal {
+    /// The answer to the caller.
+    pub fn response(self, limit: usize) -> Response {
+        match self {
+            BodyRefusal::TooLarge => err(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body larger than {limit} bytes (max_report_bytes)"),
+            ),
+            BodyRefusal::TooSlow => err(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("body not received within {} s", BODY_READ_TIMEOUT.as_secs()),
+            ),
+            BodyRefusal::Broken => err(StatusCode::BAD_REQUEST, "body could not be read"),
+        }
+    }
+}
+
+/// Refuses a body whose `Content-Length` is over `limit` from the headers alone.
+pub fn declared_too_large(headers: &HeaderMap, limit: usize) -> Option<BodyRefusal> {
+    let len = headers
+        .get(axum::http::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse::<u64>()
+        .ok()?;
+    (len > limit as u64).then_some(BodyRefusal::TooLarge)
+}
+
+/// Reads a body of at most `limit` bytes within `deadline`; stops reading at the first byte past
+/// the limit.
+pub async fn read_body(
+    body: Body,
+    limit: usize,
+    deadline: std::time::Duration,
+) -> Result<Bytes, BodyRefusal> {
+    use http_body_util::BodyExt;
+    let collect = http_body_util::Limited::new(body, limit).collect();
+    match tokio::time::timeout(deadline, collect).await {
+        Err(_) => Err(BodyRefusal::TooSlow),
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(BodyRefusal::TooLarge),
+        Ok(Err(_)) => Err(BodyRefusal::Broken),
+    }
+}
+
+impl App {
+    /// [`read_body`] with this API's limit; a refusal is counted and answered.
+    pub async fn body(&self, body: Body) -> Result<Bytes, Response> {
+        read_body(body, self.max_body, BODY_READ_TIMEOUT)
+            .await
+            .map_err(|r| self.refuse_body(r))
+    }
+
+    /// Counts and answers a refused body.
+    pub fn refuse_body(&self, r: BodyRefusal) -> Response {
+        self.bodies_refused.fetch_add(1, Ordering::Relaxed);
+        r.response(self.max_body)
+    }
 }
 
 /// How long a report waits for its notices to be stored on the Node; those not stored by then
@@ -114,44 +196,84 @@ fn carries_notices(body: &[u8]) -> bool {
     serde_json::from_slice::<Peek>(body).is_ok_and(|p| !p.events.is_empty())
 }
 
-async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
-    let received = tokio::time::Instant::now();
-    let permit = match app.in_flight.try_acquire() {
-        Ok(p) => Ok(p),
-        Err(_) if carries_notices(&body) => app.notices_in_flight.try_acquire().inspect(|_| {
-            app.notices_past_limit.fetch_add(1, Ordering::Relaxed);
-        }),
-        Err(e) => Err(e),
-    };
-    let Ok(_in_flight) = permit else {
-        let shed = app.shed.fetch_add(1, Ordering::Relaxed) + 1;
-        if shed.is_power_of_two() {
-            tracing::warn!(
-                shed,
-                "max_reports_in_flight reports are being handled: answering 503 with Retry-After"
-            );
-        }
-        let mut resp = err(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many reports in flight (max_reports_in_flight); retry after Retry-After",
+/// 503 with `Retry-After`: `max_reports_in_flight` reports are being handled.
+fn shed(app: &App) -> Response {
+    let shed = app.shed.fetch_add(1, Ordering::Relaxed) + 1;
+    if shed.is_power_of_two() {
+        tracing::warn!(
+            shed,
+            "max_reports_in_flight reports are being handled: answering 503 with Retry-After"
         );
-        resp.headers_mut().insert(
-            axum::http::header::RETRY_AFTER,
-            axum::http::HeaderValue::from(REPORT_RETRY_AFTER_SECS),
-        );
-        return resp;
-    };
-    let authz = headers.get("authorization").and_then(|v| v.to_str().ok());
-    let caller = match app.auth.authenticate(authz).await {
-        Ok(c) => c,
-        Err(e @ AuthError::Unauthenticated(_)) => {
+    }
+    let mut resp = err(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too many reports in flight (max_reports_in_flight); retry after Retry-After",
+    );
+    resp.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from(REPORT_RETRY_AFTER_SECS),
+    );
+    resp
+}
+
+fn auth_refusal(app: &App, e: AuthError) -> Response {
+    match e {
+        AuthError::Unauthenticated(_) => {
             app.unauthenticated.fetch_add(1, Ordering::Relaxed);
-            return err(StatusCode::UNAUTHORIZED, e.to_string());
+            err(StatusCode::UNAUTHORIZED, e.to_string())
         }
-        Err(e @ AuthError::Forbidden(_)) => return err(StatusCode::FORBIDDEN, e.to_string()),
-        Err(e @ AuthError::Upstream { .. }) => {
-            return err(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        AuthError::Forbidden(_) => err(StatusCode::FORBIDDEN, e.to_string()),
+        AuthError::Upstream { .. } => err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// `POST /v1/reports`. The order bounds what a caller costs before it is known: the headers
+/// alone refuse a declared oversized body (413) and a request without a bearer token (401); a
+/// token the cache knows authenticates at once; then a permit of `max_reports_in_flight` (else
+/// 503) before a TokenReview or any byte of the body; the body is read last, with the limit and
+/// [`BODY_READ_TIMEOUT`]. Past `max_reports_in_flight` a report may still carry a notice: it
+/// takes a permit of the notices' allowance, and only then is its body read to see (so at most
+/// 2 × `max_reports_in_flight` bodies are ever being read, whatever the connections).
+async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let received = tokio::time::Instant::now();
+    if let Some(r) = declared_too_large(&headers, app.max_body) {
+        return app.refuse_body(r);
+    }
+    let authz = headers.get("authorization").and_then(|v| v.to_str().ok());
+    let cached = match app.auth.cached(authz) {
+        Ok(c) => c,
+        Err(e) => return auth_refusal(&app, e),
+    };
+    let (_permit, body) = match app.in_flight.try_acquire() {
+        Ok(p) => (p, Either::Left(body)),
+        Err(_) => {
+            let Ok(p) = app.notices_in_flight.try_acquire() else {
+                return shed(&app);
+            };
+            let bytes = match app.body(body).await {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            if !carries_notices(&bytes) {
+                return shed(&app);
+            }
+            app.notices_past_limit.fetch_add(1, Ordering::Relaxed);
+            (p, Either::Right(bytes))
         }
+    };
+    let caller = match cached {
+        Some(c) => c,
+        None => match app.auth.authenticate(authz).await {
+            Ok(c) => c,
+            Err(e) => return auth_refusal(&app, e),
+        },
+    };
+    let body = match body {
+        Either::Right(b) => b,
+        Either::Left(unread) => match app.body(unread).await {
+            Ok(b) => b,
+            Err(r) => return r,
+        },
     };
     let report = match crate::wire::parse_body(&body) {
         Ok(r) => r,
@@ -168,6 +290,13 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) ->
                 caller.node, report.node
             ),
         );
+    }
+    if let Err(e) = app.states.check_limits(&report) {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": e.to_string(), "limit": e.limit.as_str()})),
+        )
+            .into_response();
     }
     let events = report.events.clone();
     match app.states.handle(report, received).await {
@@ -265,6 +394,11 @@ impl Collector for ApiMetrics {
                 g(&app.notices_past_limit),
             ),
             (
+                "nodekeeper_request_bodies_refused_total",
+                "Request bodies refused unread or cut: larger than max_report_bytes (413) or not received in time (408).",
+                g(&app.bodies_refused),
+            ),
+            (
                 "nodekeeper_token_reviews_total",
                 "TokenReviews sent to the API server.",
                 g(&app.auth.reviews),
@@ -285,6 +419,16 @@ impl Collector for ApiMetrics {
                 g(&c.node_events),
             ),
             (
+                "nodekeeper_node_events_suppressed_total",
+                "Events about Nodes not recorded: over the node's Event rate (events_burst, events_every).",
+                g(&c.events_suppressed),
+            ),
+            (
+                "nodekeeper_notices_deferred_total",
+                "New notices not taken (nor acknowledged, so resent) over the node's notice rate (notices_burst, notices_every).",
+                g(&c.notices_deferred),
+            ),
+            (
                 "nodekeeper_labels_removed_total",
                 "Migration labels removed from Nodes.",
                 g(&c.labels_removed),
@@ -298,6 +442,21 @@ impl Collector for ApiMetrics {
         for (name, help, v) in counters {
             metrics::encode_counter(&mut enc, name, help, v)?;
         }
+        metrics::encode_family(
+            &mut enc,
+            metrics::counter_name("nodekeeper_reports_over_limit_total"),
+            "Reports refused (400) over a [controller.report_limits] limit, by limit.",
+            prometheus_client::metrics::MetricType::Counter,
+            super::limits::Limit::ALL
+                .iter()
+                .zip(&c.over_limit)
+                .map(|(l, n)| {
+                    (
+                        [("limit", l.as_str())],
+                        prometheus_client::metrics::counter::ConstCounter::new(g(n)),
+                    )
+                }),
+        )?;
         let leader = i64::from(*app.leader.borrow());
         metrics::encode_gauge(
             &mut enc,

@@ -61,7 +61,18 @@ impl Env {
                 .map_err(|e| DemoError::Start(format!("namespace nodekeeper: {e}")))?;
         }
         let mut ccfg = controller_config(config.controller.clone());
-        ccfg.provider = backend.provider(&ccfg.provider);
+        let provider = backend.provider(&ccfg.provider);
+        if matches!(*backend, Backend::Real(_))
+            && matches!(
+                provider,
+                nodekeeper_core::controller::provider::ProviderConfig::Webhook(_)
+            )
+            && provider != ccfg.provider
+        {
+            // The real backend's cloud stand-in answers on loopback, in this process.
+            ccfg.allow_loopback_destinations = true;
+        }
+        ccfg.provider = provider;
         let events_tl = tl.clone();
         let events_client = client.clone();
         let mut tasks = vec![tokio::spawn(async move {

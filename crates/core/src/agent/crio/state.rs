@@ -4,6 +4,11 @@
 //! with a backup of every file about to change under `state_dir/crio-backup/`. A run killed at
 //! any point therefore leaves enough behind for the next run to finish the change, restart the
 //! unit, and still roll back to the last good files if that restart fails.
+//!
+//! The file is data, not paths: every name it holds (`owned`, `pending.files`,
+//! `pending.owned_before`, and so the backups) must be a drop-in file name
+//! ([`valid_name`](crate::agent::crio::lint::valid_name)); a file naming anything else is refused
+//! whole on load, before any name is joined to a directory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,6 +34,49 @@ pub struct State {
     pub pending: Option<Pending>,
 }
 
+impl State {
+    /// Parses a state file's bytes (`path` names it in errors): JSON, the schema version, then
+    /// every name ([`State::invalid_name`]).
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<State, StateError> {
+        let path = path.to_path_buf();
+        let state: State = serde_json::from_slice(bytes).map_err(|source| StateError::Parse {
+            path: path.clone(),
+            source,
+        })?;
+        if state.version != STATE_VERSION {
+            return Err(StateError::Version {
+                path,
+                found: state.version,
+            });
+        }
+        if let Some((field, name)) = state.invalid_name() {
+            return Err(StateError::Name {
+                path,
+                field,
+                name: name.chars().take(80).collect(),
+            });
+        }
+        Ok(state)
+    }
+
+    /// The first name that is not a drop-in file name, and where it is.
+    pub fn invalid_name(&self) -> Option<(&'static str, &str)> {
+        fn bad<'a, V>(
+            field: &'static str,
+            names: &'a BTreeMap<String, V>,
+        ) -> Option<(&'static str, &'a str)> {
+            names
+                .keys()
+                .find(|n| !crate::agent::crio::lint::valid_name(n))
+                .map(|n| (field, n.as_str()))
+        }
+        bad("owned", &self.owned).or_else(|| {
+            let p = self.pending.as_ref()?;
+            bad("pending.files", &p.files).or_else(|| bad("pending.owned_before", &p.owned_before))
+        })
+    }
+}
+
 /// An unfinished change: what to roll back to.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Pending {
@@ -51,6 +99,18 @@ pub enum StateError {
         path: PathBuf,
         /// The parse error.
         source: serde_json::Error,
+    },
+    /// A name in the file is not a drop-in file name (a path, a hidden file, another suffix).
+    #[error("{}: {field} names `{name}`, which is not a drop-in file name \
+             (^[0-9A-Za-z._-]+\\.conf$); refusing the state file: check who wrote it, then move it \
+             away to start over (nodekeeper will then own no drop-ins)", path.display())]
+    Name {
+        /// The state file.
+        path: PathBuf,
+        /// Where in the file (`owned`, `pending.files`, `pending.owned_before`).
+        field: &'static str,
+        /// The name, cut to 80 characters.
+        name: String,
     },
     /// Written by a newer nodekeeper.
     #[error("{} has schema version {found}, this nodekeeper reads {STATE_VERSION}", path.display())]
@@ -96,17 +156,7 @@ impl StatePaths {
                 ..State::default()
             });
         };
-        let state: State = serde_json::from_slice(&bytes).map_err(|source| StateError::Parse {
-            path: path.clone(),
-            source,
-        })?;
-        if state.version != STATE_VERSION {
-            return Err(StateError::Version {
-                path,
-                found: state.version,
-            });
-        }
-        Ok(state)
+        State::parse(&path, &bytes)
     }
 
     /// Saves the state atomically.
@@ -123,13 +173,14 @@ impl StatePaths {
     /// Saves `bytes` as the backup of drop-in `name`.
     pub fn save_backup(&self, name: &str, bytes: &[u8]) -> Result<(), FsError> {
         let dir = self.backup_dir();
+        let path = backup_path(&dir, name)?;
         fsops::ensure_dir(&dir)?;
-        fsops::atomic_write(&dir.join(name), bytes, &self.tmp_dir())
+        fsops::atomic_write(&path, bytes, &self.tmp_dir())
     }
 
     /// Reads the backup of drop-in `name`.
     pub fn read_backup(&self, name: &str) -> Result<Option<Vec<u8>>, FsError> {
-        fsops::read_opt(&self.backup_dir().join(name))
+        fsops::read_opt(&backup_path(&self.backup_dir(), name)?)
     }
 
     /// Removes all backups (after a confirmed change or a completed rollback).
@@ -145,6 +196,22 @@ impl StatePaths {
             }),
         }
     }
+}
+
+/// `dir/name` for a drop-in file name only (the state file's names are checked on load; this
+/// keeps a backup inside its directory whatever the caller passes).
+fn backup_path(dir: &Path, name: &str) -> Result<PathBuf, FsError> {
+    if crate::agent::crio::lint::valid_name(name) {
+        return Ok(dir.join(name));
+    }
+    Err(FsError {
+        op: "refuse a backup name outside",
+        path: dir.to_path_buf(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("`{}` is not a drop-in file name", name.escape_debug()),
+        ),
+    })
 }
 
 /// Hex sha256 of `bytes`.
@@ -188,6 +255,75 @@ mod tests {
         std::fs::write(p.file(), b"{garbage").unwrap();
         let e = p.load().unwrap_err().to_string();
         assert!(e.contains("crio-state.json"), "{e}");
+    }
+
+    /// Probe 7: a state file naming paths (traversal, absolute, hidden, another suffix) in any
+    /// of its maps is refused on load with the file, the field and the remedy; nothing outside
+    /// the state directory is read. The backups refuse such names too.
+    #[test]
+    fn names_that_are_not_drop_in_file_names_are_refused_on_load() {
+        let d = tempfile::tempdir().unwrap();
+        let p = StatePaths {
+            dir: d.path().join("s"),
+        };
+        std::fs::create_dir_all(&p.dir).unwrap();
+        let victim = d.path().join("victim.conf");
+        std::fs::write(&victim, "secret").unwrap();
+        let names = [
+            "../../../../victim.txt",
+            "../victim.conf",
+            "/etc/passwd.conf",
+            "sub/a.conf",
+            ".hidden.conf",
+            "a.txt",
+            "",
+        ];
+        for name in names {
+            for field in ["owned", "pending.files", "pending.owned_before"] {
+                let mut s = State {
+                    version: STATE_VERSION,
+                    ..State::default()
+                };
+                s.owned.insert("ok.conf".into(), digest(b"x"));
+                match field {
+                    "owned" => {
+                        s.owned.insert(name.into(), digest(b"x"));
+                    }
+                    "pending.files" => {
+                        s.pending = Some(Pending {
+                            files: [(name.to_string(), true)].into(),
+                            owned_before: BTreeMap::new(),
+                        })
+                    }
+                    _ => {
+                        s.pending = Some(Pending {
+                            files: BTreeMap::new(),
+                            owned_before: [(name.to_string(), digest(b"x"))].into(),
+                        })
+                    }
+                }
+                std::fs::write(p.file(), serde_json::to_vec(&s).unwrap()).unwrap();
+                let e = p.load().unwrap_err();
+                let text = e.to_string();
+                assert!(
+                    matches!(&e, StateError::Name { field: f, .. } if *f == field),
+                    "{name:?} in {field}: {text}"
+                );
+                assert!(
+                    text.contains("crio-state.json") && text.contains("move it"),
+                    "{text}"
+                );
+            }
+            assert!(p.read_backup(name).is_err(), "{name:?}");
+            assert!(p.save_backup(name, b"x").is_err(), "{name:?}");
+        }
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "secret");
+        // A valid state still loads.
+        let mut s = p.load().unwrap_or_default();
+        s.version = STATE_VERSION;
+        s.owned = [("10-a.conf".to_string(), digest(b"x"))].into();
+        p.save(&s).unwrap();
+        assert_eq!(p.load().unwrap(), s);
     }
 
     #[test]

@@ -37,9 +37,17 @@ pub struct ReporterConfig {
     /// Longest wait between retries while the controller is unreachable.
     #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
-    /// Unacknowledged events kept (and persisted) at most.
+    /// Unacknowledged events kept (and persisted) at most; also applied to the queue loaded from
+    /// the state directory (the oldest dropped first, with an error log and a report problem).
     pub max_queued_events: usize,
+    /// Largest report body sent, in bytes: the controller's `[controller] max_report_bytes`
+    /// (same default). A report carries at most 64 events, oldest first, and fewer when they
+    /// would not fit, so a backlog always drains.
+    pub max_report_bytes: usize,
 }
+
+/// The least `[report] max_report_bytes`: room for a report's fixed fields and conditions.
+pub const MIN_REPORT_BYTES: usize = 16 * 1024;
 
 impl Default for ReporterConfig {
     fn default() -> Self {
@@ -53,6 +61,7 @@ impl Default for ReporterConfig {
             idle_timeout: Duration::from_secs(1),
             backoff_max: Duration::from_secs(30),
             max_queued_events: 1000,
+            max_report_bytes: 1 << 20,
         }
     }
 }
@@ -89,6 +98,12 @@ impl ReporterConfig {
                     "must be greater than zero",
                 ));
             }
+        }
+        if self.max_report_bytes < MIN_REPORT_BYTES {
+            d.push(Diagnostic::error(
+                cfg_path!["report", "max_report_bytes"],
+                format!("must be at least {MIN_REPORT_BYTES} (a report without events)"),
+            ));
         }
         if self.max_queued_events == 0 {
             d.push(Diagnostic::error(

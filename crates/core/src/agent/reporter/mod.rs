@@ -132,6 +132,71 @@ pub enum ReporterError {
     Write(#[from] crate::agent::fsops::FsError),
 }
 
+/// A report body that fits `[report] max_report_bytes`.
+#[derive(Debug)]
+pub struct Fitted {
+    /// The serialized report.
+    pub body: Vec<u8>,
+    /// How many of the offered events it carries (the oldest).
+    pub events: usize,
+    /// Check events left out (the report was too large even without any event).
+    pub check_events_dropped: usize,
+    /// The oldest event, when it alone does not fit: it can never be sent.
+    pub unsendable: Option<String>,
+}
+
+/// `report` (with the events it carries already) and as many of `events` (oldest first) as fit
+/// in `max_bytes`: all of them, else
+/// half as many, and so on (a few serializations at most). Without any event the body may still
+/// be too large (thousands of check events with long lines): check events are then halved too,
+/// the newest kept. Pure, so that a backlog always drains whatever the limit.
+pub fn fit(
+    mut report: NodeReport,
+    events: &[NodeEvent],
+    max_bytes: usize,
+) -> Result<Fitted, serde_json::Error> {
+    let own = std::mem::take(&mut report.events);
+    let mut n = events.len();
+    let mut unsendable = None;
+    loop {
+        report.events = own.iter().chain(&events[..n]).cloned().collect();
+        let body = serde_json::to_vec(&report)?;
+        if body.len() <= max_bytes {
+            return Ok(Fitted {
+                body,
+                events: n,
+                check_events_dropped: 0,
+                unsendable,
+            });
+        }
+        if n == 0 {
+            break;
+        }
+        if n == 1 {
+            unsendable = Some(events[0].id.clone());
+        }
+        n /= 2;
+    }
+    // Too large without any event: no event is to blame.
+    let unsendable = None;
+    let mut dropped = 0;
+    loop {
+        let keep = report.check_events.len() / 2;
+        let cut = report.check_events.len() - keep;
+        report.check_events.drain(..cut);
+        dropped += cut;
+        let body = serde_json::to_vec(&report)?;
+        if body.len() <= max_bytes || report.check_events.is_empty() {
+            return Ok(Fitted {
+                body,
+                events: 0,
+                check_events_dropped: dropped,
+                unsendable,
+            });
+        }
+    }
+}
+
 /// Delivers reports; see the module docs.
 #[derive(Debug)]
 pub struct Reporter {
@@ -190,9 +255,36 @@ impl Reporter {
         let mut report = latest.clone();
         report.agent_instance = self.instance.clone();
         report.sequence = self.sequence;
-        report.events.extend(self.queue.events().cloned());
         self.queue.answer_replayed(&mut report);
-        let body = serde_json::to_vec(&report).map_err(ReporterError::Encode)?;
+        let dropped = self.queue.take_dropped();
+        if dropped > 0 {
+            report.problems.push(format!(
+                "{dropped} queued events dropped: over max_queued_events, or too large for a \
+                 report (max_report_bytes)"
+            ));
+        }
+        let queued: Vec<NodeEvent> = self
+            .queue
+            .events()
+            .take(crate::wire::MAX_EVENTS_PER_REPORT)
+            .cloned()
+            .collect();
+        let fitted =
+            fit(report, &queued, self.cfg.max_report_bytes).map_err(ReporterError::Encode)?;
+        if let Some(id) = &fitted.unsendable {
+            tracing::error!(%id, max_report_bytes = self.cfg.max_report_bytes,
+                "a queued event does not fit in a report alone: dropped");
+            self.queue.drop_unsendable(id);
+            self.persist_later();
+        }
+        if fitted.check_events_dropped > 0 {
+            tracing::error!(
+                dropped = fitted.check_events_dropped,
+                max_report_bytes = self.cfg.max_report_bytes,
+                "the report did not fit without its oldest check events: dropped them"
+            );
+        }
+        let body = fitted.body;
         let answer = self
             .transport
             .post(token.trim(), body)
@@ -514,5 +606,152 @@ mod tests {
             "the heartbeat resumes: {gaps:?}"
         );
         r.stop().await;
+    }
+
+    /// A controller that refuses bodies over `max` (413, as `max_report_bytes` does) and
+    /// acknowledges every event of the others.
+    #[derive(Debug)]
+    struct Limited {
+        max: usize,
+        seen: Arc<Mutex<Vec<(usize, NodeReport)>>>,
+    }
+
+    impl ReportTransport for Limited {
+        fn post<'a>(
+            &'a self,
+            _token: &'a str,
+            body: Vec<u8>,
+        ) -> futures::future::BoxFuture<'a, Result<transport::Answer, transport::TransportError>>
+        {
+            let r: NodeReport = serde_json::from_slice(&body).unwrap();
+            let ids: Vec<String> = r.events.iter().map(|e| e.id.clone()).collect();
+            self.seen.lock().unwrap().push((body.len(), r));
+            let answer = if body.len() > self.max {
+                transport::Answer {
+                    status: 413,
+                    body: br#"{"error":"too large"}"#.to_vec().into(),
+                    retry_after: None,
+                }
+            } else {
+                let resp = ReportResponse {
+                    accepted: true,
+                    acknowledged_events: ids,
+                    commands: vec![],
+                };
+                transport::Answer {
+                    status: 200,
+                    body: serde_json::to_vec(&resp).unwrap().into(),
+                    retry_after: None,
+                }
+            };
+            Box::pin(async move { Ok(answer) })
+        }
+    }
+
+    fn big_event(i: usize) -> NodeEvent {
+        let mut e = NodeEvent::on_node(
+            EventKind::Maintenance,
+            "test",
+            &format!("k{i}"),
+            chrono::Utc::now(),
+        );
+        e.id = format!("ev-{i:05}");
+        e.detail.insert("pad".into(), "p".repeat(200));
+        e
+    }
+
+    /// Probe 8: 20,000 events saved by an earlier agent (over `max_queued_events`), and a
+    /// controller refusing reports over its `max_report_bytes` with 413. The queue keeps the
+    /// newest 1,000 on load (the drop told in the next report's problems), every report fits,
+    /// and the backlog drains in order; before, every report carried all 20,000 and was refused
+    /// forever.
+    #[tokio::test]
+    async fn a_saved_backlog_over_the_bounds_drains_in_reports_that_fit() {
+        const SAVED: usize = 20_000;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("token"), "t\n").unwrap();
+        let saved: Vec<NodeEvent> = (0..SAVED).map(big_event).collect();
+        std::fs::write(
+            dir.path().join(queue::EVENTS_FILE),
+            serde_json::to_vec(&saved).unwrap(),
+        )
+        .unwrap();
+        let cfg = ReporterConfig {
+            url: "http://controller.test".into(),
+            ca_file: None,
+            token_file: dir.path().join("token"),
+            max_report_bytes: config::MIN_REPORT_BYTES,
+            ..ReporterConfig::default()
+        };
+        let max_queued = cfg.max_queued_events;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let fake = Limited {
+            max: cfg.max_report_bytes,
+            seen: seen.clone(),
+        };
+        let mut r = Reporter::with_transport(cfg, dir.path(), Box::new(fake)).unwrap();
+        assert_eq!(r.queued().count(), max_queued, "bounded on load");
+        let mut sends = 0;
+        while r.queued().next().is_some() {
+            r.send_once(&report()).await.unwrap();
+            sends += 1;
+            assert!(sends <= max_queued, "the backlog does not drain");
+        }
+        let seen = seen.lock().unwrap();
+        assert!(seen.iter().all(|(len, _)| *len <= config::MIN_REPORT_BYTES));
+        let sent: Vec<&str> = seen
+            .iter()
+            .flat_map(|(_, r)| r.events.iter().map(|e| e.id.as_str()))
+            .collect();
+        let want: Vec<String> = (SAVED - max_queued..SAVED)
+            .map(|i| format!("ev-{i:05}"))
+            .collect();
+        assert_eq!(sent, want, "the newest kept, each sent once, oldest first");
+        assert!(
+            seen[0]
+                .1
+                .problems
+                .iter()
+                .any(|p| p.starts_with("19000 queued events dropped")),
+            "{:?}",
+            seen[0].1.problems
+        );
+        assert!(seen[1].1.problems.is_empty());
+        eprintln!("NOTE: {max_queued} events in {sends} reports of at most 16 KiB");
+    }
+
+    #[test]
+    fn fit_takes_fewer_events_then_fewer_check_events_and_names_an_unsendable_event() {
+        let events: Vec<NodeEvent> = (0..64).map(big_event).collect();
+        let one = serde_json::to_vec(&events[0]).unwrap().len();
+        let base = serde_json::to_vec(&report()).unwrap().len();
+        // All fit.
+        let f = fit(report(), &events, 1 << 20).unwrap();
+        assert_eq!(
+            (f.events, f.check_events_dropped, f.unsendable),
+            (64, 0, None)
+        );
+        // Room for about 10: halved until they fit (8).
+        let f = fit(report(), &events, base + 10 * (one + 1)).unwrap();
+        assert_eq!(f.events, 8);
+        assert!(f.body.len() <= base + 10 * (one + 1));
+        // The oldest alone is too large (but the report without it fits): named.
+        let f = fit(report(), &events, base + one / 2).unwrap();
+        assert_eq!((f.events, f.unsendable.as_deref()), (0, Some("ev-00000")));
+        // Too large without any event: the oldest check events go, no event is blamed.
+        let mut r = report();
+        r.check_events = (0..100)
+            .map(|i| crate::agent::checks::CheckEvent {
+                reason: "R".into(),
+                message: format!("{i:03}{}", "x".repeat(100)),
+                severity: crate::agent::checks::EventSeverity::Warning,
+            })
+            .collect();
+        let f = fit(r, &events[..1], 4000).unwrap();
+        assert!(f.body.len() <= 4000);
+        assert_eq!((f.events, f.unsendable), (0, None));
+        assert!(f.check_events_dropped >= 50, "{}", f.check_events_dropped);
+        let kept: NodeReport = serde_json::from_slice(&f.body).unwrap();
+        assert_eq!(kept.check_events.last().unwrap().message[..3], *"099");
     }
 }

@@ -36,6 +36,8 @@ pub(super) struct Queue {
     generation: u64,
     /// The latest of them written (shared with the writes in flight).
     written: Arc<Mutex<u64>>,
+    /// Events dropped and not yet told ([`Queue::take_dropped`]).
+    dropped: usize,
 }
 
 /// One state of the event queue, serialized, to be written to the state directory by a thread
@@ -81,8 +83,19 @@ impl Queue {
             path: state_dir.to_path_buf(),
             source,
         })?;
-        let events: VecDeque<NodeEvent> =
+        let mut events: VecDeque<NodeEvent> =
             load_json(&state_dir.join(EVENTS_FILE)).unwrap_or_default();
+        // A file written by a build with a larger bound, or by hand: the bound holds on load too.
+        let dropped = events.len().saturating_sub(max_events);
+        if dropped > 0 {
+            events.drain(..dropped);
+            tracing::error!(
+                dropped,
+                kept = events.len(),
+                path = %state_dir.join(EVENTS_FILE).display(),
+                "saved report queue over max_queued_events: dropped the oldest events"
+            );
+        }
         let executed: VecDeque<String> =
             load_json(&state_dir.join(COMMANDS_FILE)).unwrap_or_default();
         Ok(Queue {
@@ -94,7 +107,21 @@ impl Queue {
             replayed: Vec::new(),
             generation: 0,
             written: Arc::new(Mutex::new(0)),
+            dropped,
         })
+    }
+
+    /// Events dropped since the last call (over `max_queued_events` on load, or too large to
+    /// send), to be told in the next report's problems.
+    pub(super) fn take_dropped(&mut self) -> usize {
+        std::mem::take(&mut self.dropped)
+    }
+
+    /// Drops the event `id` (one that cannot be sent: alone it does not fit a report).
+    pub(super) fn drop_unsendable(&mut self, id: &str) {
+        let before = self.events.len();
+        self.events.retain(|e| e.id != id);
+        self.dropped += before - self.events.len();
     }
 
     /// Unacknowledged events, oldest first.
@@ -115,6 +142,7 @@ impl Queue {
         }
         if self.events.len() >= self.max_events {
             if let Some(old) = self.events.pop_front() {
+                self.dropped += 1;
                 tracing::error!(id = %old.id, kind = old.kind.name(), "report queue full: dropped the oldest event");
             }
         }

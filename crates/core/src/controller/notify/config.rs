@@ -14,7 +14,8 @@ use crate::controller::provider::check_http_url;
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NotifyConfig {
-    /// `https://` (or `http://`) URL to POST to.
+    /// `https://` (or `http://`) URL to POST to (printed redacted).
+    #[serde(serialize_with = "crate::config::serialize_redacted_url")]
     pub url: String,
     /// A PEM CA file trusted besides the system's roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]

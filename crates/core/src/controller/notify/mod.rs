@@ -136,6 +136,15 @@ pub enum NotifyError {
         /// Cause.
         source: crate::http::TlsError,
     },
+    /// The target's URL names an address outbound requests may not reach (loopback without
+    /// `[controller] allow_loopback_destinations`, metadata, link-local, unspecified).
+    #[error("{target}: {why}")]
+    Refused {
+        /// Target name.
+        target: String,
+        /// Which address, and why (starts with "refused").
+        why: String,
+    },
     /// The template of a target is invalid (validation should have caught it).
     #[error("{target}: template: {message}")]
     Template {
@@ -164,14 +173,15 @@ impl std::fmt::Debug for Notifier {
 
 impl Notifier {
     /// Starts one delivery task per target on the current tokio runtime; they stop when the
-    /// notifier is dropped. An empty list gives a notifier that sends nothing.
-    pub fn start(targets: &[NotifyConfig]) -> Result<Self, NotifyError> {
+    /// notifier is dropped. An empty list gives a notifier that sends nothing. Targets on
+    /// loopback only with `allow_loopback` (`[controller] allow_loopback_destinations`).
+    pub fn start(targets: &[NotifyConfig], allow_loopback: bool) -> Result<Self, NotifyError> {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| NotifyError::NoRuntime)?;
         let stop = CancellationToken::new();
         let targets = targets
             .iter()
             .enumerate()
-            .map(|(i, c)| Target::new(i, c).map(Arc::new))
+            .map(|(i, c)| Target::new(i, c, allow_loopback).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         for t in &targets {
             handle.spawn(deliver_loop(t.clone(), stop.clone()));
@@ -384,14 +394,14 @@ mod tests {
     /// a delivery keeps failing (paused time: the retries' backoff and the timeout are virtual).
     #[tokio::test(start_paused = true)]
     async fn flush_waits_for_the_queues_up_to_its_timeout() {
-        let idle = Notifier::start(&[NotifyConfig::new("http://127.0.0.1:1/")]).unwrap();
+        let idle = Notifier::start(&[NotifyConfig::new("http://127.0.0.1:1/")], true).unwrap();
         let t0 = tokio::time::Instant::now();
         assert!(idle.flush(Duration::from_secs(5)).await);
         assert_eq!(t0.elapsed(), Duration::ZERO);
 
         let mut cfg = NotifyConfig::new("http://127.0.0.1:1/");
         cfg.max_attempts = 1_000;
-        let failing = Notifier::start(&[cfg]).unwrap();
+        let failing = Notifier::start(&[cfg], true).unwrap();
         failing.notify(q("m").n);
         let t0 = tokio::time::Instant::now();
         assert!(!failing.flush(Duration::from_secs(5)).await);
@@ -406,7 +416,7 @@ mod tests {
     async fn queue_drops_the_oldest_when_full() {
         let mut cfg = NotifyConfig::new("http://127.0.0.1:1/");
         cfg.queue_size = 2;
-        let t = Target::new(0, &cfg).unwrap();
+        let t = Target::new(0, &cfg, true).unwrap();
         for m in ["a", "b", "c", "d"] {
             t.push(q(m));
         }

@@ -94,13 +94,27 @@ pub(super) struct Target {
 }
 
 impl Target {
-    pub(super) fn new(index: usize, cfg: &NotifyConfig) -> Result<Self, NotifyError> {
+    pub(super) fn new(
+        index: usize,
+        cfg: &NotifyConfig,
+        allow_loopback: bool,
+    ) -> Result<Self, NotifyError> {
         let name = target_name(index, &cfg.url);
-        let http = crate::http::builder(cfg.ca_file.as_deref())
-            .map_err(|e| NotifyError::Tls {
-                target: name.clone(),
-                source: e,
-            })?
+        if let Ok(url) = reqwest::Url::parse(&cfg.url) {
+            crate::http::check_destination(&url, allow_loopback).map_err(|why| {
+                NotifyError::Refused {
+                    target: name.clone(),
+                    why,
+                }
+            })?;
+        }
+        let http = crate::http::builder(cfg.ca_file.as_deref()).map_err(|e| NotifyError::Tls {
+            target: name.clone(),
+            source: e,
+        })?;
+        // No redirect (a 3xx is the answer: the signed body is never re-sent to another
+        // host); names resolving to metadata, link-local or unspecified addresses refused.
+        let http = crate::http::guard(http, allow_loopback)
             .timeout(cfg.timeout)
             .build()
             .map_err(|source| NotifyError::Client {

@@ -228,7 +228,18 @@ pub trait NodeProvider: Send + Sync {
 
 /// The error of a webhook URL that is not a plain `http://` URL (providers and notifications).
 pub fn check_http_url(url: &str, path: Vec<crate::config::PathSeg>) -> Option<Diagnostic> {
-    match reqwest::Url::parse(url) {
+    let parsed = reqwest::Url::parse(url);
+    if let Ok(u) = &parsed {
+        // Loopback stays allowed here (local receivers); metadata, link-local and unspecified
+        // addresses never are (the clients refuse names resolving to them as well).
+        if let Err(why) = crate::http::check_destination(u, true) {
+            return Some(Diagnostic::error(
+                path,
+                format!("{why}: no webhook may be sent there"),
+            ));
+        }
+    }
+    match parsed {
         Ok(u) if u.scheme() == "https" => None,
         Ok(u) if u.scheme() == "http" && is_loopback(&u) => None,
         Ok(u) if u.scheme() == "http" => Some(Diagnostic::warning(
@@ -247,7 +258,8 @@ pub fn check_http_url(url: &str, path: Vec<crate::config::PathSeg>) -> Option<Di
         )),
         Err(e) => Some(Diagnostic::error(
             path,
-            format!("`{url}` is not a URL: {e}"),
+            // (not echoed: a mistyped webhook URL may still hold its secret)
+            format!("not a URL: {e}"),
         )),
     }
 }
@@ -373,7 +385,8 @@ pub enum ProviderConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// `https://` (or `http://`) URL to POST to.
+    /// `https://` (or `http://`) URL to POST to (printed redacted).
+    #[serde(serialize_with = "crate::config::serialize_redacted_url")]
     pub url: String,
     /// HMAC-SHA256 key for `X-Nodekeeper-Signature`; never logged.
     pub secret: crate::config::Secret,
@@ -444,11 +457,12 @@ pub(crate) fn check_retries(timeout: Duration, max_attempts: u32) -> Vec<Diagnos
 pub fn build(
     cfg: &ProviderConfig,
     client: kube::Client,
+    allow_loopback: bool,
 ) -> Result<Box<dyn NodeProvider>, ProviderError> {
     Ok(match cfg {
         ProviderConfig::Karpenter => Box::new(karpenter::Karpenter::new(client)),
-        ProviderConfig::Webhook(w) => Box::new(webhook::Webhook::new(w.clone())?),
-        ProviderConfig::Oci(o) => Box::new(oci::Oci::new(o.clone(), client)?),
+        ProviderConfig::Webhook(w) => Box::new(webhook::Webhook::new(w.clone(), allow_loopback)?),
+        ProviderConfig::Oci(o) => Box::new(oci::Oci::new(o.clone(), client, allow_loopback)?),
         ProviderConfig::None => Box::new(none::NoReplacement),
     })
 }

@@ -415,12 +415,17 @@ fn read_key(path: &Path) -> Result<Vec<u8>, SetupError> {
 
 /// The OCI API client: with `ca_file`, only that CA is trusted; else the system's roots. Each
 /// request (connect to last body byte) times out after `timeout`; no proxy from the environment.
-fn oci_client(cfg: &OciConfig) -> Result<reqwest::Client, crate::http::TlsError> {
+fn oci_client(
+    cfg: &OciConfig,
+    allow_loopback: bool,
+) -> Result<reqwest::Client, crate::http::TlsError> {
     let builder = match &cfg.ca_file {
         Some(ca) => crate::http::pinned_builder(ca)?,
         None => crate::http::builder(None)?.no_proxy(),
     };
-    Ok(builder
+    // No redirect (a 3xx is the answer: signed requests are never re-sent to another host);
+    // names resolving to metadata, link-local or unspecified addresses refused.
+    Ok(crate::http::guard(builder, allow_loopback)
         .timeout(cfg.timeout)
         .pool_idle_timeout(std::time::Duration::from_secs(60))
         .build()?)
@@ -428,13 +433,17 @@ fn oci_client(cfg: &OciConfig) -> Result<reqwest::Client, crate::http::TlsError>
 
 impl Oci {
     /// A provider for `cfg`; reads and checks the key file. `client` reads nodes.
-    pub fn new(cfg: OciConfig, client: Client) -> Result<Self, SetupError> {
+    /// (`allow_loopback`: `[controller] allow_loopback_destinations`, for a stand-in on loopback.)
+    pub fn new(cfg: OciConfig, client: Client, allow_loopback: bool) -> Result<Self, SetupError> {
         let pem = read_key(&cfg.key_file)?;
         let signer = OciSigner::from_pem(&cfg.key_id(), &pem)
             .map_err(|e| setup(format!("key_file {}", cfg.key_file.display()), e))?;
         let base = cfg.base_url();
-        reqwest::Url::parse(&base).map_err(|e| setup(format!("endpoint {base}"), e))?;
-        let http = oci_client(&cfg).map_err(|e| setup(format!("HTTPS client for {base}"), e))?;
+        let url = reqwest::Url::parse(&base).map_err(|e| setup(format!("endpoint {base}"), e))?;
+        crate::http::check_destination(&url, allow_loopback)
+            .map_err(|why| setup(format!("endpoint {base}"), std::io::Error::other(why)))?;
+        let http = oci_client(&cfg, allow_loopback)
+            .map_err(|e| setup(format!("HTTPS client for {base}"), e))?;
         Ok(Self {
             cfg,
             signer,

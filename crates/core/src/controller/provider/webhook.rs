@@ -59,22 +59,29 @@ pub struct Webhook {
 impl std::fmt::Debug for Webhook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Webhook")
-            .field("url", &self.cfg.url)
+            .field("url", &crate::http::redact_url(&self.cfg.url))
             .field("secret", &"<redacted>")
             .finish()
     }
 }
 
 impl Webhook {
-    /// A provider for `cfg`.
-    pub fn new(cfg: WebhookConfig) -> Result<Self, SetupError> {
+    /// A provider for `cfg`; its URL on loopback only with `allow_loopback`
+    /// (`[controller] allow_loopback_destinations`).
+    pub fn new(cfg: WebhookConfig, allow_loopback: bool) -> Result<Self, SetupError> {
         let setup = |source: Box<dyn std::error::Error + Send + Sync>| SetupError {
             provider: NAME,
             what: format!("building the HTTP client for {}", cfg.url),
             source,
         };
-        let http = crate::http::builder(cfg.ca_file.as_deref())
-            .map_err(|e| setup(e.into()))?
+        if let Ok(url) = reqwest::Url::parse(&cfg.url) {
+            crate::http::check_destination(&url, allow_loopback)
+                .map_err(|why| setup(why.into()))?;
+        }
+        let http = crate::http::builder(cfg.ca_file.as_deref()).map_err(|e| setup(e.into()))?;
+        // No redirect (a 3xx is the answer: the signed body is never re-sent to another
+        // host); names resolving to metadata, link-local or unspecified addresses refused.
+        let http = crate::http::guard(http, allow_loopback)
             .timeout(cfg.timeout)
             .build()
             .map_err(|e| setup(e.into()))?;
@@ -102,7 +109,7 @@ impl Webhook {
             .body(body.to_vec())
             .send()
             .await;
-        let request = || format!("POST {}", self.cfg.url);
+        let request = || format!("POST {}", crate::http::redact_url(&self.cfg.url));
         match res {
             Ok(r) if r.status().is_success() => Attempt::Done(()),
             Ok(r) => {
@@ -121,7 +128,8 @@ impl Webhook {
             }
             Err(source) => Attempt::Retry(CallError::Send {
                 request: request(),
-                source,
+                // (reqwest's error names the URL: not in logs or Events)
+                source: source.without_url(),
             }),
         }
     }
@@ -154,13 +162,13 @@ impl Webhook {
     }
 
     fn accept(&self, req: &ReplacementRequest) -> ReplacementTicket {
-        tracing::info!(node = %req.node, request = %req.request_id, url = %self.cfg.url, "webhook accepted the replacement");
+        tracing::info!(node = %req.node, request = %req.request_id, url = %crate::http::redact_url(&self.cfg.url), "webhook accepted the replacement");
         let t = ReplacementTicket {
             provider: NAME.into(),
             request_id: req.request_id.clone(),
             node: req.node.clone(),
             pool: req.pool.clone(),
-            reference: Some(self.cfg.url.clone()),
+            reference: Some(crate::http::redact_url(&self.cfg.url)),
             requested_at: Some(chrono::Utc::now().to_rfc3339()),
             existing_nodes: Vec::new(),
         };
