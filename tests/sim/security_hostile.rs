@@ -200,18 +200,7 @@ async fn unauthenticated_bodies_are_not_read_and_memory_stays_bounded() {
     // The peak, sampled every 20 ms while the attack runs (bodies buffered and then freed when
     // their requests end would not show afterwards).
     let pid = ctl.child.id();
-    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let sampler = {
-        let sampling = sampling.clone();
-        tokio::spawn(async move {
-            let mut peak = 0;
-            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(rss_kib(pid));
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            peak
-        })
-    };
+    let sampler = PeakRss::sample(pid);
     let body = Arc::new(vec![b' '; 1_000_000]);
     let declared = body.len() + 1;
     let mut attacks = Vec::new();
@@ -242,8 +231,7 @@ async fn unauthenticated_bodies_are_not_read_and_memory_stays_bounded() {
     }
     // Every connection is still held open by its client (stalled), as in the probe.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-    let after = sampler.await.unwrap();
+    let after = sampler.stop().await;
     let grew = after.saturating_sub(before);
     let worst = outcomes.iter().map(|o| o.after).max().unwrap();
     let mut by_status = std::collections::BTreeMap::<u16, usize>::new();
@@ -778,18 +766,7 @@ async fn unauthenticated_http2_streams_are_not_buffered() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = ctl.rss_kib();
     let pid = ctl.child.id();
-    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let sampler = {
-        let sampling = sampling.clone();
-        tokio::spawn(async move {
-            let mut peak = 0;
-            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(rss_kib(pid));
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            peak
-        })
-    };
+    let sampler = PeakRss::sample(pid);
     let chunk = bytes::Bytes::from(vec![b' '; 64 * 1024]);
     let mut conns = Vec::new();
     for _ in 0..CONNECTIONS {
@@ -848,8 +825,7 @@ async fn unauthenticated_http2_streams_are_not_buffered() {
         keep.push((held, send));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
-    let peak = sampler.await.unwrap();
+    let peak = sampler.stop().await;
     let grew = peak.saturating_sub(before);
     eprintln!(
         "NOTE: {CONNECTIONS} HTTP/2 connections x {STREAMS} unauthenticated stalled streams: \
@@ -872,4 +848,33 @@ fn tokio_stream_from<T: Send + 'static>(
     mut rx: tokio::sync::mpsc::Receiver<T>,
 ) -> impl futures::Stream<Item = T> + Send + 'static {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// The peak RSS (KiB) of a process, sampled every 20 ms until [`PeakRss::stop`] (bodies buffered
+/// and freed while an attack runs would not show afterwards).
+struct PeakRss {
+    sampling: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl PeakRss {
+    fn sample(pid: u32) -> PeakRss {
+        let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = sampling.clone();
+        let task = tokio::spawn(async move {
+            let mut peak = 0;
+            while flag.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_kib(pid));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            peak
+        });
+        PeakRss { sampling, task }
+    }
+
+    async fn stop(self) -> u64 {
+        self.sampling
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
 }

@@ -233,12 +233,7 @@ impl NodeStates {
         let mut a = entry.lock().await;
         if a.instance == report.agent_instance && report.sequence <= a.sequence {
             self.counters.replays.fetch_add(1, Ordering::Relaxed);
-            let acked = report
-                .events
-                .iter()
-                .filter(|e| a.seen_events.contains(&e.id))
-                .map(|e| e.id.clone())
-                .collect();
+            let acked = acknowledged(&a, &report.events);
             return Ok(ReportResponse {
                 accepted: false,
                 acknowledged_events: acked,
@@ -284,12 +279,7 @@ impl NodeStates {
             return Err(e);
         }
         // Those over the notices' rate are not acknowledged: the agent sends them again.
-        let acked = report
-            .events
-            .iter()
-            .filter(|e| a.seen_events.contains(&e.id))
-            .map(|e| e.id.clone())
-            .collect();
+        let acked = acknowledged(&a, &report.events);
         for ce in &report.check_events {
             if !self.admit_event(&node, &mut a).await {
                 continue;
@@ -706,6 +696,15 @@ fn command_id(c: &AgentCommand) -> &str {
     match c {
         AgentCommand::Reboot { id, .. } | AgentCommand::AckScheduledEvent { id, .. } => id,
     }
+}
+
+/// The ids of `events` the node's agent has handed over for good (seen, so never handled again).
+fn acknowledged(a: &Agent, events: &[NodeEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| a.seen_events.contains(&e.id))
+        .map(|e| e.id.clone())
+        .collect()
 }
 
 /// The Event a report's CRI-O apply calls for: a failed or rolled-back apply, or one whose keys the
