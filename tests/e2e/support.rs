@@ -839,16 +839,16 @@ pub async fn wait_leading(admin: &kube::Client, name: &str, identity: &str) {
     .await;
 }
 
-/// `[controller.provider]` = the webhook provider posting to `url` (a loopback receiver of the test).
+/// `[controller.provider]` = the webhook provider posting to `url` (a loopback receiver of the test),
+/// with `[controller] allow_loopback_destinations` (outbound URLs on loopback are refused otherwise).
 pub fn webhook_provider(t: &mut toml::Table, url: &str) {
     let mut p = toml::Table::new();
     p.insert("kind".into(), "webhook".into());
     p.insert("url".into(), url.into());
     p.insert("secret".into(), "nodekeeper-test-webhook-secret".into());
-    t["controller"]
-        .as_table_mut()
-        .unwrap()
-        .insert("provider".into(), p.into());
+    let c = t["controller"].as_table_mut().unwrap();
+    c.insert("provider".into(), p.into());
+    c.insert("allow_loopback_destinations".into(), true.into());
 }
 
 /// Waits until the controller wrote the first of the agent's conditions on `node` (its first report).
