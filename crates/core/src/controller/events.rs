@@ -58,6 +58,9 @@ pub enum Reason {
     NoticeCancelled,
     /// The agent stopped reporting; its conditions were set to Unknown (Warning).
     AgentSilent,
+    /// A node's Events are being dropped over `[controller.report_limits] events_burst` /
+    /// `events_every`; recorded once per stretch (Warning).
+    EventsRateLimited,
     /// An allow-listed label was removed on the agent's request (Normal).
     LabelRemoved,
     /// An agent asked to remove a label that is not allow-listed (Warning).
@@ -80,6 +83,7 @@ impl Reason {
             Reason::NodeShuttingDown => "NodeShuttingDown",
             Reason::NoticeCancelled => "NoticeCancelled",
             Reason::AgentSilent => "AgentSilent",
+            Reason::EventsRateLimited => "EventsRateLimited",
             Reason::LabelRemoved => "LabelRemoved",
             Reason::LabelRemovalDenied => "LabelRemovalDenied",
             Reason::CrioConfigRolledBack => "CrioConfigRolledBack",
@@ -106,6 +110,7 @@ impl Reason {
         Reason::NodeShuttingDown,
         Reason::NoticeCancelled,
         Reason::AgentSilent,
+        Reason::EventsRateLimited,
         Reason::LabelRemoved,
         Reason::LabelRemovalDenied,
         Reason::CrioConfigRolledBack,

@@ -52,10 +52,6 @@ fn transient(e: &kube::Error) -> bool {
     }
 }
 
-/// The reason of the one Event recorded when a node's Events start being dropped by
-/// `[controller.report_limits] events_burst`/`events_every` (docs/catalog.md).
-pub const EVENTS_RATE_LIMITED: &str = "EventsRateLimited";
-
 /// Tunables of the node-state layer.
 #[derive(Debug, Clone)]
 pub struct NodeStateConfig {
@@ -345,13 +341,7 @@ impl NodeStates {
                 humantime::format_duration(l.events_every)
             );
             self.recorder
-                .node_with(
-                    node,
-                    EVENTS_RATE_LIMITED,
-                    EventType::Warning,
-                    "Record",
-                    &note,
-                )
+                .node(node, Reason::EventsRateLimited, "Record", &note)
                 .await;
         }
         false
