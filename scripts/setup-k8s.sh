@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the tests run (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok, and Karpenter's KWOK provider as karpenter-kwok) from Go modules, once, into a cache keyed by the versions pinned in tools/k8s/:
+# kube-scheduler, the real node's kubelet and kube-proxy, kwok, and Karpenter's KWOK provider as karpenter-kwok) from Go modules, once, into a cache keyed by the versions pinned in tools/k8s/:
 #   ${NODEKEEPER_K8S_CACHE:-$HOME/.cache/nodekeeper/k8s}/<key>/bin
 # The key hashes the control plane's tools/k8s/*/go.mod + go.sum (not the peers': scripts/setup-peers.sh) and
 # the Go version, so a warm machine rebuilds nothing and a version bump builds into a new directory. Prints the bin directory on stdout (the last line), how long each
@@ -29,7 +29,7 @@ key=$( { go env GOVERSION; sed '/^# --- peers/,$d' "$TOOLS/versions.env"
          for d in "${CP_MODULES[@]}"; do cat "$TOOLS/$d/go.sum"; done; } | sha256sum | cut -c1-16)
 ROOT="${NODEKEEPER_K8S_CACHE:-$HOME/.cache/nodekeeper/k8s}"
 BIN="$ROOT/$key/bin"
-ALL=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok karpenter-kwok)
+ALL=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok karpenter-kwok)
 
 STAGES="$ROOT/$key/kwok-stages"
 CRDS="$ROOT/$key/karpenter-crds"
@@ -127,6 +127,9 @@ K8S_LDF=$(ldflags_k8s)
 build kube-apiserver kubernetes k8s.io/kubernetes/cmd/kube-apiserver "$K8S_LDF"
 build kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager "$K8S_LDF"
 build kube-scheduler kubernetes k8s.io/kubernetes/cmd/kube-scheduler "$K8S_LDF"
+# The real node's (scripts/k8s-node.sh): the same module and version as the control plane.
+build kubelet kubernetes k8s.io/kubernetes/cmd/kubelet "$K8S_LDF"
+build kube-proxy kubernetes k8s.io/kubernetes/cmd/kube-proxy "$K8S_LDF"
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok \
   "-s -w"
 # Its main package is sigs.k8s.io/karpenter/kwok: `go build` would name it kwok, as the KWOK controller.
