@@ -145,7 +145,8 @@ leaf() {
   ossl x509 -req -in "$PKI/$1.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial -days 7 \
     -extfile "$PKI/$1.ext" -out "$PKI/$1.crt"
 }
-SERVER_EXT="subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
+# 10.0.0.1: the `kubernetes` Service, as pods on a real node (scripts/k8s-node.sh) reach it.
+SERVER_EXT="subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
 extendedKeyUsage=serverAuth
 keyUsage=critical,digitalSignature"
 CLIENT_EXT="extendedKeyUsage=clientAuth
@@ -153,6 +154,9 @@ keyUsage=critical,digitalSignature"
 leaf apiserver "/CN=kube-apiserver" "$SERVER_EXT"
 leaf admin "/O=system:masters/CN=nodekeeper-test-admin" "$CLIENT_EXT"
 leaf kcm "/CN=system:kube-controller-manager" "$CLIENT_EXT"
+# kube-apiserver → kubelet (logs, exec, port-forward on a real node: scripts/k8s-node.sh), as kubeadm's
+# apiserver-kubelet-client: the kubelet authorizes it by SubjectAccessReview.
+leaf apiserver-kubelet "/O=system:masters/CN=kube-apiserver-kubelet-client" "$CLIENT_EXT"
 leaf scheduler "/CN=system:kube-scheduler" "$CLIENT_EXT"
 # KWOK plays every kubelet (node status, leases, pod status, pod deletion): test infrastructure, so admin.
 leaf kwok "/O=system:masters/CN=kwok" "$CLIENT_EXT"
@@ -294,6 +298,8 @@ serve kube-apiserver 60 1 "$BIN/kube-apiserver" \
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port=@P1@ \
   --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
   --client-ca-file="$PKI/ca.crt" \
+  --kubelet-client-certificate="$PKI/apiserver-kubelet.crt" --kubelet-client-key="$PKI/apiserver-kubelet.key" \
+  --kubelet-preferred-address-types=InternalIP,Hostname \
   --authorization-mode=Node,RBAC \
   --service-account-issuer=https://kubernetes.default.svc \
   --service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
@@ -315,7 +321,7 @@ serve kube-controller-manager 40 1 "$BIN/kube-controller-manager" \
   --bind-address=127.0.0.1 --secure-port=@P1@ --leader-elect=false \
   --use-service-account-credentials=true \
   --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
-  --controllers=serviceaccount-token-controller,serviceaccount-controller,namespace-controller,root-ca-certificate-publisher-controller,garbage-collector-controller,replicaset-controller,deployment-controller,statefulset-controller,daemonset-controller,disruption-controller,node-lifecycle-controller,taint-eviction-controller,pod-garbage-collector-controller,validatingadmissionpolicy-status-controller \
+  --controllers=serviceaccount-token-controller,serviceaccount-controller,namespace-controller,root-ca-certificate-publisher-controller,garbage-collector-controller,replicaset-controller,deployment-controller,statefulset-controller,daemonset-controller,endpointslice-controller,disruption-controller,node-lifecycle-controller,taint-eviction-controller,pod-garbage-collector-controller,validatingadmissionpolicy-status-controller \
   --node-monitor-period=1s --node-monitor-grace-period="${K8S_NODE_MONITOR_GRACE:-8s}" --node-startup-grace-period=20s \
   --concurrent-gc-syncs=5 --profiling=false \
   -- -k "https://127.0.0.1:@P1@/healthz"
