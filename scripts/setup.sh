@@ -12,13 +12,17 @@ apt_install ca-certificates systemd systemd-container debootstrap dbus iproute2 
 # The real CRI-O (scripts/setup-crio.sh): cgo with libseccomp; buildah and strace for the short-name tests
 # (tests/host/crio_shortnames.rs). conmon, runc and the CNI plugins go into the nspawn rootfs (debootstrap).
 apt_install gcc libc6-dev libseccomp-dev buildah strace
+# The real node on the host (scripts/k8s-node.sh: kubelet and kube-proxy over CRI-O, tests/e2e/real_node):
+# CRI-O's conmon, runc and CNI plugins, kube-proxy's iptables, a static busybox for the test images.
+apt_install conmon runc containernetworking-plugins iptables busybox-static
 # The .rpm test's packager (tests/host/packaging_rpm.rs).
 . "$REPO/scripts/package-lib.sh"
 ensure_generate_rpm
 [ -x "$REPO/scripts/setup-kubectl.sh" ] && "$REPO/scripts/setup-kubectl.sh"
 [ -x "$REPO/scripts/setup-helm.sh" ] && "$REPO/scripts/setup-helm.sh"
 [ -x "$REPO/scripts/nspawn-rootfs.sh" ] && "$REPO/scripts/nspawn-rootfs.sh"
-# The real control plane (etcd, kube-apiserver, kcm, scheduler, KWOK) from Go modules, cached by version.
+# The real control plane (etcd, kube-apiserver, kcm, scheduler, KWOK) and the real node's kubelet and kube-proxy
+# from Go modules, cached by version.
 "$REPO/scripts/setup-k8s.sh" >/dev/null
 # The real CRI-O (crio, pinns, crictl) from Go modules, cached by version, and the nspawn node that runs it.
 "$REPO/scripts/setup-crio.sh" >/dev/null
