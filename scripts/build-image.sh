@@ -2,7 +2,7 @@
 # Builds the nodekeeper container image from packaging/Containerfile and checks it.
 #
 #   scripts/build-image.sh            # static release binaries (built if needed), images
-#                                     # localhost/nodekeeper:VERSION (full build: the controller)
+#                                     # localhost/nodekeeper:VERSION (controller build: the Deployment)
 #                                     # and localhost/nodekeeper-agent:VERSION (agent build: the
 #                                     # DaemonSet), then the checks below on each
 #   NODEKEEPER_IMAGE=name:tag NODEKEEPER_AGENT_IMAGE=name:tag scripts/build-image.sh
@@ -85,8 +85,8 @@ build_one() {
   echo "${prefix}binary=$size static"
 }
 
-# The agent build (profile `agent`, target/$STATIC_TARGET/agent/) and the full build (profile
+# The agent build (profile `agent`, target/$STATIC_TARGET/agent/) and the controller build (profile
 # `release`, target/$STATIC_TARGET/release/) no longer share an output directory; the order stays.
 build_one agent "${NODEKEEPER_AGENT_IMAGE:-localhost/nodekeeper-agent:$version}" agent_ \
   "${save:+${save%.tar}-agent.tar}"
-build_one full "${NODEKEEPER_IMAGE:-localhost/nodekeeper:$version}" "" "$save"
+build_one controller "${NODEKEEPER_IMAGE:-localhost/nodekeeper:$version}" "" "$save"

@@ -2,24 +2,26 @@
 
 # The static binary that the images and the packages ship: x86_64-unknown-linux-gnu with
 # crt-static (the only target installed here; no musl toolchain can be fetched on a fresh
-# machine). `static_binary full` is every command (the controller's image), built with the
-# release profile into target/$STATIC_TARGET/release/; `static_binary agent` the agent build
-# (--no-default-features: agent, crio apply, validate; the DaemonSet's image and the node
-# packages), built with `--profile agent` (release with panic = "abort", Cargo.toml) into
+# machine). `static_binary controller` is the controller's image: the controller build
+# (--no-default-features --features controller: controller, drain, status, whatif, agent; no API
+# stand-in, no demo), release profile, into target/$STATIC_TARGET/release/; `static_binary agent`
+# the agent build (--no-default-features: agent, crio apply, validate; the DaemonSet's image and
+# the node packages), built with `--profile agent` (release with panic = "abort", Cargo.toml) into
 # target/$STATIC_TARGET/agent/, so that both builds sit side by side. NODEKEEPER_BIN overrides
 # either (e.g. tests package the debug binary). Prints the path.
 STATIC_TARGET=x86_64-unknown-linux-gnu
 static_binary() {
-  local flavor=${1:?static_binary needs full or agent}
+  local flavor=${1:?static_binary needs controller or agent}
   if [ -n "${NODEKEEPER_BIN:-}" ]; then
     echo "$NODEKEEPER_BIN"
     return 0
   fi
-  local profile=release features=()
-  if [ "$flavor" = agent ]; then
-    profile=agent
-    features=(--no-default-features)
-  fi
+  local profile features
+  case $flavor in
+    agent) profile=agent features=(--no-default-features) ;;
+    controller) profile=release features=(--no-default-features --features controller) ;;
+    *) echo "static_binary: flavor must be controller or agent, not '$flavor'" >&2; return 2 ;;
+  esac
   log "cargo build --profile $profile ${features[*]} (static, $STATIC_TARGET)"
   # RUSTFLAGS apply to the target only (build scripts and proc macros stay dynamic) because
   # --target is given; the output goes to target/$STATIC_TARGET/$profile.
