@@ -80,7 +80,7 @@ def chart_schema(cfg):
                 "nodeSelector": ANY_OBJ,
                 "priorityClassName": STR,
                 "maxUnavailable": {"type": ["string", "integer"]},
-                "hostPaths": obj({"crioDir": STR, "dbus": STR}),
+                "hostPaths": obj({"crioDir": STR, "crioRun": STR, "dbus": STR}),
             }),
             "controller": obj({
                 "replicas": {"type": "integer", "minimum": 1},
