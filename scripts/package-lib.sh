@@ -3,7 +3,7 @@
 # The static binary that the images and the packages ship: x86_64-unknown-linux-gnu with
 # crt-static (the only target installed here; no musl toolchain can be fetched on a fresh
 # machine). `static_binary controller` is the controller's image: the controller build
-# (--no-default-features --features controller: controller, drain, status, whatif, agent; no API
+# (--no-default-features --features controller: controller, drain, status, agent, crio, validate; no API
 # stand-in, no demo), release profile, into target/$STATIC_TARGET/release/; `static_binary agent`
 # the agent build (--no-default-features: agent, crio apply, validate; the DaemonSet's image and
 # the node packages), built with `--profile agent` (release with panic = "abort", Cargo.toml) into

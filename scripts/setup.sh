@@ -29,4 +29,7 @@ ensure_generate_rpm
 [ -x "$REPO/scripts/nspawn-rootfs.sh" ] && "$REPO/scripts/nspawn-rootfs.sh" --crio >/dev/null
 # Amazon's EC2 metadata mock, the AWS source's real peer (tests/host/aemm_netns.rs), keyed by its own version.
 "$REPO/scripts/setup-peers.sh" aemm >/dev/null
+# The container images the real node runs (tests/e2e/real_node): two static release builds, minutes cold, then
+# only what changed; built here, before the tests, so that they do not compete with the e2e tests for the cores.
+"$REPO/scripts/build-image.sh" >/dev/null
 log "setup done"

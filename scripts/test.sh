@@ -5,10 +5,9 @@
 cd "$REPO"
 log "cargo test"
 # --include-ignored: the tests that need root are `#[ignore = "needs root …"]` (ignored, not passed, for a
-# developer who is not root); CI runs as root and runs them all. A missing prerequisite fails them. Left
-# out: the container-image build (minutes, two release builds; scripts/build-image.sh runs it).
+# developer who is not root); CI runs as root and runs them all. A missing prerequisite fails them. The
+# container images (two static release builds) were built by scripts/setup.sh above.
 cargo test --locked --workspace --all-targets "$@" -- --include-ignored \
-    --skip packaging_image::image_builds_and_its_binary_runs \
     --test-threads="${NODEKEEPER_TEST_THREADS:-4}"
 # --all-targets leaves out doctests: the examples in the docs compile and pass too.
 cargo test --locked --workspace --doc

@@ -1,8 +1,9 @@
 //! The container image (packaging/Containerfile, scripts/build-image.sh).
 //!
-//! Building it needs the static release binary (minutes from cold), so that test is `#[ignore]`d
-//! and runs with `cargo test --test host packaging_image:: -- --ignored` (or `scripts/build-image.sh`,
-//! which performs the same checks). The Containerfile's shape is checked in every run.
+//! Building it needs two static release builds (minutes from cold), so that test is `#[ignore]`d
+//! and runs with `cargo test --test host packaging_image:: -- --ignored` (CI's `scripts/test.sh`
+//! includes it, after `scripts/setup.sh` built the images). The Containerfile's shape is checked in
+//! every run.
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
@@ -54,7 +55,7 @@ fn containerfile_is_scratch_static_and_non_root() {
 }
 
 #[test]
-#[ignore = "builds the static release binary and the image (minutes): cargo test --test host packaging_image:: -- --ignored"]
+#[ignore = "builds two static release binaries and the images (minutes cold): cargo test --test host packaging_image:: -- --ignored"]
 fn image_builds_and_its_binary_runs() {
     let out = Command::new(repo().join("scripts/build-image.sh"))
         .output()
@@ -88,4 +89,11 @@ fn image_builds_and_its_binary_runs() {
     assert!(
         !ldd.status.success() || String::from_utf8_lossy(&ldd.stdout).contains("statically linked")
     );
+    // The controller's image is the controller build: no API stand-in, no demo.
+    let help = Command::new(&bin).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("controller"), "{help}");
+    for absent in ["\n  demo ", "\n  sim "] {
+        assert!(!help.contains(absent), "the controller image has{absent}:\n{help}");
+    }
 }
