@@ -29,7 +29,7 @@
 # EndpointSlice of the `kubernetes` Service points there, so pods reach the API at 10.0.0.1:443.
 #
 # What differs from a production node, test-only, each said where it is set (docs/testing.md "The real node"):
-# cgroup v1 (`failCgroupV1: false`), a cgroup root of its own (/nk-NAME), CRI-O as a plain process with its
+# cgroup v1 (`failCgroupV1: false`), a cgroup root of its own (/nk-node-N), CRI-O as a plain process with its
 # files under NODEDIR (vfs storage, runc through scripts/lib/node/runc-wrap.py: no CAP_SYS_RESOURCE here), images
 # loaded without a registry (a static pause and busybox are built in), no cluster DNS, image GC and disk
 # eviction off (the images cannot be pulled again).
@@ -169,7 +169,7 @@ done
 if [ -s "$NODEDIR/pids" ]; then echo "k8s-node: $NODEDIR already has a running node (run: $0 down $NODEDIR)" >&2; exit 1; fi
 
 NETNS=nk-node-$INDEX HOST_IP=10.213.$INDEX.1 NODE_IP=10.213.$INDEX.2 POD_CIDR=10.244.$INDEX.0/24
-VETH_HOST=nkh$INDEX VETH_NODE=nkn$INDEX CGROUP_ROOT=/nk-$NAME
+VETH_HOST=nkh$INDEX VETH_NODE=nkn$INDEX CGROUP_ROOT=/nk-node-$INDEX
 if ip netns list | grep -qw "$NETNS"; then
   echo "k8s-node: network namespace $NETNS exists (another node with --index $INDEX? $0 down its NODEDIR)" >&2; exit 1
 fi
