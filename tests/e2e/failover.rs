@@ -25,6 +25,11 @@ const LEASE: &str = "nodekeeper-failover";
 
 /// A loopback HTTP server that records every replacement request it is sent.
 pub async fn webhook_receiver() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
+    webhook_receiver_on("127.0.0.1").await
+}
+
+/// [`webhook_receiver`] listening on `ip` (a free port), served on the current runtime.
+pub async fn webhook_receiver_on(ip: &str) -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let keep = seen.clone();
     let app = axum::Router::new().route(
@@ -37,7 +42,7 @@ pub async fn webhook_receiver() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) 
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let url = format!("http://{}/replace", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (url, seen)

@@ -27,6 +27,7 @@ mod node_write;
 mod nodepool;
 mod preemption;
 mod privilege;
+mod real_node;
 mod rbac;
 mod repair;
 mod supervised;

@@ -150,18 +150,7 @@ async fn an_agent_seen_preemption_drains_by_the_real_budgets_and_replaces_once(
     // Reclaimed in 45 s: the drain deadline is 30 s from now (safety margin 15 s).
     imds.preempt(Duration::from_secs(45));
     let t0 = tokio::time::Instant::now();
-    let n = wait_for(Duration::from_secs(10), "taint + cordon", || async {
-        let n = nodes.get(NODE).await.ok()?;
-        let tainted = n
-            .spec
-            .as_ref()?
-            .taints
-            .as_ref()?
-            .iter()
-            .any(|t| t.key == "nodekeeper.io/interruption");
-        (tainted && unschedulable(&n)).then_some(n)
-    })
-    .await;
+    let n = wait_interrupted(&nodes, NODE, Duration::from_secs(10)).await;
     eprintln!("notice → taint + cordon seen after {:?}", t0.elapsed());
     assert!(annotation(&n, keys::INTERRUPTION).is_some_and(|v| v.starts_with("preemption/")));
     if c.is_real() {
@@ -458,4 +447,20 @@ async fn oci_events_deliveries_taint_and_cordon_once_stored(c: &'static Cluster)
         "the controller hit a 403"
     );
     ctl.stop().await;
+}
+
+/// Waits until `node` is tainted `nodekeeper.io/interruption` and cordoned; returns it then.
+pub async fn wait_interrupted(nodes: &Api<Node>, node: &str, within: Duration) -> Node {
+    wait_for(within, &format!("{node} tainted and cordoned"), || async {
+        let n = nodes.get(node).await.ok()?;
+        let tainted = n
+            .spec
+            .as_ref()?
+            .taints
+            .as_ref()?
+            .iter()
+            .any(|t| t.key == "nodekeeper.io/interruption");
+        (tainted && unschedulable(&n)).then_some(n)
+    })
+    .await
 }

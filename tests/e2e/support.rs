@@ -147,6 +147,11 @@ fn up_real(prefix: &str, extra: &[&str]) -> Cluster {
         args.extend(["--owner-pid".into(), std::process::id().to_string()]);
     }
     crate::shared::k8s_cluster_up(&dir, &args);
+    real_cluster_at(&dir)
+}
+
+/// The `scripts/k8s-cluster.sh up` cluster in `dir`.
+pub fn real_cluster_at(dir: &Path) -> Cluster {
     let ports = std::fs::read_to_string(dir.join("ports")).unwrap();
     let api = ports
         .lines()
@@ -157,7 +162,7 @@ fn up_real(prefix: &str, extra: &[&str]) -> Cluster {
         kubeconfig: dir.join("kubeconfig"),
         server: format!("https://127.0.0.1:{api}"),
         ca_pem: std::fs::read(dir.join("pki/ca.crt")).unwrap(),
-        dir,
+        dir: dir.to_path_buf(),
     }
 }
 

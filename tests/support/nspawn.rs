@@ -479,3 +479,31 @@ pub fn remove_cgroup_tree(cg: &Path) {
         eprintln!("cannot remove cgroup {}: {e}", cg.display());
     }
 }
+
+impl NspawnNode {
+    /// Keeps the node running for the rest of this test process (a fixture shared by several tests,
+    /// in a `static`, which is never dropped): a watcher powers it off once this process is gone,
+    /// then removes its cgroups and directory, as `Drop` would.
+    pub fn keep_until_exit(self) -> &'static NspawnNode {
+        let cgroups: Vec<String> = self.cgroups.iter().map(|c| c.display().to_string()).collect();
+        let script = r#"owner=$1 nspawn=$2 dir=$3; shift 3
+while kill -0 "$owner" 2>/dev/null; do sleep 1; done
+kill -TERM "$nspawn" 2>/dev/null
+for _ in $(seq 1 200); do kill -0 "$nspawn" 2>/dev/null || break; sleep 0.1; done
+kill -KILL "$nspawn" 2>/dev/null
+for cg in "$@"; do find "$cg" -depth -type d -exec rmdir {} \; 2>/dev/null; done
+rm -rf "$dir""#;
+        Command::new("setsid")
+            .args(["sh", "-c", script, "nspawn-watch"])
+            .arg(std::process::id().to_string())
+            .arg(self.child.id().to_string())
+            .arg(self.dir.path())
+            .args(&cgroups)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the nspawn node's watcher");
+        Box::leak(Box::new(self))
+    }
+}
