@@ -1,8 +1,10 @@
 //! The oci provider against a local stand-in of the OCI Compute / Container Engine APIs
 //! (`nodekeeper_sim::oci_compute`) that verifies every signature with the public key, and the
 //! simulated cluster: terminate → one DELETE, old node removed, replacement Ready in the same pool;
-//! asked again (same or fresh provider) → still one; 429 retried; wrong key → 401 → permanent;
-//! node-pool mode; config validation; `kind = "oci"` in the controller. Keys are generated per run
+//! asked again (same or fresh provider, however OCI answers the repeat) → still one; 429, 5xx and
+//! 409 `IncorrectState`/`LockConflict` retried; 501 permanent; wrong key → 401 a few times → permanent;
+//! a key without IAM policy → 404 → GetInstance → a permanent error naming the policy; node-pool
+//! mode; config validation; `kind = "oci"` in the controller. Keys are generated per run
 //! with the `openssl` CLI; the signing string is checked against Oracle's documented example.
 #![allow(clippy::unwrap_used)]
 
@@ -27,7 +29,7 @@ use nodekeeper_core::controller::provider::{
 };
 use nodekeeper_sim::apiserver::scenario::Scenario;
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
-use nodekeeper_sim::oci_compute::{self, Call, OciCompute, OciComputeOptions};
+use nodekeeper_sim::oci_compute::{self, Call, OciCompute, OciComputeOptions, Repeat};
 
 use engine_support::wait_until;
 
@@ -135,6 +137,12 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
+    fixture_with(Repeat::default(), false).await
+}
+
+/// [`fixture`] with the stand-in answering repeated DELETEs as `repeat`; with `no_policy`, the
+/// key authenticates but no IAM policy allows it anything.
+async fn fixture_with(repeat: Repeat, no_policy: bool) -> Fixture {
     engine_support::init();
     let dir = tempfile::tempdir().unwrap();
     let key = test_key(dir.path(), "api");
@@ -152,6 +160,12 @@ async fn fixture() -> Fixture {
         launch_delay: Duration::from_millis(100),
         listen: None,
         hold: true,
+        unauthorized: if no_policy {
+            [key_id(&key)].into()
+        } else {
+            Default::default()
+        },
+        repeat,
     })
     .await
     .unwrap();
@@ -453,17 +467,23 @@ async fn terminate_deletes_the_instance_once_and_reports_the_ready_replacement()
         Some(req.request_id.as_str())
     );
 
-    // Asked again by this provider (remembered) and by a fresh one (a restarted controller): the
-    // stand-in answers 409/404 for the terminating instance, which counts as done.
+    // Asked again by this provider (remembered: nothing sent) and by a fresh one (a restarted
+    // controller): the stand-in answers 404 for the terminating instance, and GetInstance shows it
+    // TERMINATING, which counts as done.
     assert_eq!(p.request_replacement(&req).await.unwrap(), t1);
+    assert_eq!(f.oci.calls().len(), 1, "a remembered ticket sends nothing");
     let fresh = f.provider(OciMode::Terminate);
     let t3 = fresh.request_replacement(&req).await.unwrap();
     assert_eq!(t3.reference, t1.reference);
     assert_eq!(f.acted().len(), 1, "one termination: {:?}", f.oci.calls());
+    let last: Vec<(String, u16)> = f.oci.calls()[1..]
+        .iter()
+        .map(|c| (c.method.clone(), c.status))
+        .collect();
     assert_eq!(
-        f.oci.calls().last().map(|c| c.status),
-        Some(409),
-        "terminating"
+        last,
+        [("DELETE".to_string(), 404), ("GET".to_string(), 200)],
+        "404, then GetInstance"
     );
     assert_eq!(f.oci.removed(), vec![instance.clone()]);
     assert_eq!(p.replacement_ready(&t1).await.unwrap(), None, "not yet");
@@ -537,9 +557,147 @@ async fn a_wrong_key_is_refused_with_401_and_a_permanent_error_naming_the_node()
     assert!(msg.contains(&node) && msg.contains("401"), "{msg}");
     assert!(msg.contains("NotAuthenticated"), "{msg}");
     let calls = f.oci.calls();
-    assert_eq!(calls.len(), 1, "not retried: {calls:?}");
-    assert_eq!((calls[0].status, calls[0].key_id.clone()), (401, None));
+    assert_eq!(
+        calls.len() as u32,
+        nodekeeper_core::controller::provider::oci::AUTH_ATTEMPTS,
+        "retried a few times, then given up: {calls:?}"
+    );
+    assert!(calls
+        .iter()
+        .all(|c| (c.status, c.key_id.clone()) == (401, None)));
     assert!(f.oci.removed().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_without_iam_policy_is_a_permanent_error_naming_the_statement() {
+    // OCI answers a caller lacking the policy exactly as a missing instance: 404
+    // NotAuthorizedOrNotFound. The provider must not take it for "already gone".
+    let f = fixture_with(Repeat::default(), true).await;
+    let node = f.victim().await.metadata.name.unwrap();
+    for mode in [OciMode::Terminate, OciMode::NodePool] {
+        let before = f.oci.calls().len();
+        let err = f
+            .provider(mode)
+            .request_replacement(&ReplacementRequest::new(&node, "repair", "no-policy"))
+            .await
+            .unwrap_err();
+        assert!(err.is_permanent(), "{err}");
+        let msg = err.to_string();
+        let statement = match mode {
+            OciMode::Terminate => "manage instances",
+            OciMode::NodePool => "manage cluster-node-pools",
+        };
+        assert!(
+            msg.contains(&node)
+                && msg.contains("NotAuthorizedOrNotFound")
+                && msg.contains(statement),
+            "{msg}"
+        );
+        let calls: Vec<(String, u16)> = f.oci.calls()[before..]
+            .iter()
+            .map(|c| (c.method.clone(), c.status))
+            .collect();
+        assert_eq!(
+            calls,
+            [("DELETE".to_string(), 404), ("GET".to_string(), 404)],
+            "one DELETE, one GetInstance, no retry"
+        );
+    }
+    assert!(f.oci.removed().is_empty());
+    assert!(f.acted().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_after_a_restart_ends_well_however_oci_answers_it() {
+    for repeat in [Repeat::NotFound, Repeat::IncorrectState, Repeat::Accepted] {
+        let f = fixture_with(repeat, false).await;
+        let node = f.victim().await.metadata.name.unwrap();
+        let req = ReplacementRequest::new(&node, "repair", "restart");
+        f.provider(OciMode::Terminate)
+            .request_replacement(&req)
+            .await
+            .unwrap();
+        // A restarted controller: a fresh provider, the instance terminating (held).
+        let t = f
+            .provider(OciMode::Terminate)
+            .request_replacement(&req)
+            .await
+            .unwrap_or_else(|e| panic!("{repeat:?}: {e}"));
+        assert!(t.reference.is_some());
+        assert_eq!(f.acted().len(), 1, "{repeat:?}: {:?}", f.oci.calls());
+        let statuses: Vec<u16> = f.oci.calls().iter().map(|c| c.status).collect();
+        let want: &[u16] = match repeat {
+            Repeat::NotFound => &[204, 404, 200],
+            Repeat::IncorrectState => &[204, 409, 200],
+            Repeat::Accepted => &[204, 204],
+        };
+        assert_eq!(statuses, want, "{repeat:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicts_and_a_passing_401_are_retried_and_501_is_not() {
+    let f = fixture().await;
+    let nodes = f.node_names().await;
+    let p = f.provider(OciMode::Terminate);
+    // LockConflict retried; IncorrectState: GetInstance (here answered by a single 401, a clock
+    // or key rotation settling), then retried.
+    f.oci.fail_next_with(&[
+        (409, "LockConflict"),
+        (409, "IncorrectState"),
+        (401, "NotAuthenticated"),
+    ]);
+    p.request_replacement(&ReplacementRequest::new(&nodes[0], "repair", "c1"))
+        .await
+        .unwrap();
+    let calls: Vec<(String, u16)> = f
+        .oci
+        .calls()
+        .iter()
+        .map(|c| (c.method.clone(), c.status))
+        .collect();
+    let want: Vec<(String, u16)> = [
+        ("DELETE", 409),
+        ("DELETE", 409),
+        ("GET", 401),
+        ("DELETE", 204),
+    ]
+    .iter()
+    .map(|(m, s)| (m.to_string(), *s))
+    .collect();
+    assert_eq!(calls, want);
+    assert_eq!(f.acted().len(), 1);
+    // IncorrectState on an instance that is RUNNING: GetInstance, then retried.
+    f.oci.fail_next_with(&[(409, "IncorrectState")]);
+    let sent = f.oci.calls().len();
+    p.request_replacement(&ReplacementRequest::new(&nodes[2], "repair", "c2"))
+        .await
+        .unwrap();
+    let calls: Vec<(String, u16)> = f.oci.calls()[sent..]
+        .iter()
+        .map(|c| (c.method.clone(), c.status))
+        .collect();
+    let want: Vec<(String, u16)> = [("DELETE", 409), ("GET", 200), ("DELETE", 204)]
+        .iter()
+        .map(|(m, s)| (m.to_string(), *s))
+        .collect();
+    assert_eq!(calls, want);
+    assert_eq!(f.acted().len(), 2);
+    // 501 NotImplemented and another 409 are permanent at once.
+    for (status, code) in [(501, "MethodNotImplemented"), (409, "Conflict")] {
+        let sent = f.oci.calls().len();
+        f.oci.fail_next_with(&[(status, code)]);
+        let err = p
+            .request_replacement(&ReplacementRequest::new(&nodes[1], "repair", code))
+            .await
+            .unwrap_err();
+        assert!(
+            err.is_permanent() && err.to_string().contains(code),
+            "{err}"
+        );
+        assert_eq!(f.oci.calls().len(), sent + 1, "not retried");
+    }
+    assert_eq!(f.acted().len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,17 +1,24 @@
-//! A local stand-in of the two OCI API calls the `oci` replacement provider makes, served over HTTPS
+//! A local stand-in of the OCI API calls the `oci` replacement provider makes, served over HTTPS
 //! with a throw-away CA:
 //!
 //! - Compute `DELETE /20160918/instances/{instanceId}` (TerminateInstance): 204;
+//! - Compute `GET /20160918/instances/{instanceId}` (GetInstance): 200 with `lifecycleState`;
 //! - Container Engine `DELETE /20180222/nodePools/{nodePoolId}/node/{nodeId}` (DeleteNode): 202.
+//!
+//! Answers follow OCI's API errors page (docs.oracle.com `Content/API/References/apierrors.htm`),
+//! not the provider: an authenticated key without an IAM policy (option `unauthorized`) gets 404
+//! `NotAuthorizedOrNotFound` for every call, exactly as for a missing resource. How OCI answers a
+//! repeated DELETE of a terminating or terminated instance is not documented, so it is an option
+//! ([`Repeat`]), and the provider's tests run against each of its values.
 //!
 //! Every request must carry a valid OCI signature (version 1, RSA-SHA256, `date (request-target)
 //! host` at least, `Date` within 5 minutes): the stand-in rebuilds the signing string from the
 //! request it received and verifies it with the public key registered for the `keyId`, independently
 //! of the provider's signing code; a missing or bad signature is a 401 `NotAuthenticated` as on OCI.
-//! Every call is recorded; the next answers can be forced (429, 5xx) with [`OciCompute::fail_next`];
-//! with `hold`, accepted DELETEs wait for [`OciCompute::release`] (deterministic tests).
-//! A second DELETE of an instance that is terminating is a 409 `IncorrectState`, of one that is gone a
-//! 404 `NotAuthorizedOrNotFound`.
+//! Every call is recorded; the next answers can be forced with [`OciCompute::fail_next`] (each status
+//! with the error code OCI's API errors page gives it) or [`OciCompute::fail_next_with`] (a status
+//! and code, e.g. 409 `LockConflict`); with `hold`, accepted DELETEs wait for
+//! [`OciCompute::release`] (deterministic tests).
 //!
 //! With a cluster (`client`, e.g. the sim API server's), an accepted DELETE behaves like OCI plus the
 //! node pool: after `launch_delay` the Node whose `spec.providerID` is the instance is removed and a
@@ -96,6 +103,25 @@ pub struct OciComputeOptions {
     /// Hold accepted DELETEs (instances stay terminating, nodes untouched) until
     /// [`OciCompute::release`].
     pub hold: bool,
+    /// keyIds whose signatures verify but that no IAM policy allows anything: every call is a 404
+    /// `NotAuthorizedOrNotFound`, as OCI answers a caller lacking the policy.
+    pub unauthorized: std::collections::BTreeSet<String>,
+    /// How a DELETE of an instance already terminating or terminated is answered.
+    pub repeat: Repeat,
+}
+
+/// How a DELETE of an instance that is already terminating or terminated is answered. OCI does not
+/// document it; each value is a reading of its API errors page, and the provider must end well on
+/// every one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Repeat {
+    /// 404 `NotAuthorizedOrNotFound` ("the resource does not exist").
+    #[default]
+    NotFound,
+    /// 409 `IncorrectState` ("the resource is in a state in which the operation is not allowed").
+    IncorrectState,
+    /// Accepted again (204 / 202), starting nothing new.
+    Accepted,
 }
 
 /// One request the stand-in received.
@@ -111,12 +137,14 @@ pub struct Call {
     pub key_id: Option<String>,
     /// The `opc-request-id` header.
     pub request_id: Option<String>,
+    /// This call started an instance's termination.
+    pub started: bool,
 }
 
 impl Call {
-    /// Whether this call removed an instance (an accepted DELETE).
+    /// Whether this call removed an instance (a DELETE that started a termination).
     pub fn acted(&self) -> bool {
-        self.method == "DELETE" && (self.status == 202 || self.status == 204)
+        self.started
     }
 }
 
@@ -128,10 +156,12 @@ enum Life {
 
 struct Shared {
     keys: BTreeMap<String, Vec<u8>>,
+    unauthorized: std::collections::BTreeSet<String>,
+    repeat: Repeat,
     client: Option<kube::Client>,
     launch_delay: Duration,
     calls: Mutex<Vec<Call>>,
-    faults: Mutex<VecDeque<u16>>,
+    faults: Mutex<VecDeque<(u16, String)>>,
     instances: Mutex<BTreeMap<String, Life>>,
     launched: AtomicU64,
     released: tokio::sync::watch::Sender<bool>,
@@ -170,6 +200,8 @@ impl OciCompute {
         }
         let shared = Arc::new(Shared {
             keys,
+            unauthorized: opts.unauthorized,
+            repeat: opts.repeat,
             client: opts.client,
             launch_delay: opts.launch_delay,
             calls: Mutex::new(Vec::new()),
@@ -213,9 +245,17 @@ impl OciCompute {
         lock(&self.shared.calls).clone()
     }
 
-    /// The next authenticated requests are answered with `statuses`, in order (e.g. `[429]`).
+    /// The next authenticated requests are answered with `statuses`, in order (e.g. `[429]`), each
+    /// with the error code OCI's API errors page lists first for it ([`error_code_of`]).
     pub fn fail_next(&self, statuses: &[u16]) {
-        lock(&self.shared.faults).extend(statuses.iter().copied());
+        lock(&self.shared.faults)
+            .extend(statuses.iter().map(|&s| (s, error_code_of(s).to_string())));
+    }
+
+    /// The next authenticated requests are answered with these statuses and error codes, in order
+    /// (e.g. `[(409, "LockConflict")]`).
+    pub fn fail_next_with(&self, answers: &[(u16, &str)]) {
+        lock(&self.shared.faults).extend(answers.iter().map(|&(s, c)| (s, c.to_string())));
     }
 
     /// Lets held DELETEs (option `hold`) proceed, now and from now on.
@@ -346,6 +386,21 @@ pub fn verify(
     Ok(key_id.to_string())
 }
 
+/// The error code OCI's API errors page gives `status` (its first, for statuses with several).
+pub fn error_code_of(status: u16) -> &'static str {
+    match status {
+        400 => "InvalidParameter",
+        401 => "NotAuthenticated",
+        404 => "NotAuthorizedOrNotFound",
+        409 => "IncorrectState",
+        412 => "NoEtagMatch",
+        429 => "TooManyRequests",
+        501 => "MethodNotImplemented",
+        503 => "ServiceUnavailable",
+        _ => "InternalServerError",
+    }
+}
+
 fn error(status: StatusCode, code: &str, message: &str) -> Response {
     (
         status,
@@ -354,7 +409,7 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response {
         .into_response()
 }
 
-/// Which DELETE a path is: `(instance, Some(node pool))` for DeleteNode.
+/// Which call a path is: `(instance, Some(node pool))` for DeleteNode.
 fn route(path: &str) -> Option<(String, Option<String>)> {
     let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match segs.as_slice() {
@@ -374,15 +429,26 @@ async fn handle(
     _body: Bytes,
 ) -> Response {
     let verified = verify(&s.keys, &method, &uri, &headers, chrono::Utc::now());
-    let resp = match &verified {
+    let (resp, started) = match &verified {
         Err(why) => {
             tracing::info!(%uri, why, "oci stand-in: not authenticated");
-            error(
-                StatusCode::UNAUTHORIZED,
-                "NotAuthenticated",
-                &format!("The required information to complete authentication was not provided or was incorrect: {why}"),
+            (
+                error(
+                    StatusCode::UNAUTHORIZED,
+                    "NotAuthenticated",
+                    &format!("The required information to complete authentication was not provided or was incorrect: {why}"),
+                ),
+                false,
             )
         }
+        Ok(key) if s.unauthorized.contains(key) => (
+            error(
+                StatusCode::NOT_FOUND,
+                "NotAuthorizedOrNotFound",
+                "Authorization failed or requested resource not found.",
+            ),
+            false,
+        ),
         Ok(_) => answer(&s, &method, &uri).await,
     };
     lock(&s.calls).push(Call {
@@ -394,65 +460,85 @@ async fn handle(
             .get("opc-request-id")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
+        started,
     });
     resp
 }
 
-async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> Response {
-    if let Some(code) = lock(&s.faults).pop_front() {
+/// The answer to an authenticated, authorized call, and whether it started a termination.
+async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> (Response, bool) {
+    let fault = lock(&s.faults).pop_front();
+    if let Some((code, name)) = fault {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let name = if code == 429 {
-            "TooManyRequests"
-        } else {
-            "InternalServerError"
-        };
-        return error(status, name, "injected by the stand-in");
+        return (error(status, &name, "injected by the stand-in"), false);
     }
-    let Some((instance, pool)) = route(uri.path()).filter(|_| *method == Method::DELETE) else {
-        return error(
+    let not_found = || {
+        error(
             StatusCode::NOT_FOUND,
             "NotAuthorizedOrNotFound",
-            "no such operation in the stand-in",
-        );
+            "Authorization failed or requested resource not found.",
+        )
     };
-    match lock(&s.instances).get(&instance) {
-        Some(Life::Terminating) => {
-            return error(
+    let Some((instance, pool)) = route(uri.path()) else {
+        return (not_found(), false);
+    };
+    if *method == Method::GET && pool.is_none() {
+        return (get_instance(s, &instance).await, false);
+    }
+    if *method != Method::DELETE {
+        return (
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "NotAllowed",
+                "method not allowed",
+            ),
+            false,
+        );
+    }
+    let accepted = |pool: &Option<String>| {
+        let mut r = if pool.is_some() {
+            StatusCode::ACCEPTED.into_response()
+        } else {
+            StatusCode::NO_CONTENT.into_response()
+        };
+        if pool.is_some() {
+            if let Ok(v) = format!("ocid1.clustersworkrequest.oc1.sim.{instance}").parse() {
+                r.headers_mut().insert("opc-work-request-id", v);
+            }
+        }
+        r
+    };
+    let known = lock(&s.instances).get(&instance).copied();
+    if known.is_some() {
+        let r = match s.repeat {
+            Repeat::NotFound => not_found(),
+            Repeat::IncorrectState => error(
                 StatusCode::CONFLICT,
                 "IncorrectState",
-                "instance is terminating",
-            )
-        }
-        Some(Life::Terminated) => {
-            return error(
-                StatusCode::NOT_FOUND,
-                "NotAuthorizedOrNotFound",
-                "instance is terminated",
-            )
-        }
-        None => {}
+                "The resource is in a state in which the operation is not allowed.",
+            ),
+            Repeat::Accepted => accepted(&pool),
+        };
+        return (r, false);
     }
     let node = match &s.client {
         Some(c) => match node_of(c, &instance).await {
             Ok(n) => n,
-            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &e),
+            Err(e) => {
+                return (
+                    error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &e),
+                    false,
+                )
+            }
         },
         None => None,
     };
     if s.client.is_some() && node.is_none() {
-        return error(
-            StatusCode::NOT_FOUND,
-            "NotAuthorizedOrNotFound",
-            "no such instance",
-        );
+        return (not_found(), false);
     }
     if let (Some(pool), Some(n)) = (&pool, &node) {
         if node_pool_id(n).as_deref() != Some(pool.as_str()) {
-            return error(
-                StatusCode::NOT_FOUND,
-                "NotAuthorizedOrNotFound",
-                "the instance is not a node of this node pool",
-            );
+            return (not_found(), false);
         }
     }
     lock(&s.instances).insert(instance.clone(), Life::Terminating);
@@ -468,17 +554,37 @@ async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> Response {
         }
         lock(&s2.instances).insert(inst, Life::Terminated);
     });
-    let mut r = if pool.is_some() {
-        StatusCode::ACCEPTED.into_response()
-    } else {
-        StatusCode::NO_CONTENT.into_response()
-    };
-    if pool.is_some() {
-        if let Ok(v) = format!("ocid1.clustersworkrequest.oc1.sim.{instance}").parse() {
-            r.headers_mut().insert("opc-work-request-id", v);
+    (accepted(&pool), true)
+}
+
+/// GetInstance: the instance's `lifecycleState` (TERMINATING / TERMINATED once deleted here,
+/// RUNNING while a Node stands for it), else 404.
+async fn get_instance(s: &Arc<Shared>, instance: &str) -> Response {
+    let life = lock(&s.instances).get(instance).copied();
+    let state = match life {
+        Some(Life::Terminating) => "TERMINATING",
+        Some(Life::Terminated) => "TERMINATED",
+        None => {
+            let exists = match &s.client {
+                Some(c) => match node_of(c, instance).await {
+                    Ok(n) => n.is_some(),
+                    Err(e) => {
+                        return error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &e)
+                    }
+                },
+                None => false,
+            };
+            if !exists {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    "NotAuthorizedOrNotFound",
+                    "Authorization failed or requested resource not found.",
+                );
+            }
+            "RUNNING"
         }
-    }
-    r
+    };
+    axum::Json(json!({"id": instance, "lifecycleState": state})).into_response()
 }
 
 async fn node_of(c: &kube::Client, instance: &str) -> Result<Option<Node>, String> {
@@ -618,6 +724,8 @@ pub async fn run(
         launch_delay: args.launch_delay,
         listen: Some(args.listen),
         hold: false,
+        unauthorized: Default::default(),
+        repeat: Repeat::default(),
     })
     .await?;
     std::fs::write(&args.ca_out, &sim.ca_pem)

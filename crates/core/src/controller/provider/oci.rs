@@ -14,10 +14,17 @@
 //! bare OCID, as OKE sets it); the OKE node pool is the node's `oci.oraclecloud.com/node-pool-id`
 //! annotation (or label).
 //!
-//! Idempotency: tickets are remembered by `request_id`; a DELETE answered 404 or 409 (instance already
-//! terminating or gone) counts as done, so a restarted controller asking again terminates nothing else.
-//! `opc-request-id` carries the request id. 429, 5xx and transport errors are retried with jittered
-//! backoff; other 4xx (401 for a bad signature) are permanent.
+//! Answers, as OCI's API errors page and its Go SDK's `DefaultRetryPolicy` define them ([`classify`]):
+//! 2xx is accepted; 409 `IncorrectState` / `LockConflict`, 429 and 5xx except 501 are retried with
+//! jittered backoff, as are transport errors; 401 `NotAuthenticated` is retried
+//! [`AUTH_ATTEMPTS`]` - 1` times, then permanent. A 404 `NotAuthorizedOrNotFound` means "not found **or
+//! not authorized**", so it never counts as done by itself: `GetInstance` decides ([`after_lookup`]).
+//! TERMINATING or TERMINATED is done (a restarted controller asking again); anything else is a
+//! permanent error naming the IAM policy statement to add ([`policy_hint`]). A 409 `IncorrectState`
+//! is checked the same way, so a repeat answered with it ends once the instance is going away.
+//!
+//! Idempotency: tickets are remembered by `request_id` (a request that got its 2xx is not sent
+//! again); `opc-request-id` carries the request id.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -50,6 +57,104 @@ pub const NODE_POOL_ANNOTATION: &str = "oci.oraclecloud.com/node-pool-id";
 pub const COMPUTE_API: &str = "/20160918";
 /// Container Engine (OKE) API version path of DeleteNode.
 pub const OKE_API: &str = "/20180222";
+
+/// Attempts a 401 `NotAuthenticated` gets before it is a permanent error (OCI's API errors page:
+/// retry with backoff; a clock or key rotation settles within a few tries, a wrong key never does).
+pub const AUTH_ATTEMPTS: u32 = 3;
+
+/// What one answer of an OCI API call means, before anything else is looked up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// 2xx: the call was accepted.
+    Accepted,
+    /// 404 `NotAuthorizedOrNotFound`, or 409 `IncorrectState`: the instance may be gone or going
+    /// away already, or (404) the caller lacks the policy; `GetInstance` decides ([`after_lookup`]).
+    LookUp,
+    /// Try again after a backoff.
+    Retry,
+    /// Give up: retrying cannot change the answer.
+    Permanent,
+}
+
+/// The meaning of `status` with OCI's error `code` (the body's `"code"`) on attempt `attempt`
+/// (1-based), per OCI's API errors page and the Go SDK's `DefaultRetryPolicy` (`common/retry.go`):
+/// it retries (409, IncorrectState), (409, LockConflict), 429 and every 5xx but 501.
+pub fn classify(status: u16, code: Option<&str>, attempt: u32) -> Verdict {
+    match (status, code) {
+        (200..=299, _) => Verdict::Accepted,
+        (404, _) | (409, Some("IncorrectState")) => Verdict::LookUp,
+        (409, Some("LockConflict")) | (429, _) => Verdict::Retry,
+        (401, _) if attempt < AUTH_ATTEMPTS => Verdict::Retry,
+        (501, _) => Verdict::Permanent,
+        (500..=599, _) => Verdict::Retry,
+        _ => Verdict::Permanent,
+    }
+}
+
+/// What `GetInstance` said after a [`Verdict::LookUp`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// 200 with this `lifecycleState`.
+    State(String),
+    /// 404 `NotAuthorizedOrNotFound`.
+    NotFound,
+}
+
+/// How a [`Verdict::LookUp`] ends, given the first call's `status` and what `GetInstance` said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterLookup {
+    /// The instance is TERMINATING or TERMINATED: nothing left to do.
+    Gone,
+    /// Try the call again later (409 `IncorrectState` on an instance that is not going away).
+    Retry,
+    /// A 404 the instance's state does not explain: the IAM policy is missing (or the instance
+    /// does not exist); the message says which statement to add.
+    Unauthorized(String),
+}
+
+/// Decides a [`Verdict::LookUp`] (pure): `status` is the first call's (404 or 409), `looked` the
+/// `GetInstance` answer, `mode` names the policy statement in the error.
+pub fn after_lookup(status: u16, looked: &Lookup, mode: OciMode) -> AfterLookup {
+    match looked {
+        Lookup::State(s) if matches!(s.as_str(), "TERMINATING" | "TERMINATED") => AfterLookup::Gone,
+        Lookup::State(_) if status == 409 => AfterLookup::Retry,
+        Lookup::State(s) => AfterLookup::Unauthorized(format!(
+            "OCI answered 404 NotAuthorizedOrNotFound although GetInstance shows the instance {s}: \
+             the policy lets nodekeeper read the instance but not remove it; add {}",
+            policy_hint(mode)
+        )),
+        Lookup::NotFound => AfterLookup::Unauthorized(format!(
+            "OCI answered 404 NotAuthorizedOrNotFound and GetInstance does not find the instance \
+             either: OCI says this both for a missing instance and for a missing IAM policy; if the \
+             instance exists, add {} and `Allow <group or dynamic-group> to read instances in \
+             compartment <the nodes' compartment>`",
+            policy_hint(mode)
+        )),
+    }
+}
+
+/// The IAM policy statement `mode`'s call needs (OCI's policy reference: TerminateInstance needs
+/// INSTANCE_DELETE, in `manage instances`; DeleteNode is a node pool update, in `manage
+/// cluster-node-pools`).
+pub fn policy_hint(mode: OciMode) -> &'static str {
+    match mode {
+        OciMode::Terminate => {
+            "`Allow <group or dynamic-group> to manage instances in compartment <the nodes' compartment>`"
+        }
+        OciMode::NodePool => {
+            "`Allow <group or dynamic-group> to manage cluster-node-pools in compartment <the cluster's compartment>`"
+        }
+    }
+}
+
+/// OCI's error `code` in an error body (`{"code": "NotAuthorizedOrNotFound", "message": ...}`).
+pub fn error_code(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()?
+        .get("code")?
+        .as_str()
+        .map(str::to_string)
+}
 
 /// How a node is replaced.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,14 +299,23 @@ impl OciConfig {
 
     /// Base URL of the API used in `mode`.
     pub fn base_url(&self) -> String {
+        match self.mode {
+            OciMode::Terminate => self.compute_url(),
+            OciMode::NodePool => self.regional("containerengine"),
+        }
+    }
+
+    /// Base URL of the Compute API (TerminateInstance, GetInstance), whatever the mode.
+    pub fn compute_url(&self) -> String {
+        self.regional("iaas")
+    }
+
+    fn regional(&self, service: &str) -> String {
         if let Some(e) = &self.endpoint {
             return e.trim_end_matches('/').to_string();
         }
         let region = self.region.as_deref().unwrap_or_default();
-        match self.mode {
-            OciMode::Terminate => format!("https://iaas.{region}.oraclecloud.com"),
-            OciMode::NodePool => format!("https://containerengine.{region}.oraclecloud.com"),
-        }
+        format!("https://{service}.{region}.oraclecloud.com")
     }
 }
 
@@ -382,6 +496,20 @@ fn in_pool(node: &Node, pool: Option<&str>) -> bool {
     pool.is_none_or(|p| pool_of(node).as_deref() == Some(p))
 }
 
+/// How a removal ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    /// The DELETE was accepted with this status.
+    Accepted(u16),
+    /// The DELETE answered `status` (404 or 409) and `GetInstance` showed `state`.
+    Gone {
+        /// The DELETE's status.
+        status: u16,
+        /// The instance's `lifecycleState`.
+        state: String,
+    },
+}
+
 /// Replaces nodes through the OCI Compute or Container Engine API.
 pub struct Oci {
     cfg: OciConfig,
@@ -492,76 +620,158 @@ impl Oci {
         })
     }
 
-    /// One signed DELETE of `path`.
-    async fn delete(&self, req: &ReplacementRequest, url: &str, path: &str) -> Attempt<u16> {
-        let parsed = match reqwest::Url::parse(url) {
-            Ok(u) => u,
-            Err(e) => {
-                return Attempt::Permanent(CallError::Prepare {
-                    what: format!("parsing {url}"),
-                    source: e.into(),
-                })
-            }
-        };
+    /// One signed request (`DELETE` or `GET`) of `base` + `path`, without a body: the status and
+    /// the answer's body, or why there is none.
+    async fn signed(
+        &self,
+        method: reqwest::Method,
+        base: &str,
+        path: &str,
+        request_id: &str,
+    ) -> Result<(u16, bytes::Bytes), Attempt<Outcome>> {
+        let what = format!("{method} {path}");
+        let url = format!("{base}{path}");
+        let parsed = reqwest::Url::parse(&url).map_err(|e| {
+            Attempt::Permanent(CallError::Prepare {
+                what: format!("parsing {url}"),
+                source: e.into(),
+            })
+        })?;
         let host = match (parsed.host_str(), parsed.port()) {
             (Some(h), Some(p)) => format!("{h}:{p}"),
             (Some(h), None) => h.to_string(),
-            (None, _) => return Attempt::Permanent(CallError::Ruled(format!("{url}: no host"))),
+            (None, _) => {
+                return Err(Attempt::Permanent(CallError::Ruled(format!(
+                    "{url}: no host"
+                ))))
+            }
         };
         let date = http_date(chrono::Utc::now());
         let plan = signing_plan(&SignInput {
-            method: "DELETE",
+            method: method.as_str(),
             path_and_query: path,
             host: &host,
             date: &date,
             body: None,
         });
-        let auth = match self.signer.authorization(&plan) {
-            Ok(a) => a,
-            Err(e) => {
-                return Attempt::Permanent(CallError::Prepare {
-                    what: format!("signing DELETE {path}"),
-                    source: e.into(),
-                })
-            }
-        };
+        let auth = self.signer.authorization(&plan).map_err(|e| {
+            Attempt::Permanent(CallError::Prepare {
+                what: format!("signing {what}"),
+                source: e.into(),
+            })
+        })?;
         let headers = [
             ("date", date.as_str()),
             ("authorization", auth.as_str()),
-            ("opc-request-id", req.request_id.as_str()),
+            ("opc-request-id", request_id),
             ("accept", "application/json"),
         ];
-        let mut del = self.http.delete(parsed);
+        let mut call = self.http.request(method, parsed);
         for (k, v) in headers {
-            del = del.header(k, v);
+            call = call.header(k, v);
         }
-        let sent = match del.send().await {
+        let sent = match call.send().await {
             Ok(resp) => {
                 let code = resp.status().as_u16();
                 resp.bytes().await.map(|body| (code, body))
             }
             Err(e) => Err(e),
         };
-        match sent {
-            Ok((code, _)) if (200..300).contains(&code) || code == 404 || code == 409 => {
-                Attempt::Done(code)
+        sent.map_err(|source| {
+            Attempt::Retry(CallError::Send {
+                request: what,
+                source,
+            })
+        })
+    }
+
+    /// One attempt (number `n`) of removing `instance` with the DELETE of `path`: the DELETE, then,
+    /// when its answer needs it, `GetInstance` ([`classify`], [`after_lookup`]).
+    async fn remove(
+        &self,
+        req: &ReplacementRequest,
+        instance: &str,
+        path: &str,
+        n: u32,
+    ) -> Attempt<Outcome> {
+        let (code, body) = match self
+            .signed(
+                reqwest::Method::DELETE,
+                &self.cfg.base_url(),
+                path,
+                &req.request_id,
+            )
+            .await
+        {
+            Ok(answer) => answer,
+            Err(a) => return a,
+        };
+        let status_error = |request: String, code: u16, body: &[u8]| CallError::Status {
+            request,
+            status: code,
+            body: trim(&String::from_utf8_lossy(body)).to_string(),
+        };
+        let oci_code = error_code(&body);
+        match classify(code, oci_code.as_deref(), n) {
+            Verdict::Accepted => return Attempt::Done(Outcome::Accepted(code)),
+            Verdict::Retry => {
+                return Attempt::Retry(status_error(format!("DELETE {path}"), code, &body))
             }
-            Ok((code, body)) => {
-                let e = CallError::Status {
-                    request: format!("DELETE {path}"),
-                    status: code,
-                    body: trim(&String::from_utf8_lossy(&body)).to_string(),
-                };
-                if code == 429 || code >= 500 {
-                    Attempt::Retry(e)
-                } else {
-                    Attempt::Permanent(e)
+            Verdict::Permanent => {
+                return Attempt::Permanent(status_error(format!("DELETE {path}"), code, &body))
+            }
+            Verdict::LookUp => {}
+        }
+        let get = format!("{COMPUTE_API}/instances/{instance}");
+        let (gcode, gbody) = match self
+            .signed(
+                reqwest::Method::GET,
+                &self.cfg.compute_url(),
+                &get,
+                &req.request_id,
+            )
+            .await
+        {
+            Ok(answer) => answer,
+            Err(a) => return a,
+        };
+        let looked = match (gcode, classify(gcode, error_code(&gbody).as_deref(), n)) {
+            (_, Verdict::Accepted) => {
+                let state = serde_json::from_slice::<serde_json::Value>(&gbody)
+                    .ok()
+                    .and_then(|v| v.get("lifecycleState")?.as_str().map(str::to_string));
+                match state {
+                    Some(s) => Lookup::State(s),
+                    None => {
+                        return Attempt::Retry(CallError::Ruled(format!(
+                            "GET {get} answered {gcode} without a lifecycleState"
+                        )))
+                    }
                 }
             }
-            Err(source) => Attempt::Retry(CallError::Send {
-                request: format!("DELETE {path}"),
-                source,
+            (404, _) => Lookup::NotFound,
+            (_, Verdict::Retry | Verdict::LookUp) => {
+                return Attempt::Retry(status_error(format!("GET {get}"), gcode, &gbody))
+            }
+            (_, Verdict::Permanent) => {
+                return Attempt::Permanent(status_error(format!("GET {get}"), gcode, &gbody))
+            }
+        };
+        match after_lookup(code, &looked, self.cfg.mode) {
+            AfterLookup::Gone => Attempt::Done(Outcome::Gone {
+                status: code,
+                state: match looked {
+                    Lookup::State(s) => s,
+                    Lookup::NotFound => String::new(),
+                },
             }),
+            AfterLookup::Retry => {
+                Attempt::Retry(status_error(format!("DELETE {path}"), code, &body))
+            }
+            AfterLookup::Unauthorized(why) => Attempt::Permanent(CallError::Ruled(format!(
+                "DELETE {path} answered {code} {}: {why}",
+                oci_code.as_deref().unwrap_or("")
+            ))),
         }
     }
 
@@ -605,18 +815,17 @@ impl Oci {
             .filter_map(|n| n.metadata.name)
             .collect();
         let requested_at = chrono::Utc::now().to_rfc3339();
-        let url = format!("{}{path}", self.cfg.base_url());
         tracing::info!(node = %req.node, instance, mode = ?self.cfg.mode, request = %req.request_id, reason = %req.reason, "asking OCI to remove the instance");
-        let code = with_retries(
+        let outcome = with_retries(
             NAME,
             &req.node,
             self.cfg.max_attempts,
             self.cfg.backoff,
-            |_| self.delete(req, &url, &path),
+            |n| self.remove(req, instance, &path, n),
         )
         .await?;
-        if code == 404 || code == 409 {
-            tracing::info!(node = %req.node, instance, code, "instance already terminating or gone");
+        if let Outcome::Gone { status, state } = &outcome {
+            tracing::info!(node = %req.node, instance, status, state, "instance already going away (GetInstance)");
         }
         let ticket = ReplacementTicket {
             provider: NAME.into(),
@@ -726,6 +935,94 @@ mod tests {
         let put = plan("PUT");
         assert_eq!(put.headers.len(), 6);
         assert_eq!(put.extra[0], ("content-length", "0".to_string()));
+    }
+
+    #[test]
+    fn answers_are_classified_as_ocis_api_errors_page_and_the_go_sdk_say() {
+        use Verdict::*;
+        let cases: [(u16, Option<&str>, u32, Verdict); 17] = [
+            (204, None, 1, Accepted),
+            (202, None, 1, Accepted),
+            (200, None, 1, Accepted),
+            (404, Some("NotAuthorizedOrNotFound"), 1, LookUp),
+            (404, None, 5, LookUp),
+            (409, Some("IncorrectState"), 1, LookUp),
+            (409, Some("LockConflict"), 1, Retry),
+            (409, Some("Conflict"), 1, Permanent),
+            (409, None, 1, Permanent),
+            (429, Some("TooManyRequests"), 9, Retry),
+            (500, Some("InternalServerError"), 1, Retry),
+            (503, None, 1, Retry),
+            (501, Some("MethodNotImplemented"), 1, Permanent),
+            (401, Some("NotAuthenticated"), 1, Retry),
+            (401, Some("NotAuthenticated"), AUTH_ATTEMPTS - 1, Retry),
+            (401, Some("NotAuthenticated"), AUTH_ATTEMPTS, Permanent),
+            (400, Some("InvalidParameter"), 1, Permanent),
+        ];
+        for (status, code, attempt, want) in cases {
+            assert_eq!(
+                classify(status, code, attempt),
+                want,
+                "{status} {code:?} attempt {attempt}"
+            );
+        }
+        assert_eq!(classify(403, None, 1), Permanent);
+    }
+
+    #[test]
+    fn a_404_is_done_only_when_get_instance_shows_the_instance_going_away() {
+        let st = |s: &str| Lookup::State(s.to_string());
+        for mode in [OciMode::Terminate, OciMode::NodePool] {
+            for gone in ["TERMINATING", "TERMINATED"] {
+                assert_eq!(after_lookup(404, &st(gone), mode), AfterLookup::Gone);
+                assert_eq!(after_lookup(409, &st(gone), mode), AfterLookup::Gone);
+            }
+            assert_eq!(after_lookup(409, &st("STOPPING"), mode), AfterLookup::Retry);
+            for (status, looked) in [(404, st("RUNNING")), (404, Lookup::NotFound)] {
+                let AfterLookup::Unauthorized(why) = after_lookup(status, &looked, mode) else {
+                    panic!("{status} {looked:?} is not done");
+                };
+                assert!(why.contains(policy_hint(mode)), "{why}");
+                assert!(why.contains("NotAuthorizedOrNotFound"), "{why}");
+            }
+        }
+        assert!(policy_hint(OciMode::Terminate).contains("manage instances"));
+        assert!(policy_hint(OciMode::NodePool).contains("manage cluster-node-pools"));
+    }
+
+    #[test]
+    fn the_error_code_comes_from_ocis_error_body() {
+        assert_eq!(
+            error_code(br#"{"code": "LockConflict", "message": "locked"}"#).as_deref(),
+            Some("LockConflict")
+        );
+        assert_eq!(error_code(b"<html>"), None);
+        assert_eq!(error_code(b"{\"code\": 5}"), None);
+    }
+
+    #[test]
+    fn the_compute_api_is_used_for_get_instance_in_both_modes() {
+        let cfg = |mode, endpoint: Option<&str>| OciConfig {
+            region: Some("eu-frankfurt-1".into()),
+            endpoint: endpoint.map(str::to_string),
+            tenancy: "ocid1.tenancy.oc1..a".into(),
+            user: "ocid1.user.oc1..a".into(),
+            fingerprint: String::new(),
+            key_file: PathBuf::new(),
+            mode,
+            ca_file: None,
+            timeout: Duration::from_secs(1),
+            max_attempts: 1,
+            backoff: Duration::from_millis(1),
+        };
+        let pool = cfg(OciMode::NodePool, None);
+        assert_eq!(
+            pool.compute_url(),
+            "https://iaas.eu-frankfurt-1.oraclecloud.com"
+        );
+        let proxied = cfg(OciMode::NodePool, Some("https://127.0.0.1:4443/"));
+        assert_eq!(proxied.compute_url(), "https://127.0.0.1:4443");
+        assert_eq!(proxied.base_url(), "https://127.0.0.1:4443");
     }
 
     #[test]
