@@ -82,6 +82,9 @@ pub enum ControllerError {
     /// The notice lane could not be started.
     #[error(transparent)]
     Lane(#[from] lane::LaneError),
+    /// The OCI Events secret file could not be read.
+    #[error(transparent)]
+    OciEvents(#[from] oci_events::SecretFileError),
     /// A supervised task ended or panicked (the Lease was released).
     #[error(transparent)]
     TaskDied(supervise::TaskDied),
@@ -249,13 +252,17 @@ pub async fn start_under(
         "node maintenance",
         states.clone().run_maintenance(period, cancel.clone()),
     );
-    let oci = cfg.oci_events.enabled.then(|| {
-        oci_events::OciEvents::new(
-            cfg.oci_events.clone(),
-            store.clone(),
-            cfg.allow_loopback_destinations,
-        )
-    });
+    let oci = cfg
+        .oci_events
+        .enabled
+        .then(|| {
+            oci_events::OciEvents::new(
+                cfg.oci_events.clone(),
+                store.clone(),
+                cfg.allow_loopback_destinations,
+            )
+        })
+        .transpose()?;
     let notifier = match cfg.notify.is_empty() {
         true => None,
         false => Some(Arc::new(notify::Notifier::start(
