@@ -178,3 +178,130 @@ async fn oci_notice_is_answered_2xx_only_once_stored_on_the_node() {
     b.stop().await;
     a.stop().await;
 }
+
+/// The pod carrying `nodekeeper.io/leader=true`, as the `nodekeeper-controller-events` Service's
+/// selector picks it (the sim runs no kube-proxy: the test routes as the Service would).
+async fn events_endpoint(c: &TestCluster) -> Vec<String> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(c.client.clone(), "nodekeeper");
+    pods.list(&kube::api::ListParams::default().labels("nodekeeper.io/leader=true"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leaders_pod_takes_deliveries_so_the_first_try_is_stored() {
+    let mut s = Scenario::default_mixed();
+    s.workloads.clear();
+    s.daemonsets.clear();
+    let c = cluster(1.0, s, loops()).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.client.clone());
+    for n in ["spot-0", "spot-1"] {
+        let p = serde_json::json!({"spec": {"providerID": format!("oci://{}", ocid(n))}});
+        nodes
+            .patch(n, &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap();
+    }
+    // The two replicas' pods, as the Deployment would create them (2 replicas).
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(c.client.clone(), "nodekeeper");
+    for name in ["nk-a", "nk-b"] {
+        let pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "nodekeeper",
+                         "labels": {"app.kubernetes.io/name": "nodekeeper-controller"}},
+            "spec": {"containers": [{"name": "controller", "image": "nodekeeper"}]}}))
+        .unwrap();
+        pods.create(&kube::api::PostParams::default(), &pod)
+            .await
+            .unwrap();
+    }
+    let replica = |id: &str, pod: &str| {
+        let mut cfg = config(id);
+        cfg.leader.pod_label = true;
+        cfg.leader.pod_name = Some(pod.into());
+        cfg
+    };
+    let fake = Arc::new(FakeProvider::new());
+    let a = controller(
+        &c,
+        &replica("engine-oci-a", "nk-a"),
+        PolicyConfig::default(),
+        Some(fake.clone()),
+    )
+    .await;
+    let b = start_engine(
+        &c,
+        &replica("engine-oci-b", "nk-b"),
+        PolicyConfig::default(),
+        Some(fake),
+    )
+    .await;
+    let label = |name: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.get(name)
+                .await
+                .unwrap()
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .get("nodekeeper.io/leader")
+                .cloned()
+        }
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "a labelled leader, b follower",
+        || async {
+            label("nk-a").await.as_deref() == Some("true")
+                && label("nk-b").await.as_deref() == Some("false")
+                && b.app.ready.load(std::sync::atomic::Ordering::Relaxed)
+                && b.app
+                    .oci
+                    .as_ref()
+                    .unwrap()
+                    .node_for(&ocid("spot-1"))
+                    .is_some()
+        },
+    )
+    .await;
+    assert!(*a.app.leader.borrow() && !*b.app.leader.borrow());
+    assert_eq!(
+        events_endpoint(&c).await,
+        ["nk-a"],
+        "only the leader behind the Service"
+    );
+    // Every delivery through the Service reaches the leader: stored at the first try.
+    let (status, _, body) = post(&a, "spot-0").await;
+    assert_eq!(
+        (status, &body["recorded"]),
+        (200, &serde_json::json!(true)),
+        "{body}"
+    );
+
+    // Failover: a stops (releases the Lease); b leads and its pod takes the label.
+    a.stop().await;
+    wait_until(Duration::from_secs(10), "b labelled leader", || async {
+        *b.app.leader.borrow() && label("nk-b").await.as_deref() == Some("true")
+    })
+    .await;
+    assert_eq!(
+        label("nk-a").await.as_deref(),
+        Some("false"),
+        "a stopping leader clears its label"
+    );
+    assert_eq!(events_endpoint(&c).await, ["nk-b"]);
+    let (status, _, body) = post(&b, "spot-1").await;
+    assert_eq!(
+        (status, &body["recorded"]),
+        (200, &serde_json::json!(true)),
+        "{body}"
+    );
+    assert!(tainted(&c, "spot-1").await);
+    b.stop().await;
+}

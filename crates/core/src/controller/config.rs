@@ -224,6 +224,13 @@ pub struct LeaderConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub renew_interval: Option<Duration>,
+    /// Label this replica's own pod `nodekeeper.io/leader=true|false` with its leadership, for a
+    /// Service that routes OCI Events deliveries to the leader only (the shipped manifests set it).
+    pub pod_label: bool,
+    /// The pod to label (default: the host name, which is the pod's name in Kubernetes), in
+    /// `[controller] namespace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
 }
 
 impl Default for LeaderConfig {
@@ -234,6 +241,8 @@ impl Default for LeaderConfig {
             lease_duration: Duration::from_secs(20),
             retry_period: Duration::from_secs(2),
             renew_interval: None,
+            pod_label: false,
+            pod_name: None,
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod fresh;
 pub mod labels;
 pub mod lane;
 pub mod leader;
+pub mod leader_pod;
 pub mod limits;
 pub mod metrics;
 pub mod nodepools;
@@ -149,12 +150,20 @@ impl Running {
 
 fn identity(cfg: &ControllerConfig) -> String {
     cfg.leader.identity.clone().unwrap_or_else(|| {
-        let host = nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_else(|| "controller".into());
-        format!("{host}-{:06x}", rand::rng().random::<u32>() & 0xff_ffff)
+        format!(
+            "{}-{:06x}",
+            host_name(),
+            rand::rng().random::<u32>() & 0xff_ffff
+        )
     })
+}
+
+/// The host name: a pod's name in Kubernetes.
+fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "controller".into())
 }
 
 /// Starts every part of the controller with `client`, without the disruption engine.
@@ -239,6 +248,19 @@ pub async fn start_under(
         leader::Timing::from(&cfg.leader),
     );
     let election = tokio::spawn(elector.run(leader_tx, cancel.clone()));
+    if cfg.leader.pod_label {
+        let pod = cfg.leader.pod_name.clone().unwrap_or_else(host_name);
+        tasks.spawn(
+            "leader pod label",
+            leader_pod::run(
+                Api::namespaced(client.clone(), &cfg.namespace),
+                pod,
+                leader_rx.clone(),
+                cfg.leader.retry_period,
+                cancel.clone(),
+            ),
+        );
+    }
     let recorder = events::Recorder::new(client.clone(), &id, Some(store.clone()));
     let states = NodeStates::new(
         NodeStateConfig::from(cfg),
