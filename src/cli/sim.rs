@@ -185,6 +185,8 @@ pub struct OciEventCmd {
         ("maintenance", "`instancemaintenance`, lifecycleState SCHEDULED"),
         ("maintenance-canceled", "`instancemaintenance`, lifecycleState CANCELED"),
         ("rescheduled", "`maintenancerescheduled` with a new window"),
+        ("maintenance-begin", "`instancemaintenance.begin`, lifecycleState STARTED"),
+        ("maintenance-end", "`instancemaintenance.end`, lifecycleState SUCCEEDED"),
     ]))]
     pub kind: OciEventKind,
     /// Instance OCID (the node's `spec.providerID` without `oci://`).

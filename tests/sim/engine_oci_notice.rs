@@ -42,10 +42,20 @@ fn config(id: &str) -> ControllerConfig {
 
 /// POSTs a preemption notice for `node` to `ctl`: (status, Retry-After, body).
 async fn post(ctl: &Running, node: &str) -> (u16, Option<String>, serde_json::Value) {
+    post_kind(ctl, node, OciEventKind::Preemption, "").await
+}
+
+/// POSTs the OCI event `kind` (maintenance window `window`) for `node` to `ctl`.
+async fn post_kind(
+    ctl: &Running,
+    node: &str,
+    kind: OciEventKind,
+    window: &str,
+) -> (u16, Option<String>, serde_json::Value) {
     let r = nodekeeper_core::http::client()
         .unwrap()
         .post(format!("http://{}/v1/oci-events/{TOKEN}", ctl.addr))
-        .json(&envelope(OciEventKind::Preemption, &ocid(node), ""))
+        .json(&envelope(kind, &ocid(node), window))
         .send()
         .await
         .unwrap();
@@ -304,4 +314,65 @@ async fn only_the_leaders_pod_takes_deliveries_so_the_first_try_is_stored() {
     );
     assert!(tainted(&c, "spot-1").await);
     b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_maintenance_begin_acts_at_once_and_its_end_undoes_it() {
+    let mut s = Scenario::default_mixed();
+    s.workloads.clear();
+    s.daemonsets.clear();
+    let c = cluster(1.0, s, loops()).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.client.clone());
+    let p = serde_json::json!({"spec": {"providerID": format!("oci://{}", ocid("spot-0"))}});
+    nodes
+        .patch("spot-0", &PatchParams::default(), &Patch::Merge(&p))
+        .await
+        .unwrap();
+    let fake = Arc::new(FakeProvider::new());
+    let a = controller(
+        &c,
+        &config("engine-oci-m"),
+        PolicyConfig::default(),
+        Some(fake.clone()),
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(10),
+        "providerID in the cache",
+        || async {
+            a.app
+                .oci
+                .as_ref()
+                .unwrap()
+                .node_for(&ocid("spot-0"))
+                .is_some()
+        },
+    )
+    .await;
+    // The scheduled notice (window a day ahead) was missed: the begin alone is acted on now.
+    let window = (chrono::Utc::now() + chrono::Duration::days(1)).to_rfc3339();
+    let (status, _, body) = post_kind(&a, "spot-0", OciEventKind::MaintenanceBegin, &window).await;
+    assert_eq!(
+        (status, &body["recorded"]),
+        (200, &serde_json::json!(true)),
+        "{body}"
+    );
+    assert!(tainted(&c, "spot-0").await, "not acted on at the begin");
+    // The scheduled notice arriving late is the same notice: nothing new.
+    let (status, _, late) = post_kind(&a, "spot-0", OciEventKind::Maintenance, &window).await;
+    assert_eq!(
+        (status, &late["id"], &late["new"]),
+        (200, &body["id"], &serde_json::json!(false)),
+        "{late}"
+    );
+    // The end withdraws it: taint and nodekeeper's cordon undone.
+    let (status, _, end) = post_kind(&a, "spot-0", OciEventKind::MaintenanceEnd, &window).await;
+    assert_eq!(status, 200, "{end}");
+    wait_until(Duration::from_secs(10), "the notice undone", || async {
+        let n = node(&c, "spot-0").await;
+        taint(&n, TAINT).is_none() && !unschedulable(&n)
+    })
+    .await;
+    assert!(fake.requests().is_empty(), "maintenance never replaces");
+    a.stop().await;
 }

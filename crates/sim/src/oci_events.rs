@@ -18,6 +18,8 @@ use serde_json::{json, Value};
 const PREEMPTION: &str = "com.oraclecloud.computeapi.instancepreemptionaction";
 const MAINTENANCE: &str = "com.oraclecloud.computeapi.instancemaintenance";
 const RESCHEDULED: &str = "com.oraclecloud.computeapi.maintenancerescheduled";
+const MAINTENANCE_BEGIN: &str = "com.oraclecloud.computeapi.instancemaintenance.begin";
+const MAINTENANCE_END: &str = "com.oraclecloud.computeapi.instancemaintenance.end";
 
 /// Which event to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,15 +32,21 @@ pub enum OciEventKind {
     MaintenanceCanceled,
     /// `maintenancerescheduled` with a new window.
     Rescheduled,
+    /// `instancemaintenance.begin`, lifecycleState STARTED.
+    MaintenanceBegin,
+    /// `instancemaintenance.end`, lifecycleState SUCCEEDED.
+    MaintenanceEnd,
 }
 
 impl OciEventKind {
     /// Every value, in the order the command line lists them.
-    pub const ALL: [OciEventKind; 4] = [
+    pub const ALL: [OciEventKind; 6] = [
         OciEventKind::Preemption,
         OciEventKind::Maintenance,
         OciEventKind::MaintenanceCanceled,
         OciEventKind::Rescheduled,
+        OciEventKind::MaintenanceBegin,
+        OciEventKind::MaintenanceEnd,
     ];
 
     /// The spelling on the command line.
@@ -48,6 +56,8 @@ impl OciEventKind {
             OciEventKind::Maintenance => "maintenance",
             OciEventKind::MaintenanceCanceled => "maintenance-canceled",
             OciEventKind::Rescheduled => "rescheduled",
+            OciEventKind::MaintenanceBegin => "maintenance-begin",
+            OciEventKind::MaintenanceEnd => "maintenance-end",
         }
     }
 }
@@ -64,7 +74,7 @@ impl std::str::FromStr for OciEventKind {
         OciEventKind::ALL
             .into_iter()
             .find(|v| v.name() == s)
-            .ok_or_else(|| format!("unknown OCI event kind `{s}` (expected preemption, maintenance, maintenance-canceled or rescheduled)"))
+            .ok_or_else(|| format!("unknown OCI event kind `{s}` (expected preemption, maintenance, maintenance-canceled, rescheduled, maintenance-begin or maintenance-end)"))
     }
 }
 
@@ -91,22 +101,33 @@ pub struct OciEventArgs {
 
 /// The OCI Events envelope for `kind` about `instance`.
 pub fn envelope(kind: OciEventKind, instance: &str, window_start: &str) -> Value {
-    let maintenance = |etype: &str, state: &str| {
-        json!({"eventType": etype, "cloudEventsVersion": "0.1", "eventTypeVersion": "2.0",
-            "source": "ComputeApi", "eventTime": chrono::Utc::now().to_rfc3339(), "contentType": "application/json",
-            "data": {"resourceId": "ocid1.instancemaintenanceevent.oc1.sim", "additionalDetails": {
-                "instanceId": instance, "lifecycleState": state, "maintenanceCategory": "FLEXIBLE",
-                "instanceAction": "REBOOT_MIGRATION", "timeWindowStart": window_start, "startWindowDuration": "P1D"}}})
+    let (etype, state) = match kind {
+        OciEventKind::Preemption => (PREEMPTION, ""),
+        OciEventKind::Maintenance => (MAINTENANCE, "SCHEDULED"),
+        OciEventKind::MaintenanceCanceled => (MAINTENANCE, "CANCELED"),
+        OciEventKind::Rescheduled => (RESCHEDULED, "SCHEDULED"),
+        OciEventKind::MaintenanceBegin => (MAINTENANCE_BEGIN, "STARTED"),
+        OciEventKind::MaintenanceEnd => (MAINTENANCE_END, "SUCCEEDED"),
     };
-    match kind {
-        OciEventKind::Preemption => json!({"eventType": PREEMPTION, "cloudEventsVersion": "0.1",
-            "eventTypeVersion": "2.0", "source": "ComputeApi", "eventTime": chrono::Utc::now().to_rfc3339(),
-            "contentType": "application/json",
-            "data": {"resourceId": instance, "additionalDetails": {"preemptionAction": "TERMINATE"}}}),
-        OciEventKind::Maintenance => maintenance(MAINTENANCE, "SCHEDULED"),
-        OciEventKind::MaintenanceCanceled => maintenance(MAINTENANCE, "CANCELED"),
-        OciEventKind::Rescheduled => maintenance(RESCHEDULED, "SCHEDULED"),
-    }
+    let compartment = "ocid1.compartment.oc1..sim";
+    let data = if kind == OciEventKind::Preemption {
+        json!({"compartmentId": compartment, "resourceId": instance,
+            "additionalDetails": {"preemptionAction": "TERMINATE"}})
+    } else {
+        let mut details = json!({"instanceId": instance, "lifecycleState": state,
+            "maintenanceCategory": "FLEXIBLE", "instanceAction": "REBOOT_MIGRATION",
+            "startWindowDuration": "P1D"});
+        if !window_start.is_empty() {
+            details["timeWindowStart"] = json!(window_start);
+        }
+        json!({"compartmentId": compartment, "resourceId": "ocid1.instancemaintenanceevent.oc1.sim",
+            "additionalDetails": details})
+    };
+    // CloudEvents 0.1, as OCI Events' envelope reference lists its fields.
+    json!({"eventType": etype, "cloudEventsVersion": "0.1", "eventTypeVersion": "2.0",
+        "source": "ComputeApi", "eventID": format!("sim-{:016x}", rand::random::<u64>()),
+        "eventTime": chrono::Utc::now().to_rfc3339(), "contentType": "application/json",
+        "extensions": {"compartmentId": compartment}, "data": data})
 }
 
 /// How a delivery carries the secret: the two forms an OCI Notifications HTTPS subscription has.

@@ -40,6 +40,10 @@ pub const PREEMPTION: &str = "com.oraclecloud.computeapi.instancepreemptionactio
 pub const MAINTENANCE: &str = "com.oraclecloud.computeapi.instancemaintenance";
 /// Event type of a rescheduled maintenance.
 pub const RESCHEDULED: &str = "com.oraclecloud.computeapi.maintenancerescheduled";
+/// Event type of a maintenance that begins now.
+pub const MAINTENANCE_BEGIN: &str = "com.oraclecloud.computeapi.instancemaintenance.begin";
+/// Event type of a maintenance that ended.
+pub const MAINTENANCE_END: &str = "com.oraclecloud.computeapi.instancemaintenance.end";
 const CHANNEL: &str = "oci/events";
 
 /// Instances logged as "no Node" at most once each; past this many, the set starts over.
@@ -516,6 +520,30 @@ pub enum Refusal {
     Ignored(String),
 }
 
+/// Where a maintenance stands, from its event type and `lifecycleState` (the SDK's
+/// `InstanceMaintenanceEventLifecycleStateEnum`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaintenanceStep {
+    /// Announced for `timeWindowStart`: act before it.
+    Scheduled,
+    /// Under way (`.begin`, or STARTED / PROCESSING): act now if the notice was missed.
+    Now,
+    /// Over or withdrawn (`.end`, or SUCCEEDED / FAILED / CANCELED): withdraw the notice.
+    Over,
+}
+
+/// The maintenance step of `etype` in `state` (pure); `None` for a preemption.
+pub fn maintenance_step(etype: &str, state: &str) -> Option<MaintenanceStep> {
+    Some(match (etype, state) {
+        (PREEMPTION, _) => return None,
+        (MAINTENANCE_BEGIN, _) => MaintenanceStep::Now,
+        (MAINTENANCE_END, _) => MaintenanceStep::Over,
+        (_, "CANCELED" | "SUCCEEDED" | "FAILED") => MaintenanceStep::Over,
+        (_, "STARTED" | "PROCESSING") => MaintenanceStep::Now,
+        _ => MaintenanceStep::Scheduled,
+    })
+}
+
 /// Maps an OCI Events envelope to a node event (Err: malformed, or not handled).
 pub fn parse(v: &Value) -> Result<Parsed, Refusal> {
     let bad = |field, why| Refusal::Malformed { field, why };
@@ -527,7 +555,10 @@ pub fn parse(v: &Value) -> Result<Parsed, Refusal> {
         Some(_) => return Err(bad("eventType", "not a non-empty string")),
         None => return Err(bad("eventType", "missing")),
     };
-    let handled = matches!(etype, PREEMPTION | MAINTENANCE | RESCHEDULED);
+    let handled = matches!(
+        etype,
+        PREEMPTION | MAINTENANCE | RESCHEDULED | MAINTENANCE_BEGIN | MAINTENANCE_END
+    );
     if !handled {
         return Err(Refusal::Ignored(format!(
             "event type {etype} is not handled"
@@ -571,7 +602,8 @@ pub fn parse(v: &Value) -> Result<Parsed, Refusal> {
             detail.insert(k.to_string(), crate::agent::sources::truncate(&x, 128));
         }
     }
-    let window = s(&details, "timeWindowStart");
+    // An empty value is no window (OCI leaves unset strings empty, e.g. `correlationToken`).
+    let window = s(&details, "timeWindowStart").filter(|w| !w.is_empty());
     let not_before = match window.as_deref() {
         None => None,
         Some(w) => Some(
@@ -585,23 +617,24 @@ pub fn parse(v: &Value) -> Result<Parsed, Refusal> {
                 .with_timezone(&Utc),
         ),
     };
-    let (kind, key) = match etype {
-        PREEMPTION => (EventKind::Preemption, instance.clone()),
-        MAINTENANCE | RESCHEDULED => {
+    let state = s(&details, "lifecycleState").unwrap_or_default();
+    let (kind, key, not_before) = match maintenance_step(etype, &state) {
+        None => (EventKind::Preemption, instance.clone(), not_before),
+        Some(step) => {
+            // One maintenance (its event OCID) in one window: the scheduled notice, its begin and
+            // its end share the id, so a begin after the notice changes nothing and an end
+            // withdraws it; a rescheduled window is a new notice.
             let key = format!("{resource}|{}", window.clone().unwrap_or_default());
-            let state = s(&details, "lifecycleState").unwrap_or_default();
-            match state.as_str() {
-                "CANCELED" | "SUCCEEDED" | "FAILED" => {
-                    let of = event_id(Some(Cloud::Oci), CHANNEL, &EventKind::Maintenance, &key);
-                    (EventKind::Cancelled { of }, key)
+            let notice = || event_id(Some(Cloud::Oci), CHANNEL, &EventKind::Maintenance, &key);
+            match step {
+                MaintenanceStep::Scheduled => (EventKind::Maintenance, key, not_before),
+                MaintenanceStep::Now => {
+                    let now = Utc::now();
+                    let at = not_before.map_or(now, |t| t.min(now));
+                    (EventKind::Maintenance, key, Some(at))
                 }
-                _ => (EventKind::Maintenance, key),
+                MaintenanceStep::Over => (EventKind::Cancelled { of: notice() }, key, None),
             }
-        }
-        other => {
-            return Err(Refusal::Ignored(format!(
-                "event type {other} is not handled"
-            )))
         }
     };
     let id = event_id(Some(Cloud::Oci), CHANNEL, &kind, &key);
@@ -786,6 +819,84 @@ mod tests {
             parse(&json!({"eventType": "com.oraclecloud.objectstorage.createbucket"})),
             Err(Refusal::Ignored(_))
         ));
+    }
+
+    #[test]
+    fn maintenance_steps_follow_the_event_type_then_the_lifecycle_state() {
+        use MaintenanceStep::*;
+        let cases: [(&str, &str, Option<MaintenanceStep>); 12] = [
+            (PREEMPTION, "", None),
+            (MAINTENANCE, "SCHEDULED", Some(Scheduled)),
+            (MAINTENANCE, "", Some(Scheduled)),
+            (MAINTENANCE, "STARTED", Some(Now)),
+            (MAINTENANCE, "PROCESSING", Some(Now)),
+            (MAINTENANCE, "SUCCEEDED", Some(Over)),
+            (MAINTENANCE, "FAILED", Some(Over)),
+            (MAINTENANCE, "CANCELED", Some(Over)),
+            (RESCHEDULED, "SCHEDULED", Some(Scheduled)),
+            // The type decides for begin and end, whatever the state says.
+            (MAINTENANCE_BEGIN, "SUCCESSFUL", Some(Now)),
+            (MAINTENANCE_BEGIN, "SCHEDULED", Some(Now)),
+            (MAINTENANCE_END, "SCHEDULED", Some(Over)),
+        ];
+        for (etype, state, want) in cases {
+            assert_eq!(maintenance_step(etype, state), want, "{etype} {state}");
+        }
+    }
+
+    #[test]
+    fn begin_acts_now_unless_noticed_and_end_withdraws_the_notice() {
+        let m = |etype: &str, state: &str, window: &str| {
+            json!({"eventType": etype, "source": "ComputeApi",
+            "data": {"resourceId": "ocid1.instancemaintenanceevent.oc1.x", "additionalDetails": {
+                "instanceId": "ocid1.instance.oc1.phx.abc", "lifecycleState": state,
+                "timeWindowStart": window}}})
+        };
+        let future = "2099-01-01T00:00:00Z";
+        let sched = parse(&m(MAINTENANCE, "SCHEDULED", future)).unwrap().event;
+        assert_eq!(
+            sched.not_before.unwrap().to_rfc3339(),
+            "2099-01-01T00:00:00+00:00"
+        );
+        // The begin of the same maintenance: the same notice (a duplicate when it was seen),
+        // and due now when it was missed.
+        let begin = parse(&m(MAINTENANCE_BEGIN, "SUCCESSFUL", future))
+            .unwrap()
+            .event;
+        assert_eq!(
+            (begin.id.as_str(), &begin.kind),
+            (sched.id.as_str(), &EventKind::Maintenance)
+        );
+        assert!(begin.not_before.unwrap() <= Utc::now());
+        let started = parse(&m(MAINTENANCE, "STARTED", future)).unwrap().event;
+        assert_eq!(started.id, sched.id);
+        assert!(started.not_before.unwrap() <= Utc::now());
+        // A window already past stays the time to act.
+        let past = parse(&m(MAINTENANCE_BEGIN, "", "2020-01-01T00:00:00Z"))
+            .unwrap()
+            .event;
+        assert_eq!(
+            past.not_before.unwrap().to_rfc3339(),
+            "2020-01-01T00:00:00+00:00"
+        );
+        // The end withdraws that notice, like CANCELED / SUCCEEDED on the scheduled type.
+        let end = parse(&m(MAINTENANCE_END, "SUCCESSFUL", future))
+            .unwrap()
+            .event;
+        assert_eq!(
+            end.kind,
+            EventKind::Cancelled {
+                of: sched.id.clone()
+            }
+        );
+        let canceled = parse(&m(MAINTENANCE, "CANCELED", future)).unwrap().event;
+        assert_eq!(canceled.kind, end.kind);
+        // A rescheduled window is another notice.
+        let moved = parse(&m(RESCHEDULED, "SCHEDULED", "2099-02-01T00:00:00Z"))
+            .unwrap()
+            .event;
+        assert_eq!(moved.kind, EventKind::Maintenance);
+        assert_ne!(moved.id, sched.id);
     }
 
     #[test]
