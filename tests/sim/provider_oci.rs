@@ -123,6 +123,10 @@ fn config_for(key: &TestKey, ca: &Path) -> OciConfig {
         timeout: Duration::from_secs(5),
         max_attempts: 4,
         backoff: Duration::from_millis(20),
+        eviction_grace: Duration::ZERO,
+        force_delete_after_grace: true,
+        work_request_timeout: Duration::from_secs(20),
+        work_request_poll: Duration::from_millis(50),
     }
 }
 
@@ -140,9 +144,18 @@ async fn fixture() -> Fixture {
     fixture_with(Repeat::default(), false).await
 }
 
+/// [`fixture`] whose DeleteNode work requests end FAILED.
+async fn failing_work_requests() -> Fixture {
+    fixture_opts(Repeat::default(), false, true).await
+}
+
 /// [`fixture`] with the stand-in answering repeated DELETEs as `repeat`; with `no_policy`, the
 /// key authenticates but no IAM policy allows it anything.
 async fn fixture_with(repeat: Repeat, no_policy: bool) -> Fixture {
+    fixture_opts(repeat, no_policy, false).await
+}
+
+async fn fixture_opts(repeat: Repeat, no_policy: bool, fail_work_requests: bool) -> Fixture {
     engine_support::init();
     let dir = tempfile::tempdir().unwrap();
     let key = test_key(dir.path(), "api");
@@ -166,6 +179,7 @@ async fn fixture_with(repeat: Repeat, no_policy: bool) -> Fixture {
             Default::default()
         },
         repeat,
+        fail_work_requests,
     })
     .await
     .unwrap();
@@ -216,6 +230,26 @@ impl Fixture {
             .into_iter()
             .filter_map(|n| n.metadata.name)
             .collect()
+    }
+}
+
+/// What the engine does with the provider: asks for the replacement, then, its drain being over,
+/// retires the old node (the removal itself).
+trait ReplaceNow {
+    async fn replace_now(
+        &self,
+        req: &ReplacementRequest,
+    ) -> Result<ReplacementTicket, ProviderError>;
+}
+
+impl ReplaceNow for Oci {
+    async fn replace_now(
+        &self,
+        req: &ReplacementRequest,
+    ) -> Result<ReplacementTicket, ProviderError> {
+        let t = self.request_replacement(req).await?;
+        self.retire(req).await?;
+        Ok(t)
     }
 }
 
@@ -443,7 +477,7 @@ async fn terminate_deletes_the_instance_once_and_reports_the_ready_replacement()
         "Debug redacts the key"
     );
     let req = ReplacementRequest::new(&node, "repair", "2026-12-01T00:00:00Z");
-    let t1 = p.request_replacement(&req).await.unwrap();
+    let t1 = p.replace_now(&req).await.unwrap();
     assert_eq!(t1.provider, "oci");
     assert_eq!(t1.reference.as_deref(), Some(instance.as_str()));
     assert_eq!(t1.pool.as_deref(), Some(pool.as_str()));
@@ -470,10 +504,10 @@ async fn terminate_deletes_the_instance_once_and_reports_the_ready_replacement()
     // Asked again by this provider (remembered: nothing sent) and by a fresh one (a restarted
     // controller): the stand-in answers 404 for the terminating instance, and GetInstance shows it
     // TERMINATING, which counts as done.
-    assert_eq!(p.request_replacement(&req).await.unwrap(), t1);
+    assert_eq!(p.replace_now(&req).await.unwrap(), t1);
     assert_eq!(f.oci.calls().len(), 1, "a remembered ticket sends nothing");
     let fresh = f.provider(OciMode::Terminate);
-    let t3 = fresh.request_replacement(&req).await.unwrap();
+    let t3 = fresh.replace_now(&req).await.unwrap();
     assert_eq!(t3.reference, t1.reference);
     assert_eq!(f.acted().len(), 1, "one termination: {:?}", f.oci.calls());
     let last: Vec<(String, u16)> = f.oci.calls()[1..]
@@ -513,7 +547,7 @@ async fn a_429_is_retried_then_the_instance_is_terminated() {
     f.oci.fail_next(&[429, 503]);
     let p = f.provider(OciMode::Terminate);
     let req = ReplacementRequest::new(&node, "interruption", "e1");
-    p.request_replacement(&req).await.unwrap();
+    p.replace_now(&req).await.unwrap();
     let statuses: Vec<u16> = f.oci.calls().iter().map(|c| c.status).collect();
     assert_eq!(statuses, [429, 503, 204]);
     assert!(f.oci.calls().iter().all(|c| c.key_id.is_some()));
@@ -528,7 +562,7 @@ async fn a_429_is_retried_then_the_instance_is_terminated() {
         .unwrap();
     f.oci.fail_next(&[500, 500, 500, 500]);
     let err = p
-        .request_replacement(&ReplacementRequest::new(&other, "repair", "e2"))
+        .replace_now(&ReplacementRequest::new(&other, "repair", "e2"))
         .await
         .unwrap_err();
     assert!(
@@ -549,7 +583,7 @@ async fn a_wrong_key_is_refused_with_401_and_a_permanent_error_naming_the_node()
     cfg.key_file = wrong.pkcs1.clone();
     let p = Oci::new(cfg, f.cluster.client.clone(), true).unwrap();
     let err = p
-        .request_replacement(&ReplacementRequest::new(&node, "repair", "e1"))
+        .replace_now(&ReplacementRequest::new(&node, "repair", "e1"))
         .await
         .unwrap_err();
     assert!(err.is_permanent(), "{err}");
@@ -578,7 +612,7 @@ async fn a_key_without_iam_policy_is_a_permanent_error_naming_the_statement() {
         let before = f.oci.calls().len();
         let err = f
             .provider(mode)
-            .request_replacement(&ReplacementRequest::new(&node, "repair", "no-policy"))
+            .replace_now(&ReplacementRequest::new(&node, "repair", "no-policy"))
             .await
             .unwrap_err();
         assert!(err.is_permanent(), "{err}");
@@ -614,13 +648,13 @@ async fn a_repeat_after_a_restart_ends_well_however_oci_answers_it() {
         let node = f.victim().await.metadata.name.unwrap();
         let req = ReplacementRequest::new(&node, "repair", "restart");
         f.provider(OciMode::Terminate)
-            .request_replacement(&req)
+            .replace_now(&req)
             .await
             .unwrap();
         // A restarted controller: a fresh provider, the instance terminating (held).
         let t = f
             .provider(OciMode::Terminate)
-            .request_replacement(&req)
+            .replace_now(&req)
             .await
             .unwrap_or_else(|e| panic!("{repeat:?}: {e}"));
         assert!(t.reference.is_some());
@@ -647,7 +681,7 @@ async fn conflicts_and_a_passing_401_are_retried_and_501_is_not() {
         (409, "IncorrectState"),
         (401, "NotAuthenticated"),
     ]);
-    p.request_replacement(&ReplacementRequest::new(&nodes[0], "repair", "c1"))
+    p.replace_now(&ReplacementRequest::new(&nodes[0], "repair", "c1"))
         .await
         .unwrap();
     let calls: Vec<(String, u16)> = f
@@ -670,7 +704,7 @@ async fn conflicts_and_a_passing_401_are_retried_and_501_is_not() {
     // IncorrectState on an instance that is RUNNING: GetInstance, then retried.
     f.oci.fail_next_with(&[(409, "IncorrectState")]);
     let sent = f.oci.calls().len();
-    p.request_replacement(&ReplacementRequest::new(&nodes[2], "repair", "c2"))
+    p.replace_now(&ReplacementRequest::new(&nodes[2], "repair", "c2"))
         .await
         .unwrap();
     let calls: Vec<(String, u16)> = f.oci.calls()[sent..]
@@ -688,7 +722,7 @@ async fn conflicts_and_a_passing_401_are_retried_and_501_is_not() {
         let sent = f.oci.calls().len();
         f.oci.fail_next_with(&[(status, code)]);
         let err = p
-            .request_replacement(&ReplacementRequest::new(&nodes[1], "repair", code))
+            .replace_now(&ReplacementRequest::new(&nodes[1], "repair", code))
             .await
             .unwrap_err();
         assert!(
@@ -709,15 +743,27 @@ async fn node_pool_mode_deletes_the_node_from_its_oke_pool() {
     let instance = instance_of(&victim);
     let pool = annotation(&victim, NODE_POOL_ANNOTATION).unwrap();
     let p = f.provider(OciMode::NodePool);
-    let t = p
-        .request_replacement(&ReplacementRequest::new(&node, "repair", "e1"))
-        .await
-        .unwrap();
+    // The request sends nothing: the removal waits for nodekeeper's drain (retire).
+    let req = ReplacementRequest::new(&node, "repair", "e1");
+    let t = p.request_replacement(&req).await.unwrap();
+    assert!(f.oci.calls().is_empty(), "{:?}", f.oci.calls());
+    p.retire(&req).await.unwrap();
+    // retire returned once OKE's work request SUCCEEDED (followed with GetWorkRequest).
+    let wr = format!("ocid1.clustersworkrequest.oc1.sim.{instance}");
+    assert_eq!(
+        f.oci.work_requests().get(&wr).map(String::as_str),
+        Some("SUCCEEDED")
+    );
+    assert!(f
+        .oci
+        .calls()
+        .iter()
+        .any(|c| c.method == "GET" && c.path == format!("/20180222/workRequests/{wr}")));
     let calls = f.acted();
     assert_eq!(calls.len(), 1, "{:?}", f.oci.calls());
     assert_eq!(
         calls[0].path,
-        format!("/20180222/nodePools/{pool}/node/{instance}?isDecrementSize=false")
+        format!("/20180222/nodePools/{pool}/node/{instance}?isDecrementSize=false&isForceDeletionAfterOverrideGraceDuration=true&overrideEvictionGraceDuration=PT0M")
     );
     assert_eq!(calls[0].status, 202);
     let new_node = wait_ready(&p, &t).await;
@@ -747,7 +793,7 @@ async fn node_pool_mode_deletes_the_node_from_its_oke_pool() {
         .unwrap();
     let sent = f.oci.calls().len();
     let err = p
-        .request_replacement(&ReplacementRequest::new(&bare, "repair", "e2"))
+        .replace_now(&ReplacementRequest::new(&bare, "repair", "e2"))
         .await
         .unwrap_err();
     assert!(
@@ -758,12 +804,34 @@ async fn node_pool_mode_deletes_the_node_from_its_oke_pool() {
     // A node that is not an OCI instance: permanent, nothing sent.
     let mut req = ReplacementRequest::new(&new_node, "repair", "e3");
     req.provider_id = Some("aws:///eu-west-1a/i-0abc".into());
-    let err = p.request_replacement(&req).await.unwrap_err();
+    let err = p.replace_now(&req).await.unwrap_err();
     assert!(
         err.is_permanent() && err.to_string().contains("i-0abc"),
         "{err}"
     );
     assert_eq!(f.oci.calls().len(), sent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delete_node_work_request_is_a_permanent_error() {
+    let f = failing_work_requests().await;
+    f.oci.release();
+    let node = f.victim().await.metadata.name.unwrap();
+    let p = f.provider(OciMode::NodePool);
+    let req = ReplacementRequest::new(&node, "repair", "wr-fail");
+    p.request_replacement(&req).await.unwrap();
+    let err = p.retire(&req).await.unwrap_err();
+    assert!(err.is_permanent(), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&node) && msg.contains("FAILED") && msg.contains("InternalError"),
+        "{msg}"
+    );
+    // The node is still there; asked again (the engine's next pass), DeleteNode is sent again.
+    assert!(f.node_names().await.contains(&node));
+    let sent = f.acted().len();
+    let _ = p.retire(&req).await;
+    assert_eq!(f.acted().len(), sent + 1, "{:?}", f.oci.calls());
 }
 
 fn parse(toml_text: &str) -> ProviderConfig {
@@ -783,7 +851,7 @@ fn config_is_validated_with_diagnostics() {
     assert_eq!(o.mode, OciMode::NodePool);
     assert_eq!(
         o.base_url(),
-        "https://containerengine.eu-frankfurt-1.oraclecloud.com"
+        "https://containerengine.eu-frankfurt-1.oci.oraclecloud.com"
     );
     let mut t = o.clone();
     t.mode = OciMode::Terminate;
@@ -843,6 +911,10 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
         timeout: Duration::from_secs(1),
         max_attempts: 1,
         backoff: Duration::from_millis(1),
+        eviction_grace: Duration::ZERO,
+        force_delete_after_grace: true,
+        work_request_timeout: Duration::from_secs(1),
+        work_request_poll: Duration::from_millis(10),
     };
     let missing = dir.path().join("missing.pem");
     let err = Oci::new(base(missing.clone()), c.client.clone(), true).unwrap_err();
@@ -1005,7 +1077,7 @@ async fn the_sim_subcommand_serves_the_stand_in_for_a_cluster() {
     cfg.mode = OciMode::NodePool;
     let p = Oci::new(cfg, cluster.client.clone(), true).unwrap();
     let t = p
-        .request_replacement(&ReplacementRequest::new(&node, "repair", "cli"))
+        .replace_now(&ReplacementRequest::new(&node, "repair", "cli"))
         .await
         .unwrap();
     let new_node = wait_ready(&p, &t).await;
@@ -1018,4 +1090,25 @@ async fn the_sim_subcommand_serves_the_stand_in_for_a_cluster() {
         annotation(&fresh, NODE_POOL_ANNOTATION),
         annotation(&victim, NODE_POOL_ANNOTATION)
     );
+}
+
+#[test]
+fn the_stand_in_checks_delete_nodes_query_as_the_api_defines_it() {
+    use oci_compute::check_delete_node_query as check;
+    assert_eq!(check(""), Ok(()));
+    assert_eq!(
+        check("isDecrementSize=false&isForceDeletionAfterOverrideGraceDuration=true&overrideEvictionGraceDuration=PT0M"),
+        Ok(())
+    );
+    assert_eq!(check("overrideEvictionGraceDuration=PT60M"), Ok(()));
+    for bad in [
+        "overrideEvictionGraceDuration=PT61M",
+        "overrideEvictionGraceDuration=0",
+        "overrideEvictionGraceDuration=PT1H",
+        "isDecrementSize=no",
+        "isForceDeletionAfterOverrideGraceDuration=",
+        "preserveBootVolume=false",
+    ] {
+        assert!(check(bad).is_err(), "{bad}");
+    }
 }

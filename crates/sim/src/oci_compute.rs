@@ -3,7 +3,13 @@
 //!
 //! - Compute `DELETE /20160918/instances/{instanceId}` (TerminateInstance): 204;
 //! - Compute `GET /20160918/instances/{instanceId}` (GetInstance): 200 with `lifecycleState`;
-//! - Container Engine `DELETE /20180222/nodePools/{nodePoolId}/node/{nodeId}` (DeleteNode): 202.
+//! - Container Engine `DELETE /20180222/nodePools/{nodePoolId}/node/{nodeId}` (DeleteNode): 202
+//!   with `opc-work-request-id`; its query checked as the API defines it (`isDecrementSize`,
+//!   `isForceDeletionAfterOverrideGraceDuration` booleans, `overrideEvictionGraceDuration` PT0M to
+//!   PT60M), else 400 `InvalidParameter`;
+//! - Container Engine `GET /20180222/workRequests/{id}` (GetWorkRequest): `status` IN_PROGRESS until
+//!   the node is replaced, then SUCCEEDED (FAILED with option `fail_work_requests`, the node left in
+//!   place), and `GET .../errors` (ListWorkRequestErrors).
 //!
 //! Answers follow OCI's API errors page (docs.oracle.com `Content/API/References/apierrors.htm`),
 //! not the provider: an authenticated key without an IAM policy (option `unauthorized`) gets 404
@@ -108,6 +114,8 @@ pub struct OciComputeOptions {
     pub unauthorized: std::collections::BTreeSet<String>,
     /// How a DELETE of an instance already terminating or terminated is answered.
     pub repeat: Repeat,
+    /// DeleteNode's work requests end FAILED and leave the node in place.
+    pub fail_work_requests: bool,
 }
 
 /// How a DELETE of an instance that is already terminating or terminated is answered. OCI does not
@@ -158,6 +166,8 @@ struct Shared {
     keys: BTreeMap<String, Vec<u8>>,
     unauthorized: std::collections::BTreeSet<String>,
     repeat: Repeat,
+    fail_work_requests: bool,
+    work_requests: Mutex<BTreeMap<String, &'static str>>,
     client: Option<kube::Client>,
     launch_delay: Duration,
     calls: Mutex<Vec<Call>>,
@@ -202,6 +212,8 @@ impl OciCompute {
             keys,
             unauthorized: opts.unauthorized,
             repeat: opts.repeat,
+            fail_work_requests: opts.fail_work_requests,
+            work_requests: Mutex::new(BTreeMap::new()),
             client: opts.client,
             launch_delay: opts.launch_delay,
             calls: Mutex::new(Vec::new()),
@@ -261,6 +273,14 @@ impl OciCompute {
     /// Lets held DELETEs (option `hold`) proceed, now and from now on.
     pub fn release(&self) {
         self.shared.released.send_replace(true);
+    }
+
+    /// The `status` of each DeleteNode work request, by id.
+    pub fn work_requests(&self) -> BTreeMap<String, String> {
+        lock(&self.shared.work_requests)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect()
     }
 
     /// Instances removed so far (terminating or terminated).
@@ -479,9 +499,20 @@ async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> (Response, bool)
             "Authorization failed or requested resource not found.",
         )
     };
+    if let Some(r) = work_request(s, method, uri.path()) {
+        return (r, false);
+    }
     let Some((instance, pool)) = route(uri.path()) else {
         return (not_found(), false);
     };
+    if pool.is_some() && *method == Method::DELETE {
+        if let Err(why) = check_delete_node_query(uri.query().unwrap_or_default()) {
+            return (
+                error(StatusCode::BAD_REQUEST, "InvalidParameter", &why),
+                false,
+            );
+        }
+    }
     if *method == Method::GET && pool.is_none() {
         return (get_instance(s, &instance).await, false);
     }
@@ -502,7 +533,7 @@ async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> (Response, bool)
             StatusCode::NO_CONTENT.into_response()
         };
         if pool.is_some() {
-            if let Ok(v) = format!("ocid1.clustersworkrequest.oc1.sim.{instance}").parse() {
+            if let Ok(v) = work_request_id(&instance).parse() {
                 r.headers_mut().insert("opc-work-request-id", v);
             }
         }
@@ -542,19 +573,99 @@ async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> (Response, bool)
         }
     }
     lock(&s.instances).insert(instance.clone(), Life::Terminating);
+    let wr = pool.as_ref().map(|_| work_request_id(&instance));
+    if let Some(w) = &wr {
+        lock(&s.work_requests).insert(w.clone(), "IN_PROGRESS");
+    }
     let (s2, inst) = (s.clone(), instance.clone());
     let mut released = s.released.subscribe();
     tokio::spawn(async move {
         let _ = released.wait_for(|r| *r).await;
         tokio::time::sleep(s2.launch_delay).await;
+        if let (Some(w), true) = (&wr, s2.fail_work_requests) {
+            // OKE could not delete the node: it stays, its instance runs on.
+            lock(&s2.instances).remove(&inst);
+            lock(&s2.work_requests).insert(w.clone(), "FAILED");
+            return;
+        }
         if let (Some(c), Some(n)) = (&s2.client, node) {
             if let Err(e) = replace_node(&s2, c, n).await {
                 tracing::warn!(instance = %inst, error = %e, "oci stand-in: replacing the node failed");
             }
         }
         lock(&s2.instances).insert(inst, Life::Terminated);
+        if let Some(w) = wr {
+            lock(&s2.work_requests).insert(w, "SUCCEEDED");
+        }
     });
     (accepted(&pool), true)
+}
+
+fn work_request_id(instance: &str) -> String {
+    format!("ocid1.clustersworkrequest.oc1.sim.{instance}")
+}
+
+/// DeleteNode's query as the Container Engine API defines it: booleans `isDecrementSize` and
+/// `isForceDeletionAfterOverrideGraceDuration`, `overrideEvictionGraceDuration` an ISO 8601
+/// duration from PT0M to PT60M.
+pub fn check_delete_node_query(query: &str) -> Result<(), String> {
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "isDecrementSize" | "isForceDeletionAfterOverrideGraceDuration" => {
+                if v != "true" && v != "false" {
+                    return Err(format!("{k}: `{v}` is not a boolean"));
+                }
+            }
+            "overrideEvictionGraceDuration" => {
+                let minutes = v
+                    .strip_prefix("PT")
+                    .and_then(|m| m.strip_suffix('M'))
+                    .and_then(|m| m.parse::<u32>().ok());
+                if minutes.is_none_or(|m| m > 60) {
+                    return Err(format!("{k}: `{v}` is not a duration from PT0M to PT60M"));
+                }
+            }
+            other => return Err(format!("unknown query parameter `{other}`")),
+        }
+    }
+    Ok(())
+}
+
+/// GetWorkRequest and ListWorkRequestErrors of the DeleteNode work requests; `None`: another path.
+fn work_request(s: &Shared, method: &Method, path: &str) -> Option<Response> {
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (id, errors) = match segs.as_slice() {
+        ["20180222", "workRequests", id] => (*id, false),
+        ["20180222", "workRequests", id, "errors"] => (*id, true),
+        _ => return None,
+    };
+    if *method != Method::GET {
+        return Some(error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "NotAllowed",
+            "method not allowed",
+        ));
+    }
+    let Some(status) = lock(&s.work_requests).get(id).copied() else {
+        return Some(error(
+            StatusCode::NOT_FOUND,
+            "NotAuthorizedOrNotFound",
+            "Authorization failed or requested resource not found.",
+        ));
+    };
+    Some(if errors {
+        let list = if status == "FAILED" {
+            json!([{"code": "InternalError", "message": "the stand-in was told to fail this work request",
+                    "timestamp": chrono::Utc::now().to_rfc3339()}])
+        } else {
+            json!([])
+        };
+        axum::Json(list).into_response()
+    } else {
+        axum::Json(json!({"id": id, "operationType": "NODEPOOL_UPDATE", "status": status}))
+            .into_response()
+    })
 }
 
 /// GetInstance: the instance's `lifecycleState` (TERMINATING / TERMINATED once deleted here,
@@ -726,6 +837,7 @@ pub async fn run(
         hold: false,
         unauthorized: Default::default(),
         repeat: Repeat::default(),
+        fail_work_requests: false,
     })
     .await?;
     std::fs::write(&args.ca_out, &sim.ca_pem)

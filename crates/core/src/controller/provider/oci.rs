@@ -1,9 +1,11 @@
 //! The `oci` provider: replaces a node by terminating its OCI Compute instance
 //! (`mode = "terminate"`, `DELETE /20160918/instances/{id}?preserveBootVolume=false`) or by deleting it
 //! from its OKE node pool without shrinking the pool (`mode = "node-pool"`,
-//! `DELETE /20180222/nodePools/{poolId}/node/{nodeId}?isDecrementSize=false`); the node pool (or
-//! instance pool) launches the replacement, reported by `replacement_ready` as a new Ready node of the
-//! same pool.
+//! `DELETE /20180222/nodePools/{poolId}/node/{nodeId}?isDecrementSize=false&...`, OKE's own drain
+//! overridden with `PT0M` and force, its work request followed); the node pool (or instance pool)
+//! launches the replacement, reported by `replacement_ready` as a new Ready node of the same pool.
+//! `request_replacement` only checks the node and records the ticket; the removal is `retire`,
+//! once nodekeeper's drain is over.
 //!
 //! Requests are signed with OCI's API signature version 1 (draft-cavage HTTP signatures, RSA-SHA256
 //! over `date (request-target) host`, plus `content-length content-type x-content-sha256` for bodies)
@@ -203,6 +205,59 @@ pub struct OciConfig {
     /// First retry delay (doubled each attempt, with jitter).
     #[serde(default = "super::default_backoff", with = "humantime_serde")]
     pub backoff: Duration,
+    /// DeleteNode's `overrideEvictionGraceDuration`: how long OKE itself tries to evict the
+    /// node's pods before deleting it. nodekeeper removes a node only after its own drain, so
+    /// `0s` (`PT0M`, OKE drains nothing more); OKE's own default would be PT60M. Whole minutes,
+    /// at most 60.
+    #[serde(default, with = "humantime_serde")]
+    pub eviction_grace: Duration,
+    /// DeleteNode's `isForceDeletionAfterOverrideGraceDuration`: delete the node even when OKE's
+    /// eviction did not finish within `eviction_grace` (nodekeeper has decided; without it OKE may
+    /// leave the node in place).
+    #[serde(default = "default_true")]
+    pub force_delete_after_grace: bool,
+    /// How long `retire` follows DeleteNode's work request (`GET /20180222/workRequests/{id}`) for
+    /// its end; a FAILED or CANCELED one is reported as an error. `0s`: not followed.
+    #[serde(default = "default_work_request_timeout", with = "humantime_serde")]
+    pub work_request_timeout: Duration,
+    /// Pause between two looks at the work request.
+    #[serde(default = "default_work_request_poll", with = "humantime_serde")]
+    pub work_request_poll: Duration,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_work_request_timeout() -> Duration {
+    Duration::from_secs(20 * 60)
+}
+fn default_work_request_poll() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// The realm of a region outside the commercial realm `oc1`, from the OCI Go SDK's
+/// `common/regions.go` (`regionRealm`), with its second-level domain when the SDK's `realm` table
+/// gives one. `None`: the commercial realm (also for a region this table does not know, as the
+/// SDK falls back to `oc1`).
+pub fn realm_of(region: &str) -> Option<(&'static str, Option<&'static str>)> {
+    Some(match region {
+        "us-langley-1" | "us-luke-1" => ("oc2", Some("oraclegovcloud.com")),
+        "us-gov-ashburn-1" | "us-gov-chicago-1" | "us-gov-phoenix-1" => {
+            ("oc3", Some("oraclegovcloud.com"))
+        }
+        "uk-gov-london-1" | "uk-gov-cardiff-1" => ("oc4", Some("oraclegovcloud.uk")),
+        "ap-chiyoda-1" | "ap-ibaraki-1" => ("oc8", Some("oraclecloud8.com")),
+        "us-tacoma-1" => ("oc5", None),
+        "eu-frankfurt-2" | "eu-madrid-2" => ("oc19", None),
+        r if r.contains("-dcc-") || r.contains("-gov-") => {
+            ("another sovereign or dedicated realm", None)
+        }
+        "us-westjordan-1" => ("oc16", None),
+        "eu-jovanovac-1" => ("oc20", None),
+        "me-abudhabi-3" => ("oc26", None),
+        "ap-hobsonville-1" => ("oc31", None),
+        _ => return None,
+    })
 }
 
 fn is_ocid(s: &str, kind: &str) -> bool {
@@ -288,8 +343,38 @@ impl OciConfig {
                 "must name the PEM file of the API key",
             ));
         }
+        if let (Some(r), None) = (&self.region, &self.endpoint) {
+            if let Some((realm, None)) = realm_of(r) {
+                d.push(Diagnostic::error(
+                    at("region"),
+                    format!("`{r}` is in realm {realm}, whose API domain nodekeeper does not know: set `endpoint`"),
+                ));
+            }
+        }
+        let grace = self.eviction_grace.as_secs();
+        if grace % 60 != 0 || grace > 3600 || self.eviction_grace.subsec_nanos() != 0 {
+            d.push(Diagnostic::error(
+                at("eviction_grace"),
+                "must be whole minutes from 0s to 60m (OKE's overrideEvictionGraceDuration, PT0M..PT60M)",
+            ));
+        }
+        if self.work_request_poll.is_zero() {
+            d.push(Diagnostic::error(
+                at("work_request_poll"),
+                "must be greater than zero",
+            ));
+        }
         d.extend(check_retries(self.timeout, self.max_attempts));
         d
+    }
+
+    /// DeleteNode's query (keys sorted as the Go SDK's `url.Values.Encode` sends them).
+    pub fn delete_node_query(&self) -> String {
+        format!(
+            "isDecrementSize=false&isForceDeletionAfterOverrideGraceDuration={}&overrideEvictionGraceDuration=PT{}M",
+            self.force_delete_after_grace,
+            self.eviction_grace.as_secs() / 60
+        )
     }
 
     /// `keyId` of the signature: `<tenancy>/<user>/<fingerprint>`.
@@ -301,21 +386,31 @@ impl OciConfig {
     pub fn base_url(&self) -> String {
         match self.mode {
             OciMode::Terminate => self.compute_url(),
-            OciMode::NodePool => self.regional("containerengine"),
+            OciMode::NodePool => self.oke_url(),
         }
     }
 
-    /// Base URL of the Compute API (TerminateInstance, GetInstance), whatever the mode.
+    /// Base URL of the Compute API (TerminateInstance, GetInstance), whatever the mode: the Go
+    /// SDK's `https://iaas.{region}.{secondLevelDomain}`.
     pub fn compute_url(&self) -> String {
-        self.regional("iaas")
+        self.regional("iaas", "")
     }
 
-    fn regional(&self, service: &str) -> String {
+    /// Base URL of the Container Engine API (DeleteNode, GetWorkRequest): the Go SDK's
+    /// `https://containerengine.{region}.oci.{secondLevelDomain}`.
+    pub fn oke_url(&self) -> String {
+        self.regional("containerengine", "oci.")
+    }
+
+    fn regional(&self, service: &str, oci: &str) -> String {
         if let Some(e) = &self.endpoint {
             return e.trim_end_matches('/').to_string();
         }
         let region = self.region.as_deref().unwrap_or_default();
-        format!("https://{service}.{region}.oraclecloud.com")
+        let domain = realm_of(region)
+            .and_then(|(_, d)| d)
+            .unwrap_or("oraclecloud.com");
+        format!("https://{service}.{region}.{oci}{domain}")
     }
 }
 
@@ -499,8 +594,8 @@ fn in_pool(node: &Node, pool: Option<&str>) -> bool {
 /// How a removal ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Outcome {
-    /// The DELETE was accepted with this status.
-    Accepted(u16),
+    /// The DELETE was accepted with this status (and DeleteNode's `opc-work-request-id`).
+    Accepted(u16, Option<String>),
     /// The DELETE answered `status` (404 or 409) and `GetInstance` showed `state`.
     Gone {
         /// The DELETE's status.
@@ -517,6 +612,36 @@ pub struct Oci {
     http: reqwest::Client,
     client: Client,
     tickets: Mutex<BTreeMap<String, ReplacementTicket>>,
+    /// Request ids whose instance removal OCI accepted (or found under way).
+    removed: Mutex<std::collections::BTreeSet<String>>,
+}
+
+/// One answer of the OCI API.
+struct Answer {
+    status: u16,
+    body: bytes::Bytes,
+    work_request: Option<String>,
+}
+
+/// What a work request's `status` means (ACCEPTED, IN_PROGRESS, CANCELING, SUCCEEDED, FAILED,
+/// CANCELED: the Container Engine API's `WorkRequestStatusEnum`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkRequestEnd {
+    /// Still running.
+    Pending,
+    /// Done.
+    Succeeded,
+    /// FAILED or CANCELED: the node was not deleted.
+    Failed,
+}
+
+/// The end a work request's `status` reports (pure).
+pub fn work_request_end(status: &str) -> WorkRequestEnd {
+    match status {
+        "SUCCEEDED" => WorkRequestEnd::Succeeded,
+        "FAILED" | "CANCELED" => WorkRequestEnd::Failed,
+        _ => WorkRequestEnd::Pending,
+    }
 }
 
 impl std::fmt::Debug for Oci {
@@ -526,6 +651,15 @@ impl std::fmt::Debug for Oci {
             .field("mode", &self.cfg.mode)
             .field("signer", &self.signer)
             .finish()
+    }
+}
+
+/// A failed attempt of one result type as one of another (it carries no value).
+fn never<T>(a: Attempt<std::convert::Infallible>) -> Attempt<T> {
+    match a {
+        Attempt::Done(never) => match never {},
+        Attempt::Permanent(e) => Attempt::Permanent(e),
+        Attempt::Retry(e) => Attempt::Retry(e),
     }
 }
 
@@ -578,6 +712,7 @@ impl Oci {
             http,
             client,
             tickets: Mutex::new(BTreeMap::new()),
+            removed: Mutex::new(Default::default()),
         })
     }
 
@@ -615,7 +750,10 @@ impl Oci {
                         format!("mode = \"node-pool\" but the node has no {NODE_POOL_ANNOTATION} annotation or label"),
                     )
                 })?;
-                format!("{OKE_API}/nodePools/{pool}/node/{instance}?isDecrementSize=false")
+                format!(
+                    "{OKE_API}/nodePools/{pool}/node/{instance}?{}",
+                    self.cfg.delete_node_query()
+                )
             }
         })
     }
@@ -628,7 +766,7 @@ impl Oci {
         base: &str,
         path: &str,
         request_id: &str,
-    ) -> Result<(u16, bytes::Bytes), Attempt<Outcome>> {
+    ) -> Result<Answer, Attempt<std::convert::Infallible>> {
         let what = format!("{method} {path}");
         let url = format!("{base}{path}");
         let parsed = reqwest::Url::parse(&url).map_err(|e| {
@@ -672,8 +810,17 @@ impl Oci {
         }
         let sent = match call.send().await {
             Ok(resp) => {
-                let code = resp.status().as_u16();
-                resp.bytes().await.map(|body| (code, body))
+                let status = resp.status().as_u16();
+                let work_request = resp
+                    .headers()
+                    .get("opc-work-request-id")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                resp.bytes().await.map(|body| Answer {
+                    status,
+                    body,
+                    work_request,
+                })
             }
             Err(e) => Err(e),
         };
@@ -694,7 +841,11 @@ impl Oci {
         path: &str,
         n: u32,
     ) -> Attempt<Outcome> {
-        let (code, body) = match self
+        let Answer {
+            status: code,
+            body,
+            work_request,
+        } = match self
             .signed(
                 reqwest::Method::DELETE,
                 &self.cfg.base_url(),
@@ -704,7 +855,7 @@ impl Oci {
             .await
         {
             Ok(answer) => answer,
-            Err(a) => return a,
+            Err(a) => return never(a),
         };
         let status_error = |request: String, code: u16, body: &[u8]| CallError::Status {
             request,
@@ -713,7 +864,7 @@ impl Oci {
         };
         let oci_code = error_code(&body);
         match classify(code, oci_code.as_deref(), n) {
-            Verdict::Accepted => return Attempt::Done(Outcome::Accepted(code)),
+            Verdict::Accepted => return Attempt::Done(Outcome::Accepted(code, work_request)),
             Verdict::Retry => {
                 return Attempt::Retry(status_error(format!("DELETE {path}"), code, &body))
             }
@@ -732,8 +883,8 @@ impl Oci {
             )
             .await
         {
-            Ok(answer) => answer,
-            Err(a) => return a,
+            Ok(a) => (a.status, a.body),
+            Err(a) => return never(a),
         };
         let looked = match (gcode, classify(gcode, error_code(&gbody).as_deref(), n)) {
             (_, Verdict::Accepted) => {
@@ -802,7 +953,8 @@ impl Oci {
                 format!("spec.providerID `{provider_id}` is not an OCI instance OCID"),
             )
         })?;
-        let path = self.target(&req.node, &node, instance)?;
+        // Checked now (nothing sent), so a node that cannot be removed fails at once.
+        self.target(&req.node, &node, instance)?;
         let pool = pool_of(&node).or_else(|| req.pool.clone());
         let existing = self
             .nodes()
@@ -815,18 +967,7 @@ impl Oci {
             .filter_map(|n| n.metadata.name)
             .collect();
         let requested_at = chrono::Utc::now().to_rfc3339();
-        tracing::info!(node = %req.node, instance, mode = ?self.cfg.mode, request = %req.request_id, reason = %req.reason, "asking OCI to remove the instance");
-        let outcome = with_retries(
-            NAME,
-            &req.node,
-            self.cfg.max_attempts,
-            self.cfg.backoff,
-            |n| self.remove(req, instance, &path, n),
-        )
-        .await?;
-        if let Outcome::Gone { status, state } = &outcome {
-            tracing::info!(node = %req.node, instance, status, state, "instance already going away (GetInstance)");
-        }
+        tracing::info!(node = %req.node, instance, mode = ?self.cfg.mode, request = %req.request_id, reason = %req.reason, "replacement accepted: the instance is removed once nodekeeper's drain is over");
         let ticket = ReplacementTicket {
             provider: NAME.into(),
             request_id: req.request_id.clone(),
@@ -839,6 +980,167 @@ impl Oci {
         self.tickets()
             .insert(req.request_id.clone(), ticket.clone());
         Ok(ticket)
+    }
+
+    fn removed(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<String>> {
+        self.removed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Removes the node's instance (nodekeeper's drain is over): the DELETE with retries, then,
+    /// for DeleteNode, its work request followed to its end.
+    async fn retire_node(&self, req: &ReplacementRequest) -> Result<(), ProviderError> {
+        if self.removed().contains(&req.request_id) {
+            return Ok(());
+        }
+        let node = self
+            .nodes()
+            .get_opt(&req.node)
+            .await
+            .map_err(|source| ProviderError::Kube {
+                provider: NAME,
+                action: "reading node",
+                node: req.node.clone(),
+                source,
+            })?;
+        let Some(node) = node else {
+            tracing::info!(node = %req.node, "node already gone: nothing to remove");
+            return Ok(());
+        };
+        let provider_id = req
+            .provider_id
+            .clone()
+            .or_else(|| node.spec.as_ref()?.provider_id.clone())
+            .unwrap_or_default();
+        let instance = instance_ocid(&provider_id).ok_or_else(|| {
+            Self::permanent(
+                &req.node,
+                format!("spec.providerID `{provider_id}` is not an OCI instance OCID"),
+            )
+        })?;
+        let path = self.target(&req.node, &node, instance)?;
+        tracing::info!(node = %req.node, instance, mode = ?self.cfg.mode, request = %req.request_id, "asking OCI to remove the instance");
+        let outcome = with_retries(
+            NAME,
+            &req.node,
+            self.cfg.max_attempts,
+            self.cfg.backoff,
+            |n| self.remove(req, instance, &path, n),
+        )
+        .await?;
+        match &outcome {
+            Outcome::Gone { status, state } => {
+                tracing::info!(node = %req.node, instance, status, state, "instance already going away (GetInstance)");
+            }
+            Outcome::Accepted(_, Some(wr)) if self.cfg.mode == OciMode::NodePool => {
+                self.follow_work_request(req, wr).await?;
+            }
+            Outcome::Accepted(..) => {}
+        }
+        self.removed().insert(req.request_id.clone());
+        Ok(())
+    }
+
+    /// Follows DeleteNode's work request until it ends or `work_request_timeout` passes; FAILED or
+    /// CANCELED is a permanent error with OCI's reason (`GET .../errors`).
+    async fn follow_work_request(
+        &self,
+        req: &ReplacementRequest,
+        id: &str,
+    ) -> Result<(), ProviderError> {
+        if self.cfg.work_request_timeout.is_zero() {
+            return Ok(());
+        }
+        let end = tokio::time::Instant::now() + self.cfg.work_request_timeout;
+        let path = format!("{OKE_API}/workRequests/{id}");
+        loop {
+            let v = with_retries(
+                NAME,
+                &req.node,
+                self.cfg.max_attempts,
+                self.cfg.backoff,
+                |n| self.get_json(&path, &req.request_id, n),
+            )
+            .await;
+            let v = match v {
+                Ok(Some(v)) => v,
+                Ok(None) => {
+                    tracing::warn!(node = %req.node, work_request = id, "the DeleteNode work request is not readable (404 NotAuthorizedOrNotFound): its end is not followed; add `Allow <group or dynamic-group> to read cluster-work-requests in compartment <the cluster's compartment>`");
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
+            let status = v
+                .get("status")
+                .and_then(|s| s.as_str())
+                .unwrap_or_default()
+                .to_string();
+            match work_request_end(&status) {
+                WorkRequestEnd::Succeeded => {
+                    tracing::info!(node = %req.node, work_request = id, "OKE deleted the node");
+                    return Ok(());
+                }
+                WorkRequestEnd::Failed => {
+                    let errors = format!("{path}/errors");
+                    let why = match with_retries(
+                        NAME,
+                        &req.node,
+                        self.cfg.max_attempts,
+                        self.cfg.backoff,
+                        |n| self.get_json(&errors, &req.request_id, n),
+                    )
+                    .await
+                    {
+                        Ok(Some(v)) => work_request_errors(&v),
+                        _ => String::new(),
+                    };
+                    return Err(Self::permanent(
+                        &req.node,
+                        format!(
+                            "OKE work request {id} ended {status}: the node was not deleted{why}"
+                        ),
+                    ));
+                }
+                WorkRequestEnd::Pending => {}
+            }
+            if tokio::time::Instant::now() >= end {
+                tracing::warn!(node = %req.node, work_request = id, status, "the DeleteNode work request has not ended within work_request_timeout; no longer followed");
+                return Ok(());
+            }
+            tokio::time::sleep(self.cfg.work_request_poll).await;
+        }
+    }
+
+    /// One signed GET of `path` on the Container Engine API: its JSON (`None`: 404).
+    async fn get_json(
+        &self,
+        path: &str,
+        request_id: &str,
+        n: u32,
+    ) -> Attempt<Option<serde_json::Value>> {
+        let a = match self
+            .signed(reqwest::Method::GET, &self.cfg.oke_url(), path, request_id)
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => return never(e),
+        };
+        let error = || CallError::Status {
+            request: format!("GET {path}"),
+            status: a.status,
+            body: trim(&String::from_utf8_lossy(&a.body)).to_string(),
+        };
+        match classify(a.status, error_code(&a.body).as_deref(), n) {
+            Verdict::Accepted => match serde_json::from_slice(&a.body) {
+                Ok(v) => Attempt::Done(Some(v)),
+                Err(e) => Attempt::Retry(CallError::Prepare {
+                    what: format!("reading the answer to GET {path}"),
+                    source: e.into(),
+                }),
+            },
+            Verdict::LookUp if a.status == 404 => Attempt::Done(None),
+            Verdict::Retry | Verdict::LookUp => Attempt::Retry(error()),
+            Verdict::Permanent => Attempt::Permanent(error()),
+        }
     }
 
     async fn ready(&self, t: &ReplacementTicket) -> Result<Option<String>, ProviderError> {
@@ -877,6 +1179,36 @@ impl NodeProvider for Oci {
         ticket: &'a ReplacementTicket,
     ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
         Box::pin(self.ready(ticket))
+    }
+
+    /// The removal itself: TerminateInstance or DeleteNode, only once nodekeeper's drain is over.
+    fn retire<'a>(
+        &'a self,
+        req: &'a ReplacementRequest,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(self.retire_node(req))
+    }
+}
+
+/// `: <code>: <message>; ...` of a work request's errors list (`[{code, message, timestamp}]`,
+/// or `{"items": [...]}`), at most 3, each message cut to 200 characters.
+pub fn work_request_errors(v: &serde_json::Value) -> String {
+    let items = v
+        .as_array()
+        .or_else(|| v.get("items").and_then(|i| i.as_array()));
+    let parts: Vec<String> = items
+        .into_iter()
+        .flatten()
+        .take(3)
+        .map(|e| {
+            let s = |k: &str| e.get(k).and_then(|x| x.as_str()).unwrap_or_default();
+            format!("{}: {}", s("code"), trim(s("message")))
+        })
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", parts.join("; "))
     }
 }
 
@@ -1014,6 +1346,10 @@ mod tests {
             timeout: Duration::from_secs(1),
             max_attempts: 1,
             backoff: Duration::from_millis(1),
+            eviction_grace: Duration::ZERO,
+            force_delete_after_grace: true,
+            work_request_timeout: Duration::from_secs(60),
+            work_request_poll: Duration::from_secs(1),
         };
         let pool = cfg(OciMode::NodePool, None);
         assert_eq!(
@@ -1023,6 +1359,30 @@ mod tests {
         let proxied = cfg(OciMode::NodePool, Some("https://127.0.0.1:4443/"));
         assert_eq!(proxied.compute_url(), "https://127.0.0.1:4443");
         assert_eq!(proxied.base_url(), "https://127.0.0.1:4443");
+    }
+
+    #[test]
+    fn work_requests_end_as_the_container_engine_api_says() {
+        use WorkRequestEnd::*;
+        for (status, want) in [
+            ("ACCEPTED", Pending),
+            ("IN_PROGRESS", Pending),
+            ("CANCELING", Pending),
+            ("SUCCEEDED", Succeeded),
+            ("FAILED", Failed),
+            ("CANCELED", Failed),
+        ] {
+            assert_eq!(work_request_end(status), want, "{status}");
+        }
+        let errs = serde_json::json!([
+            {"code": "InternalError", "message": "node could not be deleted", "timestamp": "t"},
+            {"code": "Other", "message": "x"}
+        ]);
+        assert_eq!(
+            work_request_errors(&errs),
+            ": InternalError: node could not be deleted; Other: x"
+        );
+        assert_eq!(work_request_errors(&serde_json::json!({"items": []})), "");
     }
 
     #[test]
