@@ -147,6 +147,10 @@ pub struct Call {
     pub request_id: Option<String>,
     /// This call started an instance's termination.
     pub started: bool,
+    /// The `Authorization` header as received (signing cross-checks compare it).
+    pub authorization: Option<String>,
+    /// The `Date` header.
+    pub date: Option<String>,
 }
 
 impl Call {
@@ -471,6 +475,12 @@ async fn handle(
         ),
         Ok(_) => answer(&s, &method, &uri).await,
     };
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
     lock(&s.calls).push(Call {
         method: method.to_string(),
         path: uri.path_and_query().map_or("/", |p| p.as_str()).to_string(),
@@ -481,6 +491,8 @@ async fn handle(
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
         started,
+        authorization: header("authorization"),
+        date: header("date"),
     });
     resp
 }

@@ -553,12 +553,14 @@ impl OciSigner {
         Ok(base64::engine::general_purpose::STANDARD.encode(sig))
     }
 
-    /// The `Authorization` header value for `plan`.
+    /// The `Authorization` header value for `plan`, its parameters in the Go SDK's order
+    /// (`version,headers,keyId,algorithm,signature`, `common/http_signer.go`), so the header is
+    /// byte-equal to the SDK's for the same request (tests/host/oci_sdk_crosscheck.rs).
     pub fn authorization(&self, plan: &SigningPlan) -> Result<String, KeyError> {
         Ok(format!(
-            "Signature version=\"1\",keyId=\"{}\",algorithm=\"rsa-sha256\",headers=\"{}\",signature=\"{}\"",
-            self.key_id,
+            "Signature version=\"1\",headers=\"{}\",keyId=\"{}\",algorithm=\"rsa-sha256\",signature=\"{}\"",
             plan.headers.join(" "),
+            self.key_id,
             self.sign(plan.signing_string.as_bytes())?
         ))
     }

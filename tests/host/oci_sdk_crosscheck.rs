@@ -1,0 +1,240 @@
+//! The signing cross-check against the OCI Go SDK (`tools/k8s/ocisdk`, built from the Go module proxy
+//! by `scripts/setup-peers.sh ocisdk`): nodekeeper's real `oci` provider sends TerminateInstance,
+//! GetInstance, DeleteNode and GetWorkRequest to the stand-in (which verifies each signature and
+//! records the request as received); the SDK's own service clients then build and sign the same
+//! operations with the same key, ids, host, date and `opc-request-id`. Path and query, the
+//! `Authorization` header (parameter order included) and the request id must be byte-equal: RSA
+//! PKCS#1 v1.5 is deterministic, so equal signatures mean equal signing strings.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use nodekeeper_core::controller::provider::oci::{Oci, OciConfig, OciMode, NODE_POOL_ANNOTATION};
+use nodekeeper_core::controller::provider::{NodeProvider, ReplacementRequest};
+use nodekeeper_sim::apiserver::scenario::Scenario;
+use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
+use nodekeeper_sim::oci_compute::{self, Call, OciCompute, OciComputeOptions, Repeat};
+use serde_json::{json, Value};
+
+const TENANCY: &str =
+    "ocid1.tenancy.oc1..aaaaaaaaba3pv6wkcr4jqae5f15p2b2m2yt2j6rx32uzr4h25vqstifsfdsq";
+const USER: &str = "ocid1.user.oc1..aaaaaaaat5nvwcna5j6aqzjcaty5eqbb6qt2jvpkanghtgdaqedqw3rynjq";
+const FINGERPRINT: &str = "20:3b:97:13:55:1c:5b:0d:d3:37:d8:50:4e:c5:3a:34";
+
+fn openssl(args: &[&str]) {
+    let out = Command::new("openssl").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The SDK program, built once (cached by its sources and the SDK version).
+fn ocisdk() -> PathBuf {
+    let out = Command::new(crate::support::repo().join("scripts/setup-peers.sh"))
+        .arg("ocisdk")
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/setup-peers.sh");
+    assert!(
+        out.status.success(),
+        "building tools/k8s/ocisdk failed (scripts/setup-peers.sh ocisdk; needs Go and the Go module proxy)"
+    );
+    let dir = String::from_utf8(out.stdout).unwrap();
+    let bin = Path::new(dir.lines().last().unwrap_or_default().trim()).join("ocisdk");
+    assert!(
+        bin.is_file(),
+        "scripts/setup-peers.sh ocisdk printed {dir:?}"
+    );
+    bin
+}
+
+/// The SDK operation (and its inputs) of a request the stand-in received.
+fn case_of(c: &Call, host: &str) -> Value {
+    let (path, _query) = c.path.split_once('?').unwrap_or((&c.path, ""));
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let mut v = json!({"host": host, "date": c.date, "request_id": c.request_id});
+    match (c.method.as_str(), segs.as_slice()) {
+        ("DELETE", ["20160918", "instances", id]) => {
+            v["op"] = json!("TerminateInstance");
+            v["instance"] = json!(id);
+        }
+        ("GET", ["20160918", "instances", id]) => {
+            v["op"] = json!("GetInstance");
+            v["instance"] = json!(id);
+        }
+        ("DELETE", ["20180222", "nodePools", pool, "node", id]) => {
+            v["op"] = json!("DeleteNode");
+            v["node_pool"] = json!(pool);
+            v["instance"] = json!(id);
+            v["eviction_grace"] = json!("PT0M");
+            v["force"] = json!(true);
+        }
+        ("GET", ["20180222", "workRequests", id]) => {
+            v["op"] = json!("GetWorkRequest");
+            v["work_request"] = json!(id);
+        }
+        other => panic!("no SDK operation for {other:?}"),
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodekeepers_signed_requests_equal_the_go_sdks() {
+    let bin = ocisdk();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key.pem");
+    let public = dir.path().join("key.pub.pem");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-pkeyopt",
+        "rsa_keygen_bits:2048",
+        "-out",
+        &s(&key),
+    ]);
+    openssl(&["pkey", "-in", &s(&key), "-pubout", "-out", &s(&public)]);
+    let key_id = format!("{TENANCY}/{USER}/{FINGERPRINT}");
+
+    let cluster = TestCluster::start(SimOptions {
+        time_scale: 30.0,
+        scenario: Scenario::default_mixed(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(oci_compute::adopt_nodes(&cluster.client).await.unwrap() > 1);
+    let stand_in = OciCompute::start(OciComputeOptions {
+        keys: BTreeMap::from([(key_id.clone(), std::fs::read_to_string(&public).unwrap())]),
+        client: Some(cluster.client.clone()),
+        launch_delay: Duration::from_millis(50),
+        repeat: Repeat::NotFound,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &stand_in.ca_pem).unwrap();
+    let provider = |mode| {
+        Oci::new(
+            OciConfig {
+                region: None,
+                endpoint: Some(stand_in.url.clone()),
+                tenancy: TENANCY.into(),
+                user: USER.into(),
+                fingerprint: FINGERPRINT.into(),
+                key_file: key.clone(),
+                mode,
+                ca_file: Some(ca.clone()),
+                timeout: Duration::from_secs(5),
+                max_attempts: 2,
+                backoff: Duration::from_millis(20),
+                eviction_grace: Duration::ZERO,
+                force_delete_after_grace: true,
+                work_request_timeout: Duration::from_secs(20),
+                work_request_poll: Duration::from_millis(50),
+            },
+            cluster.client.clone(),
+            true,
+        )
+        .unwrap()
+    };
+    let pool_nodes: Vec<String> = Api::<Node>::all(cluster.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|n| {
+            n.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(NODE_POOL_ANNOTATION))
+        })
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert!(pool_nodes.len() >= 2, "{pool_nodes:?}");
+
+    // TerminateInstance; asked again by a fresh provider (a restarted controller): 404, then
+    // GetInstance; DeleteNode, then GetWorkRequest until it SUCCEEDED.
+    let a = ReplacementRequest::new(&pool_nodes[0], "repair", "sdk-a");
+    let terminate = provider(OciMode::Terminate);
+    terminate.request_replacement(&a).await.unwrap();
+    terminate.retire(&a).await.unwrap();
+    provider(OciMode::Terminate).retire(&a).await.unwrap();
+    let b = ReplacementRequest::new(&pool_nodes[1], "repair", "sdk-b");
+    let pool = provider(OciMode::NodePool);
+    pool.request_replacement(&b).await.unwrap();
+    pool.retire(&b).await.unwrap();
+
+    let calls = stand_in.calls();
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.key_id.as_deref() == Some(key_id.as_str())),
+        "{calls:?}"
+    );
+    let cases: Vec<Value> = calls.iter().map(|c| case_of(c, &stand_in.url)).collect();
+    let ops: std::collections::BTreeSet<&str> =
+        cases.iter().map(|c| c["op"].as_str().unwrap()).collect();
+    assert_eq!(
+        ops.into_iter().collect::<Vec<_>>(),
+        [
+            "DeleteNode",
+            "GetInstance",
+            "GetWorkRequest",
+            "TerminateInstance"
+        ],
+        "every operation checked"
+    );
+    let input = dir.path().join("cases.json");
+    std::fs::write(
+        &input,
+        serde_json::to_vec(
+            &json!({"tenancy": TENANCY, "user": USER, "fingerprint": FINGERPRINT,
+            "key_file": key, "cases": cases}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let out = Command::new(&bin).arg(&input).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sdk: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(sdk.len(), calls.len());
+    let host = stand_in.url.trim_start_matches("https://");
+    for (ours, theirs) in calls.iter().zip(&sdk) {
+        let what = format!("{} {}", ours.method, ours.path);
+        assert_eq!(theirs["method"], ours.method, "{what}");
+        assert_eq!(
+            theirs["target"],
+            ours.path.as_str(),
+            "{what}: path and query"
+        );
+        assert_eq!(theirs["host"], host, "{what}");
+        assert_eq!(
+            theirs["authorization"].as_str(),
+            ours.authorization.as_deref(),
+            "{what}: Authorization"
+        );
+        assert_eq!(
+            theirs["opc_request_id"].as_str(),
+            ours.request_id.as_deref(),
+            "{what}"
+        );
+    }
+}
