@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
-use nodekeeper_core::controller::provider::oci::{Oci, OciConfig, OciMode, NODE_POOL_ANNOTATION};
+use nodekeeper_core::controller::provider::oci::{
+    Oci, OciAuth, OciConfig, OciMode, NODE_POOL_ANNOTATION,
+};
 use nodekeeper_core::controller::provider::{NodeProvider, ReplacementRequest};
 use nodekeeper_sim::apiserver::scenario::Scenario;
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
@@ -138,6 +140,10 @@ async fn nodekeepers_signed_requests_equal_the_go_sdks() {
                 backoff: Duration::from_millis(20),
                 eviction_grace: Duration::ZERO,
                 force_delete_after_grace: true,
+                auth: OciAuth::ApiKey,
+                token_endpoint: None,
+                service_account_token_file: PathBuf::new(),
+                service_account_ca_file: PathBuf::new(),
                 work_request_timeout: Duration::from_secs(20),
                 work_request_poll: Duration::from_millis(50),
             },
@@ -237,4 +243,190 @@ async fn nodekeepers_signed_requests_equal_the_go_sdks() {
             "{what}"
         );
     }
+}
+
+/// Settings of a workload identity provider against `stand_in` (its token endpoint on the same
+/// address), the service account token in `token_file`.
+fn workload_identity(
+    stand_in: &OciCompute,
+    ca: &Path,
+    token_file: &Path,
+    mode: OciMode,
+) -> OciConfig {
+    OciConfig {
+        region: None,
+        endpoint: Some(stand_in.url.clone()),
+        auth: OciAuth::WorkloadIdentity,
+        tenancy: String::new(),
+        user: String::new(),
+        fingerprint: String::new(),
+        key_file: PathBuf::new(),
+        token_endpoint: Some(format!("{}/resourcePrincipalSessionTokens", stand_in.url)),
+        service_account_token_file: token_file.to_path_buf(),
+        service_account_ca_file: ca.to_path_buf(),
+        mode,
+        ca_file: Some(ca.to_path_buf()),
+        timeout: Duration::from_secs(5),
+        max_attempts: 2,
+        backoff: Duration::from_millis(20),
+        eviction_grace: Duration::ZERO,
+        force_delete_after_grace: true,
+        work_request_timeout: Duration::from_secs(20),
+        work_request_poll: Duration::from_millis(50),
+    }
+}
+
+/// OKE workload identity: the stand-in's token endpoint is first proven with the OCI Go SDK's own
+/// auth provider (as in a pod: the SDK finds it at `$KUBERNETES_SERVICE_HOST:12250` and gets a
+/// session that signs a GetInstance the stand-in verifies); then nodekeeper's client meets the same
+/// stand-in: its DELETE is signed with `keyId="ST$…"`; a wrong service account token is a clear,
+/// retried error; a short-lived session is renewed before it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_identity_sessions_work_for_the_go_sdk_and_for_nodekeeper() {
+    // A service account token as the kubelet projects it: a JWT (the SDK reads its `exp`).
+    let sa_token = {
+        use base64::Engine;
+        let b = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+        let exp = chrono::Utc::now().timestamp() + 3600;
+        format!(
+            "{}.{}.c2ln",
+            b(json!({"alg": "RS256", "kid": "sim"})),
+            b(json!({"exp": exp, "sub": "system:serviceaccount:nodekeeper:nodekeeper-controller"}))
+        )
+    };
+    let bin = ocisdk();
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TestCluster::start(SimOptions {
+        time_scale: 30.0,
+        scenario: Scenario::default_mixed(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    oci_compute::adopt_nodes(&cluster.client).await.unwrap();
+    let nodes: Vec<Node> = Api::<Node>::all(cluster.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let instance = |n: &Node| {
+        n.spec
+            .as_ref()
+            .unwrap()
+            .provider_id
+            .clone()
+            .unwrap()
+            .trim_start_matches("oci://")
+            .to_string()
+    };
+    let stand_in = OciCompute::start(OciComputeOptions {
+        client: Some(cluster.client.clone()),
+        launch_delay: Duration::from_millis(50),
+        service_account_tokens: [sa_token.clone()].into(),
+        // Where the SDK looks for OKE's proxymux.
+        proxymux_listen: Some("127.0.0.1:12250".parse().unwrap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &stand_in.ca_pem).unwrap();
+
+    // 1. The SDK's own provider gets a working session from the stand-in.
+    let out = Command::new(&bin)
+        .args(["workload-identity", &stand_in.url, &instance(&nodes[0])])
+        .arg(&ca)
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("OCI_KUBERNETES_SERVICE_ACCOUNT_CERT_PATH", &ca)
+        .env("OCI_RESOURCE_PRINCIPAL_VERSION", "2.2")
+        .env("OCI_RESOURCE_PRINCIPAL_REGION", "us-phoenix-1")
+        .env("NK_SA_TOKEN", &sa_token)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the SDK: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "RUNNING ST$");
+    assert_eq!(stand_in.sessions_issued(), 1);
+    let sdk_call = stand_in.calls().pop().unwrap();
+    assert_eq!((sdk_call.method.as_str(), sdk_call.status), ("GET", 200));
+    assert!(sdk_call.key_id.as_deref().unwrap().starts_with("ST$"));
+
+    // 2. nodekeeper's client against the same stand-in.
+    let token_file = dir.path().join("sa-token");
+    std::fs::write(&token_file, format!("{sa_token}\n")).unwrap();
+    let p = Oci::new(
+        workload_identity(&stand_in, &ca, &token_file, OciMode::Terminate),
+        cluster.client.clone(),
+        true,
+    )
+    .unwrap();
+    let name = nodes[1].metadata.name.clone().unwrap();
+    let req = ReplacementRequest::new(&name, "repair", "wi");
+    p.request_replacement(&req).await.unwrap();
+    p.retire(&req).await.unwrap();
+    let del = stand_in.calls().pop().unwrap();
+    assert_eq!(
+        (del.method.as_str(), del.status),
+        ("DELETE", 204),
+        "{del:?}"
+    );
+    assert!(del.key_id.as_deref().unwrap().starts_with("ST$"), "{del:?}");
+    assert_eq!(stand_in.sessions_issued(), 2, "one session for nodekeeper");
+
+    // A refused service account token: an error naming the endpoint and the answer, retried.
+    let wrong = dir.path().join("wrong-token");
+    std::fs::write(&wrong, "not-the-token").unwrap();
+    let bad = Oci::new(
+        workload_identity(&stand_in, &ca, &wrong, OciMode::Terminate),
+        cluster.client.clone(),
+        true,
+    )
+    .unwrap();
+    let other = nodes[2].metadata.name.clone().unwrap();
+    let req = ReplacementRequest::new(&other, "repair", "wi-bad");
+    bad.request_replacement(&req).await.unwrap();
+    let err = bad.retire(&req).await.unwrap_err();
+    assert!(!err.is_permanent(), "retried with backoff: {err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("session token refused")
+            && msg.contains("401")
+            && msg.contains("resourcePrincipalSessionTokens"),
+        "{msg}"
+    );
+
+    // A 4-second session is renewed before it expires (half its life, less a quarter).
+    let short = OciCompute::start(OciComputeOptions {
+        client: Some(cluster.client.clone()),
+        service_account_tokens: [sa_token.clone()].into(),
+        session_ttl: Some(Duration::from_secs(4)),
+        repeat: Repeat::Accepted,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ca2 = dir.path().join("ca2.pem");
+    std::fs::write(&ca2, &short.ca_pem).unwrap();
+    let renewing = Oci::new(
+        workload_identity(&short, &ca2, &token_file, OciMode::Terminate),
+        cluster.client.clone(),
+        true,
+    )
+    .unwrap();
+    for (i, node) in nodes[3..5].iter().enumerate() {
+        let req =
+            ReplacementRequest::new(node.metadata.name.as_deref().unwrap(), "repair", "wi-renew");
+        renewing.request_replacement(&req).await.unwrap();
+        renewing.retire(&req).await.unwrap();
+        assert_eq!(short.sessions_issued(), i + 1);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    assert!(
+        short.calls().iter().all(|c| c.key_id.is_some()),
+        "{:?}",
+        short.calls()
+    );
 }

@@ -21,7 +21,7 @@ use kube::api::{Api, ListParams};
 use nodekeeper_core::agent::sources::EventKind;
 use nodekeeper_core::controller::policy::PolicyConfig;
 use nodekeeper_core::controller::provider::oci::{
-    body_sha256, http_date, signing_plan, Oci, OciConfig, OciMode, OciSigner, SignInput,
+    body_sha256, http_date, signing_plan, Oci, OciAuth, OciConfig, OciMode, OciSigner, SignInput,
     NODE_POOL_ANNOTATION,
 };
 use nodekeeper_core::controller::provider::{
@@ -125,6 +125,10 @@ fn config_for(key: &TestKey, ca: &Path) -> OciConfig {
         backoff: Duration::from_millis(20),
         eviction_grace: Duration::ZERO,
         force_delete_after_grace: true,
+        auth: OciAuth::ApiKey,
+        token_endpoint: None,
+        service_account_token_file: PathBuf::new(),
+        service_account_ca_file: PathBuf::new(),
         work_request_timeout: Duration::from_secs(20),
         work_request_poll: Duration::from_millis(50),
     }
@@ -180,6 +184,7 @@ async fn fixture_opts(repeat: Repeat, no_policy: bool, fail_work_requests: bool)
         },
         repeat,
         fail_work_requests,
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -913,6 +918,10 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
         backoff: Duration::from_millis(1),
         eviction_grace: Duration::ZERO,
         force_delete_after_grace: true,
+        auth: OciAuth::ApiKey,
+        token_endpoint: None,
+        service_account_token_file: PathBuf::new(),
+        service_account_ca_file: PathBuf::new(),
         work_request_timeout: Duration::from_secs(1),
         work_request_poll: Duration::from_millis(10),
     };
@@ -938,7 +947,7 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
     // Built through the generic constructor, as the controller does.
     let key = test_key(dir.path(), "ok");
     let p = nodekeeper_core::controller::provider::build(
-        &ProviderConfig::Oci(base(key.pkcs1.clone())),
+        &ProviderConfig::Oci(Box::new(base(key.pkcs1.clone()))),
         c.client.clone(),
         true,
     )
@@ -960,7 +969,7 @@ async fn the_controller_replaces_an_interrupted_node_through_kind_oci() {
     let node = victim.metadata.name.clone().unwrap();
     let instance = instance_of(&victim);
     let mut cfg = engine_support::controller_config("oci-engine");
-    cfg.provider = ProviderConfig::Oci(config(&f.oci, &f.key, &f.ca, OciMode::Terminate));
+    cfg.provider = ProviderConfig::Oci(Box::new(config(&f.oci, &f.key, &f.ca, OciMode::Terminate)));
     // the stand-in is on loopback
     cfg.allow_loopback_destinations = true;
     let ctl = engine_support::controller(&f.cluster, &cfg, PolicyConfig::default(), None).await;

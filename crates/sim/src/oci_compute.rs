@@ -11,6 +11,15 @@
 //!   the node is replaced, then SUCCEEDED (FAILED with option `fail_work_requests`, the node left in
 //!   place), and `GET .../errors` (ListWorkRequestErrors).
 //!
+//! With `service_account_tokens`, it is also OKE's workload identity token endpoint (proxymux,
+//! `POST /resourcePrincipalSessionTokens`, on `proxymux_listen` too, e.g. `127.0.0.1:12250` where
+//! the OCI Go SDK looks for it), as the SDK's client expects it
+//! (`common/auth/federation_client_oke_workload_identity.go`): `Authorization: Bearer <service
+//! account token>`, body `{"podKey": "<public key PEM>"}`, answer a JSON string of base64 of
+//! `{"token": "ST$<JWT>"}` (JWT claims `iat`, `exp`: `session_ttl`). Requests signed with
+//! `keyId="ST$<JWT>"` then verify with that session's public key until it expires. The SDK's own
+//! auth provider gets a working session from it (tests/host/oci_sdk_crosscheck.rs).
+//!
 //! Answers follow OCI's API errors page (docs.oracle.com `Content/API/References/apierrors.htm`),
 //! not the provider: an authenticated key without an IAM policy (option `unauthorized`) gets 404
 //! `NotAuthorizedOrNotFound` for every call, exactly as for a missing resource. How OCI answers a
@@ -116,6 +125,12 @@ pub struct OciComputeOptions {
     pub repeat: Repeat,
     /// DeleteNode's work requests end FAILED and leave the node in place.
     pub fail_work_requests: bool,
+    /// Service account tokens the workload identity token endpoint accepts (empty: no endpoint).
+    pub service_account_tokens: std::collections::BTreeSet<String>,
+    /// Lifetime of a session token (default 1 hour).
+    pub session_ttl: Option<Duration>,
+    /// A second address serving the same (e.g. `127.0.0.1:12250`, the SDK's proxymux port).
+    pub proxymux_listen: Option<SocketAddr>,
 }
 
 /// How a DELETE of an instance that is already terminating or terminated is answered. OCI does not
@@ -172,6 +187,10 @@ struct Shared {
     repeat: Repeat,
     fail_work_requests: bool,
     work_requests: Mutex<BTreeMap<String, &'static str>>,
+    sa_tokens: std::collections::BTreeSet<String>,
+    session_ttl: Duration,
+    /// Session JWT → (its public key, `RSAPublicKey` DER; expiry, epoch seconds).
+    sessions: Mutex<BTreeMap<String, (Vec<u8>, i64)>>,
     client: Option<kube::Client>,
     launch_delay: Duration,
     calls: Mutex<Vec<Call>>,
@@ -218,6 +237,9 @@ impl OciCompute {
             repeat: opts.repeat,
             fail_work_requests: opts.fail_work_requests,
             work_requests: Mutex::new(BTreeMap::new()),
+            sa_tokens: opts.service_account_tokens,
+            session_ttl: opts.session_ttl.unwrap_or(Duration::from_secs(3600)),
+            sessions: Mutex::new(BTreeMap::new()),
             client: opts.client,
             launch_delay: opts.launch_delay,
             calls: Mutex::new(Vec::new()),
@@ -240,6 +262,19 @@ impl OciCompute {
             .fallback(handle)
             .with_state(shared.clone());
         let cancel = CancellationToken::new();
+        if let Some(at) = opts.proxymux_listen {
+            let second = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| OciComputeError::Bind(at, e))?;
+            tokio::spawn(nodekeeper_core::serve::serve(
+                second,
+                router.clone(),
+                Some(tls.server.clone()),
+                nodekeeper_core::serve::ServeLimits::streaming(),
+                Default::default(),
+                cancel.clone(),
+            ));
+        }
         tokio::spawn(nodekeeper_core::serve::serve(
             listener,
             router,
@@ -285,6 +320,11 @@ impl OciCompute {
             .iter()
             .map(|(k, v)| (k.clone(), v.to_string()))
             .collect()
+    }
+
+    /// Session tokens issued by the workload identity endpoint so far.
+    pub fn sessions_issued(&self) -> usize {
+        lock(&self.shared.sessions).len()
     }
 
     /// Instances removed so far (terminating or terminated).
@@ -450,9 +490,23 @@ async fn handle(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    _body: Bytes,
+    body: Bytes,
 ) -> Response {
-    let verified = verify(&s.keys, &method, &uri, &headers, chrono::Utc::now());
+    if uri.path() == "/resourcePrincipalSessionTokens" && !s.sa_tokens.is_empty() {
+        return session_token(&s, &method, &headers, &body);
+    }
+    let now = chrono::Utc::now();
+    let keys = {
+        // The API keys, and the sessions not expired.
+        let mut keys = s.keys.clone();
+        for (jwt, (der, exp)) in lock(&s.sessions).iter() {
+            if *exp > now.timestamp() {
+                keys.insert(format!("ST${jwt}"), der.clone());
+            }
+        }
+        keys
+    };
+    let verified = verify(&keys, &method, &uri, &headers, now);
     let (resp, started) = match &verified {
         Err(why) => {
             tracing::info!(%uri, why, "oci stand-in: not authenticated");
@@ -611,6 +665,62 @@ async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> (Response, bool)
         }
     });
     (accepted(&pool), true)
+}
+
+/// OKE's workload identity token endpoint: a session for the posted public key.
+fn session_token(s: &Shared, method: &Method, headers: &HeaderMap, body: &[u8]) -> Response {
+    if *method != Method::POST {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "NotAllowed",
+            "method not allowed",
+        );
+    }
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !bearer.is_some_and(|t| s.sa_tokens.contains(t)) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "NotAuthenticated",
+            "no valid service account token",
+        );
+    }
+    let pod_key = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("podKey")?.as_str().map(str::to_string));
+    let Some(der) = pod_key.and_then(|pem| rsa_public_key_from_pem(&pem).ok()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "InvalidParameter",
+            "podKey is not a PEM public key",
+        );
+    };
+    let iat = chrono::Utc::now().timestamp();
+    let exp = iat + i64::try_from(s.session_ttl.as_secs()).unwrap_or(3600);
+    let n = lock(&s.sessions).len();
+    let b64 = |v: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let jwt = format!(
+        "{}.{}.{}",
+        b64(json!({"alg": "RS256", "typ": "JWT"})),
+        // The claims the SDK reads: `iat`, `exp`, `res_tenant` (its TenancyOCID),
+        // `res_compartment`.
+        b64(
+            json!({"iat": iat, "exp": exp, "sub": format!("ocid1.workload.sim.{n}"),
+            "res_type": "workload", "res_tenant": "ocid1.tenancy.oc1..sim",
+            "res_compartment": "ocid1.compartment.oc1..sim"})
+        ),
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"stand-in")
+    );
+    lock(&s.sessions).insert(jwt.clone(), (der, exp));
+    let inner = json!({"token": format!("ST${jwt}")}).to_string();
+    axum::Json(json!(
+        base64::engine::general_purpose::STANDARD.encode(inner)
+    ))
+    .into_response()
 }
 
 fn work_request_id(instance: &str) -> String {
@@ -850,6 +960,7 @@ pub async fn run(
         unauthorized: Default::default(),
         repeat: Repeat::default(),
         fail_work_requests: false,
+        ..Default::default()
     })
     .await?;
     std::fs::write(&args.ca_out, &sim.ca_pem)

@@ -5,15 +5,26 @@
 // these byte for byte.
 //
 //	ocisdk CASES.json
+//	ocisdk workload-identity HOST INSTANCE CA_FILE
 //
 // CASES.json: {"tenancy", "user", "fingerprint", "key_file", "cases": [{"op", "host", "date",
 // "request_id", "instance", "node_pool", "work_request", "eviction_grace", "force"}]}; op is
 // TerminateInstance, GetInstance, DeleteNode or GetWorkRequest; host is `https://host:port`.
+//
+// workload-identity: the SDK's own OKE workload identity provider
+// (auth.OkeWorkloadIdentityConfigurationProviderWithServiceAccountTokenProvider, configured by the
+// environment as in a pod: KUBERNETES_SERVICE_HOST, OCI_KUBERNETES_SERVICE_ACCOUNT_CERT_PATH,
+// OCI_RESOURCE_PRINCIPAL_VERSION=2.2, OCI_RESOURCE_PRINCIPAL_REGION; the service account token in
+// NK_SA_TOKEN) gets a session from the token endpoint at $KUBERNETES_SERVICE_HOST:12250, then calls
+// GetInstance(INSTANCE) on HOST (trusting CA_FILE) with it: success proves the endpoint works for
+// the SDK. Prints the instance's lifecycleState and the session keyId's prefix.
 package main
 
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,6 +32,7 @@ import (
 	"os"
 
 	"github.com/oracle/oci-go-sdk/v65/common"
+	"github.com/oracle/oci-go-sdk/v65/common/auth"
 	"github.com/oracle/oci-go-sdk/v65/containerengine"
 	"github.com/oracle/oci-go-sdk/v65/core"
 )
@@ -149,7 +161,51 @@ func run(in input, c caseSpec) (captured, error) {
 	}, nil
 }
 
+func workloadIdentity(host, instance, caFile string) error {
+	provider, err := auth.OkeWorkloadIdentityConfigurationProviderWithServiceAccountTokenProvider(
+		auth.NewSuppliedServiceAccountTokenProvider(os.Getenv("NK_SA_TOKEN")))
+	if err != nil {
+		return fmt.Errorf("workload identity provider: %w", err)
+	}
+	keyID, err := provider.KeyID()
+	if err != nil {
+		return fmt.Errorf("session: %w", err)
+	}
+	ca, err := os.ReadFile(caFile)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	client, err := core.NewComputeClientWithConfigurationProvider(provider)
+	if err != nil {
+		return err
+	}
+	client.Host = host
+	client.Configuration.CircuitBreaker = nil
+	client.HTTPClient = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	noRetry := common.NoRetryPolicy()
+	resp, err := client.GetInstance(context.Background(), core.GetInstanceRequest{
+		InstanceId: &instance, RequestMetadata: common.RequestMetadata{RetryPolicy: &noRetry}})
+	if err != nil {
+		return fmt.Errorf("GetInstance with the session: %w", err)
+	}
+	prefix := keyID
+	if len(prefix) > 3 {
+		prefix = prefix[:3]
+	}
+	fmt.Printf("%s %s\n", resp.Instance.LifecycleState, prefix)
+	return nil
+}
+
 func main() {
+	if len(os.Args) == 5 && os.Args[1] == "workload-identity" {
+		if err := workloadIdentity(os.Args[2], os.Args[3], os.Args[4]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) != 2 {
 		fmt.Fprintln(os.Stderr, "usage: ocisdk CASES.json")
 		os.Exit(2)

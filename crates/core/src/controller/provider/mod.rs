@@ -16,6 +16,7 @@ pub mod fake;
 pub mod karpenter;
 pub mod none;
 pub mod oci;
+pub mod oci_auth;
 pub mod webhook;
 
 use std::future::Future;
@@ -377,7 +378,7 @@ pub enum ProviderConfig {
     /// POST a signed JSON description to a URL.
     Webhook(WebhookConfig),
     /// Terminate the OCI instance, or delete it from its OKE node pool (signed OCI API calls).
-    Oci(oci::OciConfig),
+    Oci(Box<oci::OciConfig>),
     /// Never replace.
     #[default]
     None,
@@ -464,7 +465,9 @@ pub fn build(
     Ok(match cfg {
         ProviderConfig::Karpenter => Box::new(karpenter::Karpenter::new(client)),
         ProviderConfig::Webhook(w) => Box::new(webhook::Webhook::new(w.clone(), allow_loopback)?),
-        ProviderConfig::Oci(o) => Box::new(oci::Oci::new(o.clone(), client, allow_loopback)?),
+        ProviderConfig::Oci(o) => {
+            Box::new(oci::Oci::new(o.as_ref().clone(), client, allow_loopback)?)
+        }
         ProviderConfig::None => Box::new(none::NoReplacement),
     })
 }

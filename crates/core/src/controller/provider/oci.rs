@@ -169,6 +169,18 @@ pub enum OciMode {
     NodePool,
 }
 
+/// Who signs the OCI calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OciAuth {
+    /// A user's API key (`tenancy`, `user`, `fingerprint`, `key_file`).
+    #[default]
+    ApiKey,
+    /// OKE workload identity: the controller's service account gets session tokens from OKE
+    /// (`crate::controller::provider::oci_auth`).
+    WorkloadIdentity,
+}
+
 /// Settings of the oci provider (`[controller.provider] kind = "oci"`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -181,15 +193,32 @@ pub struct OciConfig {
     /// local stand-in of the APIs in tests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
-    /// Tenancy OCID (`ocid1.tenancy...`).
+    /// `api-key` (default) or `workload-identity`.
+    #[serde(default)]
+    pub auth: OciAuth,
+    /// Tenancy OCID (`ocid1.tenancy...`); API key only.
+    #[serde(default)]
     pub tenancy: String,
-    /// User OCID (`ocid1.user...`) owning the API key.
+    /// User OCID (`ocid1.user...`) owning the API key; API key only.
+    #[serde(default)]
     pub user: String,
-    /// Fingerprint of the API key (`12:34:...`, 16 hex pairs).
+    /// Fingerprint of the API key (`12:34:...`, 16 hex pairs); API key only.
+    #[serde(default)]
     pub fingerprint: String,
     /// PEM file of the API key's RSA private key (PKCS#8 `PRIVATE KEY` or PKCS#1
-    /// `RSA PRIVATE KEY`, unencrypted). Its content is never logged.
+    /// `RSA PRIVATE KEY`, unencrypted). Its content is never logged. API key only.
+    #[serde(default)]
     pub key_file: PathBuf,
+    /// Workload identity: OKE's session token endpoint (default
+    /// `https://$KUBERNETES_SERVICE_HOST:12250/resourcePrincipalSessionTokens`, as the SDK).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_endpoint: Option<String>,
+    /// Workload identity: the controller's service account token (read at each renewal).
+    #[serde(default = "default_sa_token_file")]
+    pub service_account_token_file: PathBuf,
+    /// Workload identity: the CA of the token endpoint's certificate (the cluster's CA).
+    #[serde(default = "default_sa_ca_file")]
+    pub service_account_ca_file: PathBuf,
     /// `terminate` (default) or `node-pool`.
     #[serde(default)]
     pub mode: OciMode,
@@ -227,6 +256,12 @@ pub struct OciConfig {
 
 fn default_true() -> bool {
     true
+}
+fn default_sa_token_file() -> PathBuf {
+    PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount/token")
+}
+fn default_sa_ca_file() -> PathBuf {
+    PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
 }
 fn default_work_request_timeout() -> Duration {
     Duration::from_secs(20 * 60)
@@ -313,35 +348,47 @@ impl OciConfig {
                 )),
             }
         }
-        if !is_ocid(&self.tenancy, "tenancy") {
-            d.push(Diagnostic::error(
-                at("tenancy"),
-                format!(
-                    "`{}` is not a tenancy OCID (ocid1.tenancy...)",
-                    self.tenancy
-                ),
-            ));
+        if self.auth == OciAuth::ApiKey {
+            if !is_ocid(&self.tenancy, "tenancy") {
+                d.push(Diagnostic::error(
+                    at("tenancy"),
+                    format!(
+                        "`{}` is not a tenancy OCID (ocid1.tenancy...)",
+                        self.tenancy
+                    ),
+                ));
+            }
+            if !is_ocid(&self.user, "user") {
+                d.push(Diagnostic::error(
+                    at("user"),
+                    format!("`{}` is not a user OCID (ocid1.user...)", self.user),
+                ));
+            }
+            if !is_fingerprint(&self.fingerprint) {
+                d.push(Diagnostic::error(
+                    at("fingerprint"),
+                    format!(
+                        "`{}` is not a key fingerprint (16 hex pairs separated by `:`)",
+                        self.fingerprint
+                    ),
+                ));
+            }
+            if self.key_file.as_os_str().is_empty() {
+                d.push(Diagnostic::error(
+                    at("key_file"),
+                    "must name the PEM file of the API key",
+                ));
+            }
         }
-        if !is_ocid(&self.user, "user") {
-            d.push(Diagnostic::error(
-                at("user"),
-                format!("`{}` is not a user OCID (ocid1.user...)", self.user),
-            ));
-        }
-        if !is_fingerprint(&self.fingerprint) {
-            d.push(Diagnostic::error(
-                at("fingerprint"),
-                format!(
-                    "`{}` is not a key fingerprint (16 hex pairs separated by `:`)",
-                    self.fingerprint
-                ),
-            ));
-        }
-        if self.key_file.as_os_str().is_empty() {
-            d.push(Diagnostic::error(
-                at("key_file"),
-                "must name the PEM file of the API key",
-            ));
+        if let Some(e) = &self.token_endpoint {
+            if !reqwest::Url::parse(e)
+                .is_ok_and(|u| u.scheme() == "https" && u.host_str().is_some())
+            {
+                d.push(Diagnostic::error(
+                    at("token_endpoint"),
+                    format!("`{e}` is not an `https://` URL"),
+                ));
+            }
         }
         if let (Some(r), None) = (&self.region, &self.endpoint) {
             if let Some((realm, None)) = realm_of(r) {
@@ -534,6 +581,16 @@ impl OciSigner {
         })
     }
 
+    /// A signer for `key_id` with a PKCS#8 DER private key (a workload identity session key).
+    pub fn from_pkcs8_der(key_id: &str, der: &[u8]) -> Result<Self, KeyError> {
+        let key = RsaKeyPair::from_pkcs8(der).map_err(KeyError::Rsa)?;
+        Ok(Self {
+            key_id: key_id.to_string(),
+            key,
+            rng: ring::rand::SystemRandom::new(),
+        })
+    }
+
     /// The `keyId` this signer uses.
     pub fn key_id(&self) -> &str {
         &self.key_id
@@ -610,7 +667,7 @@ enum Outcome {
 /// Replaces nodes through the OCI Compute or Container Engine API.
 pub struct Oci {
     cfg: OciConfig,
-    signer: OciSigner,
+    creds: Credentials,
     http: reqwest::Client,
     client: Client,
     tickets: Mutex<BTreeMap<String, ReplacementTicket>>,
@@ -651,8 +708,24 @@ impl std::fmt::Debug for Oci {
         f.debug_struct("Oci")
             .field("base_url", &self.cfg.base_url())
             .field("mode", &self.cfg.mode)
-            .field("signer", &self.signer)
+            .field("creds", &self.creds)
             .finish()
+    }
+}
+
+/// What signs the requests: an API key, or workload identity sessions.
+#[derive(Debug)]
+enum Credentials {
+    ApiKey(std::sync::Arc<OciSigner>),
+    WorkloadIdentity(super::oci_auth::WorkloadIdentity),
+}
+
+impl Credentials {
+    async fn signer(&self) -> Result<std::sync::Arc<OciSigner>, super::oci_auth::AuthError> {
+        match self {
+            Credentials::ApiKey(s) => Ok(s.clone()),
+            Credentials::WorkloadIdentity(w) => w.signer().await,
+        }
     }
 }
 
@@ -698,10 +771,59 @@ fn oci_client(
 impl Oci {
     /// A provider for `cfg`; reads and checks the key file. `client` reads nodes.
     /// (`allow_loopback`: `[controller] allow_loopback_destinations`, for a stand-in on loopback.)
+    /// With `auth = "workload-identity"` and no `token_endpoint`, the endpoint comes from
+    /// `$KUBERNETES_SERVICE_HOST` (as the SDK: read once, here).
     pub fn new(cfg: OciConfig, client: Client, allow_loopback: bool) -> Result<Self, SetupError> {
-        let pem = read_key(&cfg.key_file)?;
-        let signer = OciSigner::from_pem(&cfg.key_id(), &pem)
-            .map_err(|e| setup(format!("key_file {}", cfg.key_file.display()), e))?;
+        let creds = match cfg.auth {
+            OciAuth::ApiKey => {
+                let pem = read_key(&cfg.key_file)?;
+                let signer = OciSigner::from_pem(&cfg.key_id(), &pem)
+                    .map_err(|e| setup(format!("key_file {}", cfg.key_file.display()), e))?;
+                Credentials::ApiKey(std::sync::Arc::new(signer))
+            }
+            OciAuth::WorkloadIdentity => {
+                let endpoint = match &cfg.token_endpoint {
+                    Some(e) => e.clone(),
+                    None => {
+                        let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|e| {
+                            setup(
+                                "workload identity: KUBERNETES_SERVICE_HOST (not in a pod? set `token_endpoint`)".into(),
+                                e,
+                            )
+                        })?;
+                        let host = if host.contains(':') {
+                            format!("[{host}]")
+                        } else {
+                            host
+                        };
+                        format!("https://{host}:12250/resourcePrincipalSessionTokens")
+                    }
+                };
+                let url = reqwest::Url::parse(&endpoint)
+                    .map_err(|e| setup(format!("token_endpoint {endpoint}"), e))?;
+                crate::http::check_destination(&url, allow_loopback).map_err(|why| {
+                    setup(
+                        format!("token_endpoint {endpoint}"),
+                        std::io::Error::other(why),
+                    )
+                })?;
+                let ca = &cfg.service_account_ca_file;
+                let http = crate::http::pinned_builder(ca)
+                    .map(|b| crate::http::guard(b, allow_loopback).timeout(cfg.timeout))
+                    .and_then(|b| Ok(b.build()?))
+                    .map_err(|e| {
+                        setup(
+                            format!("HTTPS client for {endpoint} (CA {})", ca.display()),
+                            e,
+                        )
+                    })?;
+                Credentials::WorkloadIdentity(super::oci_auth::WorkloadIdentity::new(
+                    endpoint,
+                    cfg.service_account_token_file.clone(),
+                    http,
+                ))
+            }
+        };
         let base = cfg.base_url();
         let url = reqwest::Url::parse(&base).map_err(|e| setup(format!("endpoint {base}"), e))?;
         crate::http::check_destination(&url, allow_loopback)
@@ -710,7 +832,7 @@ impl Oci {
             .map_err(|e| setup(format!("HTTPS client for {base}"), e))?;
         Ok(Self {
             cfg,
-            signer,
+            creds,
             http,
             client,
             tickets: Mutex::new(BTreeMap::new()),
@@ -794,7 +916,15 @@ impl Oci {
             date: &date,
             body: None,
         });
-        let auth = self.signer.authorization(&plan).map_err(|e| {
+        // A session that cannot be had (refused, expired, the endpoint down) is retried with
+        // backoff; its error names the token endpoint and why.
+        let signer = self.creds.signer().await.map_err(|e| {
+            Attempt::Retry(CallError::Prepare {
+                what: "getting an OCI workload identity session".into(),
+                source: e.into(),
+            })
+        })?;
+        let auth = signer.authorization(&plan).map_err(|e| {
             Attempt::Permanent(CallError::Prepare {
                 what: format!("signing {what}"),
                 source: e.into(),
@@ -1350,6 +1480,10 @@ mod tests {
             backoff: Duration::from_millis(1),
             eviction_grace: Duration::ZERO,
             force_delete_after_grace: true,
+            auth: OciAuth::ApiKey,
+            token_endpoint: None,
+            service_account_token_file: PathBuf::new(),
+            service_account_ca_file: PathBuf::new(),
             work_request_timeout: Duration::from_secs(60),
             work_request_poll: Duration::from_secs(1),
         };
@@ -1361,6 +1495,34 @@ mod tests {
         let proxied = cfg(OciMode::NodePool, Some("https://127.0.0.1:4443/"));
         assert_eq!(proxied.compute_url(), "https://127.0.0.1:4443");
         assert_eq!(proxied.base_url(), "https://127.0.0.1:4443");
+    }
+
+    #[test]
+    fn workload_identity_needs_no_api_key() {
+        let cfg: OciConfig = toml::from_str(
+            "region = \"eu-frankfurt-1\"\nauth = \"workload-identity\"\nmode = \"node-pool\"\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.auth, OciAuth::WorkloadIdentity);
+        assert!(cfg.validate().is_empty(), "{:?}", cfg.validate());
+        assert_eq!(
+            cfg.service_account_token_file,
+            PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount/token")
+        );
+        // API keys still need theirs; a token endpoint must be https.
+        let api: OciConfig = toml::from_str("region = \"eu-frankfurt-1\"\n").unwrap();
+        assert_eq!(api.validate().len(), 4, "{:?}", api.validate());
+        let bad: OciConfig = toml::from_str(
+            "region = \"eu-frankfurt-1\"\nauth = \"workload-identity\"\ntoken_endpoint = \"http://10.0.0.1:12250/x\"\n",
+        )
+        .unwrap();
+        assert!(bad
+            .validate()
+            .iter()
+            .any(|d| format!("{:?}", d.path).contains("token_endpoint")));
+        assert!(
+            toml::from_str::<OciConfig>("region = \"r\"\nauth = \"instance-principal\"\n").is_err()
+        );
     }
 
     #[test]
