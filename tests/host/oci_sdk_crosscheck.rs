@@ -376,6 +376,23 @@ async fn workload_identity_sessions_work_for_the_go_sdk_and_for_nodekeeper() {
     assert!(del.key_id.as_deref().unwrap().starts_with("ST$"), "{del:?}");
     assert_eq!(stand_in.sessions_issued(), 2, "one session for nodekeeper");
 
+    // A session OCI refuses before its time (revoked): 401, the session renewed, the retry signed
+    // with the new one.
+    stand_in.revoke_sessions();
+    let name = nodes[2].metadata.name.clone().unwrap();
+    let req = ReplacementRequest::new(&name, "repair", "wi-revoked");
+    p.request_replacement(&req).await.unwrap();
+    p.retire(&req).await.unwrap();
+    let tail: Vec<u16> = stand_in
+        .calls()
+        .iter()
+        .rev()
+        .take(2)
+        .map(|c| c.status)
+        .collect();
+    assert_eq!(tail, [204, 401], "{:?}", stand_in.calls());
+    assert_eq!(stand_in.sessions_issued(), 3, "renewed after the 401");
+
     // A refused service account token: an error naming the endpoint and the answer, retried.
     let wrong = dir.path().join("wrong-token");
     std::fs::write(&wrong, "not-the-token").unwrap();
@@ -385,7 +402,7 @@ async fn workload_identity_sessions_work_for_the_go_sdk_and_for_nodekeeper() {
         true,
     )
     .unwrap();
-    let other = nodes[2].metadata.name.clone().unwrap();
+    let other = nodes[0].metadata.name.clone().unwrap();
     let req = ReplacementRequest::new(&other, "repair", "wi-bad");
     bad.request_replacement(&req).await.unwrap();
     let err = bad.retire(&req).await.unwrap_err();

@@ -322,6 +322,13 @@ impl OciCompute {
             .collect()
     }
 
+    /// Revokes every session token issued so far: requests signed with them are refused 401.
+    pub fn revoke_sessions(&self) {
+        for (_, exp) in lock(&self.shared.sessions).values_mut() {
+            *exp = 0;
+        }
+    }
+
     /// Session tokens issued by the workload identity endpoint so far.
     pub fn sessions_issued(&self) -> usize {
         lock(&self.shared.sessions).len()

@@ -727,6 +727,13 @@ impl Credentials {
             Credentials::WorkloadIdentity(w) => w.signer().await,
         }
     }
+
+    /// After a 401: a workload identity session is renewed by the next request.
+    async fn refused(&self) {
+        if let Credentials::WorkloadIdentity(w) = self {
+            w.invalidate().await;
+        }
+    }
 }
 
 /// A failed attempt of one result type as one of another (it carries no value).
@@ -956,12 +963,16 @@ impl Oci {
             }
             Err(e) => Err(e),
         };
-        sent.map_err(|source| {
+        let answer = sent.map_err(|source| {
             Attempt::Retry(CallError::Send {
                 request: what,
                 source,
             })
-        })
+        })?;
+        if answer.status == 401 {
+            self.creds.refused().await;
+        }
+        Ok(answer)
     }
 
     /// One attempt (number `n`) of removing `instance` with the DELETE of `path`: the DELETE, then,

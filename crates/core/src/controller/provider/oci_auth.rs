@@ -181,6 +181,14 @@ impl WorkloadIdentity {
         }
     }
 
+    /// Forgets the current session (OCI answered 401 to it: expired or revoked early): the next
+    /// request renews it.
+    pub async fn invalidate(&self) {
+        if self.current.lock().await.take().is_some() {
+            tracing::warn!(endpoint = %self.endpoint, "OCI refused the workload identity session (401): renewing it");
+        }
+    }
+
     /// The signer of the current session, renewed first when it is due.
     pub async fn signer(&self) -> Result<Arc<OciSigner>, AuthError> {
         let mut current = self.current.lock().await;
