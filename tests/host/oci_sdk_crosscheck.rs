@@ -144,6 +144,8 @@ async fn nodekeepers_signed_requests_equal_the_go_sdks() {
                 token_endpoint: None,
                 service_account_token_file: PathBuf::new(),
                 service_account_ca_file: PathBuf::new(),
+                metadata_url: String::new(),
+                auth_endpoint: None,
                 work_request_timeout: Duration::from_secs(20),
                 work_request_poll: Duration::from_millis(50),
             },
@@ -264,6 +266,8 @@ fn workload_identity(
         token_endpoint: Some(format!("{}/resourcePrincipalSessionTokens", stand_in.url)),
         service_account_token_file: token_file.to_path_buf(),
         service_account_ca_file: ca.to_path_buf(),
+        metadata_url: String::new(),
+        auth_endpoint: None,
         mode,
         ca_file: Some(ca.to_path_buf()),
         timeout: Duration::from_secs(5),
@@ -445,5 +449,114 @@ async fn workload_identity_sessions_work_for_the_go_sdk_and_for_nodekeeper() {
         short.calls().iter().all(|c| c.key_id.is_some()),
         "{:?}",
         short.calls()
+    );
+}
+
+/// Instance principals: the stand-in's metadata identity and federation endpoint are first proven
+/// with the OCI Go SDK's own `InstancePrincipalConfigurationProvider` (pointed at them by
+/// `OCI_METADATA_BASE_URL` and `OCI_SDK_AUTH_CLIENT_REGION_URL`: it gets a session that signs a
+/// GetInstance the stand-in verifies); then nodekeeper's client meets the same stand-in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_principal_sessions_work_for_the_go_sdk_and_for_nodekeeper() {
+    let bin = ocisdk();
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TestCluster::start(SimOptions {
+        time_scale: 30.0,
+        scenario: Scenario::default_mixed(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    oci_compute::adopt_nodes(&cluster.client).await.unwrap();
+    let nodes: Vec<Node> = Api::<Node>::all(cluster.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let instance = |n: &Node| {
+        n.spec
+            .as_ref()
+            .unwrap()
+            .provider_id
+            .clone()
+            .unwrap()
+            .trim_start_matches("oci://")
+            .to_string()
+    };
+    let stand_in = OciCompute::start(OciComputeOptions {
+        client: Some(cluster.client.clone()),
+        launch_delay: Duration::from_millis(50),
+        instance_identity: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &stand_in.ca_pem).unwrap();
+
+    // 1. The SDK's own provider gets a working session from the stand-in.
+    let out = Command::new(&bin)
+        .args(["instance-principal", &stand_in.url, &instance(&nodes[0])])
+        .arg(&ca)
+        .env("OCI_METADATA_BASE_URL", format!("{}/opc/v2", stand_in.url))
+        .env("OCI_SDK_AUTH_CLIENT_REGION_URL", &stand_in.url)
+        .env("OCI_SDK_AUTH_CLIENT_CIRCUIT_BREAKER_ENABLED", "false")
+        .env("SSL_CERT_FILE", &ca)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the SDK: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "RUNNING ST$");
+    assert_eq!(stand_in.sessions_issued(), 1);
+    let sdk_call = stand_in.calls().pop().unwrap();
+    assert_eq!((sdk_call.method.as_str(), sdk_call.status), ("GET", 200));
+    assert!(sdk_call.key_id.as_deref().unwrap().starts_with("ST$"));
+
+    // 2. nodekeeper's client against the same stand-in: metadata identity, federation (signed
+    // without `host`, verified with the certificate's key), then a DELETE signed `ST$…`.
+    let cfg = |metadata: String| OciConfig {
+        auth: OciAuth::InstancePrincipal,
+        metadata_url: metadata,
+        auth_endpoint: Some(stand_in.url.clone()),
+        ..workload_identity(&stand_in, &ca, &ca, OciMode::Terminate)
+    };
+    let p = Oci::new(
+        cfg(format!("{}/opc/v2", stand_in.url)),
+        cluster.client.clone(),
+        true,
+    )
+    .unwrap();
+    let name = nodes[1].metadata.name.clone().unwrap();
+    let req = ReplacementRequest::new(&name, "repair", "ip");
+    p.request_replacement(&req).await.unwrap();
+    p.retire(&req).await.unwrap();
+    let del = stand_in.calls().pop().unwrap();
+    assert_eq!(
+        (del.method.as_str(), del.status),
+        ("DELETE", 204),
+        "{del:?}"
+    );
+    assert!(del.key_id.as_deref().unwrap().starts_with("ST$"), "{del:?}");
+    assert_eq!(stand_in.sessions_issued(), 2, "one session for nodekeeper");
+
+    // No metadata service: an error naming the URL, retried (never a crash).
+    let lost = Oci::new(
+        cfg("https://127.0.0.1:9/opc/v2".into()),
+        cluster.client.clone(),
+        true,
+    )
+    .unwrap();
+    let other = nodes[0].metadata.name.clone().unwrap();
+    let req = ReplacementRequest::new(&other, "repair", "ip-lost");
+    lost.request_replacement(&req).await.unwrap();
+    let err = lost.retire(&req).await.unwrap_err();
+    assert!(!err.is_permanent(), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("instance identity") && msg.contains("127.0.0.1:9"),
+        "{msg}"
     );
 }

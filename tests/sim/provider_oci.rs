@@ -129,6 +129,8 @@ fn config_for(key: &TestKey, ca: &Path) -> OciConfig {
         token_endpoint: None,
         service_account_token_file: PathBuf::new(),
         service_account_ca_file: PathBuf::new(),
+        metadata_url: String::new(),
+        auth_endpoint: None,
         work_request_timeout: Duration::from_secs(20),
         work_request_poll: Duration::from_millis(50),
     }
@@ -922,6 +924,8 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
         token_endpoint: None,
         service_account_token_file: PathBuf::new(),
         service_account_ca_file: PathBuf::new(),
+        metadata_url: String::new(),
+        auth_endpoint: None,
         work_request_timeout: Duration::from_secs(1),
         work_request_poll: Duration::from_millis(10),
     };

@@ -131,6 +131,78 @@ pub struct OciComputeOptions {
     pub session_ttl: Option<Duration>,
     /// A second address serving the same (e.g. `127.0.0.1:12250`, the SDK's proxymux port).
     pub proxymux_listen: Option<SocketAddr>,
+    /// Also be an instance's identity for instance principals: the metadata service's
+    /// `/opc/v2/identity/{cert,key,intermediate}.pem` and `/opc/v2/instance/region`, and the auth
+    /// service's `POST /v1/x509` federation.
+    pub instance_identity: bool,
+}
+
+/// Tenancy OCID of the stand-in's instance identity (its certificate's `opc-tenant:` subject).
+pub const IDENTITY_TENANCY: &str = "ocid1.tenancy.oc1..simidentity";
+/// Region the stand-in's metadata service names.
+pub const IDENTITY_REGION: &str = "us-phoenix-1";
+
+/// An instance identity as the metadata service hands it out.
+struct Identity {
+    cert_pem: String,
+    key_pem: String,
+    intermediate_pem: String,
+    /// `<tenancy>/fed-x509-sha256/<SHA-256 of the certificate, lower-case hex pairs with `:`>`.
+    key_id: String,
+    /// The certificate key's `RSAPublicKey` DER.
+    public_der: Vec<u8>,
+}
+
+fn make_identity() -> Result<Identity, String> {
+    use rsa::pkcs1::EncodeRsaPublicKey;
+    use rsa::pkcs8::{EncodePrivateKey, LineEnding};
+    let key =
+        rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 2048).map_err(|e| e.to_string())?;
+    let pkcs8 = key.to_pkcs8_der().map_err(|e| e.to_string())?;
+    let key_pem = key
+        .to_pkcs8_pem(LineEnding::LF)
+        .map_err(|e| e.to_string())?
+        .to_string();
+    let public_der = key
+        .to_public_key()
+        .to_pkcs1_der()
+        .map_err(|e| e.to_string())?
+        .as_bytes()
+        .to_vec();
+    let der = rustls_pki_types::PrivatePkcs8KeyDer::from(pkcs8.as_bytes().to_vec());
+    let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&der, &rcgen::PKCS_RSA_SHA256)
+        .map_err(|e| e.to_string())?;
+    let mut params =
+        rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "ocid1.instance.oc1.sim.identity");
+    params.distinguished_name.push(
+        rcgen::DnType::OrganizationalUnitName,
+        format!("opc-tenant:{IDENTITY_TENANCY}"),
+    );
+    let cert = params.self_signed(&pair).map_err(|e| e.to_string())?;
+    let ca_key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    ca.distinguished_name.push(
+        rcgen::DnType::CommonName,
+        "PKISVC Identity Intermediate sim",
+    );
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let intermediate = ca.self_signed(&ca_key).map_err(|e| e.to_string())?;
+    use sha2::Digest;
+    let fp = sha2::Sha256::digest(cert.der().as_ref())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    Ok(Identity {
+        cert_pem: cert.pem(),
+        key_pem,
+        intermediate_pem: intermediate.pem(),
+        key_id: format!("{IDENTITY_TENANCY}/fed-x509-sha256/{fp}"),
+        public_der,
+    })
 }
 
 /// How a DELETE of an instance that is already terminating or terminated is answered. OCI does not
@@ -191,6 +263,7 @@ struct Shared {
     session_ttl: Duration,
     /// Session JWT → (its public key, `RSAPublicKey` DER; expiry, epoch seconds).
     sessions: Mutex<BTreeMap<String, (Vec<u8>, i64)>>,
+    identity: Option<Identity>,
     client: Option<kube::Client>,
     launch_delay: Duration,
     calls: Mutex<Vec<Call>>,
@@ -240,6 +313,14 @@ impl OciCompute {
             sa_tokens: opts.service_account_tokens,
             session_ttl: opts.session_ttl.unwrap_or(Duration::from_secs(3600)),
             sessions: Mutex::new(BTreeMap::new()),
+            identity: if opts.instance_identity {
+                Some(make_identity().map_err(|why| OciComputeError::Key {
+                    key_id: "instance identity".into(),
+                    why,
+                })?)
+            } else {
+                None
+            },
             client: opts.client,
             launch_delay: opts.launch_delay,
             calls: Mutex::new(Vec::new()),
@@ -404,6 +485,19 @@ pub fn verify(
     headers: &HeaderMap,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<String, String> {
+    verify_with(keys, method, uri, headers, now, true)
+}
+
+/// [`verify`]; `host_signed = false` for the federation endpoint, whose requests the SDK signs
+/// without `host` (`common/auth/federation_client.go`: "host is not needed").
+fn verify_with(
+    keys: &BTreeMap<String, Vec<u8>>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    now: chrono::DateTime<chrono::Utc>,
+    host_signed: bool,
+) -> Result<String, String> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let auth = header("authorization").ok_or("no Authorization header")?;
     let p = signature_params(auth).ok_or("Authorization is not `Signature k=\"v\",...`")?;
@@ -415,7 +509,10 @@ pub fn verify(
         .get(key_id)
         .ok_or_else(|| format!("unknown keyId {key_id}"))?;
     let signed: Vec<&str> = p.get("headers").ok_or("no headers")?.split(' ').collect();
-    let mut required = vec!["date", "(request-target)", "host"];
+    let mut required = vec!["date", "(request-target)"];
+    if host_signed {
+        required.push("host");
+    }
     if matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
         required.extend(["content-length", "content-type", "x-content-sha256"]);
     }
@@ -501,6 +598,11 @@ async fn handle(
 ) -> Response {
     if uri.path() == "/resourcePrincipalSessionTokens" && !s.sa_tokens.is_empty() {
         return session_token(&s, &method, &headers, &body);
+    }
+    if let Some(id) = &s.identity {
+        if let Some(r) = identity(&s, id, &method, &uri, &headers, &body) {
+            return r;
+        }
     }
     let now = chrono::Utc::now();
     let keys = {
@@ -674,6 +776,104 @@ async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> (Response, bool)
     (accepted(&pool), true)
 }
 
+/// The instance identity's metadata paths and the auth service's federation; `None`: another path.
+fn identity(
+    s: &Shared,
+    id: &Identity,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Option<Response> {
+    let metadata = match uri.path() {
+        "/opc/v2/identity/cert.pem" => Some(id.cert_pem.as_str()),
+        "/opc/v2/identity/key.pem" => Some(id.key_pem.as_str()),
+        "/opc/v2/identity/intermediate.pem" => Some(id.intermediate_pem.as_str()),
+        "/opc/v2/instance/region" => Some(IDENTITY_REGION),
+        _ => None,
+    };
+    if let Some(answer) = metadata {
+        // The metadata service v2 wants `Authorization: Bearer Oracle`.
+        let ok = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v == "Bearer Oracle");
+        return Some(if ok && *method == Method::GET {
+            (StatusCode::OK, answer.to_string()).into_response()
+        } else {
+            StatusCode::UNAUTHORIZED.into_response()
+        });
+    }
+    if uri.path() != "/v1/x509" {
+        return None;
+    }
+    let keys = BTreeMap::from([(id.key_id.clone(), id.public_der.clone())]);
+    if let Err(why) = verify_with(&keys, method, uri, headers, chrono::Utc::now(), false) {
+        return Some(error(StatusCode::UNAUTHORIZED, "NotAuthenticated", &why));
+    }
+    use sha2::Digest;
+    let digest = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body));
+    if headers
+        .get("x-content-sha256")
+        .and_then(|v| v.to_str().ok())
+        != Some(digest.as_str())
+    {
+        return Some(error(
+            StatusCode::UNAUTHORIZED,
+            "NotAuthenticated",
+            "x-content-sha256 is not the body's",
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let der = v
+        .get("publicKey")
+        .and_then(|k| k.as_str())
+        .and_then(|k| base64::engine::general_purpose::STANDARD.decode(k).ok())
+        .and_then(|spki| rsa_public_key_from_spki(&spki));
+    let certificate = v
+        .get("certificate")
+        .and_then(|c| c.as_str())
+        .unwrap_or_default();
+    let ours: String = id
+        .cert_pem
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    let (Some(der), true) = (der, certificate == ours) else {
+        return Some(error(
+            StatusCode::BAD_REQUEST,
+            "InvalidParameter",
+            "publicKey is not a base64 SubjectPublicKeyInfo, or certificate is not the instance's",
+        ));
+    };
+    let jwt = mint_session(s, der);
+    Some(axum::Json(json!({"token": jwt})).into_response())
+}
+
+/// A session JWT for the public key `der` (`RSAPublicKey` DER), registered for verification.
+fn mint_session(s: &Shared, der: Vec<u8>) -> String {
+    let iat = chrono::Utc::now().timestamp();
+    let exp = iat + i64::try_from(s.session_ttl.as_secs()).unwrap_or(3600);
+    let n = lock(&s.sessions).len();
+    let b64 = |v: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let jwt = format!(
+        "{}.{}.{}",
+        b64(json!({"alg": "RS256", "typ": "JWT"})),
+        // The claims the SDK reads: `iat`, `exp`, `res_tenant` (its TenancyOCID),
+        // `res_compartment`.
+        b64(
+            json!({"iat": iat, "exp": exp, "sub": format!("ocid1.principal.sim.{n}"),
+            "res_type": "workload", "res_tenant": "ocid1.tenancy.oc1..sim",
+            "res_compartment": "ocid1.compartment.oc1..sim"})
+        ),
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"stand-in")
+    );
+    lock(&s.sessions).insert(jwt.clone(), (der, exp));
+    jwt
+}
+
 /// OKE's workload identity token endpoint: a session for the posted public key.
 fn session_token(s: &Shared, method: &Method, headers: &HeaderMap, body: &[u8]) -> Response {
     if *method != Method::POST {
@@ -704,25 +904,7 @@ fn session_token(s: &Shared, method: &Method, headers: &HeaderMap, body: &[u8]) 
             "podKey is not a PEM public key",
         );
     };
-    let iat = chrono::Utc::now().timestamp();
-    let exp = iat + i64::try_from(s.session_ttl.as_secs()).unwrap_or(3600);
-    let n = lock(&s.sessions).len();
-    let b64 = |v: serde_json::Value| {
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
-    };
-    let jwt = format!(
-        "{}.{}.{}",
-        b64(json!({"alg": "RS256", "typ": "JWT"})),
-        // The claims the SDK reads: `iat`, `exp`, `res_tenant` (its TenancyOCID),
-        // `res_compartment`.
-        b64(
-            json!({"iat": iat, "exp": exp, "sub": format!("ocid1.workload.sim.{n}"),
-            "res_type": "workload", "res_tenant": "ocid1.tenancy.oc1..sim",
-            "res_compartment": "ocid1.compartment.oc1..sim"})
-        ),
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"stand-in")
-    );
-    lock(&s.sessions).insert(jwt.clone(), (der, exp));
+    let jwt = mint_session(s, der);
     let inner = json!({"token": format!("ST${jwt}")}).to_string();
     axum::Json(json!(
         base64::engine::general_purpose::STANDARD.encode(inner)

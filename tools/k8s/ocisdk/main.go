@@ -6,6 +6,7 @@
 //
 //	ocisdk CASES.json
 //	ocisdk workload-identity HOST INSTANCE CA_FILE
+//	ocisdk instance-principal HOST INSTANCE CA_FILE
 //
 // CASES.json: {"tenancy", "user", "fingerprint", "key_file", "cases": [{"op", "host", "date",
 // "request_id", "instance", "node_pool", "work_request", "eviction_grace", "force"}]}; op is
@@ -18,6 +19,10 @@
 // NK_SA_TOKEN) gets a session from the token endpoint at $KUBERNETES_SERVICE_HOST:12250, then calls
 // GetInstance(INSTANCE) on HOST (trusting CA_FILE) with it: success proves the endpoint works for
 // the SDK. Prints the instance's lifecycleState and the session keyId's prefix.
+//
+// instance-principal: the same with the SDK's auth.InstancePrincipalConfigurationProvider, pointed
+// by the environment at the stand-in's metadata service (OCI_METADATA_BASE_URL) and auth service
+// (OCI_SDK_AUTH_CLIENT_REGION_URL), trusting SSL_CERT_FILE.
 package main
 
 import (
@@ -161,11 +166,17 @@ func run(in input, c caseSpec) (captured, error) {
 	}, nil
 }
 
-func workloadIdentity(host, instance, caFile string) error {
-	provider, err := auth.OkeWorkloadIdentityConfigurationProviderWithServiceAccountTokenProvider(
-		auth.NewSuppliedServiceAccountTokenProvider(os.Getenv("NK_SA_TOKEN")))
+func sessionCall(mode, host, instance, caFile string) error {
+	var provider common.ConfigurationProvider
+	var err error
+	if mode == "workload-identity" {
+		provider, err = auth.OkeWorkloadIdentityConfigurationProviderWithServiceAccountTokenProvider(
+			auth.NewSuppliedServiceAccountTokenProvider(os.Getenv("NK_SA_TOKEN")))
+	} else {
+		provider, err = auth.InstancePrincipalConfigurationProvider()
+	}
 	if err != nil {
-		return fmt.Errorf("workload identity provider: %w", err)
+		return fmt.Errorf("%s provider: %w", mode, err)
 	}
 	keyID, err := provider.KeyID()
 	if err != nil {
@@ -199,8 +210,8 @@ func workloadIdentity(host, instance, caFile string) error {
 }
 
 func main() {
-	if len(os.Args) == 5 && os.Args[1] == "workload-identity" {
-		if err := workloadIdentity(os.Args[2], os.Args[3], os.Args[4]); err != nil {
+	if len(os.Args) == 5 && (os.Args[1] == "workload-identity" || os.Args[1] == "instance-principal") {
+		if err := sessionCall(os.Args[1], os.Args[2], os.Args[3], os.Args[4]); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

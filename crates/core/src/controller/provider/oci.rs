@@ -179,6 +179,9 @@ pub enum OciAuth {
     /// OKE workload identity: the controller's service account gets session tokens from OKE
     /// (`crate::controller::provider::oci_auth`).
     WorkloadIdentity,
+    /// Instance principals: the node's instance identity from the metadata service, federated at
+    /// the auth service (`crate::controller::provider::oci_auth`).
+    InstancePrincipal,
 }
 
 /// Settings of the oci provider (`[controller.provider] kind = "oci"`).
@@ -219,6 +222,12 @@ pub struct OciConfig {
     /// Workload identity: the CA of the token endpoint's certificate (the cluster's CA).
     #[serde(default = "default_sa_ca_file")]
     pub service_account_ca_file: PathBuf,
+    /// Instance principal: the metadata service's v2 base URL.
+    #[serde(default = "default_metadata_url")]
+    pub metadata_url: String,
+    /// Instance principal: the auth service (default `https://auth.<region>.<domain>`, as the SDK).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_endpoint: Option<String>,
     /// `terminate` (default) or `node-pool`.
     #[serde(default)]
     pub mode: OciMode,
@@ -259,6 +268,9 @@ fn default_true() -> bool {
 }
 fn default_sa_token_file() -> PathBuf {
     PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount/token")
+}
+fn default_metadata_url() -> String {
+    "http://169.254.169.254/opc/v2".into()
 }
 fn default_sa_ca_file() -> PathBuf {
     PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
@@ -380,6 +392,15 @@ impl OciConfig {
                 ));
             }
         }
+        if self.auth == OciAuth::InstancePrincipal
+            && self.auth_endpoint.is_none()
+            && self.region.is_none()
+        {
+            d.push(Diagnostic::error(
+                at("auth_endpoint"),
+                "instance principals need `region` (auth.<region>.<domain>) or `auth_endpoint`",
+            ));
+        }
         if let Some(e) = &self.token_endpoint {
             if !reqwest::Url::parse(e)
                 .is_ok_and(|u| u.scheme() == "https" && u.host_str().is_some())
@@ -434,6 +455,21 @@ impl OciConfig {
         match self.mode {
             OciMode::Terminate => self.compute_url(),
             OciMode::NodePool => self.oke_url(),
+        }
+    }
+
+    /// Base URL of the auth service (instance principal federation): `auth_endpoint`, else the
+    /// Go SDK's `https://auth.{region}.{secondLevelDomain}`.
+    pub fn auth_url(&self) -> String {
+        match &self.auth_endpoint {
+            Some(e) => e.trim_end_matches('/').to_string(),
+            None => {
+                let region = self.region.as_deref().unwrap_or_default();
+                let domain = realm_of(region)
+                    .and_then(|(_, d)| d)
+                    .unwrap_or("oraclecloud.com");
+                format!("https://auth.{region}.{domain}")
+            }
         }
     }
 
@@ -521,6 +557,21 @@ pub fn signing_plan(i: &SignInput<'_>) -> SigningPlan {
             .join("\n"),
         extra,
     }
+}
+
+/// The plan of a request to the auth service's federation endpoint: [`signing_plan`] without
+/// `host`, as the Go SDK signs them (`common/auth/federation_client.go`).
+pub fn federation_plan(i: &SignInput<'_>) -> SigningPlan {
+    let mut p = signing_plan(i);
+    let host = format!("host: {}", i.host);
+    p.headers.retain(|h| *h != "host");
+    p.signing_string = p
+        .signing_string
+        .split('\n')
+        .filter(|l| *l != host)
+        .collect::<Vec<_>>()
+        .join("\n");
+    p
 }
 
 /// The current time as an HTTP `Date` header value.
@@ -713,24 +764,24 @@ impl std::fmt::Debug for Oci {
     }
 }
 
-/// What signs the requests: an API key, or workload identity sessions.
+/// What signs the requests: an API key, or sessions (workload identity, instance principal).
 #[derive(Debug)]
 enum Credentials {
     ApiKey(std::sync::Arc<OciSigner>),
-    WorkloadIdentity(super::oci_auth::WorkloadIdentity),
+    Sessions(super::oci_auth::Sessions),
 }
 
 impl Credentials {
     async fn signer(&self) -> Result<std::sync::Arc<OciSigner>, super::oci_auth::AuthError> {
         match self {
             Credentials::ApiKey(s) => Ok(s.clone()),
-            Credentials::WorkloadIdentity(w) => w.signer().await,
+            Credentials::Sessions(w) => w.signer().await,
         }
     }
 
     /// After a 401: a workload identity session is renewed by the next request.
     async fn refused(&self) {
-        if let Credentials::WorkloadIdentity(w) = self {
+        if let Credentials::Sessions(w) = self {
             w.invalidate().await;
         }
     }
@@ -824,9 +875,33 @@ impl Oci {
                             e,
                         )
                     })?;
-                Credentials::WorkloadIdentity(super::oci_auth::WorkloadIdentity::new(
+                Credentials::Sessions(super::oci_auth::Sessions::workload_identity(
                     endpoint,
                     cfg.service_account_token_file.clone(),
+                    http,
+                ))
+            }
+            OciAuth::InstancePrincipal => {
+                let auth = cfg.auth_url();
+                let url = reqwest::Url::parse(&auth)
+                    .map_err(|e| setup(format!("auth_endpoint {auth}"), e))?;
+                crate::http::check_destination(&url, allow_loopback).map_err(|why| {
+                    setup(format!("auth_endpoint {auth}"), std::io::Error::other(why))
+                })?;
+                let http = oci_client(&cfg, allow_loopback)
+                    .map_err(|e| setup(format!("HTTPS client for {auth}"), e))?;
+                // The metadata service is link-local by design: no address guard, no proxy.
+                let imds = match &cfg.ca_file {
+                    Some(ca) => crate::http::pinned_builder(ca),
+                    None => crate::http::builder(None),
+                }
+                .map(|b| b.no_proxy().timeout(cfg.timeout))
+                .and_then(|b| Ok(b.build()?))
+                .map_err(|e| setup(format!("metadata client for {}", cfg.metadata_url), e))?;
+                Credentials::Sessions(super::oci_auth::Sessions::instance_principal(
+                    cfg.metadata_url.clone(),
+                    auth,
+                    imds,
                     http,
                 ))
             }
@@ -927,7 +1002,7 @@ impl Oci {
         // backoff; its error names the token endpoint and why.
         let signer = self.creds.signer().await.map_err(|e| {
             Attempt::Retry(CallError::Prepare {
-                what: "getting an OCI workload identity session".into(),
+                what: "getting an OCI session (workload identity or instance principal)".into(),
                 source: e.into(),
             })
         })?;
@@ -1495,6 +1570,8 @@ mod tests {
             token_endpoint: None,
             service_account_token_file: PathBuf::new(),
             service_account_ca_file: PathBuf::new(),
+            metadata_url: String::new(),
+            auth_endpoint: None,
             work_request_timeout: Duration::from_secs(60),
             work_request_poll: Duration::from_secs(1),
         };
@@ -1531,8 +1608,26 @@ mod tests {
             .validate()
             .iter()
             .any(|d| format!("{:?}", d.path).contains("token_endpoint")));
+        // Instance principals need a region or an auth endpoint; an unknown auth is a parse error.
+        let ip: OciConfig =
+            toml::from_str("endpoint = \"https://proxy.example\"\nauth = \"instance-principal\"\n")
+                .unwrap();
+        assert!(ip
+            .validate()
+            .iter()
+            .any(|d| format!("{:?}", d.path).contains("auth_endpoint")));
+        let ip = OciConfig {
+            region: Some("us-gov-ashburn-1".into()),
+            endpoint: None,
+            ..ip
+        };
+        assert!(ip.validate().is_empty(), "{:?}", ip.validate());
+        assert_eq!(
+            ip.auth_url(),
+            "https://auth.us-gov-ashburn-1.oraclegovcloud.com"
+        );
         assert!(
-            toml::from_str::<OciConfig>("region = \"r\"\nauth = \"instance-principal\"\n").is_err()
+            toml::from_str::<OciConfig>("region = \"r\"\nauth = \"user-principal\"\n").is_err()
         );
     }
 

@@ -1,6 +1,18 @@
-//! OKE workload identity for the `oci` provider (`auth = "workload-identity"`): the controller's
-//! Kubernetes service account, not a user's API key, signs the OCI calls.
+//! Session credentials for the `oci` provider: OKE workload identity (`auth =
+//! "workload-identity"`, the controller's Kubernetes service account) and instance principals
+//! (`auth = "instance-principal"`, the node's instance), instead of a user's API key.
 //!
+//! Instance principals, as the OCI Go SDK's `InstancePrincipalConfigurationProvider` does
+//! (`common/auth/instance_principal_key_provider.go`, `federation_client.go`): the instance's
+//! certificate, key and intermediate certificate from the metadata service
+//! (`/opc/v2/identity/{cert,key,intermediate}.pem`, `Authorization: Bearer Oracle`); then
+//! `POST https://auth.<region>.<domain>/v1/x509` with `{"certificate", "publicKey" (the session
+//! key), "intermediateCertificates", "fingerprintAlgorithm": "SHA256"}`, signed with the instance's
+//! key as `keyId="<tenancy>/fed-x509-sha256/<SHA-256 of the certificate>"` (the tenancy from the
+//! certificate's `opc-tenant:` subject) over `date (request-target) content-length content-type
+//! x-content-sha256` (no `host`, as the SDK); the answer `{"token": "<JWT>"}` gives `keyId="ST$<JWT>"`.
+//!
+//! OKE workload identity:
 //! As the OCI Go SDK's `OkeWorkloadIdentityConfigurationProvider` does
 //! (`common/auth/federation_client_oke_workload_identity.go`, resource principal version 2.2):
 //! 1. make a fresh RSA-2048 session key pair ([`new_session_key`]; `ring` cannot generate RSA
@@ -64,8 +76,29 @@ pub enum AuthError {
     #[error("workload identity session token: {0}")]
     Malformed(&'static str),
     /// The session key was refused by the signer.
-    #[error("workload identity session key: {0}")]
+    #[error("session key: {0}")]
     Key(#[from] KeyError),
+    /// The metadata service did not hand out the instance's identity.
+    #[error("instance identity: GET {url}: {why}")]
+    Metadata {
+        /// The metadata URL.
+        url: String,
+        /// What went wrong.
+        why: String,
+    },
+    /// The instance's certificate is not what OCI issues.
+    #[error("instance identity certificate: {0}")]
+    Certificate(&'static str),
+    /// The auth service refused the federation, or answered something else than a token.
+    #[error("instance principal federation: POST {url} answered {status}: {body}")]
+    Federation {
+        /// The federation URL.
+        url: String,
+        /// HTTP status.
+        status: u16,
+        /// The start of its body.
+        body: String,
+    },
 }
 
 /// A session token and its lifetime (seconds since the epoch).
@@ -121,6 +154,11 @@ pub fn parse_session_response(body: &[u8]) -> Result<Session, AuthError> {
     let jwt = token
         .strip_prefix("ST$")
         .ok_or(AuthError::Malformed("the token does not start with ST$"))?;
+    session_from_jwt(jwt)
+}
+
+/// A session for a JWT (pure): its `iat` and `exp` claims.
+pub fn session_from_jwt(jwt: &str) -> Result<Session, AuthError> {
     let payload = jwt
         .split('.')
         .nth(1)
@@ -152,32 +190,121 @@ pub fn needs_renewal(s: &Session, now: i64) -> bool {
     now + buffer >= s.iat + life / 2
 }
 
-/// Sessions from OKE's token endpoint, renewed before they expire.
-pub struct WorkloadIdentity {
-    endpoint: String,
-    token_file: PathBuf,
-    http: reqwest::Client,
+/// The tenancy OCID in an instance certificate's subject (`opc-tenant:<ocid>`), as the SDK's
+/// `extractTenancyIDFromCertificate` reads it (pure): the DER string value (UTF8String,
+/// PrintableString or IA5String, its length from its header) that starts with `opc-tenant:`.
+pub fn tenancy_of_certificate(der: &[u8]) -> Option<String> {
+    const TAG: &[u8] = b"opc-tenant:";
+    let start = der.windows(TAG.len()).position(|w| w == TAG)?;
+    let string_tag = |t: u8| matches!(t, 0x0c | 0x13 | 0x16);
+    let len = match (
+        start.checked_sub(3).map(|i| der[i]),
+        start.checked_sub(2).map(|i| der[i]),
+        start.checked_sub(1).map(|i| der[i]),
+    ) {
+        (_, Some(t), Some(l)) if string_tag(t) && l < 0x80 => usize::from(l),
+        (Some(t), Some(0x81), Some(l)) if string_tag(t) => usize::from(l),
+        _ => return None,
+    };
+    let value = der.get(start..start + len)?;
+    let ocid = std::str::from_utf8(value.get(TAG.len()..)?).ok()?;
+    ocid.starts_with("ocid1.tenancy.").then(|| ocid.to_string())
+}
+
+/// The SHA-256 fingerprint of a certificate as the SDK writes it: lower-case hex pairs joined
+/// by `:`.
+pub fn certificate_fingerprint(der: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(der)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Where sessions come from.
+enum Federation {
+    /// OKE's proxymux token endpoint, with the service account token in `token_file`.
+    Oke {
+        endpoint: String,
+        token_file: PathBuf,
+        http: reqwest::Client,
+    },
+    /// The metadata service's instance identity and the auth service's x509 federation.
+    Instance {
+        metadata: String,
+        auth: String,
+        imds: reqwest::Client,
+        http: reqwest::Client,
+    },
+}
+
+/// Sessions (workload identity or instance principal), renewed before they expire.
+pub struct Sessions {
+    federation: Federation,
     current: tokio::sync::Mutex<Option<(Session, Arc<OciSigner>)>>,
 }
 
-impl std::fmt::Debug for WorkloadIdentity {
+impl std::fmt::Debug for Sessions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkloadIdentity")
-            .field("endpoint", &self.endpoint)
-            .field("token_file", &self.token_file)
-            .finish()
+        match &self.federation {
+            Federation::Oke {
+                endpoint,
+                token_file,
+                ..
+            } => f
+                .debug_struct("WorkloadIdentity")
+                .field("endpoint", endpoint)
+                .field("token_file", token_file)
+                .finish(),
+            Federation::Instance { metadata, auth, .. } => f
+                .debug_struct("InstancePrincipal")
+                .field("metadata", metadata)
+                .field("auth", auth)
+                .finish(),
+        }
     }
 }
 
-impl WorkloadIdentity {
-    /// Sessions from `endpoint`, authenticated with the service account token in `token_file`
-    /// (read at each renewal: projected tokens rotate) over `http` (trusting the cluster's CA).
-    pub fn new(endpoint: String, token_file: PathBuf, http: reqwest::Client) -> Self {
-        WorkloadIdentity {
-            endpoint,
-            token_file,
-            http,
+impl Sessions {
+    /// Workload identity sessions from `endpoint`, authenticated with the service account token in
+    /// `token_file` (read at each renewal: projected tokens rotate) over `http` (trusting the
+    /// cluster's CA).
+    pub fn workload_identity(endpoint: String, token_file: PathBuf, http: reqwest::Client) -> Self {
+        Sessions {
+            federation: Federation::Oke {
+                endpoint,
+                token_file,
+                http,
+            },
             current: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Instance principal sessions: the identity from the metadata service at `metadata` (e.g.
+    /// `http://169.254.169.254/opc/v2`, over `imds`), federated at the auth service `auth` (e.g.
+    /// `https://auth.eu-frankfurt-1.oraclecloud.com`, over `http`).
+    pub fn instance_principal(
+        metadata: String,
+        auth: String,
+        imds: reqwest::Client,
+        http: reqwest::Client,
+    ) -> Self {
+        Sessions {
+            federation: Federation::Instance {
+                metadata: metadata.trim_end_matches('/').to_string(),
+                auth: auth.trim_end_matches('/').to_string(),
+                imds,
+                http,
+            },
+            current: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    fn source(&self) -> &str {
+        match &self.federation {
+            Federation::Oke { endpoint, .. } => endpoint,
+            Federation::Instance { auth, .. } => auth,
         }
     }
 
@@ -185,7 +312,7 @@ impl WorkloadIdentity {
     /// request renews it.
     pub async fn invalidate(&self) {
         if self.current.lock().await.take().is_some() {
-            tracing::warn!(endpoint = %self.endpoint, "OCI refused the workload identity session (401): renewing it");
+            tracing::warn!(source = %self.source(), "OCI refused the session (401): renewing it");
         }
     }
 
@@ -199,60 +326,174 @@ impl WorkloadIdentity {
             }
         }
         let (der, public_pem) = new_session_key()?;
-        let sa = std::fs::read_to_string(&self.token_file).map_err(|source| {
-            AuthError::ServiceAccountToken {
-                path: self.token_file.clone(),
-                source,
-            }
-        })?;
-        let answer = self
-            .http
-            .post(&self.endpoint)
-            .bearer_auth(sa.trim())
-            .header(
-                "opc-request-id",
-                format!("nk-{:032x}", rand::random::<u128>()),
-            )
-            .json(&serde_json::json!({"podKey": public_pem}))
-            .send()
-            .await;
-        let (status, body) = match answer {
-            Ok(r) => {
-                let status = r.status().as_u16();
-                let body = r.bytes().await.map_err(|source| AuthError::Send {
-                    endpoint: self.endpoint.clone(),
-                    source,
-                })?;
-                (status, body)
-            }
-            Err(source) => {
-                return Err(AuthError::Send {
-                    endpoint: self.endpoint.clone(),
-                    source,
-                })
-            }
+        let session = match &self.federation {
+            Federation::Oke {
+                endpoint,
+                token_file,
+                http,
+            } => oke_session(endpoint, token_file, http, &public_pem).await?,
+            Federation::Instance {
+                metadata,
+                auth,
+                imds,
+                http,
+            } => instance_session(metadata, auth, imds, http, &public_pem).await?,
         };
-        if status != 200 {
-            return Err(AuthError::Refused {
-                endpoint: self.endpoint.clone(),
-                status,
-                body: super::webhook::trim(&String::from_utf8_lossy(&body)).to_string(),
-                hint: if status == 403 {
-                    " (workload identity needs an OKE enhanced cluster)"
-                } else {
-                    ""
-                },
-            });
-        }
-        let session = parse_session_response(&body)?;
         let signer = Arc::new(OciSigner::from_pkcs8_der(&session.key_id(), &der)?);
         tracing::info!(
-            endpoint = %self.endpoint,
+            source = %self.source(),
             expires = session.exp,
-            "OCI workload identity session renewed"
+            "OCI session renewed"
         );
         *current = Some((session, signer.clone()));
         Ok(signer)
+    }
+}
+
+/// One workload identity session from OKE's token endpoint for `public_pem`.
+async fn oke_session(
+    endpoint: &str,
+    token_file: &std::path::Path,
+    http: &reqwest::Client,
+    public_pem: &str,
+) -> Result<Session, AuthError> {
+    let sa =
+        std::fs::read_to_string(token_file).map_err(|source| AuthError::ServiceAccountToken {
+            path: token_file.to_path_buf(),
+            source,
+        })?;
+    let send = |source| AuthError::Send {
+        endpoint: endpoint.to_string(),
+        source,
+    };
+    let r = http
+        .post(endpoint)
+        .bearer_auth(sa.trim())
+        .header(
+            "opc-request-id",
+            format!("nk-{:032x}", rand::random::<u128>()),
+        )
+        .json(&serde_json::json!({"podKey": public_pem}))
+        .send()
+        .await
+        .map_err(send)?;
+    let status = r.status().as_u16();
+    let body = r.bytes().await.map_err(send)?;
+    if status != 200 {
+        return Err(AuthError::Refused {
+            endpoint: endpoint.to_string(),
+            status,
+            body: super::webhook::trim(&String::from_utf8_lossy(&body)).to_string(),
+            hint: if status == 403 {
+                " (workload identity needs an OKE enhanced cluster)"
+            } else {
+                ""
+            },
+        });
+    }
+    parse_session_response(&body)
+}
+
+/// One instance principal session for `public_pem`: the identity from the metadata service,
+/// federated at the auth service.
+async fn instance_session(
+    metadata: &str,
+    auth: &str,
+    imds: &reqwest::Client,
+    http: &reqwest::Client,
+    public_pem: &str,
+) -> Result<Session, AuthError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+    let get = |path: &'static str| async move {
+        let url = format!("{metadata}{path}");
+        let failed = |why: String| AuthError::Metadata {
+            url: url.clone(),
+            why,
+        };
+        let r = imds
+            .get(&url)
+            .header("authorization", "Bearer Oracle")
+            .send()
+            .await
+            .map_err(|e| failed(crate::telemetry::error_chain(&e)))?;
+        if !r.status().is_success() {
+            return Err(failed(format!("HTTP {}", r.status().as_u16())));
+        }
+        r.text()
+            .await
+            .map_err(|e| failed(crate::telemetry::error_chain(&e)))
+    };
+    let cert_pem = get("/identity/cert.pem").await?;
+    let key_pem = get("/identity/key.pem").await?;
+    let intermediate_pem = get("/identity/intermediate.pem").await?;
+    let leaf = CertificateDer::from_pem_slice(cert_pem.as_bytes())
+        .map_err(|_| AuthError::Certificate("cert.pem is not a PEM certificate"))?;
+    let intermediate = CertificateDer::from_pem_slice(intermediate_pem.as_bytes())
+        .map_err(|_| AuthError::Certificate("intermediate.pem is not a PEM certificate"))?;
+    let tenancy = tenancy_of_certificate(&leaf).ok_or(AuthError::Certificate(
+        "no opc-tenant: in the certificate's subject",
+    ))?;
+    let key_id = format!(
+        "{tenancy}/fed-x509-sha256/{}",
+        certificate_fingerprint(&leaf)
+    );
+    let instance_key = OciSigner::from_pem(&key_id, key_pem.as_bytes())?;
+    let b64 = |d: &[u8]| base64::engine::general_purpose::STANDARD.encode(d);
+    let public: String = public_pem
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    let body = serde_json::to_vec(&serde_json::json!({
+        "certificate": b64(&leaf),
+        "publicKey": public,
+        "intermediateCertificates": [b64(&intermediate)],
+        "fingerprintAlgorithm": "SHA256",
+    }))
+    .map_err(|_| AuthError::Malformed("federation body"))?;
+    let url = format!("{auth}/v1/x509");
+    let parsed = reqwest::Url::parse(&url).map_err(|_| AuthError::Malformed("auth URL"))?;
+    let host = match (parsed.host_str(), parsed.port()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_string(),
+        (None, _) => return Err(AuthError::Malformed("auth URL without a host")),
+    };
+    let date = super::oci::http_date(chrono::Utc::now());
+    let plan = super::oci::federation_plan(&super::oci::SignInput {
+        method: "POST",
+        path_and_query: parsed.path(),
+        host: &host,
+        date: &date,
+        body: Some(("application/json", &body)),
+    });
+    let authorization = instance_key.authorization(&plan)?;
+    let mut req = http
+        .post(parsed)
+        .header("date", &date)
+        .header("authorization", authorization);
+    for (k, v) in &plan.extra {
+        if *k != "content-length" {
+            req = req.header(*k, v);
+        }
+    }
+    let send = |source| AuthError::Send {
+        endpoint: url.clone(),
+        source,
+    };
+    let r = req.body(body).send().await.map_err(send)?;
+    let status = r.status().as_u16();
+    let answer = r.bytes().await.map_err(send)?;
+    let token = (status == 200)
+        .then(|| serde_json::from_slice::<serde_json::Value>(&answer).ok())
+        .flatten()
+        .and_then(|v| v.get("token")?.as_str().map(str::to_string));
+    match token {
+        Some(jwt) => session_from_jwt(&jwt),
+        None => Err(AuthError::Federation {
+            url,
+            status,
+            body: super::webhook::trim(&String::from_utf8_lossy(&answer)).to_string(),
+        }),
     }
 }
 
@@ -317,6 +558,24 @@ mod tests {
         };
         assert!(!needs_renewal(&short, 104));
         assert!(needs_renewal(&short, 105));
+    }
+
+    #[test]
+    fn the_tenancy_and_fingerprint_come_from_the_certificate() {
+        // An OU value (UTF8String, 38 bytes) followed by the next SEQUENCE (0x30: ASCII `0`).
+        let der = b"\x06\x03\x55\x04\x0b\x0c\x26opc-tenant:ocid1.tenancy.oc1..aaaa-b_c0\x31\x00";
+        assert_eq!(
+            tenancy_of_certificate(der).as_deref(),
+            Some("ocid1.tenancy.oc1..aaaa-b_c")
+        );
+        let user = b"\x0c\x1copc-tenant:ocid1.user.oc1..x";
+        assert_eq!(tenancy_of_certificate(user), None);
+        let bare = b"opc-tenant:ocid1.tenancy.oc1..x";
+        assert_eq!(tenancy_of_certificate(bare), None, "no DER header");
+        assert_eq!(tenancy_of_certificate(b"no subject"), None);
+        let fp = certificate_fingerprint(b"x");
+        assert_eq!(fp.len(), 32 * 3 - 1);
+        assert!(fp.starts_with("2d:71:16:42"), "{fp}");
     }
 
     #[test]
