@@ -403,8 +403,9 @@ async fn notice_to_cordon(
         );
         let t = Instant::now();
         let r = http
-            .post(format!("http://127.0.0.1:{port}/v1/oci-events"))
-            .header("x-nodekeeper-token", "bench-token-0123456789")
+            .post(format!(
+                "http://127.0.0.1:{port}/v1/oci-events/bench-token-0123456789"
+            ))
             .json(&body)
             .send()
             .await

@@ -185,8 +185,7 @@ async fn pushed(trials: usize, env: &BenchEnv) -> Result<Vec<f64>, BoxError> {
         let body = envelope(OciEventKind::Preemption, &ocid(i), "");
         let t0 = Instant::now();
         let r = http
-            .post(format!("{}/v1/oci-events", env.controller_url))
-            .header("x-nodekeeper-token", OCI_TOKEN)
+            .post(format!("{}/v1/oci-events/{OCI_TOKEN}", env.controller_url))
             .json(&body)
             .send()
             .await?;

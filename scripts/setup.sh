@@ -4,7 +4,7 @@
 # test), cargo-generate-rpm, real kubectl in a venv, the cached nspawn rootfs, the real Kubernetes
 # control plane built from Go modules (scripts/setup-k8s.sh; needs Go and the Go module proxy), the real CRI-O
 # built from Go modules (scripts/setup-crio.sh) with the nspawn rootfs that runs it as crio.service, and Amazon's
-# EC2 metadata mock (scripts/setup-peers.sh aemm).
+# EC2 metadata mock and the OCI Go SDK cross-check (scripts/setup-peers.sh aemm ocisdk).
 . "$(dirname "$0")/lib.sh"
 
 apt_install ca-certificates systemd systemd-container debootstrap dbus iproute2 util-linux hyperfine python3-venv \
@@ -29,6 +29,8 @@ ensure_generate_rpm
 [ -x "$REPO/scripts/nspawn-rootfs.sh" ] && "$REPO/scripts/nspawn-rootfs.sh" --crio >/dev/null
 # Amazon's EC2 metadata mock, the AWS source's real peer (tests/host/aemm_netns.rs), keyed by its own version.
 "$REPO/scripts/setup-peers.sh" aemm >/dev/null
+# The OCI Go SDK's clients for the signing cross-check (tests/host/oci_sdk_crosscheck.rs), keyed by its version.
+"$REPO/scripts/setup-peers.sh" ocisdk >/dev/null
 # The container images the real node runs (tests/e2e/real_node): two static release builds, minutes cold, then
 # only what changed; built here, before the tests, so that they do not compete with the e2e tests for the cores.
 "$REPO/scripts/build-image.sh" >/dev/null

@@ -171,15 +171,22 @@ pub struct OciEventCmd {
     /// The controller's OCI events URL, e.g. `https://127.0.0.1:8443/v1/oci-events`.
     #[arg(long)]
     pub url: String,
-    /// The shared secret (sent in the `x-nodekeeper-token` header).
+    /// The shared secret, sent as OCI Notifications can: the URL's last path segment, or with
+    /// `--basic-user` the password of HTTP Basic authentication.
     #[arg(long, env = "NODEKEEPER_OCI_EVENTS_TOKEN")]
     pub token: String,
+    /// Send the secret with HTTP Basic authentication as this user (`https://USER:TOKEN@host/...`),
+    /// not in the path.
+    #[arg(long)]
+    pub basic_user: Option<String>,
     /// The event.
     #[arg(long, value_parser = super::choices::<OciEventKind>(&[
         ("preemption", "`instancepreemptionaction` (TERMINATE)"),
         ("maintenance", "`instancemaintenance`, lifecycleState SCHEDULED"),
         ("maintenance-canceled", "`instancemaintenance`, lifecycleState CANCELED"),
         ("rescheduled", "`maintenancerescheduled` with a new window"),
+        ("maintenance-begin", "`instancemaintenance.begin`, lifecycleState STARTED"),
+        ("maintenance-end", "`instancemaintenance.end`, lifecycleState SUCCEEDED"),
     ]))]
     pub kind: OciEventKind,
     /// Instance OCID (the node's `spec.providerID` without `oci://`).
@@ -201,6 +208,7 @@ impl From<OciEventCmd> for OciEventArgs {
         OciEventArgs {
             url: c.url,
             token: c.token,
+            basic_user: c.basic_user,
             kind: c.kind,
             instance: c.instance,
             window_start: c.window_start,

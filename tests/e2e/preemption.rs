@@ -464,3 +464,57 @@ pub async fn wait_interrupted(nodes: &Api<Node>, node: &str, within: Duration) -
     })
     .await
 }
+
+on_both!(the_leader_labels_its_own_pod_for_the_events_service);
+/// `[controller.leader] pod_label` as the shipped controller ServiceAccount: the leader labels its
+/// pod `nodekeeper.io/leader=true` (the `nodekeeper-controller-events` Service's selector, so OCI
+/// deliveries reach the leader only) — proof that the shipped Role allows the patch. Unit and sim
+/// tests (`engine_oci_notice::only_the_leaders_pod_takes_deliveries_so_the_first_try_is_stored`)
+/// cover two replicas and the failover.
+async fn the_leader_labels_its_own_pod_for_the_events_service(c: &'static Cluster) {
+    init_tracing();
+    let admin = c.admin().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let name = format!("nk-label-{}", rand_id());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS,
+                     "labels": {"app.kubernetes.io/name": "nodekeeper-controller"}},
+        "spec": {"containers": [{"name": "controller", "image": "nodekeeper"}]}}))
+    .unwrap();
+    pods.create(&Default::default(), &pod).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let identity = format!("label-{}", rand_id());
+    let config = controller_toml(dir.path(), &identity, |t| {
+        let leader = t["controller"]["leader"].as_table_mut().unwrap();
+        leader.insert("pod_label".into(), true.into());
+        leader.insert("pod_name".into(), name.clone().into());
+    });
+    let ctl = ControllerProc::start(c, &config, &identity).await;
+    wait_leading(&admin, &format!("nodekeeper-{identity}"), &identity).await;
+    let label = || {
+        let (pods, name) = (pods.clone(), name.clone());
+        async move {
+            pods.get(&name)
+                .await
+                .unwrap()
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .get("nodekeeper.io/leader")
+                .cloned()
+        }
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "the leader's pod labelled",
+        || async { label().await.as_deref() == Some("true") },
+    )
+    .await;
+    assert!(
+        ctl.forbidden_lines().is_empty(),
+        "{:?}",
+        ctl.forbidden_lines()
+    );
+    drop(ctl);
+    pods.delete(&name, &Default::default()).await.unwrap();
+}

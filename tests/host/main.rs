@@ -24,6 +24,7 @@ mod helm_chart;
 mod imds_config;
 mod imds_netns;
 mod imds_sources;
+mod oci_sdk_crosscheck;
 mod packaging_deb;
 mod packaging_image;
 mod packaging_rpm;

@@ -158,8 +158,7 @@ async fn preempt_via_oci_events(c: &TestCluster, port: u16, node: &str) {
     let end = Instant::now() + Duration::from_secs(20);
     loop {
         let r = http
-            .post(format!("http://127.0.0.1:{port}/v1/oci-events"))
-            .header("x-nodekeeper-token", OCI_TOKEN)
+            .post(format!("http://127.0.0.1:{port}/v1/oci-events/{OCI_TOKEN}"))
             .json(&body)
             .send()
             .await;

@@ -273,25 +273,16 @@ async fn oci_preemption_reaches_the_right_node() {
     let c = env.controller(&cfg, true).await;
     let mut rx = c.app.states.subscribe_events();
     let http = https(&env.ca, c.addr);
-    let send = |path: &str, body: serde_json::Value, header: Option<&str>| {
+    // As OCI Notifications posts: the secret in the path, or as the Basic password.
+    let send = |path: &str, body: serde_json::Value, basic_password: Option<&str>| {
         let (http, u) = (http.clone(), url(c.addr, path));
-        let header = header.map(str::to_string);
+        let password = basic_password.map(str::to_string);
         async move {
-            let h: Vec<(&str, &str)> = header
-                .iter()
-                .map(|h| ("x-nodekeeper-token", h.as_str()))
-                .collect();
-            request(
-                &http,
-                "POST",
-                &u,
-                None,
-                &h,
-                Some(serde_json::to_vec(&body).unwrap()),
-            )
-            .await
-            .unwrap()
-            .0
+            let mut req = http.post(u).json(&body);
+            if let Some(p) = password {
+                req = req.basic_auth("nodekeeper", Some(p));
+            }
+            req.send().await.unwrap().status().as_u16()
         }
     };
     let ev = json!({"eventType": "com.oraclecloud.computeapi.instancepreemptionaction", "source": "ComputeApi",
@@ -325,11 +316,30 @@ async fn oci_preemption_reaches_the_right_node() {
         got.kind,
         nodekeeper_core::agent::sources::EventKind::Preemption
     );
-    // A redelivery is deduplicated.
+    // A redelivery (with Basic authentication) is deduplicated.
     assert_eq!(
-        send("/v1/oci-events", ev, Some("s3cret-s3cret-s3cret")).await,
+        send("/v1/oci-events", ev.clone(), Some("s3cret-s3cret-s3cret")).await,
         200
     );
+    // An instance that is no Node: 200 (nothing to retry), no event; a malformed envelope: 400
+    // naming the field.
+    let mut stranger = ev.clone();
+    stranger["data"]["resourceId"] = json!("ocid1.instance.oc1.phx.not-a-node");
+    let path = "/v1/oci-events/s3cret-s3cret-s3cret";
+    for _ in 0..2 {
+        assert_eq!(send(path, stranger.clone(), None).await, 200);
+    }
+    let mut broken = ev;
+    broken["data"]["resourceId"] = json!("ocid1.volume.oc1.phx.n2");
+    let answer = http
+        .post(url(c.addr, path))
+        .json(&broken)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 400);
+    let text = answer.text().await.unwrap();
+    assert!(text.contains("data.resourceId"), "{text}");
     assert!(
         tokio::time::timeout(Duration::from_millis(500), rx.recv())
             .await
@@ -373,6 +383,45 @@ async fn oci_preemption_reaches_the_right_node() {
         )
     );
     assert!(got.not_before.is_some());
+    // And with `--basic-user` (Basic authentication, the URL without the secret): a rescheduled
+    // window, a new notice.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args([
+            "sim",
+            "oci-event",
+            "--url",
+            &ip_url(c.addr, "/v1/oci-events"),
+            "--basic-user",
+            "nodekeeper",
+            "--kind",
+            "rescheduled",
+            "--window-start",
+            "2031-02-03T04:00:00Z",
+            "--instance",
+            "ocid1.instance.oc1.phx.n1",
+            "--server-name",
+            SERVER_NAME,
+            "--ca-file",
+        ])
+        .arg(&env.ca)
+        .env("NODEKEEPER_OCI_EVENTS_TOKEN", "s3cret-s3cret-s3cret")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (node, got) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(node, "n1");
+    assert_eq!(
+        got.not_before.map(|t| t.to_rfc3339()),
+        Some("2031-02-03T04:00:00+00:00".to_string())
+    );
 
     // The Kubernetes Event is on n2 (by name and uid), in `default`.
     let list = node_events(&env).await;

@@ -1,8 +1,10 @@
 //! The oci provider against a local stand-in of the OCI Compute / Container Engine APIs
 //! (`nodekeeper_sim::oci_compute`) that verifies every signature with the public key, and the
 //! simulated cluster: terminate → one DELETE, old node removed, replacement Ready in the same pool;
-//! asked again (same or fresh provider) → still one; 429 retried; wrong key → 401 → permanent;
-//! node-pool mode; config validation; `kind = "oci"` in the controller. Keys are generated per run
+//! asked again (same or fresh provider, however OCI answers the repeat) → still one; 429, 5xx and
+//! 409 `IncorrectState`/`LockConflict` retried; 501 permanent; wrong key → 401 a few times → permanent;
+//! a key without IAM policy → 404 → GetInstance → a permanent error naming the policy; node-pool
+//! mode; config validation; `kind = "oci"` in the controller. Keys are generated per run
 //! with the `openssl` CLI; the signing string is checked against Oracle's documented example.
 #![allow(clippy::unwrap_used)]
 
@@ -19,7 +21,7 @@ use kube::api::{Api, ListParams};
 use nodekeeper_core::agent::sources::EventKind;
 use nodekeeper_core::controller::policy::PolicyConfig;
 use nodekeeper_core::controller::provider::oci::{
-    body_sha256, http_date, signing_plan, Oci, OciConfig, OciMode, OciSigner, SignInput,
+    body_sha256, http_date, signing_plan, Oci, OciAuth, OciConfig, OciMode, OciSigner, SignInput,
     NODE_POOL_ANNOTATION,
 };
 use nodekeeper_core::controller::provider::{
@@ -27,7 +29,7 @@ use nodekeeper_core::controller::provider::{
 };
 use nodekeeper_sim::apiserver::scenario::Scenario;
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
-use nodekeeper_sim::oci_compute::{self, Call, OciCompute, OciComputeOptions};
+use nodekeeper_sim::oci_compute::{self, Call, OciCompute, OciComputeOptions, Repeat};
 
 use engine_support::wait_until;
 
@@ -121,6 +123,16 @@ fn config_for(key: &TestKey, ca: &Path) -> OciConfig {
         timeout: Duration::from_secs(5),
         max_attempts: 4,
         backoff: Duration::from_millis(20),
+        eviction_grace: Duration::ZERO,
+        force_delete_after_grace: true,
+        auth: OciAuth::ApiKey,
+        token_endpoint: None,
+        service_account_token_file: PathBuf::new(),
+        service_account_ca_file: PathBuf::new(),
+        metadata_url: String::new(),
+        auth_endpoint: None,
+        work_request_timeout: Duration::from_secs(20),
+        work_request_poll: Duration::from_millis(50),
     }
 }
 
@@ -135,6 +147,21 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
+    fixture_with(Repeat::default(), false).await
+}
+
+/// [`fixture`] whose DeleteNode work requests end FAILED.
+async fn failing_work_requests() -> Fixture {
+    fixture_opts(Repeat::default(), false, true).await
+}
+
+/// [`fixture`] with the stand-in answering repeated DELETEs as `repeat`; with `no_policy`, the
+/// key authenticates but no IAM policy allows it anything.
+async fn fixture_with(repeat: Repeat, no_policy: bool) -> Fixture {
+    fixture_opts(repeat, no_policy, false).await
+}
+
+async fn fixture_opts(repeat: Repeat, no_policy: bool, fail_work_requests: bool) -> Fixture {
     engine_support::init();
     let dir = tempfile::tempdir().unwrap();
     let key = test_key(dir.path(), "api");
@@ -152,6 +179,14 @@ async fn fixture() -> Fixture {
         launch_delay: Duration::from_millis(100),
         listen: None,
         hold: true,
+        unauthorized: if no_policy {
+            [key_id(&key)].into()
+        } else {
+            Default::default()
+        },
+        repeat,
+        fail_work_requests,
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -202,6 +237,26 @@ impl Fixture {
             .into_iter()
             .filter_map(|n| n.metadata.name)
             .collect()
+    }
+}
+
+/// What the engine does with the provider: asks for the replacement, then, its drain being over,
+/// retires the old node (the removal itself).
+trait ReplaceNow {
+    async fn replace_now(
+        &self,
+        req: &ReplacementRequest,
+    ) -> Result<ReplacementTicket, ProviderError>;
+}
+
+impl ReplaceNow for Oci {
+    async fn replace_now(
+        &self,
+        req: &ReplacementRequest,
+    ) -> Result<ReplacementTicket, ProviderError> {
+        let t = self.request_replacement(req).await?;
+        self.retire(req).await?;
+        Ok(t)
     }
 }
 
@@ -429,7 +484,7 @@ async fn terminate_deletes_the_instance_once_and_reports_the_ready_replacement()
         "Debug redacts the key"
     );
     let req = ReplacementRequest::new(&node, "repair", "2026-12-01T00:00:00Z");
-    let t1 = p.request_replacement(&req).await.unwrap();
+    let t1 = p.replace_now(&req).await.unwrap();
     assert_eq!(t1.provider, "oci");
     assert_eq!(t1.reference.as_deref(), Some(instance.as_str()));
     assert_eq!(t1.pool.as_deref(), Some(pool.as_str()));
@@ -453,17 +508,23 @@ async fn terminate_deletes_the_instance_once_and_reports_the_ready_replacement()
         Some(req.request_id.as_str())
     );
 
-    // Asked again by this provider (remembered) and by a fresh one (a restarted controller): the
-    // stand-in answers 409/404 for the terminating instance, which counts as done.
-    assert_eq!(p.request_replacement(&req).await.unwrap(), t1);
+    // Asked again by this provider (remembered: nothing sent) and by a fresh one (a restarted
+    // controller): the stand-in answers 404 for the terminating instance, and GetInstance shows it
+    // TERMINATING, which counts as done.
+    assert_eq!(p.replace_now(&req).await.unwrap(), t1);
+    assert_eq!(f.oci.calls().len(), 1, "a remembered ticket sends nothing");
     let fresh = f.provider(OciMode::Terminate);
-    let t3 = fresh.request_replacement(&req).await.unwrap();
+    let t3 = fresh.replace_now(&req).await.unwrap();
     assert_eq!(t3.reference, t1.reference);
     assert_eq!(f.acted().len(), 1, "one termination: {:?}", f.oci.calls());
+    let last: Vec<(String, u16)> = f.oci.calls()[1..]
+        .iter()
+        .map(|c| (c.method.clone(), c.status))
+        .collect();
     assert_eq!(
-        f.oci.calls().last().map(|c| c.status),
-        Some(409),
-        "terminating"
+        last,
+        [("DELETE".to_string(), 404), ("GET".to_string(), 200)],
+        "404, then GetInstance"
     );
     assert_eq!(f.oci.removed(), vec![instance.clone()]);
     assert_eq!(p.replacement_ready(&t1).await.unwrap(), None, "not yet");
@@ -493,7 +554,7 @@ async fn a_429_is_retried_then_the_instance_is_terminated() {
     f.oci.fail_next(&[429, 503]);
     let p = f.provider(OciMode::Terminate);
     let req = ReplacementRequest::new(&node, "interruption", "e1");
-    p.request_replacement(&req).await.unwrap();
+    p.replace_now(&req).await.unwrap();
     let statuses: Vec<u16> = f.oci.calls().iter().map(|c| c.status).collect();
     assert_eq!(statuses, [429, 503, 204]);
     assert!(f.oci.calls().iter().all(|c| c.key_id.is_some()));
@@ -508,7 +569,7 @@ async fn a_429_is_retried_then_the_instance_is_terminated() {
         .unwrap();
     f.oci.fail_next(&[500, 500, 500, 500]);
     let err = p
-        .request_replacement(&ReplacementRequest::new(&other, "repair", "e2"))
+        .replace_now(&ReplacementRequest::new(&other, "repair", "e2"))
         .await
         .unwrap_err();
     assert!(
@@ -529,7 +590,7 @@ async fn a_wrong_key_is_refused_with_401_and_a_permanent_error_naming_the_node()
     cfg.key_file = wrong.pkcs1.clone();
     let p = Oci::new(cfg, f.cluster.client.clone(), true).unwrap();
     let err = p
-        .request_replacement(&ReplacementRequest::new(&node, "repair", "e1"))
+        .replace_now(&ReplacementRequest::new(&node, "repair", "e1"))
         .await
         .unwrap_err();
     assert!(err.is_permanent(), "{err}");
@@ -537,9 +598,147 @@ async fn a_wrong_key_is_refused_with_401_and_a_permanent_error_naming_the_node()
     assert!(msg.contains(&node) && msg.contains("401"), "{msg}");
     assert!(msg.contains("NotAuthenticated"), "{msg}");
     let calls = f.oci.calls();
-    assert_eq!(calls.len(), 1, "not retried: {calls:?}");
-    assert_eq!((calls[0].status, calls[0].key_id.clone()), (401, None));
+    assert_eq!(
+        calls.len() as u32,
+        nodekeeper_core::controller::provider::oci::AUTH_ATTEMPTS,
+        "retried a few times, then given up: {calls:?}"
+    );
+    assert!(calls
+        .iter()
+        .all(|c| (c.status, c.key_id.clone()) == (401, None)));
     assert!(f.oci.removed().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_without_iam_policy_is_a_permanent_error_naming_the_statement() {
+    // OCI answers a caller lacking the policy exactly as a missing instance: 404
+    // NotAuthorizedOrNotFound. The provider must not take it for "already gone".
+    let f = fixture_with(Repeat::default(), true).await;
+    let node = f.victim().await.metadata.name.unwrap();
+    for mode in [OciMode::Terminate, OciMode::NodePool] {
+        let before = f.oci.calls().len();
+        let err = f
+            .provider(mode)
+            .replace_now(&ReplacementRequest::new(&node, "repair", "no-policy"))
+            .await
+            .unwrap_err();
+        assert!(err.is_permanent(), "{err}");
+        let msg = err.to_string();
+        let statement = match mode {
+            OciMode::Terminate => "manage instances",
+            OciMode::NodePool => "manage cluster-node-pools",
+        };
+        assert!(
+            msg.contains(&node)
+                && msg.contains("NotAuthorizedOrNotFound")
+                && msg.contains(statement),
+            "{msg}"
+        );
+        let calls: Vec<(String, u16)> = f.oci.calls()[before..]
+            .iter()
+            .map(|c| (c.method.clone(), c.status))
+            .collect();
+        assert_eq!(
+            calls,
+            [("DELETE".to_string(), 404), ("GET".to_string(), 404)],
+            "one DELETE, one GetInstance, no retry"
+        );
+    }
+    assert!(f.oci.removed().is_empty());
+    assert!(f.acted().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_after_a_restart_ends_well_however_oci_answers_it() {
+    for repeat in [Repeat::NotFound, Repeat::IncorrectState, Repeat::Accepted] {
+        let f = fixture_with(repeat, false).await;
+        let node = f.victim().await.metadata.name.unwrap();
+        let req = ReplacementRequest::new(&node, "repair", "restart");
+        f.provider(OciMode::Terminate)
+            .replace_now(&req)
+            .await
+            .unwrap();
+        // A restarted controller: a fresh provider, the instance terminating (held).
+        let t = f
+            .provider(OciMode::Terminate)
+            .replace_now(&req)
+            .await
+            .unwrap_or_else(|e| panic!("{repeat:?}: {e}"));
+        assert!(t.reference.is_some());
+        assert_eq!(f.acted().len(), 1, "{repeat:?}: {:?}", f.oci.calls());
+        let statuses: Vec<u16> = f.oci.calls().iter().map(|c| c.status).collect();
+        let want: &[u16] = match repeat {
+            Repeat::NotFound => &[204, 404, 200],
+            Repeat::IncorrectState => &[204, 409, 200],
+            Repeat::Accepted => &[204, 204],
+        };
+        assert_eq!(statuses, want, "{repeat:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicts_and_a_passing_401_are_retried_and_501_is_not() {
+    let f = fixture().await;
+    let nodes = f.node_names().await;
+    let p = f.provider(OciMode::Terminate);
+    // LockConflict retried; IncorrectState: GetInstance (here answered by a single 401, a clock
+    // or key rotation settling), then retried.
+    f.oci.fail_next_with(&[
+        (409, "LockConflict"),
+        (409, "IncorrectState"),
+        (401, "NotAuthenticated"),
+    ]);
+    p.replace_now(&ReplacementRequest::new(&nodes[0], "repair", "c1"))
+        .await
+        .unwrap();
+    let calls: Vec<(String, u16)> = f
+        .oci
+        .calls()
+        .iter()
+        .map(|c| (c.method.clone(), c.status))
+        .collect();
+    let want: Vec<(String, u16)> = [
+        ("DELETE", 409),
+        ("DELETE", 409),
+        ("GET", 401),
+        ("DELETE", 204),
+    ]
+    .iter()
+    .map(|(m, s)| (m.to_string(), *s))
+    .collect();
+    assert_eq!(calls, want);
+    assert_eq!(f.acted().len(), 1);
+    // IncorrectState on an instance that is RUNNING: GetInstance, then retried.
+    f.oci.fail_next_with(&[(409, "IncorrectState")]);
+    let sent = f.oci.calls().len();
+    p.replace_now(&ReplacementRequest::new(&nodes[2], "repair", "c2"))
+        .await
+        .unwrap();
+    let calls: Vec<(String, u16)> = f.oci.calls()[sent..]
+        .iter()
+        .map(|c| (c.method.clone(), c.status))
+        .collect();
+    let want: Vec<(String, u16)> = [("DELETE", 409), ("GET", 200), ("DELETE", 204)]
+        .iter()
+        .map(|(m, s)| (m.to_string(), *s))
+        .collect();
+    assert_eq!(calls, want);
+    assert_eq!(f.acted().len(), 2);
+    // 501 NotImplemented and another 409 are permanent at once.
+    for (status, code) in [(501, "MethodNotImplemented"), (409, "Conflict")] {
+        let sent = f.oci.calls().len();
+        f.oci.fail_next_with(&[(status, code)]);
+        let err = p
+            .replace_now(&ReplacementRequest::new(&nodes[1], "repair", code))
+            .await
+            .unwrap_err();
+        assert!(
+            err.is_permanent() && err.to_string().contains(code),
+            "{err}"
+        );
+        assert_eq!(f.oci.calls().len(), sent + 1, "not retried");
+    }
+    assert_eq!(f.acted().len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -551,15 +750,27 @@ async fn node_pool_mode_deletes_the_node_from_its_oke_pool() {
     let instance = instance_of(&victim);
     let pool = annotation(&victim, NODE_POOL_ANNOTATION).unwrap();
     let p = f.provider(OciMode::NodePool);
-    let t = p
-        .request_replacement(&ReplacementRequest::new(&node, "repair", "e1"))
-        .await
-        .unwrap();
+    // The request sends nothing: the removal waits for nodekeeper's drain (retire).
+    let req = ReplacementRequest::new(&node, "repair", "e1");
+    let t = p.request_replacement(&req).await.unwrap();
+    assert!(f.oci.calls().is_empty(), "{:?}", f.oci.calls());
+    p.retire(&req).await.unwrap();
+    // retire returned once OKE's work request SUCCEEDED (followed with GetWorkRequest).
+    let wr = format!("ocid1.clustersworkrequest.oc1.sim.{instance}");
+    assert_eq!(
+        f.oci.work_requests().get(&wr).map(String::as_str),
+        Some("SUCCEEDED")
+    );
+    assert!(f
+        .oci
+        .calls()
+        .iter()
+        .any(|c| c.method == "GET" && c.path == format!("/20180222/workRequests/{wr}")));
     let calls = f.acted();
     assert_eq!(calls.len(), 1, "{:?}", f.oci.calls());
     assert_eq!(
         calls[0].path,
-        format!("/20180222/nodePools/{pool}/node/{instance}?isDecrementSize=false")
+        format!("/20180222/nodePools/{pool}/node/{instance}?isDecrementSize=false&isForceDeletionAfterOverrideGraceDuration=true&overrideEvictionGraceDuration=PT0M")
     );
     assert_eq!(calls[0].status, 202);
     let new_node = wait_ready(&p, &t).await;
@@ -589,7 +800,7 @@ async fn node_pool_mode_deletes_the_node_from_its_oke_pool() {
         .unwrap();
     let sent = f.oci.calls().len();
     let err = p
-        .request_replacement(&ReplacementRequest::new(&bare, "repair", "e2"))
+        .replace_now(&ReplacementRequest::new(&bare, "repair", "e2"))
         .await
         .unwrap_err();
     assert!(
@@ -600,12 +811,34 @@ async fn node_pool_mode_deletes_the_node_from_its_oke_pool() {
     // A node that is not an OCI instance: permanent, nothing sent.
     let mut req = ReplacementRequest::new(&new_node, "repair", "e3");
     req.provider_id = Some("aws:///eu-west-1a/i-0abc".into());
-    let err = p.request_replacement(&req).await.unwrap_err();
+    let err = p.replace_now(&req).await.unwrap_err();
     assert!(
         err.is_permanent() && err.to_string().contains("i-0abc"),
         "{err}"
     );
     assert_eq!(f.oci.calls().len(), sent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delete_node_work_request_is_a_permanent_error() {
+    let f = failing_work_requests().await;
+    f.oci.release();
+    let node = f.victim().await.metadata.name.unwrap();
+    let p = f.provider(OciMode::NodePool);
+    let req = ReplacementRequest::new(&node, "repair", "wr-fail");
+    p.request_replacement(&req).await.unwrap();
+    let err = p.retire(&req).await.unwrap_err();
+    assert!(err.is_permanent(), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&node) && msg.contains("FAILED") && msg.contains("InternalError"),
+        "{msg}"
+    );
+    // The node is still there; asked again (the engine's next pass), DeleteNode is sent again.
+    assert!(f.node_names().await.contains(&node));
+    let sent = f.acted().len();
+    let _ = p.retire(&req).await;
+    assert_eq!(f.acted().len(), sent + 1, "{:?}", f.oci.calls());
 }
 
 fn parse(toml_text: &str) -> ProviderConfig {
@@ -625,7 +858,7 @@ fn config_is_validated_with_diagnostics() {
     assert_eq!(o.mode, OciMode::NodePool);
     assert_eq!(
         o.base_url(),
-        "https://containerengine.eu-frankfurt-1.oraclecloud.com"
+        "https://containerengine.eu-frankfurt-1.oci.oraclecloud.com"
     );
     let mut t = o.clone();
     t.mode = OciMode::Terminate;
@@ -685,6 +918,16 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
         timeout: Duration::from_secs(1),
         max_attempts: 1,
         backoff: Duration::from_millis(1),
+        eviction_grace: Duration::ZERO,
+        force_delete_after_grace: true,
+        auth: OciAuth::ApiKey,
+        token_endpoint: None,
+        service_account_token_file: PathBuf::new(),
+        service_account_ca_file: PathBuf::new(),
+        metadata_url: String::new(),
+        auth_endpoint: None,
+        work_request_timeout: Duration::from_secs(1),
+        work_request_poll: Duration::from_millis(10),
     };
     let missing = dir.path().join("missing.pem");
     let err = Oci::new(base(missing.clone()), c.client.clone(), true).unwrap_err();
@@ -708,7 +951,7 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
     // Built through the generic constructor, as the controller does.
     let key = test_key(dir.path(), "ok");
     let p = nodekeeper_core::controller::provider::build(
-        &ProviderConfig::Oci(base(key.pkcs1.clone())),
+        &ProviderConfig::Oci(Box::new(base(key.pkcs1.clone()))),
         c.client.clone(),
         true,
     )
@@ -730,7 +973,7 @@ async fn the_controller_replaces_an_interrupted_node_through_kind_oci() {
     let node = victim.metadata.name.clone().unwrap();
     let instance = instance_of(&victim);
     let mut cfg = engine_support::controller_config("oci-engine");
-    cfg.provider = ProviderConfig::Oci(config(&f.oci, &f.key, &f.ca, OciMode::Terminate));
+    cfg.provider = ProviderConfig::Oci(Box::new(config(&f.oci, &f.key, &f.ca, OciMode::Terminate)));
     // the stand-in is on loopback
     cfg.allow_loopback_destinations = true;
     let ctl = engine_support::controller(&f.cluster, &cfg, PolicyConfig::default(), None).await;
@@ -847,7 +1090,7 @@ async fn the_sim_subcommand_serves_the_stand_in_for_a_cluster() {
     cfg.mode = OciMode::NodePool;
     let p = Oci::new(cfg, cluster.client.clone(), true).unwrap();
     let t = p
-        .request_replacement(&ReplacementRequest::new(&node, "repair", "cli"))
+        .replace_now(&ReplacementRequest::new(&node, "repair", "cli"))
         .await
         .unwrap();
     let new_node = wait_ready(&p, &t).await;
@@ -860,4 +1103,25 @@ async fn the_sim_subcommand_serves_the_stand_in_for_a_cluster() {
         annotation(&fresh, NODE_POOL_ANNOTATION),
         annotation(&victim, NODE_POOL_ANNOTATION)
     );
+}
+
+#[test]
+fn the_stand_in_checks_delete_nodes_query_as_the_api_defines_it() {
+    use oci_compute::check_delete_node_query as check;
+    assert_eq!(check(""), Ok(()));
+    assert_eq!(
+        check("isDecrementSize=false&isForceDeletionAfterOverrideGraceDuration=true&overrideEvictionGraceDuration=PT0M"),
+        Ok(())
+    );
+    assert_eq!(check("overrideEvictionGraceDuration=PT60M"), Ok(()));
+    for bad in [
+        "overrideEvictionGraceDuration=PT61M",
+        "overrideEvictionGraceDuration=0",
+        "overrideEvictionGraceDuration=PT1H",
+        "isDecrementSize=no",
+        "isForceDeletionAfterOverrideGraceDuration=",
+        "preserveBootVolume=false",
+    ] {
+        assert!(check(bad).is_err(), "{bad}");
+    }
 }

@@ -258,35 +258,80 @@ async fn oversized_bodies_and_oci_endpoint_abuse_are_rejected() {
         refused_unread(r, &path);
     }
 
-    // OCI Events: wrong or missing shared secret (path and header): 401, every time.
+    // OCI Events: wrong or missing shared secret, in the forms OCI Notifications sends (path,
+    // Basic) and in the header that is off by default: 401 with a Basic challenge and no body,
+    // every time, each counted.
     let ev = serde_json::to_vec(
         &json!({"eventType": nodekeeper_core::controller::oci_events::PREEMPTION,
         "data": {"resourceId": "ocid1.instance.oc1.phx.n0"}}),
     )
     .unwrap();
     let near = format!("{}X", &OCI_TOKEN[..OCI_TOKEN.len() - 1]);
+    let basic = |user: &str, pass: &str| {
+        use base64::Engine;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"))
+        )
+    };
+    let (wrong_user, wrong_pass) = (basic("admin", OCI_TOKEN), basic("nodekeeper", &near));
     let attempts: Vec<(String, Vec<(&str, &str)>)> = vec![
         ("/v1/oci-events".into(), vec![]),
         (
             "/v1/oci-events".into(),
             vec![("x-nodekeeper-token", "wrong")],
         ),
-        ("/v1/oci-events".into(), vec![("x-nodekeeper-token", "")]),
+        // The header form is an opt-in extra, off here: even the right secret there is refused.
+        (
+            "/v1/oci-events".into(),
+            vec![("x-nodekeeper-token", OCI_TOKEN)],
+        ),
         ("/v1/oci-events".into(), vec![("authorization", OCI_TOKEN)]),
+        (
+            "/v1/oci-events".into(),
+            vec![("authorization", &wrong_user)],
+        ),
+        (
+            "/v1/oci-events".into(),
+            vec![("authorization", &wrong_pass)],
+        ),
         (format!("/v1/oci-events/{near}"), vec![]),
         (format!("/v1/oci-events/{OCI_TOKEN}{OCI_TOKEN}"), vec![]),
         ("/v1/oci-events/%20".into(), vec![]),
     ];
+    let refused_before = ctl.app.oci.as_ref().unwrap().unauthorized.load(Relaxed);
     for (path, headers) in &attempts {
         for _ in 0..TRIES {
-            let (code, _) = request(&http, "POST", &url(path), None, headers, Some(ev.clone()))
-                .await
-                .unwrap();
-            assert_eq!(code, 401, "{path} {headers:?}");
+            let mut req = http.post(url(path)).body(ev.clone());
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status().as_u16(), 401, "{path} {headers:?}");
+            let challenge = resp
+                .headers()
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            assert!(challenge.starts_with("Basic "), "{path}: {challenge:?}");
+            let body = resp.bytes().await.unwrap();
+            assert!(body.is_empty(), "{path}: nothing echoed: {body:?}");
         }
     }
+    let refused = ctl.app.oci.as_ref().unwrap().unauthorized.load(Relaxed) - refused_before;
+    assert_eq!(refused, (attempts.len() * TRIES) as u64, "each 401 counted");
+    let metrics = get(&http, ctl.addr, "/metrics").await.unwrap().1;
+    assert!(
+        metrics.contains(&format!(
+            "nodekeeper_oci_events_unauthorized_total {}",
+            refused_before + refused
+        )),
+        "{metrics}"
+    );
     assert_eq!(ctl.app.states.counters.node_events.load(Relaxed), 0);
-    // The right secret is accepted (so the 401s above are about the secret, not the request).
+    // The right secret is accepted (so the 401s above are about the secret, not the request):
+    // in the path, then with Basic authentication (the same event: no second Event).
     let (code, body) = request(
         &http,
         "POST",
@@ -299,6 +344,19 @@ async fn oversized_bodies_and_oci_endpoint_abuse_are_rejected() {
     .unwrap();
     assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
     assert_eq!(ctl.app.states.counters.node_events.load(Relaxed), 1);
+    let good = basic("nodekeeper", OCI_TOKEN);
+    let (code, body) = request(
+        &http,
+        "POST",
+        &url("/v1/oci-events"),
+        None,
+        &[("authorization", &good)],
+        Some(ev.clone()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("\"new\":false"));
     // A report token is no OCI secret and vice versa.
     let (code, _) = request(
         &http,

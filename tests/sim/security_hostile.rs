@@ -574,9 +574,9 @@ async fn the_oci_confirmation_url_is_no_port_scanner() {
         let (code, text) = request(
             &http,
             "POST",
-            &url(ctl.addr, "/v1/oci-events"),
+            &url(ctl.addr, &format!("/v1/oci-events/{OCI_TOKEN}")),
             None,
-            &[("x-nodekeeper-token", OCI_TOKEN)],
+            &[],
             Some(body),
         )
         .await

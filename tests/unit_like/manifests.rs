@@ -292,7 +292,34 @@ fn workloads_have_the_required_shape() {
         .flat_map(|t| t.match_expressions.iter().flatten())
         .any(|e| e.key == "karpenter.sh/nodepool" && e.operator == "DoesNotExist"));
     assert_eq!(a.pdbs.len(), 1);
-    assert_eq!(a.services.len(), 1);
+    // The report API (every replica) and the OCI Events deliveries (the leader's pod only).
+    let selectors: Vec<(String, Option<String>)> = a
+        .services
+        .iter()
+        .map(|s| {
+            let sel = s
+                .spec
+                .as_ref()
+                .unwrap()
+                .selector
+                .clone()
+                .unwrap_or_default();
+            (
+                s.metadata.name.clone().unwrap(),
+                sel.get("nodekeeper.io/leader").cloned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        selectors,
+        [
+            ("nodekeeper-controller".to_string(), None),
+            (
+                "nodekeeper-controller-events".to_string(),
+                Some("true".to_string())
+            ),
+        ]
+    );
 
     packaging_support::assert_admission_policy(&a, "nodekeeper");
     packaging_support::assert_flow_schemas(&a, "nodekeeper");

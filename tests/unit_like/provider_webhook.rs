@@ -252,7 +252,16 @@ fn config_parses_from_toml() {
     assert_eq!(k, ProviderConfig::Karpenter);
     let n: ProviderConfig = toml::from_str("kind = \"none\"").unwrap();
     assert_eq!(n, ProviderConfig::None);
-    assert!(toml::from_str::<ProviderConfig>("kind = \"oci\"").is_err());
+    // `kind = "oci"` alone parses (workload identity needs no API key); validation names what
+    // is missing: the region and, for the default `auth = "api-key"`, the key's settings.
+    let o: ProviderConfig = toml::from_str("kind = \"oci\"").unwrap();
+    let d = o.validate();
+    for key in ["region", "tenancy", "user", "fingerprint", "key_file"] {
+        assert!(
+            d.iter().any(|d| format!("{:?}", d.path).contains(key)),
+            "{key}: {d:?}"
+        );
+    }
 }
 
 #[test]

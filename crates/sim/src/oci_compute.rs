@@ -1,17 +1,39 @@
-//! A local stand-in of the two OCI API calls the `oci` replacement provider makes, served over HTTPS
+//! A local stand-in of the OCI API calls the `oci` replacement provider makes, served over HTTPS
 //! with a throw-away CA:
 //!
 //! - Compute `DELETE /20160918/instances/{instanceId}` (TerminateInstance): 204;
-//! - Container Engine `DELETE /20180222/nodePools/{nodePoolId}/node/{nodeId}` (DeleteNode): 202.
+//! - Compute `GET /20160918/instances/{instanceId}` (GetInstance): 200 with `lifecycleState`;
+//! - Container Engine `DELETE /20180222/nodePools/{nodePoolId}/node/{nodeId}` (DeleteNode): 202
+//!   with `opc-work-request-id`; its query checked as the API defines it (`isDecrementSize`,
+//!   `isForceDeletionAfterOverrideGraceDuration` booleans, `overrideEvictionGraceDuration` PT0M to
+//!   PT60M), else 400 `InvalidParameter`;
+//! - Container Engine `GET /20180222/workRequests/{id}` (GetWorkRequest): `status` IN_PROGRESS until
+//!   the node is replaced, then SUCCEEDED (FAILED with option `fail_work_requests`, the node left in
+//!   place), and `GET .../errors` (ListWorkRequestErrors).
+//!
+//! With `service_account_tokens`, it is also OKE's workload identity token endpoint (proxymux,
+//! `POST /resourcePrincipalSessionTokens`, on `proxymux_listen` too, e.g. `127.0.0.1:12250` where
+//! the OCI Go SDK looks for it), as the SDK's client expects it
+//! (`common/auth/federation_client_oke_workload_identity.go`): `Authorization: Bearer <service
+//! account token>`, body `{"podKey": "<public key PEM>"}`, answer a JSON string of base64 of
+//! `{"token": "ST$<JWT>"}` (JWT claims `iat`, `exp`: `session_ttl`). Requests signed with
+//! `keyId="ST$<JWT>"` then verify with that session's public key until it expires. The SDK's own
+//! auth provider gets a working session from it (tests/host/oci_sdk_crosscheck.rs).
+//!
+//! Answers follow OCI's API errors page (docs.oracle.com `Content/API/References/apierrors.htm`),
+//! not the provider: an authenticated key without an IAM policy (option `unauthorized`) gets 404
+//! `NotAuthorizedOrNotFound` for every call, exactly as for a missing resource. How OCI answers a
+//! repeated DELETE of a terminating or terminated instance is not documented, so it is an option
+//! ([`Repeat`]), and the provider's tests run against each of its values.
 //!
 //! Every request must carry a valid OCI signature (version 1, RSA-SHA256, `date (request-target)
 //! host` at least, `Date` within 5 minutes): the stand-in rebuilds the signing string from the
 //! request it received and verifies it with the public key registered for the `keyId`, independently
 //! of the provider's signing code; a missing or bad signature is a 401 `NotAuthenticated` as on OCI.
-//! Every call is recorded; the next answers can be forced (429, 5xx) with [`OciCompute::fail_next`];
-//! with `hold`, accepted DELETEs wait for [`OciCompute::release`] (deterministic tests).
-//! A second DELETE of an instance that is terminating is a 409 `IncorrectState`, of one that is gone a
-//! 404 `NotAuthorizedOrNotFound`.
+//! Every call is recorded; the next answers can be forced with [`OciCompute::fail_next`] (each status
+//! with the error code OCI's API errors page gives it) or [`OciCompute::fail_next_with`] (a status
+//! and code, e.g. 409 `LockConflict`); with `hold`, accepted DELETEs wait for
+//! [`OciCompute::release`] (deterministic tests).
 //!
 //! With a cluster (`client`, e.g. the sim API server's), an accepted DELETE behaves like OCI plus the
 //! node pool: after `launch_delay` the Node whose `spec.providerID` is the instance is removed and a
@@ -96,6 +118,105 @@ pub struct OciComputeOptions {
     /// Hold accepted DELETEs (instances stay terminating, nodes untouched) until
     /// [`OciCompute::release`].
     pub hold: bool,
+    /// keyIds whose signatures verify but that no IAM policy allows anything: every call is a 404
+    /// `NotAuthorizedOrNotFound`, as OCI answers a caller lacking the policy.
+    pub unauthorized: std::collections::BTreeSet<String>,
+    /// How a DELETE of an instance already terminating or terminated is answered.
+    pub repeat: Repeat,
+    /// DeleteNode's work requests end FAILED and leave the node in place.
+    pub fail_work_requests: bool,
+    /// Service account tokens the workload identity token endpoint accepts (empty: no endpoint).
+    pub service_account_tokens: std::collections::BTreeSet<String>,
+    /// Lifetime of a session token (default 1 hour).
+    pub session_ttl: Option<Duration>,
+    /// A second address serving the same (e.g. `127.0.0.1:12250`, the SDK's proxymux port).
+    pub proxymux_listen: Option<SocketAddr>,
+    /// Also be an instance's identity for instance principals: the metadata service's
+    /// `/opc/v2/identity/{cert,key,intermediate}.pem` and `/opc/v2/instance/region`, and the auth
+    /// service's `POST /v1/x509` federation.
+    pub instance_identity: bool,
+}
+
+/// Tenancy OCID of the stand-in's instance identity (its certificate's `opc-tenant:` subject).
+pub const IDENTITY_TENANCY: &str = "ocid1.tenancy.oc1..simidentity";
+/// Region the stand-in's metadata service names.
+pub const IDENTITY_REGION: &str = "us-phoenix-1";
+
+/// An instance identity as the metadata service hands it out.
+struct Identity {
+    cert_pem: String,
+    key_pem: String,
+    intermediate_pem: String,
+    /// `<tenancy>/fed-x509-sha256/<SHA-256 of the certificate, lower-case hex pairs with `:`>`.
+    key_id: String,
+    /// The certificate key's `RSAPublicKey` DER.
+    public_der: Vec<u8>,
+}
+
+fn make_identity() -> Result<Identity, String> {
+    use rsa::pkcs1::EncodeRsaPublicKey;
+    use rsa::pkcs8::{EncodePrivateKey, LineEnding};
+    let key =
+        rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 2048).map_err(|e| e.to_string())?;
+    let pkcs8 = key.to_pkcs8_der().map_err(|e| e.to_string())?;
+    let key_pem = key
+        .to_pkcs8_pem(LineEnding::LF)
+        .map_err(|e| e.to_string())?
+        .to_string();
+    let public_der = key
+        .to_public_key()
+        .to_pkcs1_der()
+        .map_err(|e| e.to_string())?
+        .as_bytes()
+        .to_vec();
+    let der = rustls_pki_types::PrivatePkcs8KeyDer::from(pkcs8.as_bytes().to_vec());
+    let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&der, &rcgen::PKCS_RSA_SHA256)
+        .map_err(|e| e.to_string())?;
+    let mut params =
+        rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "ocid1.instance.oc1.sim.identity");
+    params.distinguished_name.push(
+        rcgen::DnType::OrganizationalUnitName,
+        format!("opc-tenant:{IDENTITY_TENANCY}"),
+    );
+    let cert = params.self_signed(&pair).map_err(|e| e.to_string())?;
+    let ca_key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    ca.distinguished_name.push(
+        rcgen::DnType::CommonName,
+        "PKISVC Identity Intermediate sim",
+    );
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let intermediate = ca.self_signed(&ca_key).map_err(|e| e.to_string())?;
+    use sha2::Digest;
+    let fp = sha2::Sha256::digest(cert.der().as_ref())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    Ok(Identity {
+        cert_pem: cert.pem(),
+        key_pem,
+        intermediate_pem: intermediate.pem(),
+        key_id: format!("{IDENTITY_TENANCY}/fed-x509-sha256/{fp}"),
+        public_der,
+    })
+}
+
+/// How a DELETE of an instance that is already terminating or terminated is answered. OCI does not
+/// document it; each value is a reading of its API errors page, and the provider must end well on
+/// every one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Repeat {
+    /// 404 `NotAuthorizedOrNotFound` ("the resource does not exist").
+    #[default]
+    NotFound,
+    /// 409 `IncorrectState` ("the resource is in a state in which the operation is not allowed").
+    IncorrectState,
+    /// Accepted again (204 / 202), starting nothing new.
+    Accepted,
 }
 
 /// One request the stand-in received.
@@ -111,12 +232,18 @@ pub struct Call {
     pub key_id: Option<String>,
     /// The `opc-request-id` header.
     pub request_id: Option<String>,
+    /// This call started an instance's termination.
+    pub started: bool,
+    /// The `Authorization` header as received (signing cross-checks compare it).
+    pub authorization: Option<String>,
+    /// The `Date` header.
+    pub date: Option<String>,
 }
 
 impl Call {
-    /// Whether this call removed an instance (an accepted DELETE).
+    /// Whether this call removed an instance (a DELETE that started a termination).
     pub fn acted(&self) -> bool {
-        self.method == "DELETE" && (self.status == 202 || self.status == 204)
+        self.started
     }
 }
 
@@ -128,10 +255,19 @@ enum Life {
 
 struct Shared {
     keys: BTreeMap<String, Vec<u8>>,
+    unauthorized: std::collections::BTreeSet<String>,
+    repeat: Repeat,
+    fail_work_requests: bool,
+    work_requests: Mutex<BTreeMap<String, &'static str>>,
+    sa_tokens: std::collections::BTreeSet<String>,
+    session_ttl: Duration,
+    /// Session JWT → (its public key, `RSAPublicKey` DER; expiry, epoch seconds).
+    sessions: Mutex<BTreeMap<String, (Vec<u8>, i64)>>,
+    identity: Option<Identity>,
     client: Option<kube::Client>,
     launch_delay: Duration,
     calls: Mutex<Vec<Call>>,
-    faults: Mutex<VecDeque<u16>>,
+    faults: Mutex<VecDeque<(u16, String)>>,
     instances: Mutex<BTreeMap<String, Life>>,
     launched: AtomicU64,
     released: tokio::sync::watch::Sender<bool>,
@@ -170,6 +306,21 @@ impl OciCompute {
         }
         let shared = Arc::new(Shared {
             keys,
+            unauthorized: opts.unauthorized,
+            repeat: opts.repeat,
+            fail_work_requests: opts.fail_work_requests,
+            work_requests: Mutex::new(BTreeMap::new()),
+            sa_tokens: opts.service_account_tokens,
+            session_ttl: opts.session_ttl.unwrap_or(Duration::from_secs(3600)),
+            sessions: Mutex::new(BTreeMap::new()),
+            identity: if opts.instance_identity {
+                Some(make_identity().map_err(|why| OciComputeError::Key {
+                    key_id: "instance identity".into(),
+                    why,
+                })?)
+            } else {
+                None
+            },
             client: opts.client,
             launch_delay: opts.launch_delay,
             calls: Mutex::new(Vec::new()),
@@ -192,6 +343,19 @@ impl OciCompute {
             .fallback(handle)
             .with_state(shared.clone());
         let cancel = CancellationToken::new();
+        if let Some(at) = opts.proxymux_listen {
+            let second = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| OciComputeError::Bind(at, e))?;
+            tokio::spawn(nodekeeper_core::serve::serve(
+                second,
+                router.clone(),
+                Some(tls.server.clone()),
+                nodekeeper_core::serve::ServeLimits::streaming(),
+                Default::default(),
+                cancel.clone(),
+            ));
+        }
         tokio::spawn(nodekeeper_core::serve::serve(
             listener,
             router,
@@ -213,14 +377,42 @@ impl OciCompute {
         lock(&self.shared.calls).clone()
     }
 
-    /// The next authenticated requests are answered with `statuses`, in order (e.g. `[429]`).
+    /// The next authenticated requests are answered with `statuses`, in order (e.g. `[429]`), each
+    /// with the error code OCI's API errors page lists first for it ([`error_code_of`]).
     pub fn fail_next(&self, statuses: &[u16]) {
-        lock(&self.shared.faults).extend(statuses.iter().copied());
+        lock(&self.shared.faults)
+            .extend(statuses.iter().map(|&s| (s, error_code_of(s).to_string())));
+    }
+
+    /// The next authenticated requests are answered with these statuses and error codes, in order
+    /// (e.g. `[(409, "LockConflict")]`).
+    pub fn fail_next_with(&self, answers: &[(u16, &str)]) {
+        lock(&self.shared.faults).extend(answers.iter().map(|&(s, c)| (s, c.to_string())));
     }
 
     /// Lets held DELETEs (option `hold`) proceed, now and from now on.
     pub fn release(&self) {
         self.shared.released.send_replace(true);
+    }
+
+    /// The `status` of each DeleteNode work request, by id.
+    pub fn work_requests(&self) -> BTreeMap<String, String> {
+        lock(&self.shared.work_requests)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect()
+    }
+
+    /// Revokes every session token issued so far: requests signed with them are refused 401.
+    pub fn revoke_sessions(&self) {
+        for (_, exp) in lock(&self.shared.sessions).values_mut() {
+            *exp = 0;
+        }
+    }
+
+    /// Session tokens issued by the workload identity endpoint so far.
+    pub fn sessions_issued(&self) -> usize {
+        lock(&self.shared.sessions).len()
     }
 
     /// Instances removed so far (terminating or terminated).
@@ -293,6 +485,19 @@ pub fn verify(
     headers: &HeaderMap,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<String, String> {
+    verify_with(keys, method, uri, headers, now, true)
+}
+
+/// [`verify`]; `host_signed = false` for the federation endpoint, whose requests the SDK signs
+/// without `host` (`common/auth/federation_client.go`: "host is not needed").
+fn verify_with(
+    keys: &BTreeMap<String, Vec<u8>>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    now: chrono::DateTime<chrono::Utc>,
+    host_signed: bool,
+) -> Result<String, String> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let auth = header("authorization").ok_or("no Authorization header")?;
     let p = signature_params(auth).ok_or("Authorization is not `Signature k=\"v\",...`")?;
@@ -304,7 +509,10 @@ pub fn verify(
         .get(key_id)
         .ok_or_else(|| format!("unknown keyId {key_id}"))?;
     let signed: Vec<&str> = p.get("headers").ok_or("no headers")?.split(' ').collect();
-    let mut required = vec!["date", "(request-target)", "host"];
+    let mut required = vec!["date", "(request-target)"];
+    if host_signed {
+        required.push("host");
+    }
     if matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
         required.extend(["content-length", "content-type", "x-content-sha256"]);
     }
@@ -346,6 +554,21 @@ pub fn verify(
     Ok(key_id.to_string())
 }
 
+/// The error code OCI's API errors page gives `status` (its first, for statuses with several).
+pub fn error_code_of(status: u16) -> &'static str {
+    match status {
+        400 => "InvalidParameter",
+        401 => "NotAuthenticated",
+        404 => "NotAuthorizedOrNotFound",
+        409 => "IncorrectState",
+        412 => "NoEtagMatch",
+        429 => "TooManyRequests",
+        501 => "MethodNotImplemented",
+        503 => "ServiceUnavailable",
+        _ => "InternalServerError",
+    }
+}
+
 fn error(status: StatusCode, code: &str, message: &str) -> Response {
     (
         status,
@@ -354,7 +577,7 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response {
         .into_response()
 }
 
-/// Which DELETE a path is: `(instance, Some(node pool))` for DeleteNode.
+/// Which call a path is: `(instance, Some(node pool))` for DeleteNode.
 fn route(path: &str) -> Option<(String, Option<String>)> {
     let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match segs.as_slice() {
@@ -371,19 +594,55 @@ async fn handle(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    _body: Bytes,
+    body: Bytes,
 ) -> Response {
-    let verified = verify(&s.keys, &method, &uri, &headers, chrono::Utc::now());
-    let resp = match &verified {
+    if uri.path() == "/resourcePrincipalSessionTokens" && !s.sa_tokens.is_empty() {
+        return session_token(&s, &method, &headers, &body);
+    }
+    if let Some(id) = &s.identity {
+        if let Some(r) = identity(&s, id, &method, &uri, &headers, &body) {
+            return r;
+        }
+    }
+    let now = chrono::Utc::now();
+    let keys = {
+        // The API keys, and the sessions not expired.
+        let mut keys = s.keys.clone();
+        for (jwt, (der, exp)) in lock(&s.sessions).iter() {
+            if *exp > now.timestamp() {
+                keys.insert(format!("ST${jwt}"), der.clone());
+            }
+        }
+        keys
+    };
+    let verified = verify(&keys, &method, &uri, &headers, now);
+    let (resp, started) = match &verified {
         Err(why) => {
             tracing::info!(%uri, why, "oci stand-in: not authenticated");
-            error(
-                StatusCode::UNAUTHORIZED,
-                "NotAuthenticated",
-                &format!("The required information to complete authentication was not provided or was incorrect: {why}"),
+            (
+                error(
+                    StatusCode::UNAUTHORIZED,
+                    "NotAuthenticated",
+                    &format!("The required information to complete authentication was not provided or was incorrect: {why}"),
+                ),
+                false,
             )
         }
+        Ok(key) if s.unauthorized.contains(key) => (
+            error(
+                StatusCode::NOT_FOUND,
+                "NotAuthorizedOrNotFound",
+                "Authorization failed or requested resource not found.",
+            ),
+            false,
+        ),
         Ok(_) => answer(&s, &method, &uri).await,
+    };
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
     };
     lock(&s.calls).push(Call {
         method: method.to_string(),
@@ -394,91 +653,360 @@ async fn handle(
             .get("opc-request-id")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
+        started,
+        authorization: header("authorization"),
+        date: header("date"),
     });
     resp
 }
 
-async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> Response {
-    if let Some(code) = lock(&s.faults).pop_front() {
+/// The answer to an authenticated, authorized call, and whether it started a termination.
+async fn answer(s: &Arc<Shared>, method: &Method, uri: &Uri) -> (Response, bool) {
+    let fault = lock(&s.faults).pop_front();
+    if let Some((code, name)) = fault {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let name = if code == 429 {
-            "TooManyRequests"
-        } else {
-            "InternalServerError"
-        };
-        return error(status, name, "injected by the stand-in");
+        return (error(status, &name, "injected by the stand-in"), false);
     }
-    let Some((instance, pool)) = route(uri.path()).filter(|_| *method == Method::DELETE) else {
-        return error(
+    let not_found = || {
+        error(
             StatusCode::NOT_FOUND,
             "NotAuthorizedOrNotFound",
-            "no such operation in the stand-in",
-        );
+            "Authorization failed or requested resource not found.",
+        )
     };
-    match lock(&s.instances).get(&instance) {
-        Some(Life::Terminating) => {
-            return error(
+    if let Some(r) = work_request(s, method, uri.path()) {
+        return (r, false);
+    }
+    let Some((instance, pool)) = route(uri.path()) else {
+        return (not_found(), false);
+    };
+    if pool.is_some() && *method == Method::DELETE {
+        if let Err(why) = check_delete_node_query(uri.query().unwrap_or_default()) {
+            return (
+                error(StatusCode::BAD_REQUEST, "InvalidParameter", &why),
+                false,
+            );
+        }
+    }
+    if *method == Method::GET && pool.is_none() {
+        return (get_instance(s, &instance).await, false);
+    }
+    if *method != Method::DELETE {
+        return (
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "NotAllowed",
+                "method not allowed",
+            ),
+            false,
+        );
+    }
+    let accepted = |pool: &Option<String>| {
+        let mut r = if pool.is_some() {
+            StatusCode::ACCEPTED.into_response()
+        } else {
+            StatusCode::NO_CONTENT.into_response()
+        };
+        if pool.is_some() {
+            if let Ok(v) = work_request_id(&instance).parse() {
+                r.headers_mut().insert("opc-work-request-id", v);
+            }
+        }
+        r
+    };
+    let known = lock(&s.instances).get(&instance).copied();
+    if known.is_some() {
+        let r = match s.repeat {
+            Repeat::NotFound => not_found(),
+            Repeat::IncorrectState => error(
                 StatusCode::CONFLICT,
                 "IncorrectState",
-                "instance is terminating",
-            )
-        }
-        Some(Life::Terminated) => {
-            return error(
-                StatusCode::NOT_FOUND,
-                "NotAuthorizedOrNotFound",
-                "instance is terminated",
-            )
-        }
-        None => {}
+                "The resource is in a state in which the operation is not allowed.",
+            ),
+            Repeat::Accepted => accepted(&pool),
+        };
+        return (r, false);
     }
     let node = match &s.client {
         Some(c) => match node_of(c, &instance).await {
             Ok(n) => n,
-            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &e),
+            Err(e) => {
+                return (
+                    error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &e),
+                    false,
+                )
+            }
         },
         None => None,
     };
     if s.client.is_some() && node.is_none() {
-        return error(
-            StatusCode::NOT_FOUND,
-            "NotAuthorizedOrNotFound",
-            "no such instance",
-        );
+        return (not_found(), false);
     }
     if let (Some(pool), Some(n)) = (&pool, &node) {
         if node_pool_id(n).as_deref() != Some(pool.as_str()) {
-            return error(
-                StatusCode::NOT_FOUND,
-                "NotAuthorizedOrNotFound",
-                "the instance is not a node of this node pool",
-            );
+            return (not_found(), false);
         }
     }
     lock(&s.instances).insert(instance.clone(), Life::Terminating);
+    let wr = pool.as_ref().map(|_| work_request_id(&instance));
+    if let Some(w) = &wr {
+        lock(&s.work_requests).insert(w.clone(), "IN_PROGRESS");
+    }
     let (s2, inst) = (s.clone(), instance.clone());
     let mut released = s.released.subscribe();
     tokio::spawn(async move {
         let _ = released.wait_for(|r| *r).await;
         tokio::time::sleep(s2.launch_delay).await;
+        if let (Some(w), true) = (&wr, s2.fail_work_requests) {
+            // OKE could not delete the node: it stays, its instance runs on.
+            lock(&s2.instances).remove(&inst);
+            lock(&s2.work_requests).insert(w.clone(), "FAILED");
+            return;
+        }
         if let (Some(c), Some(n)) = (&s2.client, node) {
             if let Err(e) = replace_node(&s2, c, n).await {
                 tracing::warn!(instance = %inst, error = %e, "oci stand-in: replacing the node failed");
             }
         }
         lock(&s2.instances).insert(inst, Life::Terminated);
+        if let Some(w) = wr {
+            lock(&s2.work_requests).insert(w, "SUCCEEDED");
+        }
     });
-    let mut r = if pool.is_some() {
-        StatusCode::ACCEPTED.into_response()
-    } else {
-        StatusCode::NO_CONTENT.into_response()
+    (accepted(&pool), true)
+}
+
+/// The instance identity's metadata paths and the auth service's federation; `None`: another path.
+fn identity(
+    s: &Shared,
+    id: &Identity,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Option<Response> {
+    let metadata = match uri.path() {
+        "/opc/v2/identity/cert.pem" => Some(id.cert_pem.as_str()),
+        "/opc/v2/identity/key.pem" => Some(id.key_pem.as_str()),
+        "/opc/v2/identity/intermediate.pem" => Some(id.intermediate_pem.as_str()),
+        "/opc/v2/instance/region" => Some(IDENTITY_REGION),
+        _ => None,
     };
-    if pool.is_some() {
-        if let Ok(v) = format!("ocid1.clustersworkrequest.oc1.sim.{instance}").parse() {
-            r.headers_mut().insert("opc-work-request-id", v);
+    if let Some(answer) = metadata {
+        // The metadata service v2 wants `Authorization: Bearer Oracle`.
+        let ok = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v == "Bearer Oracle");
+        return Some(if ok && *method == Method::GET {
+            (StatusCode::OK, answer.to_string()).into_response()
+        } else {
+            StatusCode::UNAUTHORIZED.into_response()
+        });
+    }
+    if uri.path() != "/v1/x509" {
+        return None;
+    }
+    let keys = BTreeMap::from([(id.key_id.clone(), id.public_der.clone())]);
+    if let Err(why) = verify_with(&keys, method, uri, headers, chrono::Utc::now(), false) {
+        return Some(error(StatusCode::UNAUTHORIZED, "NotAuthenticated", &why));
+    }
+    use sha2::Digest;
+    let digest = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(body));
+    if headers
+        .get("x-content-sha256")
+        .and_then(|v| v.to_str().ok())
+        != Some(digest.as_str())
+    {
+        return Some(error(
+            StatusCode::UNAUTHORIZED,
+            "NotAuthenticated",
+            "x-content-sha256 is not the body's",
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let der = v
+        .get("publicKey")
+        .and_then(|k| k.as_str())
+        .and_then(|k| base64::engine::general_purpose::STANDARD.decode(k).ok())
+        .and_then(|spki| rsa_public_key_from_spki(&spki));
+    let certificate = v
+        .get("certificate")
+        .and_then(|c| c.as_str())
+        .unwrap_or_default();
+    let ours: String = id
+        .cert_pem
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    let (Some(der), true) = (der, certificate == ours) else {
+        return Some(error(
+            StatusCode::BAD_REQUEST,
+            "InvalidParameter",
+            "publicKey is not a base64 SubjectPublicKeyInfo, or certificate is not the instance's",
+        ));
+    };
+    let jwt = mint_session(s, der);
+    Some(axum::Json(json!({"token": jwt})).into_response())
+}
+
+/// A session JWT for the public key `der` (`RSAPublicKey` DER), registered for verification.
+fn mint_session(s: &Shared, der: Vec<u8>) -> String {
+    let iat = chrono::Utc::now().timestamp();
+    let exp = iat + i64::try_from(s.session_ttl.as_secs()).unwrap_or(3600);
+    let n = lock(&s.sessions).len();
+    let b64 = |v: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let jwt = format!(
+        "{}.{}.{}",
+        b64(json!({"alg": "RS256", "typ": "JWT"})),
+        // The claims the SDK reads: `iat`, `exp`, `res_tenant` (its TenancyOCID),
+        // `res_compartment`.
+        b64(
+            json!({"iat": iat, "exp": exp, "sub": format!("ocid1.principal.sim.{n}"),
+            "res_type": "workload", "res_tenant": "ocid1.tenancy.oc1..sim",
+            "res_compartment": "ocid1.compartment.oc1..sim"})
+        ),
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"stand-in")
+    );
+    lock(&s.sessions).insert(jwt.clone(), (der, exp));
+    jwt
+}
+
+/// OKE's workload identity token endpoint: a session for the posted public key.
+fn session_token(s: &Shared, method: &Method, headers: &HeaderMap, body: &[u8]) -> Response {
+    if *method != Method::POST {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "NotAllowed",
+            "method not allowed",
+        );
+    }
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !bearer.is_some_and(|t| s.sa_tokens.contains(t)) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "NotAuthenticated",
+            "no valid service account token",
+        );
+    }
+    let pod_key = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("podKey")?.as_str().map(str::to_string));
+    let Some(der) = pod_key.and_then(|pem| rsa_public_key_from_pem(&pem).ok()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "InvalidParameter",
+            "podKey is not a PEM public key",
+        );
+    };
+    let jwt = mint_session(s, der);
+    let inner = json!({"token": format!("ST${jwt}")}).to_string();
+    axum::Json(json!(
+        base64::engine::general_purpose::STANDARD.encode(inner)
+    ))
+    .into_response()
+}
+
+fn work_request_id(instance: &str) -> String {
+    format!("ocid1.clustersworkrequest.oc1.sim.{instance}")
+}
+
+/// DeleteNode's query as the Container Engine API defines it: booleans `isDecrementSize` and
+/// `isForceDeletionAfterOverrideGraceDuration`, `overrideEvictionGraceDuration` an ISO 8601
+/// duration from PT0M to PT60M.
+pub fn check_delete_node_query(query: &str) -> Result<(), String> {
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "isDecrementSize" | "isForceDeletionAfterOverrideGraceDuration" => {
+                if v != "true" && v != "false" {
+                    return Err(format!("{k}: `{v}` is not a boolean"));
+                }
+            }
+            "overrideEvictionGraceDuration" => {
+                let minutes = v
+                    .strip_prefix("PT")
+                    .and_then(|m| m.strip_suffix('M'))
+                    .and_then(|m| m.parse::<u32>().ok());
+                if minutes.is_none_or(|m| m > 60) {
+                    return Err(format!("{k}: `{v}` is not a duration from PT0M to PT60M"));
+                }
+            }
+            other => return Err(format!("unknown query parameter `{other}`")),
         }
     }
-    r
+    Ok(())
+}
+
+/// GetWorkRequest and ListWorkRequestErrors of the DeleteNode work requests; `None`: another path.
+fn work_request(s: &Shared, method: &Method, path: &str) -> Option<Response> {
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (id, errors) = match segs.as_slice() {
+        ["20180222", "workRequests", id] => (*id, false),
+        ["20180222", "workRequests", id, "errors"] => (*id, true),
+        _ => return None,
+    };
+    if *method != Method::GET {
+        return Some(error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "NotAllowed",
+            "method not allowed",
+        ));
+    }
+    let Some(status) = lock(&s.work_requests).get(id).copied() else {
+        return Some(error(
+            StatusCode::NOT_FOUND,
+            "NotAuthorizedOrNotFound",
+            "Authorization failed or requested resource not found.",
+        ));
+    };
+    Some(if errors {
+        let list = if status == "FAILED" {
+            json!([{"code": "InternalError", "message": "the stand-in was told to fail this work request",
+                    "timestamp": chrono::Utc::now().to_rfc3339()}])
+        } else {
+            json!([])
+        };
+        axum::Json(list).into_response()
+    } else {
+        axum::Json(json!({"id": id, "operationType": "NODEPOOL_UPDATE", "status": status}))
+            .into_response()
+    })
+}
+
+/// GetInstance: the instance's `lifecycleState` (TERMINATING / TERMINATED once deleted here,
+/// RUNNING while a Node stands for it), else 404.
+async fn get_instance(s: &Arc<Shared>, instance: &str) -> Response {
+    let life = lock(&s.instances).get(instance).copied();
+    let state = match life {
+        Some(Life::Terminating) => "TERMINATING",
+        Some(Life::Terminated) => "TERMINATED",
+        None => {
+            let exists = match &s.client {
+                Some(c) => match node_of(c, instance).await {
+                    Ok(n) => n.is_some(),
+                    Err(e) => {
+                        return error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", &e)
+                    }
+                },
+                None => false,
+            };
+            if !exists {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    "NotAuthorizedOrNotFound",
+                    "Authorization failed or requested resource not found.",
+                );
+            }
+            "RUNNING"
+        }
+    };
+    axum::Json(json!({"id": instance, "lifecycleState": state})).into_response()
 }
 
 async fn node_of(c: &kube::Client, instance: &str) -> Result<Option<Node>, String> {
@@ -618,6 +1146,10 @@ pub async fn run(
         launch_delay: args.launch_delay,
         listen: Some(args.listen),
         hold: false,
+        unauthorized: Default::default(),
+        repeat: Repeat::default(),
+        fail_work_requests: false,
+        ..Default::default()
     })
     .await?;
     std::fs::write(&args.ca_out, &sim.ca_pem)

@@ -224,6 +224,13 @@ pub struct LeaderConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub renew_interval: Option<Duration>,
+    /// Label this replica's own pod `nodekeeper.io/leader=true|false` with its leadership, for a
+    /// Service that routes OCI Events deliveries to the leader only (the shipped manifests set it).
+    pub pod_label: bool,
+    /// The pod to label (default: the host name, which is the pod's name in Kubernetes), in
+    /// `[controller] namespace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
 }
 
 impl Default for LeaderConfig {
@@ -234,6 +241,8 @@ impl Default for LeaderConfig {
             lease_duration: Duration::from_secs(20),
             retry_period: Duration::from_secs(2),
             renew_interval: None,
+            pod_label: false,
+            pod_name: None,
         }
     }
 }
@@ -259,10 +268,20 @@ pub struct OciEventsConfig {
     pub enabled: bool,
     /// URL path prefix; the secret token may follow as the last segment (`<path>/<token>`).
     pub path: String,
-    /// The shared secret (in the URL path or the `header`); required when enabled.
+    /// The shared secret: the last URL path segment, or the password of HTTP Basic authentication
+    /// (`https://<username>:<token>@host<path>`), the two forms an OCI Notifications HTTPS
+    /// subscription can send. Required when enabled, unless `token_file` is set.
     pub token: Secret,
-    /// Header that may carry the secret instead of the path.
-    pub header: String,
+    /// A file holding the secret instead of `token` (a mounted Kubernetes Secret); read at start,
+    /// surrounding whitespace trimmed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// The user name of HTTP Basic authentication.
+    pub username: String,
+    /// A header that may carry the secret too: an extra for senders other than OCI Notifications
+    /// (which sends no custom header). Off (unset) by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
     /// Confirm subscriptions by fetching the `ConfirmationURL` (off: only log it).
     pub confirm_subscriptions: bool,
 }
@@ -273,7 +292,9 @@ impl Default for OciEventsConfig {
             enabled: false,
             path: "/v1/oci-events".into(),
             token: Secret::default(),
-            header: "x-nodekeeper-token".into(),
+            token_file: None,
+            username: "nodekeeper".into(),
+            header: None,
             confirm_subscriptions: true,
         }
     }
@@ -412,12 +433,34 @@ impl ControllerConfig {
                 );
             }
         }
-        if self.oci_events.enabled && self.oci_events.token.expose().len() < 16 {
+        let oci = &self.oci_events;
+        let at = |k: &str| cfg_path!["controller", "oci_events", k];
+        match (&oci.token_file, oci.token.expose().is_empty()) {
+            (Some(_), false) => err(
+                &mut d,
+                at("token_file"),
+                "set `token` or `token_file`, not both",
+            ),
+            (None, _) if oci.enabled && oci.token.expose().len() < 16 => err(
+                &mut d,
+                at("token"),
+                "must be at least 16 characters when oci_events is enabled (or set `token_file`)",
+            ),
+            _ => {}
+        }
+        if oci.enabled
+            && (oci.username.is_empty() || oci.username.contains(':') || !oci.username.is_ascii())
+        {
             err(
                 &mut d,
-                cfg_path!["controller", "oci_events", "token"],
-                "must be at least 16 characters when oci_events is enabled",
+                at("username"),
+                "must be a non-empty ASCII name without `:` (HTTP Basic authentication)",
             );
+        }
+        if oci.header.as_deref().is_some_and(|h| {
+            h.is_empty() || axum::http::HeaderName::from_bytes(h.as_bytes()).is_err()
+        }) {
+            err(&mut d, at("header"), "must be an HTTP header name");
         }
         d
     }
@@ -426,6 +469,49 @@ impl ControllerConfig {
 #[cfg(test)]
 mod tests {
     use crate::config::{Config, Env};
+
+    #[test]
+    fn oci_events_credentials_are_validated_at_their_keys() {
+        let load = |oci: &str| {
+            let text = format!(
+                "[controller]\nlisten = \"127.0.0.1:8443\"\ninsecure_plain_http = true\n\
+                 service_account = \"system:serviceaccount:nodekeeper:nodekeeper-agent\"\n\
+                 [controller.oci_events]\nenabled = true\n{oci}"
+            );
+            Config::load_str(std::path::Path::new("t.toml"), &text, &Env::default())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(load("token = \"0123456789abcdef\"\n"), Ok(()));
+        assert_eq!(load("token_file = \"/etc/nk/token\"\n"), Ok(()));
+        assert_eq!(
+            load("token = \"0123456789abcdef\"\nheader = \"x-nodekeeper-token\"\n"),
+            Ok(())
+        );
+        for (oci, key) in [
+            ("token = \"short\"\n", "token"),
+            ("", "token"),
+            (
+                "token = \"0123456789abcdef\"\ntoken_file = \"/t\"\n",
+                "token_file",
+            ),
+            (
+                "token = \"0123456789abcdef\"\nusername = \"a:b\"\n",
+                "username",
+            ),
+            (
+                "token = \"0123456789abcdef\"\nusername = \"\"\n",
+                "username",
+            ),
+            (
+                "token = \"0123456789abcdef\"\nheader = \"bad header\"\n",
+                "header",
+            ),
+        ] {
+            let err = load(oci).unwrap_err();
+            assert!(err.contains(&format!("oci_events.{key}")), "{oci:?}: {err}");
+        }
+    }
 
     #[test]
     fn secrets_are_redacted_and_sections_validated() {

@@ -20,6 +20,7 @@ pub mod fresh;
 pub mod labels;
 pub mod lane;
 pub mod leader;
+pub mod leader_pod;
 pub mod limits;
 pub mod metrics;
 pub mod nodepools;
@@ -82,6 +83,9 @@ pub enum ControllerError {
     /// The notice lane could not be started.
     #[error(transparent)]
     Lane(#[from] lane::LaneError),
+    /// The OCI Events secret file could not be read.
+    #[error(transparent)]
+    OciEvents(#[from] oci_events::SecretFileError),
     /// A supervised task ended or panicked (the Lease was released).
     #[error(transparent)]
     TaskDied(supervise::TaskDied),
@@ -146,12 +150,20 @@ impl Running {
 
 fn identity(cfg: &ControllerConfig) -> String {
     cfg.leader.identity.clone().unwrap_or_else(|| {
-        let host = nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_else(|| "controller".into());
-        format!("{host}-{:06x}", rand::rng().random::<u32>() & 0xff_ffff)
+        format!(
+            "{}-{:06x}",
+            host_name(),
+            rand::rng().random::<u32>() & 0xff_ffff
+        )
     })
+}
+
+/// The host name: a pod's name in Kubernetes.
+fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "controller".into())
 }
 
 /// Starts every part of the controller with `client`, without the disruption engine.
@@ -236,6 +248,19 @@ pub async fn start_under(
         leader::Timing::from(&cfg.leader),
     );
     let election = tokio::spawn(elector.run(leader_tx, cancel.clone()));
+    if cfg.leader.pod_label {
+        let pod = cfg.leader.pod_name.clone().unwrap_or_else(host_name);
+        tasks.spawn(
+            "leader pod label",
+            leader_pod::run(
+                Api::namespaced(client.clone(), &cfg.namespace),
+                pod,
+                leader_rx.clone(),
+                cfg.leader.retry_period,
+                cancel.clone(),
+            ),
+        );
+    }
     let recorder = events::Recorder::new(client.clone(), &id, Some(store.clone()));
     let states = NodeStates::new(
         NodeStateConfig::from(cfg),
@@ -249,13 +274,17 @@ pub async fn start_under(
         "node maintenance",
         states.clone().run_maintenance(period, cancel.clone()),
     );
-    let oci = cfg.oci_events.enabled.then(|| {
-        oci_events::OciEvents::new(
-            cfg.oci_events.clone(),
-            store.clone(),
-            cfg.allow_loopback_destinations,
-        )
-    });
+    let oci = cfg
+        .oci_events
+        .enabled
+        .then(|| {
+            oci_events::OciEvents::new(
+                cfg.oci_events.clone(),
+                store.clone(),
+                cfg.allow_loopback_destinations,
+            )
+        })
+        .transpose()?;
     let notifier = match cfg.notify.is_empty() {
         true => None,
         false => Some(Arc::new(notify::Notifier::start(

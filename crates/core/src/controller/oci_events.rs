@@ -1,7 +1,12 @@
 //! OCI Events ingestion through an OCI Notifications HTTPS subscription.
 //!
-//! - Authentication: a shared secret as the last URL path segment (`<path>/<token>`) or in the
-//!   configured header; compared in constant time. Anything else is 401.
+//! - Authentication ([`authenticate`]): a shared secret, in one of the two forms an OCI
+//!   Notifications HTTPS subscription can send (it sends no custom header): the last URL path
+//!   segment (`<path>/<token>`), or HTTP Basic authentication (`https://<username>:<token>@host<path>`);
+//!   a configured header only as an opt-in extra. Compared in constant time. Anything else is 401
+//!   with `WWW-Authenticate: Basic` and no body, counted (`nodekeeper_oci_events_unauthorized_total`).
+//! - A malformed envelope is 400 naming the field ([`Refusal::Malformed`]); an event type not
+//!   handled, or an instance that is no Node, is 200 (the latter logged once per instance).
 //! - Subscription confirmation: a message with a `ConfirmationURL` (body) or the
 //!   `X-OCI-NS-ConfirmationURL` header is confirmed by a GET of that URL (when enabled).
 //! - Events: `com.oraclecloud.computeapi.instancepreemptionaction` (Preemption),
@@ -35,25 +40,75 @@ pub const PREEMPTION: &str = "com.oraclecloud.computeapi.instancepreemptionactio
 pub const MAINTENANCE: &str = "com.oraclecloud.computeapi.instancemaintenance";
 /// Event type of a rescheduled maintenance.
 pub const RESCHEDULED: &str = "com.oraclecloud.computeapi.maintenancerescheduled";
+/// Event type of a maintenance that begins now.
+pub const MAINTENANCE_BEGIN: &str = "com.oraclecloud.computeapi.instancemaintenance.begin";
+/// Event type of a maintenance that ended.
+pub const MAINTENANCE_END: &str = "com.oraclecloud.computeapi.instancemaintenance.end";
 const CHANNEL: &str = "oci/events";
+
+/// Instances logged as "no Node" at most once each; past this many, the set starts over.
+const UNKNOWN_LOGGED_MAX: usize = 4096;
 
 /// The OCI Events endpoint's state.
 #[derive(Debug)]
 pub struct OciEvents {
     cfg: OciEventsConfig,
+    secret: crate::config::Secret,
     store: Store<Node>,
     http: Option<reqwest::Client>,
     allow_loopback: bool,
+    /// Deliveries refused for a missing or wrong credential.
+    pub unauthorized: std::sync::atomic::AtomicU64,
+    unknown_logged: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+/// The secret file could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("[controller.oci_events] token_file {}: {source}", path.display())]
+pub struct SecretFileError {
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// Cause.
+    #[source]
+    pub source: std::io::Error,
 }
 
 impl OciEvents {
     /// Ingestion with `cfg`, mapping instances through the Node cache; confirmation URLs on
     /// loopback addresses only with `allow_loopback` (`[controller] allow_loopback_destinations`).
-    pub fn new(cfg: OciEventsConfig, store: Store<Node>, allow_loopback: bool) -> Self {
-        OciEvents {
+    /// Reads `token_file` when set (too short a secret there is an error as in `token`).
+    pub fn new(
+        cfg: OciEventsConfig,
+        store: Store<Node>,
+        allow_loopback: bool,
+    ) -> Result<Self, SecretFileError> {
+        let secret = match &cfg.token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| SecretFileError {
+                    path: path.clone(),
+                    source,
+                })?;
+                let text = text.trim();
+                if text.len() < 16 {
+                    return Err(SecretFileError {
+                        path: path.clone(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            "the secret must be at least 16 characters",
+                        ),
+                    });
+                }
+                crate::config::Secret::new(text)
+            }
+            None => cfg.token.clone(),
+        };
+        Ok(OciEvents {
             cfg,
+            secret,
             store,
             allow_loopback,
+            unauthorized: Default::default(),
+            unknown_logged: Default::default(),
             http: crate::http::guarded_builder(None, allow_loopback)
                 .and_then(|b| Ok(b.timeout(std::time::Duration::from_secs(10)).build()?))
                 .map_err(|e| {
@@ -63,7 +118,7 @@ impl OciEvents {
                     )
                 })
                 .ok(),
-        }
+        })
     }
 
     /// The URL path.
@@ -71,12 +126,16 @@ impl OciEvents {
         &self.cfg.path
     }
 
-    fn token_ok(&self, given: Option<&str>) -> bool {
-        let want = self.cfg.token.expose().as_bytes();
-        match given {
-            Some(g) if !want.is_empty() => ct_eq(g.as_bytes(), want),
-            _ => false,
+    /// Whether this delivery's first log line about `instance` being no Node is still to come.
+    fn first_unknown(&self, instance: &str) -> bool {
+        let mut seen = self
+            .unknown_logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= UNKNOWN_LOGGED_MAX {
+            seen.clear();
         }
+        seen.insert(instance.to_string())
     }
 
     /// The node whose `spec.providerID` names `ocid` (one pass over the cache, no copies).
@@ -92,6 +151,55 @@ impl OciEvents {
     }
 }
 
+/// The credentials a delivery presented.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Presented<'a> {
+    /// The last path segment after the configured path, if the URL had one.
+    pub path_token: Option<&'a str>,
+    /// The `Authorization` header.
+    pub authorization: Option<&'a str>,
+    /// The configured extra header's value (only looked at when one is configured).
+    pub header: Option<&'a str>,
+}
+
+/// Whether `p` carries the secret (pure): the path segment equals it, or `Authorization: Basic`
+/// carries `username:secret`, or (only when `header_enabled`) the extra header equals it. An
+/// empty secret authorizes nothing.
+pub fn authenticate(p: &Presented<'_>, username: &str, secret: &str, header_enabled: bool) -> bool {
+    if secret.is_empty() {
+        return false;
+    }
+    let path_ok = p
+        .path_token
+        .is_some_and(|t| ct_eq(t.as_bytes(), secret.as_bytes()));
+    let basic_ok = p
+        .authorization
+        .and_then(basic_credentials)
+        .is_some_and(|(u, pw)| {
+            // Both compared, whatever the first gave: no timing difference between them.
+            ct_eq(u.as_bytes(), username.as_bytes()) & ct_eq(pw.as_bytes(), secret.as_bytes())
+        });
+    let header_ok = header_enabled
+        && p.header
+            .is_some_and(|h| ct_eq(h.as_bytes(), secret.as_bytes()));
+    path_ok | basic_ok | header_ok
+}
+
+/// `(user, password)` of an `Authorization: Basic <base64(user:password)>` value.
+pub fn basic_credentials(value: &str) -> Option<(String, String)> {
+    use base64::Engine;
+    let (scheme, rest) = value.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (u, p) = text.split_once(':')?;
+    Some((u.to_string(), p.to_string()))
+}
+
 fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     use sha2::{Digest, Sha256};
     let (x, y) = (Sha256::digest(a), Sha256::digest(b));
@@ -101,15 +209,12 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
         == 0
 }
 
-/// `POST <path>` (secret in the header).
+/// `POST <path>` (Basic authentication, or the opt-in header).
 pub async fn handle(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
     let Some(oci) = &app.oci else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    let given = headers
-        .get(oci.cfg.header.as_str())
-        .and_then(|v| v.to_str().ok());
-    let authorized = oci.token_ok(given);
+    let authorized = oci.authorized(None, &headers);
     read_then_process(&app, oci, authorized, &headers, body).await
 }
 
@@ -123,9 +228,29 @@ pub async fn handle_with_path_token(
     let Some(oci) = &app.oci else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    let authorized = oci.token_ok(Some(&token));
+    let authorized = oci.authorized(Some(&token), &headers);
     read_then_process(&app, oci, authorized, &headers, body).await
 }
+
+impl OciEvents {
+    fn authorized(&self, path_token: Option<&str>, headers: &HeaderMap) -> bool {
+        let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let header = self.cfg.header.as_deref();
+        authenticate(
+            &Presented {
+                path_token,
+                authorization: get("authorization"),
+                header: header.and_then(get),
+            },
+            &self.cfg.username,
+            self.secret.expose(),
+            header.is_some(),
+        )
+    }
+}
+
+/// The `WWW-Authenticate` challenge of a 401: HTTP Basic, the scheme OCI Notifications sends.
+pub const CHALLENGE: &str = "Basic realm=\"nodekeeper-oci-events\", charset=\"UTF-8\"";
 
 /// The headers first (a declared oversized body: 413; a missing or wrong secret: 401), then the
 /// body with the report API's limit and deadline: a caller without the secret costs O(headers).
@@ -140,9 +265,12 @@ async fn read_then_process(
         return app.refuse_body(r);
     }
     if !authorized {
+        oci.unauthorized
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // No body: nothing of the request is echoed to a caller without the secret.
         return (
             StatusCode::UNAUTHORIZED,
-            Json(json!({"error": "missing or wrong OCI events token"})),
+            [(axum::http::header::WWW_AUTHENTICATE, CHALLENGE)],
         )
             .into_response();
     }
@@ -158,7 +286,7 @@ async fn process(app: &App, oci: &OciEvents, headers: &HeaderMap, body: &[u8]) -
         Err(e) => {
             return (
                 StatusCode::BAD_REQUEST,
-                Json(json!({"error": format!("invalid JSON: {e}")})),
+                Json(json!({"error": format!("body: not JSON: {e}"), "field": "body"})),
             )
                 .into_response()
         }
@@ -177,7 +305,17 @@ async fn process(app: &App, oci: &OciEvents, headers: &HeaderMap, body: &[u8]) -
     }
     let parsed = match parse(&v) {
         Ok(p) => p,
-        Err(why) => return (StatusCode::OK, Json(json!({"ignored": why}))).into_response(),
+        Err(Refusal::Ignored(why)) => {
+            return (StatusCode::OK, Json(json!({"ignored": why}))).into_response()
+        }
+        Err(r @ Refusal::Malformed { field, .. }) => {
+            tracing::warn!(field, error = %r, "malformed OCI Events envelope");
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"error": r.to_string(), "field": field})),
+            )
+                .into_response();
+        }
     };
     if !app.ready.load(std::sync::atomic::Ordering::Relaxed) {
         // The node cache is not filled yet (a controller just started): the event's Node may be
@@ -191,7 +329,9 @@ async fn process(app: &App, oci: &OciEvents, headers: &HeaderMap, body: &[u8]) -
             .into_response();
     }
     let Some(node) = oci.node_for(&parsed.instance) else {
-        tracing::warn!(instance = %parsed.instance, "OCI event for an instance that is no Node");
+        if oci.first_unknown(&parsed.instance) {
+            tracing::warn!(instance = %parsed.instance, "OCI event for an instance that is no Node (logged once per instance)");
+        }
         return (
             StatusCode::OK,
             Json(json!({"ignored": format!("no node has providerID {}", parsed.instance)})),
@@ -364,19 +504,90 @@ pub struct Parsed {
     pub event: NodeEvent,
 }
 
-/// Maps an OCI Events envelope to a node event (Err: why it is ignored).
-pub fn parse(v: &Value) -> Result<Parsed, String> {
-    let etype = v
-        .get("eventType")
-        .and_then(Value::as_str)
-        .ok_or("no eventType")?;
-    let data = v.get("data").ok_or("no data")?;
-    let details = data.get("additionalDetails").cloned().unwrap_or(json!({}));
+/// Why an envelope is not turned into a node event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Not an OCI Events envelope nodekeeper can read: answered 400 naming `field`.
+    #[error("{field}: {why}")]
+    Malformed {
+        /// The envelope's field at fault, e.g. `eventType`, `data.resourceId`.
+        field: &'static str,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A well-formed event nodekeeper does not act on (another event type): answered 200.
+    #[error("{0}")]
+    Ignored(String),
+}
+
+/// Where a maintenance stands, from its event type and `lifecycleState` (the SDK's
+/// `InstanceMaintenanceEventLifecycleStateEnum`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaintenanceStep {
+    /// Announced for `timeWindowStart`: act before it.
+    Scheduled,
+    /// Under way (`.begin`, or STARTED / PROCESSING): act now if the notice was missed.
+    Now,
+    /// Over or withdrawn (`.end`, or SUCCEEDED / FAILED / CANCELED): withdraw the notice.
+    Over,
+}
+
+/// The maintenance step of `etype` in `state` (pure); `None` for a preemption.
+pub fn maintenance_step(etype: &str, state: &str) -> Option<MaintenanceStep> {
+    Some(match (etype, state) {
+        (PREEMPTION, _) => return None,
+        (MAINTENANCE_BEGIN, _) => MaintenanceStep::Now,
+        (MAINTENANCE_END, _) => MaintenanceStep::Over,
+        (_, "CANCELED" | "SUCCEEDED" | "FAILED") => MaintenanceStep::Over,
+        (_, "STARTED" | "PROCESSING") => MaintenanceStep::Now,
+        _ => MaintenanceStep::Scheduled,
+    })
+}
+
+/// Maps an OCI Events envelope to a node event (Err: malformed, or not handled).
+pub fn parse(v: &Value) -> Result<Parsed, Refusal> {
+    let bad = |field, why| Refusal::Malformed { field, why };
+    if !v.is_object() {
+        return Err(bad("body", "not a JSON object"));
+    }
+    let etype = match v.get("eventType") {
+        Some(Value::String(t)) if !t.is_empty() => t.as_str(),
+        Some(_) => return Err(bad("eventType", "not a non-empty string")),
+        None => return Err(bad("eventType", "missing")),
+    };
+    let handled = matches!(
+        etype,
+        PREEMPTION | MAINTENANCE | RESCHEDULED | MAINTENANCE_BEGIN | MAINTENANCE_END
+    );
+    if !handled {
+        return Err(Refusal::Ignored(format!(
+            "event type {etype} is not handled"
+        )));
+    }
+    let data = match v.get("data") {
+        Some(d) if d.is_object() => d,
+        Some(_) => return Err(bad("data", "not an object")),
+        None => return Err(bad("data", "missing")),
+    };
+    let details = match data.get("additionalDetails") {
+        None | Some(Value::Null) => json!({}),
+        Some(d) if d.is_object() => d.clone(),
+        Some(_) => return Err(bad("data.additionalDetails", "not an object")),
+    };
     let s = |x: &Value, k: &str| x.get(k).and_then(Value::as_str).map(str::to_string);
     let resource = s(data, "resourceId").unwrap_or_default();
     let instance = s(&details, "instanceId").unwrap_or_else(|| resource.clone());
-    if !instance.starts_with("ocid1.instance") {
-        return Err(format!("no instance OCID in {etype}"));
+    if !instance.starts_with("ocid1.instance.") {
+        return Err(match etype {
+            PREEMPTION => bad(
+                "data.resourceId",
+                "not an instance OCID (ocid1.instance...)",
+            ),
+            _ => bad(
+                "data.additionalDetails.instanceId",
+                "not an instance OCID (ocid1.instance...)",
+            ),
+        });
     }
     let mut detail = BTreeMap::new();
     detail.insert("eventType".to_string(), etype.to_string());
@@ -391,25 +602,40 @@ pub fn parse(v: &Value) -> Result<Parsed, String> {
             detail.insert(k.to_string(), crate::agent::sources::truncate(&x, 128));
         }
     }
-    let window = s(&details, "timeWindowStart");
-    let not_before = window
-        .as_deref()
-        .and_then(|w| chrono::DateTime::parse_from_rfc3339(w).ok())
-        .map(|t| t.with_timezone(&Utc));
-    let (kind, key) = match etype {
-        PREEMPTION => (EventKind::Preemption, instance.clone()),
-        MAINTENANCE | RESCHEDULED => {
+    // An empty value is no window (OCI leaves unset strings empty, e.g. `correlationToken`).
+    let window = s(&details, "timeWindowStart").filter(|w| !w.is_empty());
+    let not_before = match window.as_deref() {
+        None => None,
+        Some(w) => Some(
+            chrono::DateTime::parse_from_rfc3339(w)
+                .map_err(|_| {
+                    bad(
+                        "data.additionalDetails.timeWindowStart",
+                        "not an RFC 3339 time",
+                    )
+                })?
+                .with_timezone(&Utc),
+        ),
+    };
+    let state = s(&details, "lifecycleState").unwrap_or_default();
+    let (kind, key, not_before) = match maintenance_step(etype, &state) {
+        None => (EventKind::Preemption, instance.clone(), not_before),
+        Some(step) => {
+            // One maintenance (its event OCID) in one window: the scheduled notice, its begin and
+            // its end share the id, so a begin after the notice changes nothing and an end
+            // withdraws it; a rescheduled window is a new notice.
             let key = format!("{resource}|{}", window.clone().unwrap_or_default());
-            let state = s(&details, "lifecycleState").unwrap_or_default();
-            match state.as_str() {
-                "CANCELED" | "SUCCEEDED" | "FAILED" => {
-                    let of = event_id(Some(Cloud::Oci), CHANNEL, &EventKind::Maintenance, &key);
-                    (EventKind::Cancelled { of }, key)
+            let notice = || event_id(Some(Cloud::Oci), CHANNEL, &EventKind::Maintenance, &key);
+            match step {
+                MaintenanceStep::Scheduled => (EventKind::Maintenance, key, not_before),
+                MaintenanceStep::Now => {
+                    let now = Utc::now();
+                    let at = not_before.map_or(now, |t| t.min(now));
+                    (EventKind::Maintenance, key, Some(at))
                 }
-                _ => (EventKind::Maintenance, key),
+                MaintenanceStep::Over => (EventKind::Cancelled { of: notice() }, key, None),
             }
         }
-        other => return Err(format!("event type {other} is not handled")),
     };
     let id = event_id(Some(Cloud::Oci), CHANNEL, &kind, &key);
     Ok(Parsed {
@@ -429,6 +655,7 @@ pub fn parse(v: &Value) -> Result<Parsed, String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -459,6 +686,217 @@ mod tests {
                 "{url} allow_loopback={allow}"
             );
         }
+    }
+
+    #[test]
+    fn only_the_secret_in_a_form_oci_can_send_authenticates() {
+        use base64::Engine;
+        const SECRET: &str = "0123456789abcdef-secret";
+        let basic = |u: &str, p: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
+            )
+        };
+        let good = basic("nodekeeper", SECRET);
+        let wrong_user = basic("admin", SECRET);
+        let wrong_pass = basic("nodekeeper", "0123456789abcdef-secreT");
+        let lower = format!("basic {}", good.trim_start_matches("Basic "));
+        let p = |path_token, authorization, header| Presented {
+            path_token,
+            authorization,
+            header,
+        };
+        // (presented, header enabled, want)
+        let cases: [(Presented<'_>, bool, bool); 13] = [
+            (p(Some(SECRET), None, None), false, true),
+            (p(Some("wrong"), None, None), false, false),
+            (p(Some(""), None, None), false, false),
+            (p(None, Some(&good), None), false, true),
+            (p(None, Some(&lower), None), false, true),
+            (p(Some("wrong"), Some(&good), None), false, true),
+            (p(None, Some(&wrong_user), None), false, false),
+            (p(None, Some(&wrong_pass), None), false, false),
+            (p(None, Some("Bearer x"), None), false, false),
+            (p(None, Some("Basic !!notbase64"), None), false, false),
+            (p(None, None, Some(SECRET)), false, false),
+            (p(None, None, Some(SECRET)), true, true),
+            (p(None, None, None), true, false),
+        ];
+        for (i, (presented, header_enabled, want)) in cases.iter().enumerate() {
+            assert_eq!(
+                authenticate(presented, "nodekeeper", SECRET, *header_enabled),
+                *want,
+                "case {i}: {presented:?}"
+            );
+        }
+        // An empty secret (misconfigured) authorizes nothing, not even an empty credential.
+        assert!(!authenticate(
+            &p(Some(""), Some(&basic("nodekeeper", "")), Some("")),
+            "nodekeeper",
+            "",
+            true
+        ));
+        assert_eq!(
+            basic_credentials(&basic("u", "p:with:colons")),
+            Some(("u".into(), "p:with:colons".into()))
+        );
+    }
+
+    #[test]
+    fn an_unknown_instance_is_logged_once_and_the_secret_file_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "  from-a-secret-0123456789\n").unwrap();
+        let cfg = OciEventsConfig {
+            enabled: true,
+            token_file: Some(file),
+            ..Default::default()
+        };
+        let (store, _writer) = kube::runtime::reflector::store::<Node>();
+        let oci = OciEvents::new(cfg.clone(), store.clone(), false).unwrap();
+        assert_eq!(oci.secret.expose(), "from-a-secret-0123456789");
+        assert!(oci.first_unknown("ocid1.instance.oc1..a"));
+        assert!(!oci.first_unknown("ocid1.instance.oc1..a"));
+        assert!(oci.first_unknown("ocid1.instance.oc1..b"));
+        let missing = OciEventsConfig {
+            token_file: Some(dir.path().join("missing")),
+            ..cfg.clone()
+        };
+        let err = OciEvents::new(missing, store.clone(), false).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+        let short = dir.path().join("short");
+        std::fs::write(&short, "tiny").unwrap();
+        let err = OciEvents::new(
+            OciEventsConfig {
+                token_file: Some(short),
+                ..cfg
+            },
+            store,
+            false,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("16 characters"), "{err}");
+        assert!(!err.to_string().contains("tiny"), "the secret is not shown");
+    }
+
+    #[test]
+    fn malformed_envelopes_name_the_field_and_other_types_are_ignored() {
+        let bad = |v: Value| match parse(&v) {
+            Err(Refusal::Malformed { field, .. }) => field,
+            other => panic!("{v}: {other:?}"),
+        };
+        assert_eq!(bad(json!([1])), "body");
+        assert_eq!(bad(json!({"data": {}})), "eventType");
+        assert_eq!(bad(json!({"eventType": 5})), "eventType");
+        assert_eq!(bad(json!({"eventType": PREEMPTION})), "data");
+        assert_eq!(bad(json!({"eventType": PREEMPTION, "data": "x"})), "data");
+        assert_eq!(
+            bad(json!({"eventType": PREEMPTION, "data": {"resourceId": "ocid1.volume.oc1..x"}})),
+            "data.resourceId"
+        );
+        assert_eq!(
+            bad(
+                json!({"eventType": MAINTENANCE, "data": {"resourceId": "ocid1.instancemaintenanceevent.oc1..x"}})
+            ),
+            "data.additionalDetails.instanceId"
+        );
+        assert_eq!(
+            bad(
+                json!({"eventType": MAINTENANCE, "data": {"additionalDetails": {
+                "instanceId": "ocid1.instance.oc1..x", "timeWindowStart": "tomorrow"}}})
+            ),
+            "data.additionalDetails.timeWindowStart"
+        );
+        assert_eq!(
+            bad(
+                json!({"eventType": PREEMPTION, "data": {"resourceId": "ocid1.instance.oc1..x", "additionalDetails": 3}})
+            ),
+            "data.additionalDetails"
+        );
+        // Another event type, even without data: 200, ignored.
+        assert!(matches!(
+            parse(&json!({"eventType": "com.oraclecloud.objectstorage.createbucket"})),
+            Err(Refusal::Ignored(_))
+        ));
+    }
+
+    #[test]
+    fn maintenance_steps_follow_the_event_type_then_the_lifecycle_state() {
+        use MaintenanceStep::*;
+        let cases: [(&str, &str, Option<MaintenanceStep>); 12] = [
+            (PREEMPTION, "", None),
+            (MAINTENANCE, "SCHEDULED", Some(Scheduled)),
+            (MAINTENANCE, "", Some(Scheduled)),
+            (MAINTENANCE, "STARTED", Some(Now)),
+            (MAINTENANCE, "PROCESSING", Some(Now)),
+            (MAINTENANCE, "SUCCEEDED", Some(Over)),
+            (MAINTENANCE, "FAILED", Some(Over)),
+            (MAINTENANCE, "CANCELED", Some(Over)),
+            (RESCHEDULED, "SCHEDULED", Some(Scheduled)),
+            // The type decides for begin and end, whatever the state says.
+            (MAINTENANCE_BEGIN, "SUCCESSFUL", Some(Now)),
+            (MAINTENANCE_BEGIN, "SCHEDULED", Some(Now)),
+            (MAINTENANCE_END, "SCHEDULED", Some(Over)),
+        ];
+        for (etype, state, want) in cases {
+            assert_eq!(maintenance_step(etype, state), want, "{etype} {state}");
+        }
+    }
+
+    #[test]
+    fn begin_acts_now_unless_noticed_and_end_withdraws_the_notice() {
+        let m = |etype: &str, state: &str, window: &str| {
+            json!({"eventType": etype, "source": "ComputeApi",
+            "data": {"resourceId": "ocid1.instancemaintenanceevent.oc1.x", "additionalDetails": {
+                "instanceId": "ocid1.instance.oc1.phx.abc", "lifecycleState": state,
+                "timeWindowStart": window}}})
+        };
+        let future = "2099-01-01T00:00:00Z";
+        let sched = parse(&m(MAINTENANCE, "SCHEDULED", future)).unwrap().event;
+        assert_eq!(
+            sched.not_before.unwrap().to_rfc3339(),
+            "2099-01-01T00:00:00+00:00"
+        );
+        // The begin of the same maintenance: the same notice (a duplicate when it was seen),
+        // and due now when it was missed.
+        let begin = parse(&m(MAINTENANCE_BEGIN, "SUCCESSFUL", future))
+            .unwrap()
+            .event;
+        assert_eq!(
+            (begin.id.as_str(), &begin.kind),
+            (sched.id.as_str(), &EventKind::Maintenance)
+        );
+        assert!(begin.not_before.unwrap() <= Utc::now());
+        let started = parse(&m(MAINTENANCE, "STARTED", future)).unwrap().event;
+        assert_eq!(started.id, sched.id);
+        assert!(started.not_before.unwrap() <= Utc::now());
+        // A window already past stays the time to act.
+        let past = parse(&m(MAINTENANCE_BEGIN, "", "2020-01-01T00:00:00Z"))
+            .unwrap()
+            .event;
+        assert_eq!(
+            past.not_before.unwrap().to_rfc3339(),
+            "2020-01-01T00:00:00+00:00"
+        );
+        // The end withdraws that notice, like CANCELED / SUCCEEDED on the scheduled type.
+        let end = parse(&m(MAINTENANCE_END, "SUCCESSFUL", future))
+            .unwrap()
+            .event;
+        assert_eq!(
+            end.kind,
+            EventKind::Cancelled {
+                of: sched.id.clone()
+            }
+        );
+        let canceled = parse(&m(MAINTENANCE, "CANCELED", future)).unwrap().event;
+        assert_eq!(canceled.kind, end.kind);
+        // A rescheduled window is another notice.
+        let moved = parse(&m(RESCHEDULED, "SCHEDULED", "2099-02-01T00:00:00Z"))
+            .unwrap()
+            .event;
+        assert_eq!(moved.kind, EventKind::Maintenance);
+        assert_ne!(moved.id, sched.id);
     }
 
     #[test]

@@ -384,6 +384,11 @@ impl Collector for ApiMetrics {
                 g(&app.unauthenticated),
             ),
             (
+                "nodekeeper_oci_events_unauthorized_total",
+                "OCI Events deliveries refused 401: no or a wrong secret (path segment, Basic authentication).",
+                app.oci.as_ref().map_or(0, |o| g(&o.unauthorized)),
+            ),
+            (
                 "nodekeeper_reports_shed_total",
                 "Reports answered 503 with Retry-After because max_reports_in_flight were being handled.",
                 g(&app.shed),

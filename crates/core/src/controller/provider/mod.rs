@@ -3,8 +3,9 @@
 //! One trait, [`NodeProvider`], and one file per implementation:
 //! - [`karpenter`]: deletes the node's NodeClaim and waits for a new Ready node of the same pool;
 //! - [`webhook`]: POSTs an HMAC-signed JSON description to a URL, with retries;
-//! - [`oci`]: terminates the node's OCI instance (Compute) or deletes it from its OKE node pool,
-//!   with OCI-signed requests, and waits for a new Ready node of the same pool;
+//! - [`oci`]: terminates the node's OCI instance (Compute) or deletes it from its OKE node pool
+//!   once nodekeeper's drain is over (`retire`), with OCI-signed requests, and waits for a new
+//!   Ready node of the same pool;
 //! - [`none`]: never replaces (cordon/drain only);
 //! - [`fake`]: a recording fake for tests of the decision/actions code.
 //!
@@ -15,6 +16,7 @@ pub mod fake;
 pub mod karpenter;
 pub mod none;
 pub mod oci;
+pub mod oci_auth;
 pub mod webhook;
 
 use std::future::Future;
@@ -213,9 +215,10 @@ pub trait NodeProvider: Send + Sync {
     ) -> BoxFuture<'a, Result<Option<String>, ProviderError>>;
 
     /// Takes the old node away once nodekeeper's drain of it is over (completed, or its deadline
-    /// passed). For a provider whose request only adds capacity (`karpenter`: the old NodeClaim
-    /// is deleted here, so Karpenter's own drain finds nothing left to evict) this is the second
-    /// half of a replacement; the others remove the old node when asked and do nothing here.
+    /// passed). For `karpenter` (its request only adds capacity; the old NodeClaim is deleted
+    /// here, so Karpenter's own drain finds nothing left to evict) and `oci` (TerminateInstance or
+    /// DeleteNode here, so OCI stops no pod nodekeeper is still draining) this is the second half
+    /// of a replacement; the others remove the old node when asked and do nothing here.
     /// Idempotent on `req.request_id`; called again after a failure or a controller restart.
     fn retire<'a>(
         &'a self,
@@ -375,7 +378,7 @@ pub enum ProviderConfig {
     /// POST a signed JSON description to a URL.
     Webhook(WebhookConfig),
     /// Terminate the OCI instance, or delete it from its OKE node pool (signed OCI API calls).
-    Oci(oci::OciConfig),
+    Oci(Box<oci::OciConfig>),
     /// Never replace.
     #[default]
     None,
@@ -462,7 +465,9 @@ pub fn build(
     Ok(match cfg {
         ProviderConfig::Karpenter => Box::new(karpenter::Karpenter::new(client)),
         ProviderConfig::Webhook(w) => Box::new(webhook::Webhook::new(w.clone(), allow_loopback)?),
-        ProviderConfig::Oci(o) => Box::new(oci::Oci::new(o.clone(), client, allow_loopback)?),
+        ProviderConfig::Oci(o) => {
+            Box::new(oci::Oci::new(o.as_ref().clone(), client, allow_loopback)?)
+        }
         ProviderConfig::None => Box::new(none::NoReplacement),
     })
 }
