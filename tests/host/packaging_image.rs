@@ -94,6 +94,9 @@ fn image_builds_and_its_binary_runs() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("controller"), "{help}");
     for absent in ["\n  demo ", "\n  sim "] {
-        assert!(!help.contains(absent), "the controller image has{absent}:\n{help}");
+        assert!(
+            !help.contains(absent),
+            "the controller image has{absent}:\n{help}"
+        );
     }
 }

@@ -484,8 +484,14 @@ impl NspawnNode {
     /// Keeps the node running for the rest of this test process (a fixture shared by several tests,
     /// in a `static`, which is never dropped): a watcher powers it off once this process is gone,
     /// then removes its cgroups and directory, as `Drop` would.
+    // The watcher outlives this process by design: nothing here waits for it.
+    #[allow(clippy::zombie_processes)]
     pub fn keep_until_exit(self) -> &'static NspawnNode {
-        let cgroups: Vec<String> = self.cgroups.iter().map(|c| c.display().to_string()).collect();
+        let cgroups: Vec<String> = self
+            .cgroups
+            .iter()
+            .map(|c| c.display().to_string())
+            .collect();
         let script = r#"owner=$1 nspawn=$2 dir=$3; shift 3
 while kill -0 "$owner" 2>/dev/null; do sleep 1; done
 kill -TERM "$nspawn" 2>/dev/null

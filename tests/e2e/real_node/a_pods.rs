@@ -10,7 +10,11 @@ use super::{one_pod, real_node, real_node_helm, RealNode, NODE};
 use crate::support::*;
 
 /// Audit records (JSON lines of the cluster's `--audit` log) by `user` that match `pred`.
-fn audit(n: &RealNode, user: &str, pred: impl Fn(&serde_json::Value) -> bool) -> Vec<serde_json::Value> {
+fn audit(
+    n: &RealNode,
+    user: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(n.cluster.dir.join("logs/audit.log")).unwrap_or_default();
     text.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -34,21 +38,29 @@ async fn shipped_pods_run_and_use_their_tokens(n: &'static RealNode) {
     let _one = n.lock().await;
     let agent = one_pod(n, "nodekeeper-agent").await;
     let controller = one_pod(n, "nodekeeper-controller").await;
-    assert!(agent.3 && controller.3, "not Ready: {agent:?} {controller:?}");
+    assert!(
+        agent.3 && controller.3,
+        "not Ready: {agent:?} {controller:?}"
+    );
 
     // The agent's label watch (its own Node's labels, for the Cilium rule) with the
     // kube-api-access token: the API server names the pod and the node the token is bound to.
     let agent_sa = "system:serviceaccount:nodekeeper:nodekeeper-agent";
-    let watches = wait_for(Duration::from_secs(60), "the agent pod's label watch", || {
-        let v = audit(n, agent_sa, |e| {
-            e["verb"] == "watch"
-                && e["objectRef"]["resource"] == "nodes"
-                && e["objectRef"]["name"] == NODE
-                && e["user"]["extra"]["authentication.kubernetes.io/pod-name"][0] == agent.0.as_str()
-                && e["user"]["extra"]["authentication.kubernetes.io/node-name"][0] == NODE
-        });
-        async move { (!v.is_empty()).then_some(v) }
-    })
+    let watches = wait_for(
+        Duration::from_secs(60),
+        "the agent pod's label watch",
+        || {
+            let v = audit(n, agent_sa, |e| {
+                e["verb"] == "watch"
+                    && e["objectRef"]["resource"] == "nodes"
+                    && e["objectRef"]["name"] == NODE
+                    && e["user"]["extra"]["authentication.kubernetes.io/pod-name"][0]
+                        == agent.0.as_str()
+                    && e["user"]["extra"]["authentication.kubernetes.io/node-name"][0] == NODE
+            });
+            async move { (!v.is_empty()).then_some(v) }
+        },
+    )
     .await;
     eprintln!("agent pod's watch: {}", watches[0]);
 
@@ -56,20 +68,39 @@ async fn shipped_pods_run_and_use_their_tokens(n: &'static RealNode) {
     // and writes the agent's conditions on the Node.
     let nodes: Api<Node> = Api::all(n.cluster.admin().await);
     wait_first_report(&nodes, NODE).await;
-    let reviews = audit(n, "system:serviceaccount:nodekeeper:nodekeeper-controller", |e| {
-        e["objectRef"]["resource"] == "tokenreviews"
-            && e["user"]["extra"]["authentication.kubernetes.io/pod-name"][0] == controller.0.as_str()
-    });
+    let reviews = audit(
+        n,
+        "system:serviceaccount:nodekeeper:nodekeeper-controller",
+        |e| {
+            e["objectRef"]["resource"] == "tokenreviews"
+                && e["user"]["extra"]["authentication.kubernetes.io/pod-name"][0]
+                    == controller.0.as_str()
+        },
+    );
     assert!(!reviews.is_empty(), "the controller pod reviewed no token");
 
     // No restart over 2 minutes (counted from the pods' start, here or in an earlier test).
     let pods: Api<Pod> = Api::namespaced(n.cluster.admin().await, NS);
-    let started = pods.get(&agent.0).await.unwrap().status.unwrap().start_time.unwrap().0;
-    let age = started.duration_until(k8s_openapi::jiff::Timestamp::now()).as_secs();
+    let started = pods
+        .get(&agent.0)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .start_time
+        .unwrap()
+        .0;
+    let age = started
+        .duration_until(k8s_openapi::jiff::Timestamp::now())
+        .as_secs();
     if age < 120 {
         tokio::time::sleep(Duration::from_secs((120 - age) as u64)).await;
     }
-    assert_eq!(one_pod(n, "nodekeeper-agent").await, agent, "the agent pod restarted or changed");
+    assert_eq!(
+        one_pod(n, "nodekeeper-agent").await,
+        agent,
+        "the agent pod restarted or changed"
+    );
     assert_eq!(
         one_pod(n, "nodekeeper-controller").await,
         controller,
@@ -77,4 +108,3 @@ async fn shipped_pods_run_and_use_their_tokens(n: &'static RealNode) {
     );
     assert_eq!((agent.2, controller.2), (0, 0), "restarts");
 }
-

@@ -42,13 +42,17 @@ async fn the_checks_read_the_host_and_a_full_disk_is_pressure() {
         "NodekeeperKernelDeadlock",
         "NodekeeperReadonlyFilesystem",
     ];
-    let conds = wait_for(Duration::from_secs(90), "every check's condition known", || async {
-        let cs = nodekeeper_conditions(&n.node().await);
-        let known = want
-            .iter()
-            .all(|w| cs.iter().any(|c| c.type_ == *w && c.status != "Unknown"));
-        (known && cs.iter().all(|c| c.status != "Unknown")).then_some(cs)
-    })
+    let conds = wait_for(
+        Duration::from_secs(90),
+        "every check's condition known",
+        || async {
+            let cs = nodekeeper_conditions(&n.node().await);
+            let known = want
+                .iter()
+                .all(|w| cs.iter().any(|c| c.type_ == *w && c.status != "Unknown"));
+            (known && cs.iter().all(|c| c.status != "Unknown")).then_some(cs)
+        },
+    )
     .await;
     for c in &conds {
         eprintln!(
@@ -68,7 +72,9 @@ async fn the_checks_read_the_host_and_a_full_disk_is_pressure() {
     // The crio.service unit of the nspawn node, over the bus the DaemonSet mounts.
     assert!(
         conds.iter().any(|c| c.type_ != "NodekeeperPIDPressure"
-            && c.message.as_deref().is_some_and(|m| m.contains("crio.service"))),
+            && c.message
+                .as_deref()
+                .is_some_and(|m| m.contains("crio.service"))),
         "no condition names crio.service: {conds:?}"
     );
     // The disk paths are the host's, seen through /host: the node's 32 MiB data disk by its size.
@@ -76,16 +82,32 @@ async fn the_checks_read_the_host_and_a_full_disk_is_pressure() {
     let dp = condition(n, "NodekeeperDiskPressure").await.unwrap();
     let msg = dp.message.clone().unwrap_or_default();
     assert_eq!(dp.status, "False", "{msg}");
-    assert!(msg.contains(&format!("{disk}: ")) && msg.contains("of 32.0 MiB"), "{msg}");
-    assert!(msg.contains(&format!("{}: ", n.env("KUBELET_ROOT"))), "{msg}");
+    assert!(
+        msg.contains(&format!("{disk}: ")) && msg.contains("of 32.0 MiB"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&format!("{}: ", n.env("KUBELET_ROOT"))),
+        "{msg}"
+    );
 
     // Fill the data disk past 90 % used (the shipped min_free_percent = 10).
-    n.exec(&["dd", "if=/dev/zero", &format!("of={disk}/fill"), "bs=1M", "count=30"]);
-    let full = wait_for(Duration::from_secs(90), "NodekeeperDiskPressure True", || async {
-        condition(n, "NodekeeperDiskPressure")
-            .await
-            .filter(|c| c.status == "True")
-    })
+    n.exec(&[
+        "dd",
+        "if=/dev/zero",
+        &format!("of={disk}/fill"),
+        "bs=1M",
+        "count=30",
+    ]);
+    let full = wait_for(
+        Duration::from_secs(90),
+        "NodekeeperDiskPressure True",
+        || async {
+            condition(n, "NodekeeperDiskPressure")
+                .await
+                .filter(|c| c.status == "True")
+        },
+    )
     .await;
     assert_eq!(full.reason.as_deref(), Some("DiskSpaceLow"));
     assert!(
@@ -94,10 +116,14 @@ async fn the_checks_read_the_host_and_a_full_disk_is_pressure() {
     );
 
     n.exec(&["rm", &format!("{disk}/fill")]);
-    wait_for(Duration::from_secs(90), "NodekeeperDiskPressure False again", || async {
-        condition(n, "NodekeeperDiskPressure")
-            .await
-            .filter(|c| c.status == "False")
-    })
+    wait_for(
+        Duration::from_secs(90),
+        "NodekeeperDiskPressure False again",
+        || async {
+            condition(n, "NodekeeperDiskPressure")
+                .await
+                .filter(|c| c.status == "False")
+        },
+    )
     .await;
 }

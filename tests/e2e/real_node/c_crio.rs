@@ -40,16 +40,31 @@ fn live_pids_limit(n: &RealNode) -> Option<i64> {
     let t: toml::Table = String::from_utf8_lossy(&out.stdout)
         .parse()
         .expect("crio status config is TOML");
-    t.get("crio")?.get("runtime")?.get("pids_limit")?.as_integer()
+    t.get("crio")?
+        .get("runtime")?
+        .get("pids_limit")?
+        .as_integer()
 }
 
 /// `kubectl rollout restart` of the agent DaemonSet, then `rollout status` until it is done.
 fn roll_agents(n: &RealNode) {
     let c = n.cluster;
-    assert!(kubectl(c, &["-n", NS, "rollout", "restart", "daemonset/nodekeeper-agent"]).status.success());
+    assert!(kubectl(
+        c,
+        &["-n", NS, "rollout", "restart", "daemonset/nodekeeper-agent"]
+    )
+    .status
+    .success());
     let out = kubectl(
         c,
-        &["-n", NS, "rollout", "status", "daemonset/nodekeeper-agent", "--timeout=120s"],
+        &[
+            "-n",
+            NS,
+            "rollout",
+            "status",
+            "daemonset/nodekeeper-agent",
+            "--timeout=120s",
+        ],
     );
     assert!(out.status.success(), "the DaemonSet did not roll out");
 }
@@ -68,12 +83,15 @@ async fn a_dropin_rolled_out_restarts_the_real_crio_once_through_the_mounted_bus
     let _one = n.lock().await;
     let (cms, text) = agent_config(n).await;
     let (starts0, pid0) = (starts(n), main_pid(n));
-    assert_ne!(live_pids_limit(n), Some(4096), "already set before the test");
+    assert_ne!(
+        live_pids_limit(n),
+        Some(4096),
+        "already set before the test"
+    );
 
     // The operator's change: one drop-in in the agent's ConfigMap, then a rollout.
-    let with = format!(
-        "{text}\n[[crio.dropin]]\nname = \"20-pids.conf\"\ncontent = '''\n{DROPIN}'''\n"
-    );
+    let with =
+        format!("{text}\n[[crio.dropin]]\nname = \"20-pids.conf\"\ncontent = '''\n{DROPIN}'''\n");
     cms.patch(
         "nodekeeper-agent",
         &PatchParams::default(),
@@ -83,9 +101,11 @@ async fn a_dropin_rolled_out_restarts_the_real_crio_once_through_the_mounted_bus
     .unwrap();
     roll_agents(n);
 
-    wait_until(Duration::from_secs(60), "pids_limit = 4096 live", || async {
-        live_pids_limit(n) == Some(4096)
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "pids_limit = 4096 live",
+        || async { live_pids_limit(n) == Some(4096) },
+    )
     .await;
     // Exactly one restart: one more CRI-O start, a new main PID; the file is in the node's dir.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -95,7 +115,14 @@ async fn a_dropin_rolled_out_restarts_the_real_crio_once_through_the_mounted_bus
     assert_eq!(std::fs::read_to_string(&file).unwrap(), DROPIN);
     let logs = kubectl(
         n.cluster,
-        &["-n", NS, "logs", "-l", "app.kubernetes.io/name=nodekeeper-agent", "--tail=-1"],
+        &[
+            "-n",
+            NS,
+            "logs",
+            "-l",
+            "app.kubernetes.io/name=nodekeeper-agent",
+            "--tail=-1",
+        ],
     );
     let logs = String::from_utf8_lossy(&logs.stdout);
     assert!(
@@ -104,19 +131,35 @@ async fn a_dropin_rolled_out_restarts_the_real_crio_once_through_the_mounted_bus
     );
 
     // (g) The same config rolled again: the new pod finds it applied (no write, no restart).
-    let (mtime, starts1) = (std::fs::metadata(&file).unwrap().modified().unwrap(), starts(n));
+    let (mtime, starts1) = (
+        std::fs::metadata(&file).unwrap().modified().unwrap(),
+        starts(n),
+    );
     let nodes: Api<Node> = Api::all(n.cluster.admin().await);
     let seq_before = last_sequence(&nodes).await;
     roll_agents(n);
-    wait_until(Duration::from_secs(60), "a report from the new agent pod", || async {
-        last_sequence(&nodes).await != seq_before
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "a report from the new agent pod",
+        || async { last_sequence(&nodes).await != seq_before },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(starts(n), starts1, "a rollout of the same config restarted CRI-O");
-    assert_eq!(std::fs::metadata(&file).unwrap().modified().unwrap(), mtime, "rewritten");
+    assert_eq!(
+        starts(n),
+        starts1,
+        "a rollout of the same config restarted CRI-O"
+    );
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().modified().unwrap(),
+        mtime,
+        "rewritten"
+    );
     // Nothing left queued by the old pod: its persisted queue (on the /etc/crio hostPath) is empty.
-    let queue = n.crio.dir().join("root/etc/crio/nodekeeper-state/reporter-events.json");
+    let queue = n
+        .crio
+        .dir()
+        .join("root/etc/crio/nodekeeper-state/reporter-events.json");
     let q = std::fs::read_to_string(&queue).unwrap_or_default();
     assert!(!q.contains("\"id\""), "events left in the queue: {q}");
 

@@ -16,7 +16,8 @@ use crate::support::*;
 
 /// Each container marks its start, its SIGTERM and its end (2 s later) in a file of its own on the
 /// node (a hostPath: the kubelet removes a deleted pod's logs).
-pub const TRAP: &str = "m=/marks/$HOSTNAME; trap 'echo got SIGTERM >>$m; sleep 2; echo done >>$m; exit 0' TERM; \
+pub const TRAP: &str =
+    "m=/marks/$HOSTNAME; trap 'echo got SIGTERM >>$m; sleep 2; echo done >>$m; exit 0' TERM; \
      echo started >>$m; while true; do sleep 1; done";
 
 /// A Deployment of `replicas` busybox pods that mark SIGTERM and take 2 s to stop ([`TRAP`]).
@@ -43,10 +44,14 @@ fn ready(p: &Pod) -> bool {
 }
 
 pub async fn wait_pods_ready(pods: &Api<Pod>, n: usize) {
-    wait_until(Duration::from_secs(90), &format!("{n} pods Ready"), || async {
-        let l = pods.list(&ListParams::default()).await.unwrap().items;
-        l.len() == n && l.iter().all(ready)
-    })
+    wait_until(
+        Duration::from_secs(90),
+        &format!("{n} pods Ready"),
+        || async {
+            let l = pods.list(&ListParams::default()).await.unwrap().items;
+            l.len() == n && l.iter().all(ready)
+        },
+    )
     .await;
 }
 
@@ -69,7 +74,11 @@ pub fn status_row(n: &RealNode) -> serde_json::Value {
         .arg(&n.cluster.kubeconfig)
         .output()
         .unwrap();
-    assert!(out.status.success(), "nodekeeper status: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "nodekeeper status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v["nodes"].as_array().cloned().unwrap_or_default();
     rows.into_iter()
@@ -80,8 +89,15 @@ pub fn status_row(n: &RealNode) -> serde_json::Value {
 /// The marks ([`TRAP`]) of the pods of namespace `ns` whose name starts with `app-`.
 pub fn marks(n: &RealNode, ns: &str, app: &str) -> String {
     let mut out = String::new();
-    for e in std::fs::read_dir(n.dir.join("marks").join(ns)).into_iter().flatten().flatten() {
-        if e.file_name().to_string_lossy().starts_with(&format!("{app}-")) {
+    for e in std::fs::read_dir(n.dir.join("marks").join(ns))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.file_name()
+            .to_string_lossy()
+            .starts_with(&format!("{app}-"))
+        {
             out.push_str(&std::fs::read_to_string(e.path()).unwrap_or_default());
         }
     }
@@ -133,29 +149,56 @@ async fn a_node_whose_crio_stops_is_repaired_within_its_pdb_and_uncordoned() {
     );
     node_script(&["crio", path(&n.dir), "stop"]);
     let stopped = tokio::time::Instant::now();
-    wait_until(Duration::from_secs(90), "the kubelet reports Ready=False", || async {
-        node_ready(&nodes).await == "False"
-    })
+    wait_until(
+        Duration::from_secs(90),
+        "the kubelet reports Ready=False",
+        || async { node_ready(&nodes).await == "False" },
+    )
     .await;
     eprintln!("Ready=False {:?} after CRI-O stopped", stopped.elapsed());
 
     // The repair: nodekeeper cordons and drains; the solo pod is evicted, the web PDB holds the
     // rest (at most one web pod may go while the other stays).
-    wait_until(Duration::from_secs(90), "cordoned by nodekeeper, solo evicted", || async {
-        let Ok(node) = nodes.get(NODE).await else { return false };
-        let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
-            && annotation(&node, keys::CORDONED_BY) == Some("nodekeeper");
-        let solo = pods.list(&ListParams::default().labels("app=solo")).await.unwrap().items;
-        cordoned && solo.iter().any(|p| p.metadata.deletion_timestamp.is_some())
-    })
+    wait_until(
+        Duration::from_secs(90),
+        "cordoned by nodekeeper, solo evicted",
+        || async {
+            let Ok(node) = nodes.get(NODE).await else {
+                return false;
+            };
+            let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+                && annotation(&node, keys::CORDONED_BY) == Some("nodekeeper");
+            let solo = pods
+                .list(&ListParams::default().labels("app=solo"))
+                .await
+                .unwrap()
+                .items;
+            cordoned && solo.iter().any(|p| p.metadata.deletion_timestamp.is_some())
+        },
+    )
     .await;
     let row = status_row(n);
     eprintln!("status while CRI-O is down: {row}");
-    assert!(row["state"].as_str().is_some_and(|s| s.starts_with("repairing")), "{row}");
+    assert!(
+        row["state"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("repairing")),
+        "{row}"
+    );
     for _ in 0..20 {
-        let web = pods.list(&ListParams::default().labels("app=web")).await.unwrap().items;
-        let kept = web.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).count();
-        assert!(kept >= 1, "both web pods evicted: the PDB (minAvailable 1) was not respected");
+        let web = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .unwrap()
+            .items;
+        let kept = web
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .count();
+        assert!(
+            kept >= 1,
+            "both web pods evicted: the PDB (minAvailable 1) was not respected"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
@@ -167,38 +210,68 @@ async fn a_node_whose_crio_stops_is_repaired_within_its_pdb_and_uncordoned() {
     })
     .await;
     // nodekeeper's own pods ran through the CRI-O restart: the same pods, not restarted, Ready again.
-    wait_until(Duration::from_secs(60), "nodekeeper's pods Ready again", || async {
-        one_pod(n, "nodekeeper-agent").await.3 && one_pod(n, "nodekeeper-controller").await.3
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "nodekeeper's pods Ready again",
+        || async {
+            one_pod(n, "nodekeeper-agent").await.3 && one_pod(n, "nodekeeper-controller").await.3
+        },
+    )
     .await;
     assert_eq!(
-        (one_pod(n, "nodekeeper-agent").await, one_pod(n, "nodekeeper-controller").await),
+        (
+            one_pod(n, "nodekeeper-agent").await,
+            one_pod(n, "nodekeeper-controller").await
+        ),
         running,
         "nodekeeper's pods changed or restarted across the CRI-O restart"
     );
-    let solo = wait_for(Duration::from_secs(60), "the solo pod's SIGTERM and end", || async {
-        let m = marks(n, APP, "solo");
-        (m.contains("got SIGTERM") && m.contains("done")).then_some(m)
-    })
+    let solo = wait_for(
+        Duration::from_secs(60),
+        "the solo pod's SIGTERM and end",
+        || async {
+            let m = marks(n, APP, "solo");
+            (m.contains("got SIGTERM") && m.contains("done")).then_some(m)
+        },
+    )
     .await;
     eprintln!("solo's marks:\n{solo}");
     let held = annotation(&nodes.get(NODE).await.unwrap(), keys::BLOCKED).map(str::to_string);
-    eprintln!("hold while the repair goes on: {held:?}; status: {}", status_row(n));
-    wait_until(Duration::from_secs(120), "uncordoned by nodekeeper", || async {
-        nodes.get(NODE).await.is_ok_and(|node| {
-            node.spec.as_ref().and_then(|s| s.unschedulable) != Some(true)
-                && annotation(&node, keys::CORDONED_BY).is_none()
-        })
-    })
+    eprintln!(
+        "hold while the repair goes on: {held:?}; status: {}",
+        status_row(n)
+    );
+    wait_until(
+        Duration::from_secs(120),
+        "uncordoned by nodekeeper",
+        || async {
+            nodes.get(NODE).await.is_ok_and(|node| {
+                node.spec.as_ref().and_then(|s| s.unschedulable) != Some(true)
+                    && annotation(&node, keys::CORDONED_BY).is_none()
+            })
+        },
+    )
     .await;
     let row = status_row(n);
     eprintln!("status after: {row}");
-    assert!(row["state"].as_str().is_some_and(|s| s.starts_with("idle")), "{row}");
-    let web = pods.list(&ListParams::default().labels("app=web")).await.unwrap().items;
     assert!(
-        web.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).count() >= 1,
+        row["state"].as_str().is_some_and(|s| s.starts_with("idle")),
+        "{row}"
+    );
+    let web = pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap()
+        .items;
+    assert!(
+        web.iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .count()
+            >= 1,
         "the web PDB was not respected: {web:?}"
     );
 
-    let _ = Api::<Namespace>::all(admin).delete(APP, &DeleteParams::default()).await;
+    let _ = Api::<Namespace>::all(admin)
+        .delete(APP, &DeleteParams::default())
+        .await;
 }

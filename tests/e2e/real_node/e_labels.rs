@@ -59,23 +59,31 @@ async fn the_migration_label_goes_once_the_cilium_like_pod_is_ready() {
     });
     crate::drain::create_json(&admin, "kube-system", &[ds]).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "kube-system");
-    let (running_at, _) = wait_for(Duration::from_secs(60), "the cilium-like pod Running", || {
-        let pods = pods.clone();
-        async move {
-            let p = pods
-                .list(&kube::api::ListParams::default().labels("k8s-app=cilium"))
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .next()?;
-            (p.status.as_ref()?.phase.as_deref() == Some("Running")).then(|| (std::time::Instant::now(), p))
-        }
-    })
+    let (running_at, _) = wait_for(
+        Duration::from_secs(60),
+        "the cilium-like pod Running",
+        || {
+            let pods = pods.clone();
+            async move {
+                let p = pods
+                    .list(&kube::api::ListParams::default().labels("k8s-app=cilium"))
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .next()?;
+                (p.status.as_ref()?.phase.as_deref() == Some("Running"))
+                    .then(|| (std::time::Instant::now(), p))
+            }
+        },
+    )
     .await;
     // Running, not Ready: the label stays.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(has_label(&nodes.get(NODE).await.unwrap()), "removed before the pod was Ready");
+    assert!(
+        has_label(&nodes.get(NODE).await.unwrap()),
+        "removed before the pod was Ready"
+    );
 
     wait_until(Duration::from_secs(90), "the label removed", || {
         let nodes = nodes.clone();
@@ -83,9 +91,14 @@ async fn the_migration_label_goes_once_the_cilium_like_pod_is_ready() {
     })
     .await;
     let took = running_at.elapsed();
-    assert!(took >= Duration::from_secs(15), "removed {took:?} after Running: before Ready");
+    assert!(
+        took >= Duration::from_secs(15),
+        "removed {took:?} after Running: before Ready"
+    );
     eprintln!("label removed {took:?} after the pod was Running (Ready at ~20 s)");
 
     let dss: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(admin, "kube-system");
-    dss.delete("cilium-like", &DeleteParams::default()).await.unwrap();
+    dss.delete("cilium-like", &DeleteParams::default())
+        .await
+        .unwrap();
 }

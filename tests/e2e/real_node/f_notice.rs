@@ -20,8 +20,17 @@ fn aemm_bin() -> std::path::PathBuf {
         .arg("aemm")
         .output()
         .unwrap();
-    assert!(out.status.success(), "scripts/setup-peers.sh aemm: {}", String::from_utf8_lossy(&out.stderr));
-    let dir = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().trim().to_string();
+    assert!(
+        out.status.success(),
+        "scripts/setup-peers.sh aemm: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     std::path::Path::new(&dir).join("ec2-metadata-mock")
 }
 
@@ -59,16 +68,30 @@ async fn a_spot_notice_from_aemm_cordons_drains_and_asks_for_a_replacement() {
         "80",
     ]);
     // The agent detects the cloud when it starts: a new pod (as after a node image with IMDS).
-    assert!(kubectl(n.cluster, &["-n", NS, "rollout", "restart", "daemonset/nodekeeper-agent"]).status.success());
     assert!(kubectl(
         n.cluster,
-        &["-n", NS, "rollout", "status", "daemonset/nodekeeper-agent", "--timeout=120s"]
+        &["-n", NS, "rollout", "restart", "daemonset/nodekeeper-agent"]
+    )
+    .status
+    .success());
+    assert!(kubectl(
+        n.cluster,
+        &[
+            "-n",
+            NS,
+            "rollout",
+            "status",
+            "daemonset/nodekeeper-agent",
+            "--timeout=120s"
+        ]
     )
     .status
     .success());
 
     let node = crate::preemption::wait_interrupted(&nodes, NODE, Duration::from_secs(120)).await;
-    let notice = annotation(&node, keys::INTERRUPTION).unwrap_or_default().to_string();
+    let notice = annotation(&node, keys::INTERRUPTION)
+        .unwrap_or_default()
+        .to_string();
     assert!(notice.starts_with("preemption/"), "{notice}");
 
     // The workload leaves the node.
@@ -96,5 +119,7 @@ async fn a_spot_notice_from_aemm_cordons_drains_and_asks_for_a_replacement() {
 
     node_script(&["stop", path(&n.dir), "aemm"]);
     let _ = n.exec(&["ip", "addr", "del", "169.254.169.254/32", "dev", "lo"]);
-    let _ = Api::<Namespace>::all(admin).delete(APP, &DeleteParams::default()).await;
+    let _ = Api::<Namespace>::all(admin)
+        .delete(APP, &DeleteParams::default())
+        .await;
 }

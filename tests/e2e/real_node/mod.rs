@@ -215,7 +215,12 @@ fn start(how: Install) -> &'static RealNode {
 
 /// A webhook replacer on `ip` ([`crate::failover::webhook_receiver_on`]) on a runtime of its own: it
 /// outlives the test that started the node. (Its URL, the requests it took.)
-fn replacer(ip: &str) -> (String, std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>) {
+fn replacer(
+    ip: &str,
+) -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+) {
     let (tx, rx) = std::sync::mpsc::channel();
     let ip = ip.to_string();
     std::thread::spawn(move || {
@@ -332,7 +337,11 @@ impl RealNode {
         let dir = self.cluster.dir.join("kustomize");
         std::fs::create_dir_all(&dir).unwrap();
         let rel = relative(&dir, &repo().join("manifests"));
-        let indent = |s: &str| s.lines().map(|l| format!("          {l}\n")).collect::<String>();
+        let indent = |s: &str| {
+            s.lines()
+                .map(|l| format!("          {l}\n"))
+                .collect::<String>()
+        };
         let crio = self.crio.dir();
         let (agent, controller) = (self.agent_toml(), self.controller_toml());
         for (name, text) in [("agent.toml", &agent), ("controller.toml", &controller)] {
@@ -460,11 +469,20 @@ patches:
         self.controller_tls();
         let ip = kubectl(
             self.cluster,
-            &["-n", NS, "get", "service", "nodekeeper-controller", "-o", "jsonpath={.spec.clusterIP}"],
+            &[
+                "-n",
+                NS,
+                "get",
+                "service",
+                "nodekeeper-controller",
+                "-o",
+                "jsonpath={.spec.clusterIP}",
+            ],
         );
         let ip = String::from_utf8_lossy(&ip.stdout).trim().to_string();
         assert!(!ip.is_empty(), "the controller Service has no cluster IP");
-        values["agent"]["config"]["report"] = serde_json::json!({ "url": format!("https://{ip}:8443") });
+        values["agent"]["config"]["report"] =
+            serde_json::json!({ "url": format!("https://{ip}:8443") });
         helm("upgrade", &values);
         self.wait_ready(Duration::from_secs(120));
     }
@@ -525,14 +543,23 @@ openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -
     /// Running and Ready.
     pub fn wait_ready(&self, within: Duration) {
         let timeout = format!("--timeout={}s", within.as_secs());
-        for what in ["daemonset/nodekeeper-agent", "deployment/nodekeeper-controller"] {
-            let out = kubectl(self.cluster, &["-n", NS, "rollout", "status", what, &timeout]);
+        for what in [
+            "daemonset/nodekeeper-agent",
+            "deployment/nodekeeper-controller",
+        ] {
+            let out = kubectl(
+                self.cluster,
+                &["-n", NS, "rollout", "status", what, &timeout],
+            );
             if !out.status.success() {
                 let _ = kubectl(self.cluster, &["-n", NS, "describe", "pods"]);
                 for app in ["nodekeeper-agent", "nodekeeper-controller"] {
                     let l = format!("app.kubernetes.io/name={app}");
                     let _ = kubectl(self.cluster, &["-n", NS, "logs", "-l", &l, "--tail=20"]);
-                    let _ = kubectl(self.cluster, &["-n", NS, "logs", "-l", &l, "--tail=20", "-p"]);
+                    let _ = kubectl(
+                        self.cluster,
+                        &["-n", NS, "logs", "-l", &l, "--tail=20", "-p"],
+                    );
                 }
                 panic!("{what} was not rolled out within {within:?}");
             }
@@ -605,7 +632,10 @@ pub fn crio_bin() -> PathBuf {
         .arg("--print")
         .output()
         .unwrap();
-    assert!(out.status.success(), "the real CRI-O is not built: run scripts/setup-crio.sh");
+    assert!(
+        out.status.success(),
+        "the real CRI-O is not built: run scripts/setup-crio.sh"
+    );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
@@ -615,6 +645,10 @@ fn relative(from: &Path, to: &Path) -> String {
     let to: Vec<_> = to.components().collect();
     let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
     let mut parts: Vec<String> = vec!["..".into(); from.len() - common];
-    parts.extend(to[common..].iter().map(|c| c.as_os_str().to_string_lossy().into_owned()));
+    parts.extend(
+        to[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
     parts.join("/")
 }
