@@ -91,7 +91,7 @@ async fn the_checks_read_the_host_and_a_full_disk_is_pressure() {
         "{msg}"
     );
 
-    // Fill the data disk past 90 % used (the shipped min_free_percent = 10).
+    // Fill the data disk to 2 MiB free, under the 4 MiB threshold.
     n.exec(&[
         "dd",
         "if=/dev/zero",

@@ -39,7 +39,7 @@ pub const PATCHES: &[&str] = &[
     "the controller Deployment has 1 replica: one schedulable node, and its anti-affinity puts replicas on different nodes",
     "the controller Service's clusterIP is 10.0.0.80, and the agent reports to https://10.0.0.80:8443 (server_name unchanged): no cluster DNS",
     "the DaemonSet's D-Bus, /etc/crio and /var/run/crio hostPaths are an nspawn node's, whose systemd runs a real crio.service: this machine's PID 1 is not systemd",
-    "the agent's disk paths add this node's kubelet root, CRI-O storage and a small data disk (under the node's directory), and its unit list is crio.service: here the kubelet is no systemd unit",
+    "the agent's disk paths add this node's kubelet root, CRI-O storage and a small data disk (under the node's directory), with a threshold in bytes (4 MiB free) so that this machine's own disk level decides nothing, and its unit list is crio.service: here the kubelet is no systemd unit",
 ];
 
 /// The real node and its cluster.
@@ -309,7 +309,7 @@ impl RealNode {
         );
         format!(
             "{shipped}\n# Test patches (tests/e2e/real_node/mod.rs PATCHES)\n[checks.disk]\n\
-             paths = [\"/\", \"{}\", \"{}\", \"{}\"]\n\n[[checks.systemd.unit]]\nname = \"crio.service\"\n\
+             paths = [\"/\", \"{}\", \"{}\", \"{}\"]\nmin_free_bytes = \"4MiB\"\nmin_free_percent = 0.0\n\n[[checks.systemd.unit]]\nname = \"crio.service\"\n\
              condition_type = \"NodekeeperContainerRuntimeUnhealthy\"\n",
             self.env("KUBELET_ROOT"),
             self.env("CRIO_ROOT"),
@@ -440,7 +440,8 @@ patches:
                     "dbus": crio.join("dbus"),
                 },
                 "config": { "checks": {
-                    "disk": { "paths": ["/", self.env("KUBELET_ROOT"), self.env("CRIO_ROOT"), path(&self.disk)] },
+                    "disk": { "paths": ["/", self.env("KUBELET_ROOT"), self.env("CRIO_ROOT"), path(&self.disk)],
+                              "min_free_bytes": "4MiB", "min_free_percent": 0.0 },
                     "systemd": { "unit": [{ "name": "crio.service",
                                             "condition_type": "NodekeeperContainerRuntimeUnhealthy" }] }
                 } }
