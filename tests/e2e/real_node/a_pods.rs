@@ -79,6 +79,32 @@ async fn shipped_pods_run_and_use_their_tokens(n: &'static RealNode) {
     );
     assert!(!reviews.is_empty(), "the controller pod reviewed no token");
 
+    // The leader labels its own pod (the shipped Role allows it): the events Service, whose
+    // selector that label is, has the controller pod as its endpoint.
+    wait_until(
+        Duration::from_secs(60),
+        "nodekeeper-controller-events routes to the leader",
+        || async {
+            let out = kubectl(
+                n.cluster,
+                &[
+                    "-n",
+                    NS,
+                    "get",
+                    "endpointslices",
+                    "-l",
+                    "kubernetes.io/service-name=nodekeeper-controller-events",
+                    "-o",
+                    "jsonpath={.items[*].endpoints[*].targetRef.name}",
+                ],
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .any(|p| p == controller.0)
+        },
+    )
+    .await;
+
     // No restart over 2 minutes (counted from the pods' start, here or in an earlier test).
     let pods: Api<Pod> = Api::namespaced(n.cluster.admin().await, NS);
     let started = pods
