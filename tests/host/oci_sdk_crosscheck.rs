@@ -56,6 +56,36 @@ fn ocisdk() -> PathBuf {
     bin
 }
 
+/// The sim's mixed cluster with its nodes adopted as OCI instances, and its nodes.
+async fn oci_cluster() -> (TestCluster, Vec<Node>) {
+    let cluster = TestCluster::start(SimOptions {
+        time_scale: 30.0,
+        scenario: Scenario::default_mixed(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    oci_compute::adopt_nodes(&cluster.client).await.unwrap();
+    let nodes: Vec<Node> = Api::<Node>::all(cluster.client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    (cluster, nodes)
+}
+
+/// A node's OCI instance id (its provider id without `oci://`).
+fn instance(n: &Node) -> String {
+    n.spec
+        .as_ref()
+        .unwrap()
+        .provider_id
+        .clone()
+        .unwrap()
+        .trim_start_matches("oci://")
+        .to_string()
+}
+
 /// The SDK operation (and its inputs) of a request the stand-in received.
 fn case_of(c: &Call, host: &str) -> Value {
     let (path, _query) = c.path.split_once('?').unwrap_or((&c.path, ""));
@@ -300,29 +330,7 @@ async fn workload_identity_sessions_work_for_the_go_sdk_and_for_nodekeeper() {
     };
     let bin = ocisdk();
     let dir = tempfile::tempdir().unwrap();
-    let cluster = TestCluster::start(SimOptions {
-        time_scale: 30.0,
-        scenario: Scenario::default_mixed(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    oci_compute::adopt_nodes(&cluster.client).await.unwrap();
-    let nodes: Vec<Node> = Api::<Node>::all(cluster.client.clone())
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
-    let instance = |n: &Node| {
-        n.spec
-            .as_ref()
-            .unwrap()
-            .provider_id
-            .clone()
-            .unwrap()
-            .trim_start_matches("oci://")
-            .to_string()
-    };
+    let (cluster, nodes) = oci_cluster().await;
     let stand_in = OciCompute::start(OciComputeOptions {
         client: Some(cluster.client.clone()),
         launch_delay: Duration::from_millis(50),
@@ -460,29 +468,7 @@ async fn workload_identity_sessions_work_for_the_go_sdk_and_for_nodekeeper() {
 async fn instance_principal_sessions_work_for_the_go_sdk_and_for_nodekeeper() {
     let bin = ocisdk();
     let dir = tempfile::tempdir().unwrap();
-    let cluster = TestCluster::start(SimOptions {
-        time_scale: 30.0,
-        scenario: Scenario::default_mixed(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    oci_compute::adopt_nodes(&cluster.client).await.unwrap();
-    let nodes: Vec<Node> = Api::<Node>::all(cluster.client.clone())
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
-    let instance = |n: &Node| {
-        n.spec
-            .as_ref()
-            .unwrap()
-            .provider_id
-            .clone()
-            .unwrap()
-            .trim_start_matches("oci://")
-            .to_string()
-    };
+    let (cluster, nodes) = oci_cluster().await;
     let stand_in = OciCompute::start(OciComputeOptions {
         client: Some(cluster.client.clone()),
         launch_delay: Duration::from_millis(50),
