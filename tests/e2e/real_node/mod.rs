@@ -4,8 +4,10 @@
 //! `scripts/build-image.sh`, installed with `kubectl apply -k` (an overlay of `manifests/`) or the Helm
 //! chart. Each patch is where this machine differs from a cluster, and is listed in [`PATCHES`].
 //!
-//! One node serves the module's tests, one test at a time ([`RealNode::lock`]): they stop CRI-O,
-//! restart it, fill a disk and roll the DaemonSet, and each leaves the node as it found it.
+//! One node serves the module's tests (the Helm test has a node and cluster of its own), one test
+//! at a time ([`RealNode::lock`], a FIFO lock): they stop CRI-O, restart it, fill a disk and roll
+//! the DaemonSet, and each leaves the node as it found it, except `f_notice`, which leaves it
+//! cordoned as a reclaimed node is: libtest starts tests in name order, so it queues last.
 #![allow(dead_code)]
 
 mod a_pods;
