@@ -74,6 +74,22 @@ async fn oci_cluster() -> (TestCluster, Vec<Node>) {
     (cluster, nodes)
 }
 
+/// Replaces and retires `node` through `p`: its DELETE must be the stand-in's last call, accepted
+/// (204) and signed with a session token (`keyId="ST$…"`).
+async fn retire_signed_by_a_session(p: &Oci, stand_in: &OciCompute, node: &Node, tag: &str) {
+    let name = node.metadata.name.clone().unwrap();
+    let req = ReplacementRequest::new(&name, "repair", tag);
+    p.request_replacement(&req).await.unwrap();
+    p.retire(&req).await.unwrap();
+    let del = stand_in.calls().pop().unwrap();
+    assert_eq!(
+        (del.method.as_str(), del.status),
+        ("DELETE", 204),
+        "{del:?}"
+    );
+    assert!(del.key_id.as_deref().unwrap().starts_with("ST$"), "{del:?}");
+}
+
 /// A node's OCI instance id (its provider id without `oci://`).
 fn instance(n: &Node) -> String {
     n.spec
@@ -375,17 +391,7 @@ async fn workload_identity_sessions_work_for_the_go_sdk_and_for_nodekeeper() {
         true,
     )
     .unwrap();
-    let name = nodes[1].metadata.name.clone().unwrap();
-    let req = ReplacementRequest::new(&name, "repair", "wi");
-    p.request_replacement(&req).await.unwrap();
-    p.retire(&req).await.unwrap();
-    let del = stand_in.calls().pop().unwrap();
-    assert_eq!(
-        (del.method.as_str(), del.status),
-        ("DELETE", 204),
-        "{del:?}"
-    );
-    assert!(del.key_id.as_deref().unwrap().starts_with("ST$"), "{del:?}");
+    retire_signed_by_a_session(&p, &stand_in, &nodes[1], "wi").await;
     assert_eq!(stand_in.sessions_issued(), 2, "one session for nodekeeper");
 
     // A session OCI refuses before its time (revoked): 401, the session renewed, the retry signed
@@ -515,17 +521,7 @@ async fn instance_principal_sessions_work_for_the_go_sdk_and_for_nodekeeper() {
         true,
     )
     .unwrap();
-    let name = nodes[1].metadata.name.clone().unwrap();
-    let req = ReplacementRequest::new(&name, "repair", "ip");
-    p.request_replacement(&req).await.unwrap();
-    p.retire(&req).await.unwrap();
-    let del = stand_in.calls().pop().unwrap();
-    assert_eq!(
-        (del.method.as_str(), del.status),
-        ("DELETE", 204),
-        "{del:?}"
-    );
-    assert!(del.key_id.as_deref().unwrap().starts_with("ST$"), "{del:?}");
+    retire_signed_by_a_session(&p, &stand_in, &nodes[1], "ip").await;
     assert_eq!(stand_in.sessions_issued(), 2, "one session for nodekeeper");
 
     // No metadata service: an error naming the URL, retried (never a crash).
