@@ -135,3 +135,26 @@ fn unknown_keys_and_bad_sizes_are_refused() {
         "{e:?}"
     );
 }
+
+#[test]
+fn runtime_check_is_off_by_default_and_validated() {
+    let c = load("").expect("valid").config.checks;
+    assert!(!c.runtime.enabled);
+    assert_eq!(c.runtime.socket, Path::new("/run/crio/crio.sock"));
+    assert_eq!(
+        c.runtime.condition_type,
+        "NodekeeperContainerRuntimeUnreachable"
+    );
+    let errs =
+        errors("[checks.runtime]\nenabled = true\nsocket = \"run/crio.sock\"\ntimeout = \"0s\"\n");
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("must be an absolute path") && e.contains("checks.runtime.socket")),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("greater than zero") && e.contains("checks.runtime.timeout")),
+        "{errs:?}"
+    );
+}

@@ -33,6 +33,8 @@ pub struct ChecksConfig {
     pub kmsg: KmsgConfig,
     /// `[checks.systemd]`
     pub systemd: SystemdConfig,
+    /// `[checks.runtime]`
+    pub runtime: RuntimeConfig,
 }
 
 impl Default for ChecksConfig {
@@ -46,6 +48,7 @@ impl Default for ChecksConfig {
             pids: PidsConfig::default(),
             kmsg: KmsgConfig::default(),
             systemd: SystemdConfig::default(),
+            runtime: RuntimeConfig::default(),
         }
     }
 }
@@ -290,6 +293,38 @@ impl Default for SystemdConfig {
     }
 }
 
+/// `[checks.runtime]`: the container runtime's own answer to the CRI `Version` call (off by
+/// default: the socket differs by runtime; the shipped OKE configs turn it on for CRI-O).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// Run this check.
+    pub enabled: bool,
+    /// The runtime's CRI socket, under `host_root` (containerd: `/run/containerd/containerd.sock`).
+    /// `/run`, not `/var/run`: where `/var/run` is an absolute symlink, under `host_root` it would
+    /// lead to the container's own `/run`.
+    pub socket: PathBuf,
+    /// No answer within this: `RuntimeNotAnswering`.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// The condition type reported.
+    pub condition_type: String,
+    /// Flap guard.
+    pub flap: FlapConfig,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            socket: PathBuf::from("/run/crio/crio.sock"),
+            timeout: Duration::from_secs(2),
+            condition_type: "NodekeeperContainerRuntimeUnreachable".to_string(),
+            flap: FlapConfig::default(),
+        }
+    }
+}
+
 /// `[[checks.systemd.unit]]`
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -443,6 +478,29 @@ impl ChecksConfig {
         out.extend(check_flap(&p.flap, "pids"));
         out.extend(self.validate_kmsg());
         out.extend(self.validate_systemd());
+        let r = &self.runtime;
+        out.extend(check_type(
+            &r.condition_type,
+            cfg_path!["checks", "runtime", "condition_type"],
+        ));
+        if !r.socket.is_absolute() {
+            out.push(Diagnostic::error(
+                cfg_path!["checks", "runtime", "socket"],
+                "must be an absolute path",
+            ));
+        }
+        if r.timeout.is_zero() {
+            out.push(Diagnostic::error(
+                cfg_path!["checks", "runtime", "timeout"],
+                "must be greater than zero",
+            ));
+        } else if r.enabled && r.timeout >= self.check_timeout {
+            out.push(Diagnostic::warning(
+                cfg_path!["checks", "runtime", "timeout"],
+                "not less than `check_timeout`: a runtime that does not answer shows as `CheckFailed` (Unknown), not `RuntimeNotAnswering`",
+            ));
+        }
+        out.extend(check_flap(&r.flap, "runtime"));
         out
     }
 

@@ -13,6 +13,7 @@ pub mod kmsg;
 pub mod memory;
 pub mod pids;
 mod runner;
+pub mod runtime;
 pub mod systemd_unit;
 
 use std::fmt;

@@ -12,6 +12,7 @@ use super::disk::DiskCheck;
 use super::kmsg::KmsgCheck;
 use super::memory::MemoryCheck;
 use super::pids::PidsCheck;
+use super::runtime::RuntimeCheck;
 use super::systemd_unit::SystemdUnitCheck;
 use super::{CheckError, CheckEvent, CheckResult, ConditionStatus, HealthCheck, HostRoot};
 use crate::agent::host::systemd::UnitManager;
@@ -124,6 +125,12 @@ impl Checks {
         }
         if cfg.kmsg.enabled {
             checks.push((Box::new(KmsgCheck::new(cfg.kmsg.clone())), cfg.kmsg.flap));
+        }
+        if cfg.runtime.enabled {
+            checks.push((
+                Box::new(RuntimeCheck::new(cfg.runtime.clone(), &host)),
+                cfg.runtime.flap,
+            ));
         }
         Self::new(checks, cfg.check_timeout)
     }
