@@ -26,13 +26,17 @@
 # host-local, masqueraded), kube-proxy (iptables mode) inside; the kubelet authenticates as system:node:NAME
 # (Node authorization, NodeRestriction) and kube-proxy as system:kube-proxy. The control plane listens on
 # loopback only: a forwarder (scripts/lib/node/tcp-forward.py) listens on 10.213.N.1:6443 for the node, and an
-# EndpointSlice of the `kubernetes` Service points there, so pods reach the API at 10.0.0.1:443.
+# EndpointSlice of the `kubernetes` Service points there, so pods reach the API at 10.0.0.1:443. Cluster DNS is
+# Kubernetes' own add-on (cluster/addons/dns/coredns of the k8s.io/kubernetes module, unchanged but for its three
+# variables) running CoreDNS built from Go modules (scripts/setup-peers.sh coredns) as a pod on the node, at
+# the kube-dns Service 10.0.0.10; the kubelet's clusterDNS points there.
 #
 # What differs from a production node, test-only, each said where it is set (docs/testing.md "The real node"):
 # cgroup v1 (`failCgroupV1: false`), a cgroup root of its own (/nk-node-N), CRI-O as a plain process with its
 # files under NODEDIR (vfs storage, runc through scripts/lib/node/runc-wrap.py: no CAP_SYS_RESOURCE here), images
-# loaded without a registry (a static pause and busybox are built in), no cluster DNS, image GC and disk
-# eviction off (the images cannot be pulled again).
+# loaded without a registry (a static pause and busybox are built in; CoreDNS's image holds the binary built
+# here, under the add-on's own reference), no upstream resolver (names outside the cluster fail fast), image GC
+# and disk eviction off (the images cannot be pulled again).
 #
 # Writes NODEDIR/env (NODE_NAME, NODE_IP, HOST_IP, NETNS, POD_CIDR, CRIO_SOCKET, CRIO_ROOT, CRIO_RUNROOT,
 # KUBELET_ROOT), NODEDIR/pids, logs in NODEDIR/logs/. Needs root.
@@ -175,6 +179,7 @@ if ip netns list | grep -qw "$NETNS"; then
 fi
 apt_install buildah busybox-static gcc libc6-dev iptables conmon runc containernetworking-plugins
 K8S_BIN=$("$REPO/scripts/setup-k8s.sh" | tail -1)
+COREDNS_BIN=$("$REPO/scripts/setup-peers.sh" coredns | tail -1)
 CRIO_BIN=$("$REPO/scripts/setup-crio.sh" | tail -1)
 KUBECTL="$REPO/.cache/venv/bin/kubectl"
 [ -x "$KUBECTL" ] || "$REPO/scripts/setup-kubectl.sh" >/dev/null
@@ -288,11 +293,23 @@ image() {   # image NAME FILE DEST [LINK…]: FILE at DEST in an image of its ow
   install -d -m 1777 "$mnt/tmp"
   for l in "$@"; do ln -s "$dest" "$mnt$l"; done
   buildah "${STORE[@]}" umount "$ctr" >/dev/null
+  # as the upstream image: the binary is the entrypoint, the manifest gives only its arguments
+  [ "$name" != "$COREDNS_IMAGE" ] || buildah "${STORE[@]}" config --entrypoint "[\"$dest\"]" "$ctr"
   buildah "${STORE[@]}" commit --quiet "$ctr" "$name" >/dev/null
   buildah "${STORE[@]}" rm "$ctr" >/dev/null
 }
+# Kubernetes' own CoreDNS add-on, from the module the control plane is built from; the image it names is the
+# CoreDNS this project builds (tools/k8s/versions.env keeps the two versions equal).
+K8S_MOD=$(cd "$REPO/tools/k8s/kubernetes" && PATH="$PATH:/usr/local/go/bin" GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json k8s.io/kubernetes \
+  | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])') || fail "the k8s.io/kubernetes module"
+DNS_ADDON=$K8S_MOD/cluster/addons/dns/coredns/coredns.yaml.sed
+COREDNS_IMAGE=$(awk '$1 == "image:" {print $2}' "$DNS_ADDON")
+. "$REPO/tools/k8s/versions.env"
+[ "$COREDNS_IMAGE" = "registry.k8s.io/coredns/coredns:v$COREDNS_VERSION" ] ||
+  fail "the DNS add-on of k8s.io/kubernetes names $COREDNS_IMAGE; tools/k8s/versions.env builds CoreDNS $COREDNS_VERSION"
 {
   image localhost/nk-pause:test "$NODEDIR/pause" /pause
+  image "$COREDNS_IMAGE" "$COREDNS_BIN/coredns" /coredns
   image localhost/nk-busybox:test /bin/busybox /bin/busybox /bin/sh /bin/sleep /bin/cat /bin/echo /bin/touch \
     /bin/test /bin/ls /bin/date /bin/dd /bin/rm /bin/mkdir /bin/grep /bin/wc /bin/true /bin/false /bin/nc /bin/wget
 } >>"$NODEDIR/logs/images.log" 2>&1 || fail "building the node's images (log: $NODEDIR/logs/images.log)"
@@ -356,6 +373,8 @@ for c in /sys/fs/cgroup/*/; do
     cat "${c}cpuset.mems" >"$c${CGROUP_ROOT#/}/cpuset.mems"
   fi
 done
+DNS_IP=10.0.0.10
+echo "nameserver $HOST_IP" >"$NODEDIR/resolv.conf"
 cat >"$NODEDIR/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -374,7 +393,11 @@ authentication:
   x509: {clientCAFile: $CLUSTER/pki/ca.crt}
 authorization: {mode: Webhook}
 failSwapOn: false
-resolvConf: /etc/resolv.conf
+clusterDNS: [$DNS_IP]
+clusterDomain: cluster.local
+# The upstream of pods with dnsPolicy Default (CoreDNS's `forward .`): the host end of the link, where nothing
+# answers port 53, so a name outside the cluster fails at once and nothing leaves the node.
+resolvConf: $NODEDIR/resolv.conf
 podLogsDir: $NODEDIR/pod-logs
 # The images were loaded, not pulled: never collect them. Disk eviction off: the tests fill disks of their own.
 imageGCHighThresholdPercent: 100
@@ -401,6 +424,12 @@ start kube-proxy "$K8S_BIN/kube-proxy" --config "$NODEDIR/kube-proxy.yaml"
 
 ready() { [ "$(kc get node "$NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 wait_for 90 "node $NAME Ready" ready
+
+# ---- cluster DNS: the add-on as Kubernetes ships it, its variables set (kept if another node applied it)
+sed -e "s/\$DNS_SERVER_IP/$DNS_IP/; s/\$DNS_DOMAIN/cluster.local/; s/\$DNS_MEMORY_LIMIT/170Mi/" "$DNS_ADDON" |
+  kc apply -f - >>"$NODEDIR/logs/setup.log" 2>&1 || fail "applying the DNS add-on (log: $NODEDIR/logs/setup.log)"
+kc -n kube-system rollout status deployment/coredns --timeout=90s >>"$NODEDIR/logs/setup.log" 2>&1 ||
+  fail "CoreDNS not Ready (log: $NODEDIR/logs/setup.log; kubectl -n kube-system describe pod -l k8s-app=kube-dns)"
 if [ -n "$OWNER" ]; then
   setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" down "$3"' \
     owner-watch "$OWNER" "$REPO/scripts/k8s-node.sh" "$NODEDIR" >"$NODEDIR/logs/owner-watch.log" 2>&1 </dev/null &

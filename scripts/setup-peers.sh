@@ -12,6 +12,8 @@
 #   scripts/setup-peers.sh nth npd           AWS Node Termination Handler, Node Problem Detector (benchmarks)
 #   scripts/setup-peers.sh ocisdk            the OCI Go SDK's own clients signing requests, for the signing
 #                                            cross-check (tests/host/oci_sdk_crosscheck.rs; tools/k8s/ocisdk)
+#   scripts/setup-peers.sh coredns           CoreDNS with the Kubernetes add-on's plugins: the real node's
+#                                            cluster DNS (scripts/k8s-node.sh; tools/k8s/coredns)
 #   scripts/setup-peers.sh --print NAME…     print the bin dirs only if all are built (exit 1 otherwise)
 #   scripts/setup-peers.sh --check NAME…     build, then run each binary's --version/--help (a smoke check)
 . "$(dirname "$0")/lib.sh"
@@ -46,7 +48,9 @@ peer() {
     # nodekeeper's own small program on the OCI Go SDK (tools/k8s/ocisdk/main.go): the SDK's service
     # clients build and sign each request of a cases file; the test compares nodekeeper's with them.
     ocisdk) BIN_NAME=ocisdk PKG=nodekeeper.invalid/tools/k8s/ocisdk VERSION_VAR=OCI_SDK_VERSION ;;
-    *) echo "setup-peers: unknown peer '$1' (aemm, nth, npd, ocisdk)" >&2; exit 2 ;;
+    # Not a peer but a cluster add-on: the plugins of Kubernetes' own Corefile (tools/k8s/coredns/main.go).
+    coredns) BIN_NAME=coredns PKG=nodekeeper.invalid/tools/k8s/coredns VERSION_VAR=COREDNS_VERSION ;;
+    *) echo "setup-peers: unknown peer '$1' (aemm, nth, npd, ocisdk, coredns)" >&2; exit 2 ;;
   esac
 }
 
@@ -55,7 +59,7 @@ bindir() {
   peer "$1"
   local k
   k=$( { go env GOVERSION; grep "^$VERSION_VAR=" "$TOOLS/versions.env"; cat "$TOOLS/$1/go.mod" "$TOOLS/$1/go.sum"
-         [ "$1" != ocisdk ] || cat "$TOOLS/$1/main.go"
+         [ ! -f "$TOOLS/$1/main.go" ] || cat "$TOOLS/$1/main.go"
          echo "$PKG tags=$TAGS cgo=$CGO"; [ "$LDF" = "-s -w" ] || echo "ldflags=$LDF"; } | sha256sum | cut -c1-16)
   BIN="$ROOT/peer-$1-$k/bin"
 }
@@ -101,12 +105,14 @@ smoke() {
     nth)  out=$("$BIN/$BIN_NAME" --help 2>&1 || true) ;;
     npd)  out=$("$BIN/$BIN_NAME" --version) ;;
     ocisdk) out=$("$BIN/$BIN_NAME" 2>&1 || true) ;;
+    coredns) out=$("$BIN/$BIN_NAME" -version; "$BIN/$BIN_NAME" -plugins) ;;
   esac
   case $name in
     aemm) [[ $out == *"v$AEMM_VERSION"* ]] ;;
     nth)  [[ $out == *"-enable-spot-interruption-draining"* ]] ;;
     npd)  [[ $out == *"v$NPD_VERSION"* ]] ;;
     ocisdk) [[ $out == *"usage: ocisdk"* ]] ;;
+    coredns) [[ $out == *"CoreDNS-$COREDNS_VERSION"* && $out == *"dns.kubernetes"* ]] ;;
   esac || { echo "setup-peers: $name ($BIN/$BIN_NAME) does not run as expected:" >&2; echo "$out" >&2; exit 1; }
   log "$name runs: $(echo "$out" | sed -n 1p)"
 }
@@ -116,7 +122,7 @@ case ${1:-} in
   --print) mode=print; shift ;;
   --check) mode=check; shift ;;
 esac
-[ $# -gt 0 ] || { echo "usage: scripts/setup-peers.sh [--print|--check] aemm|nth|npd|ocisdk …" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: scripts/setup-peers.sh [--print|--check] aemm|nth|npd|ocisdk|coredns …" >&2; exit 2; }
 for name in "$@"; do
   case $mode in
     print) bindir "$name"; [ -x "$BIN/$BIN_NAME" ] || exit 1; echo "$BIN" ;;

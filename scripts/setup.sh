@@ -31,6 +31,8 @@ ensure_generate_rpm
 "$REPO/scripts/setup-peers.sh" aemm >/dev/null
 # The OCI Go SDK's clients for the signing cross-check (tests/host/oci_sdk_crosscheck.rs), keyed by its version.
 "$REPO/scripts/setup-peers.sh" ocisdk >/dev/null
+# CoreDNS for the real node's cluster DNS (scripts/k8s-node.sh), with the plugins of Kubernetes' add-on.
+"$REPO/scripts/setup-peers.sh" coredns >/dev/null
 # The container images the real node runs (tests/e2e/real_node): two static release builds, minutes cold, then
 # only what changed; built here, before the tests, so that they do not compete with the e2e tests for the cores.
 "$REPO/scripts/build-image.sh" >/dev/null

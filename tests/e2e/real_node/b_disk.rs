@@ -41,6 +41,7 @@ async fn the_checks_read_the_host_and_a_full_disk_is_pressure() {
         "NodekeeperPIDPressure",
         "NodekeeperKernelDeadlock",
         "NodekeeperReadonlyFilesystem",
+        "NodekeeperContainerRuntimeUnreachable",
     ];
     let conds = wait_for(
         Duration::from_secs(90),

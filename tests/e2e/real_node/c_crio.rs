@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use nodekeeper_core::controller::events::NODE_EVENT_NAMESPACE;
 use serde_json::json;
 
 use super::{real_node, RealNode, NODE};
@@ -83,6 +85,7 @@ async fn a_dropin_rolled_out_restarts_the_real_crio_once_through_the_mounted_bus
     let _one = n.lock().await;
     let (cms, text) = agent_config(n).await;
     let (starts0, pid0) = (starts(n), main_pid(n));
+    let silent0 = agent_silent(n).await;
     assert_ne!(
         live_pids_limit(n),
         Some(4096),
@@ -162,6 +165,22 @@ async fn a_dropin_rolled_out_restarts_the_real_crio_once_through_the_mounted_bus
         .join("root/etc/crio/nodekeeper-state/reporter-events.json");
     let q = std::fs::read_to_string(&queue).unwrap_or_default();
     assert!(!q.contains("\"id\""), "events left in the queue: {q}");
+    // Across both rollouts the controller missed no report for longer than its staleness: no
+    // new AgentSilent Event about the node, no condition of nodekeeper's turned Unknown.
+    assert_eq!(
+        agent_silent(n).await,
+        silent0,
+        "the controller saw the agent silent during a rollout"
+    );
+    let node = nodes.get(NODE).await.unwrap();
+    let unknown: Vec<_> = node
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_.starts_with("Nodekeeper") && c.status == "Unknown")
+        .collect();
+    assert!(unknown.is_empty(), "{unknown:?}");
 
     // Back to the shipped config; the drop-in stays on the node (the agent never deletes one).
     cms.patch(
@@ -173,6 +192,20 @@ async fn a_dropin_rolled_out_restarts_the_real_crio_once_through_the_mounted_bus
     .unwrap();
     roll_agents(n);
     let _ = std::fs::remove_file(&file);
+}
+
+/// How many AgentSilent Events the controller recorded about the node.
+async fn agent_silent(n: &RealNode) -> usize {
+    let events: Api<Event> = Api::namespaced(n.cluster.admin().await, NODE_EVENT_NAMESPACE);
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE))
+        .filter(|e| e.reason.as_deref() == Some("AgentSilent"))
+        .count()
 }
 
 /// The Node annotation or condition that changes with each report the controller takes.

@@ -55,6 +55,25 @@ pub async fn wait_pods_ready(pods: &Api<Pod>, n: usize) {
     .await;
 }
 
+/// Waits until `NodekeeperContainerRuntimeUnreachable` has `status`: its (reason, message).
+async fn wait_runtime(nodes: &Api<Node>, status: &str) -> (String, String) {
+    wait_for(
+        Duration::from_secs(90),
+        &format!("NodekeeperContainerRuntimeUnreachable={status}"),
+        || async {
+            let node = nodes.get(NODE).await.ok()?;
+            let c = node
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "NodekeeperContainerRuntimeUnreachable")?;
+            (c.status == status)
+                .then(|| (c.reason.unwrap_or_default(), c.message.unwrap_or_default()))
+        },
+    )
+    .await
+}
+
 /// The node's condition `Ready` status.
 async fn node_ready(nodes: &Api<Node>) -> String {
     nodes
@@ -156,6 +175,12 @@ async fn a_node_whose_crio_stops_is_repaired_within_its_pdb_and_uncordoned() {
     )
     .await;
     eprintln!("Ready=False {:?} after CRI-O stopped", stopped.elapsed());
+    // The agent sees the runtime itself too (its socket, not a systemd unit: this CRI-O is none).
+    let runtime = wait_runtime(&nodes, "True").await;
+    assert!(
+        runtime.0 == "RuntimeUnreachable" && runtime.1.contains("crio.sock"),
+        "{runtime:?}"
+    );
 
     // The repair: nodekeeper cordons and drains; the solo pod is evicted, the web PDB holds the
     // rest (at most one web pod may go while the other stays).
@@ -209,6 +234,11 @@ async fn a_node_whose_crio_stops_is_repaired_within_its_pdb_and_uncordoned() {
         node_ready(&nodes).await == "True"
     })
     .await;
+    let runtime = wait_runtime(&nodes, "False").await;
+    assert!(
+        runtime.0 == "RuntimeAnswers" && runtime.1.starts_with("cri-o "),
+        "{runtime:?}"
+    );
     // nodekeeper's own pods ran through the CRI-O restart: the same pods, not restarted, Ready again.
     wait_until(
         Duration::from_secs(60),

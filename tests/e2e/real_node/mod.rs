@@ -31,16 +31,14 @@ use crate::support::*;
 
 /// The node's name (the kubelet's `--hostname-override`, its certificate's `system:node:` user).
 pub const NODE: &str = "nk-real";
-/// The controller Service's cluster IP, fixed by a patch: no cluster DNS here ([`PATCHES`]).
-pub const CONTROLLER_IP: &str = "10.0.0.80";
 
 /// What the test install changes of the shipped manifests, and why; each is a patch of the overlay
 /// (`kustomization.yaml` in the cluster's directory) or a Helm value.
 pub const PATCHES: &[&str] = &[
     "ServiceMonitor and PrometheusRule left out: no Prometheus Operator CRDs here (as manifests/kustomization.yaml says)",
     "the controller Deployment has 1 replica: one schedulable node, and its anti-affinity puts replicas on different nodes",
-    "the controller Service's clusterIP is 10.0.0.80, and the agent reports to https://10.0.0.80:8443 (server_name unchanged): no cluster DNS",
     "the DaemonSet's D-Bus, /etc/crio and /var/run/crio hostPaths are an nspawn node's, whose systemd runs a real crio.service: this machine's PID 1 is not systemd",
+    "the runtime check's socket is the kubelet's CRI-O socket, under the node's directory (a production node's is /run/crio/crio.sock, which here is the nspawn node's CRI-O)",
     "the agent's disk paths add this node's kubelet root, CRI-O storage and a small data disk (under the node's directory), with a threshold in bytes (4 MiB free) so that this machine's own disk level decides nothing, and its unit list is crio.service: here the kubelet is no systemd unit",
 ];
 
@@ -303,11 +301,14 @@ impl RealNode {
 
     /// The shipped agent config with this node's patches ([`PATCHES`]).
     fn agent_toml(&self) -> String {
+        // The report URL stays the shipped Service name: the node has cluster DNS.
         let shipped = config_block(&repo().join("manifests/12-agent-config.yaml"));
         assert!(shipped.contains("url = \"https://nodekeeper-controller.nodekeeper.svc:8443\""));
+        let runtime = "[checks.runtime]\nenabled = true\n";
+        assert!(shipped.contains(runtime), "the shipped runtime check moved");
         let shipped = shipped.replace(
-            "url = \"https://nodekeeper-controller.nodekeeper.svc:8443\"",
-            &format!("url = \"https://{CONTROLLER_IP}:8443\""),
+            runtime,
+            &format!("{runtime}socket = \"{}\"\n", self.env("CRIO_SOCKET")),
         );
         format!(
             "{shipped}\n# Test patches (tests/e2e/real_node/mod.rs PATCHES)\n[checks.disk]\n\
@@ -378,11 +379,6 @@ patches:
       metadata: {{name: nodekeeper-controller, namespace: nodekeeper}}
       spec: {{replicas: 1}}
   - patch: |-
-      apiVersion: v1
-      kind: Service
-      metadata: {{name: nodekeeper-controller, namespace: nodekeeper}}
-      spec: {{clusterIP: {CONTROLLER_IP}}}
-  - patch: |-
       apiVersion: apps/v1
       kind: DaemonSet
       metadata: {{name: nodekeeper-agent, namespace: nodekeeper}}
@@ -426,14 +422,12 @@ patches:
         self.wait_ready(Duration::from_secs(120));
     }
 
-    /// The Helm chart with real Helm, values for this node ([`PATCHES`]); then, as the controller
-    /// Service's cluster IP is only known once installed (no cluster DNS, and the chart sets no
-    /// clusterIP), an upgrade pointing the agents' reports at it.
+    /// The Helm chart with real Helm, values for this node ([`PATCHES`]).
     fn install_helm(&self) {
         let dir = self.cluster.dir.join("helm");
         std::fs::create_dir_all(&dir).unwrap();
         let crio = self.crio.dir();
-        let mut values = serde_json::json!({
+        let values = serde_json::json!({
             "controller": { "replicas": 1 },
             "agent": {
                 "hostPaths": {
@@ -445,7 +439,8 @@ patches:
                     "disk": { "paths": ["/", self.env("KUBELET_ROOT"), self.env("CRIO_ROOT"), path(&self.disk)],
                               "min_free_bytes": "4MiB", "min_free_percent": 0.0 },
                     "systemd": { "unit": [{ "name": "crio.service",
-                                            "condition_type": "NodekeeperContainerRuntimeUnhealthy" }] }
+                                            "condition_type": "NodekeeperContainerRuntimeUnhealthy" }] },
+                    "runtime": { "socket": self.env("CRIO_SOCKET") }
                 } }
             }
         });
@@ -470,23 +465,6 @@ patches:
         };
         helm("install", &values);
         self.controller_tls();
-        let ip = kubectl(
-            self.cluster,
-            &[
-                "-n",
-                NS,
-                "get",
-                "service",
-                "nodekeeper-controller",
-                "-o",
-                "jsonpath={.spec.clusterIP}",
-            ],
-        );
-        let ip = String::from_utf8_lossy(&ip.stdout).trim().to_string();
-        assert!(!ip.is_empty(), "the controller Service has no cluster IP");
-        values["agent"]["config"]["report"] =
-            serde_json::json!({ "url": format!("https://{ip}:8443") });
-        helm("upgrade", &values);
         self.wait_ready(Duration::from_secs(120));
     }
 
