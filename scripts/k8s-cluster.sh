@@ -9,7 +9,7 @@
 #                                                     --audit: kube-apiserver writes an audit log of every
 #                                                     request at Metadata level (who, verb, resource, code,
 #                                                     user agent; no bodies) to DIR/logs/audit.log, JSON
-#                                                     lines: the API load per caller (scripts/lib/api-load.py)
+#                                                     lines: the API load per caller (bench/lib/api-load.py)
 #                                                     --audit-policy: the same log, of what FILE's audit
 #                                                     policy selects (e.g. one caller's writes, cheap at scale)
 #                                                     --karpenter: also Karpenter's KWOK provider (its CRDs
@@ -25,7 +25,7 @@
 #
 # Node heartbeats: KWOK's node Leases last 10 s and kube-controller-manager marks a node NotReady 8 s after its
 # last one (fast tests); K8S_NODE_LEASE_SECONDS and K8S_NODE_MONITOR_GRACE override both (e.g. 40 and 50s, the
-# kubelet's and kube-controller-manager's defaults, for thousands of nodes: scripts/bench-scale-real.sh).
+# kubelet's and kube-controller-manager's defaults, for thousands of nodes: bench/scale-real.sh).
 # K8S_GODEBUG: GODEBUG for the components only (e.g. gctrace=1: each garbage collection of their Go runtimes is
 # a line of their logs, `gc N @SECONDS_SINCE_START …`; DIR/pids holds each start, in clock ticks since boot).
 #

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers for the project's scripts. Source it: . "$(dirname "$0")/lib.sh"
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +24,46 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# Clean-up that runs however the script ends (its last line, an error under `set -e`, `exit`, Ctrl-C or
+# SIGTERM), and touches only what the script started:
+#   track PID…     processes it started (`cmd & track $!`): on exit each gets SIGTERM, then SIGKILL if it
+#                  still runs STOP_GRACE seconds later (default 3), and is reaped;
+#   at_exit CMD [ARG…]    a command (its arguments expanded now) run on exit after the tracked processes
+#                  stopped, the last added first (e.g. stopping a cluster, removing a temporary directory);
+#   stop_tracked PID…     stops those tracked processes now (`stop_tracked "${TRACKED[@]}"`: all) and forgets them;
+#   forget PID…           forgets processes the script reaped itself (`wait PID`): they are no longer its own;
+#   run_exit_hooks        stops every tracked process and runs the at_exit commands now, then forgets them all:
+#                         for a script that tears down before its last steps (e.g. reading a log once closed).
+TRACKED=() AT_EXIT=()
+track() { TRACKED+=("$@"); _exit_traps; }
+at_exit() { AT_EXIT+=("$(printf '%q ' "$@")"); _exit_traps; }
+_exit_traps() { trap _on_exit EXIT; }  # bash runs it on SIGINT and SIGTERM too
+_on_exit() { local rc=$?; set +e; trap - ERR; run_exit_hooks; exit "$rc"; }
+# alive PID: the process exists and is not a zombie waiting to be reaped.
+alive() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; [ "${s%% *}" != Z ]; }
+stop_tracked() {
+  local p i targets=("$@")
+  for p in "${targets[@]}"; do kill "$p" 2>/dev/null || true; done
+  for i in $(seq 1 $(( ${STOP_GRACE:-3} * 10 ))); do
+    for p in "${targets[@]}"; do alive "$p" && break; p=""; done
+    [ -n "${p:-}" ] || break
+    sleep 0.1
+  done
+  for p in "${targets[@]}"; do kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  forget "${targets[@]}"
+}
+forget() {
+  local p kept=()
+  for p in "${TRACKED[@]}"; do [[ " $* " == *" $p "* ]] || kept+=("$p"); done
+  TRACKED=("${kept[@]}")
+}
+run_exit_hooks() {
+  local i
+  stop_tracked "${TRACKED[@]}"
+  for (( i = ${#AT_EXIT[@]} - 1; i >= 0; i-- )); do eval "${AT_EXIT[i]}" || true; done
+  AT_EXIT=()
+}
+
 # real_cluster DIR [UP-ARG…]: a real control plane in DIR for this script's lifetime, with the shipped manifests:
 # the real kubectl, the control plane binaries (built once, then cached), `k8s-cluster.sh up DIR UP-ARG…` (stopped
 # when this script exits, however it exits) and `k8s-cluster.sh install`. Sets REAL_KUBECONFIG.
@@ -34,48 +75,10 @@ real_cluster() {
   "$REPO/scripts/setup-k8s.sh" >/dev/null
   log "cluster up: $dir (logs in $dir/logs)"
   "$REPO/scripts/k8s-cluster.sh" up "$dir" --owner-pid $$ "$@"
-  # shellcheck disable=SC2064 # expand now: the directory of this cluster
-  trap "\"$REPO/scripts/k8s-cluster.sh\" down \"$dir\"" EXIT
+  at_exit "$REPO/scripts/k8s-cluster.sh" down "$dir"
   log "shipped manifests (kubectl kustomize manifests/ | kubectl apply)"
   "$REPO/scripts/k8s-cluster.sh" install "$dir" >"$dir/logs/install.log" ||
     { cat "$dir/logs/install.log" >&2; return 1; }
   REAL_KUBECONFIG="$dir/kubeconfig"
 }
 
-# token_kubeconfig DIR TOKEN OUT: a kubeconfig for the `k8s-cluster.sh up` cluster in DIR that authenticates
-# with TOKEN (a ServiceAccount's, from `kubectl create token`): a tool run outside a pod as its ServiceAccount.
-token_kubeconfig() {
-  local dir=$1 token=$2 out=$3 server
-  server=$(awk '/server:/ {print $2; exit}' "$dir/kubeconfig")
-  cat >"$out" <<EOC
-apiVersion: v1
-kind: Config
-clusters: [{name: real, cluster: {server: $server, certificate-authority: $dir/pki/ca.crt}}]
-users: [{name: sa, user: {token: $token}}]
-contexts: [{name: real, context: {cluster: real, user: sa}}]
-current-context: real
-EOC
-}
-
-# loopback_tls OUTDIR: a self-signed certificate for 127.0.0.1 and the shipped Service's name
-# nodekeeper-controller.nodekeeper.svc (the server name examples/controller_bench.rs's agents pin):
-# OUTDIR/tls.crt (also the agents' CA) and OUTDIR/tls.key. An end-entity certificate (CA:FALSE): `req -x509`
-# marks it a CA by default, which rustls (webpki) refuses as a server's certificate (CaUsedAsEndEntity).
-loopback_tls() {
-  mkdir -p "$1"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=nodekeeper-controller \
-    -addext "subjectAltName=IP:127.0.0.1,DNS:nodekeeper-controller.nodekeeper.svc" -addext "basicConstraints=critical,CA:FALSE" \
-    -addext "keyUsage=critical,digitalSignature" -addext "extendedKeyUsage=serverAuth" -keyout "$1/tls.key" -out "$1/tls.crt" 2>/dev/null
-}
-
-# shipped_controller_config LISTEN TLSDIR: the controller's shipped config.toml (manifests/21-controller-config.yaml)
-# on stdout, run outside the cluster: listening on LISTEN with TLSDIR's files, and acting (dry_run off).
-shipped_controller_config() {
-  awk '/config.toml: \|/ {on=1; next} on { sub(/^    /, ""); print }' "$REPO/manifests/21-controller-config.yaml" |
-    sed -e "s|^listen = .*|listen = \"$1\"|" \
-        -e "s|^tls_cert_file = .*|tls_cert_file = \"$2/tls.crt\"|" -e "s|^tls_key_file = .*|tls_key_file = \"$2/tls.key\"|" \
-        -e 's|^dry_run = true|dry_run = false|'
-}
-
-# free_port: a TCP port free on 127.0.0.1 right now.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

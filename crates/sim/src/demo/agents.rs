@@ -2,7 +2,7 @@
 //! with its own metadata emulator on loopback (OCI unless [`Agents::with_source`] says
 //! otherwise), tokens for its node ([`Credentials`]: minted by the sim, or TokenRequest tokens
 //! bound to the DaemonSet's pod on a real cluster), and a throw-away state directory. New
-//! nodes get an agent as they appear; removed nodes lose theirs. `examples/notice_bench.rs`
+//! nodes get an agent as they appear; removed nodes lose theirs. `bench/examples/notice_bench.rs`
 //! uses the same supervisor with each cloud.
 
 use std::collections::BTreeMap;

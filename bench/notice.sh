@@ -2,10 +2,10 @@
 # Notice visible -> interruption taint + cordon on the Node, per source side by side (OCI Events
 # push; OCI, AWS, Azure metadata polls; GCP long poll), through real agent processes, the
 # controller and the sim, all on loopback. Prints p50/p99/max per source with the poll interval.
-# Usage: scripts/bench-notice.sh [--debug] [--real] [--trials N] [--poll-ms MS]
+# Usage: bench/notice.sh [--debug] [--real] [--trials N] [--poll-ms MS]
 # --debug uses the debug build (no 20-40 min release build). --real runs it on a real control plane (started
 # for the run, see scripts/lib.sh real_cluster) instead of the sim. Figures: docs/benchmarks.md.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/lib/bench.sh"
 cd "$REPO"
 profile=release
 flag=--release

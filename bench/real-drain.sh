@@ -2,10 +2,10 @@
 # Drain of a 110-pod KWOK node on the real control plane: `nodekeeper drain` vs the real
 # `kubectl drain --ignore-daemonsets --delete-emptydir-data`, each on its own identical node, in one run,
 # both as one operator ServiceAccount (the drain role of docs/drain.md). Figures go to docs/benchmarks.md.
-#   scripts/bench-real-drain.sh [RUNS]      (default 3; each run uses two fresh nodes)
+#   bench/real-drain.sh [RUNS]      (default 3; each run uses two fresh nodes)
 # Pods: 10 Deployments × 11 replicas, terminationGracePeriodSeconds 2 (KWOK removes a deleted pod between
 # 1 s and its grace period later, as a kubelet stopping containers would).
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/lib/bench.sh"
 cd "$REPO"
 RUNS=${1:-3}
 sh "$REPO/scripts/setup-kubectl.sh" >/dev/null
@@ -14,6 +14,7 @@ log "cargo build --release --bin nodekeeper"
 cargo build --release --bin nodekeeper
 NK="$REPO/target/release/nodekeeper"
 DIR=$(mktemp -d /tmp/nodekeeper-bench-drain.XXXX)
+at_exit "$REPO/scripts/k8s-cluster.sh" down "$DIR"
 "$REPO/scripts/k8s-cluster.sh" up "$DIR" --owner-pid $$
 export HOME="$DIR"
 k() { "$KUBECTL" --kubeconfig "$DIR/kubeconfig" "$@"; }
@@ -87,11 +88,10 @@ for r in $(seq 1 "$RUNS"); do
   for n in "$a" "$b"; do
     for _ in $(seq 1 300); do [ "$(ready_on "$n")" -ge 110 ] && break; sleep 0.2; done
   done
-  t0=$(now); "$NK" drain "$a" --kubeconfig "$OP" --timeout 180s --skip-volume-wait >/dev/null 2>"$DIR/nk-$r.log" || { cat "$DIR/nk-$r.log"; exit 1; }; t1=$(now)
-  "$KUBECTL" --kubeconfig "$OP" drain "$b" --ignore-daemonsets --delete-emptydir-data --timeout=180s >"$DIR/kc-$r.log" 2>&1 || { cat "$DIR/kc-$r.log"; exit 1; }; t2=$(now)
-  [ "$(left_on "$a")" -eq 0 ] && [ "$(left_on "$b")" -eq 0 ] || { echo "pods left after the drains" >&2; exit 1; }
+  t0=$(now); "$NK" drain "$a" --kubeconfig "$OP" --timeout 180s --skip-volume-wait >/dev/null 2>"$DIR/nk-$r.log" || { cat "$DIR/nk-$r.log" >&2; die "nodekeeper drain failed (run $r)"; }; t1=$(now)
+  "$KUBECTL" --kubeconfig "$OP" drain "$b" --ignore-daemonsets --delete-emptydir-data --timeout=180s >"$DIR/kc-$r.log" 2>&1 || { cat "$DIR/kc-$r.log" >&2; die "kubectl drain failed (run $r)"; }; t2=$(now)
+  [ "$(left_on "$a")" -eq 0 ] && [ "$(left_on "$b")" -eq 0 ] || die "pods left after the drains (run $r)"
   awk -v r="$r" -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN { printf "%-4s %-12.2f %-12.2f %.2f\n", r, b - a, c - b, (b - a) / (c - b) }'
   # Stop the Deployments from recreating pods elsewhere before the next run.
   for i in $(seq 0 9); do k -n bench delete deployment "$a-app$i" "$b-app$i" --wait=false >/dev/null; done
 done
-"$REPO/scripts/k8s-cluster.sh" down "$DIR"

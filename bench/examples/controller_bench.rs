@@ -14,7 +14,7 @@
 //! latency of the agents' condition changes (10/s) to a Node watch, over `--window` seconds.
 //! `--transport h2-held | h1-held | h2-idle | h1-idle` (default `h1-idle`, the shipped one) picks
 //! the report API's transport for the whole run (docs/controller.md "Benchmark");
-//! `scripts/bench-controller.sh --transports a,b,…` runs several, one process each, in a row.
+//! `bench/controller.sh --transports a,b,…` runs several, one process each, in a row.
 
 mod common;
 
@@ -202,7 +202,7 @@ const NOTICE_SOURCE: &str = "bench/spot";
 /// default 10 s heartbeat, `[report] idle_timeout` I), started spread over one heartbeat; prints
 /// `started N` (the agents it runs), then flips one agent's condition status every `--change-ms`
 /// (default 100 ms; its message carries the send time, for the parent's watch) until killed.
-/// With `--notices K` (scripts/bench-scale-real.sh), the agents of nodes `n{F}`…`n{F+K-1}`
+/// With `--notices K` (bench/scale-real.sh), the agents of nodes `n{F}`…`n{F+K-1}`
 /// (`--notice-from F`) each report one spot interruption notice, one every `--notice-ms`
 /// (default 200 ms), starting `--notice-delay-s` (default 2) after `started`, or, with
 /// `--notice-go FILE`, once FILE exists (the bench's measurement window is open then, however

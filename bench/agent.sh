@@ -2,15 +2,15 @@
 # Benchmark: the agent's steady RSS and CPU at default settings with every check on and a 1 s
 # metadata poll (goal: RSS <= 12 MiB, CPU <= 2 millicores). The agent polls a local OCI metadata
 # emulator on loopback (never 169.254.169.254 from this namespace).
-# Usage: scripts/bench-agent.sh [SECONDS] [agent|full]   (default 60 s, the agent build that nodes
+# Usage: bench/agent.sh [SECONDS] [agent|full]   (default 60 s, the agent build that nodes
 #   run, `cargo build --profile agent --no-default-features`: README "Builds"; the goal's figure is
 #   for 600 s). `full` measures the build with every
 #   command. The metadata emulator (`sim imds`) runs from the full build.
-#   NODEKEEPER_BIN=/path/to/nodekeeper scripts/bench-agent.sh   measures that binary (no build),
+#   NODEKEEPER_BIN=/path/to/nodekeeper bench/agent.sh   measures that binary (no build),
 #   e.g. to compare release profiles side by side. NODEKEEPER_SIM_BIN names the emulator's binary
 #   (any build with `sim imds`, e.g. target/debug/nodekeeper: its speed does not matter here); by
 #   default the same binary with NODEKEEPER_BIN, else the full release build, built first.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/lib/bench.sh"
 DURATION="${1:-60}"
 FLAVOR="${2:-agent}"
 if [ -n "${NODEKEEPER_BIN:-}" ]; then
@@ -24,7 +24,7 @@ else
       NK="$REPO/target/agent/nodekeeper"
       ;;
     full) NK="$REPO/target/release/nodekeeper" ;;
-    *) echo "bench-agent.sh: build must be agent or full, not '$FLAVOR'" >&2; exit 2 ;;
+    *) echo "$BENCH: build must be agent or full, not '$FLAVOR'" >&2; exit 2 ;;
   esac
   SIM="${NODEKEEPER_SIM_BIN:-$REPO/target/release/nodekeeper}"
   if [ "$FLAVOR" = full ] || [ -z "${NODEKEEPER_SIM_BIN:-}" ]; then
@@ -32,12 +32,10 @@ else
   fi
 fi
 T="$(mktemp -d)"
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$T"; }
-trap cleanup EXIT
+at_exit rm -rf "$T"
 PORT=$((20000 + RANDOM % 20000))
 "$SIM" sim imds --cloud oci --listen "127.0.0.1:$PORT" >"$T/imds.log" 2>&1 &
-PIDS+=($!)
+track $!
 cat >"$T/agent.toml" <<TOML
 [log]
 level = "warn"
@@ -53,7 +51,7 @@ TOML
 mkdir -p "$T/root/etc/crio/crio.conf.d"
 DBUS_SYSTEM_BUS_ADDRESS="unix:path=$T/no-bus" "$NK" agent --config "$T/agent.toml" --root "$T/root" 2>"$T/agent.log" &
 AGENT=$!
-PIDS+=("$AGENT")
+track "$AGENT"
 sleep 5 # warm-up: first check round, identity, first polls
 tick=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$AGENT/stat"; }

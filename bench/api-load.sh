@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Karpenter's requests on kube-apiserver, per node-hour, from the API server's audit log (NPD
-# and nodekeeper are measured by scripts/bench-npd.sh, the same way). Figures go to docs/comparison.md.
-#   scripts/bench-api-load.sh [MINUTES]   steady-state window (default 10), then a repair wave (WAVE_MINUTES)
+# and nodekeeper are measured by bench/npd.sh, the same way). Figures go to docs/comparison.md.
+#   bench/api-load.sh [MINUTES]   steady-state window (default 10), then a repair wave (WAVE_MINUTES)
 #   NODES=20          nodes Karpenter provisions (one pod of 1500m each, required anti-affinity by host name)
 #   WAVE=2            of them made NotReady (Ready=False, 10-minute toleration out 5 s later) for the wave
 #   WAVE_MINUTES=5    the wave's window (0: no wave)
@@ -10,17 +10,16 @@
 # off: out of cluster it has no namespace for its Lease, so its lease renewals, which a real deployment adds,
 # are not counted), the KWOKNodeClass and NodePool of tests/fixtures/karpenter (consolidation WhenEmpty here, so
 # that the steady state is steady). nodekeeper is not installed. Requests per caller:
-# scripts/lib/api-load.py; Karpenter's per-node-hour figure splits its fixed part (lists, watches) from the rest.
-. "$(dirname "$0")/lib.sh"
-. "$REPO/scripts/lib/bench.sh"
+# bench/lib/api-load.py; Karpenter's per-node-hour figure splits its fixed part (lists, watches) from the rest.
+. "$(dirname "$0")/lib/bench.sh"
 cd "$REPO"
 MINUTES=${1:-10}
 NODES=${NODES:-20} WAVE=${WAVE:-2} WAVE_MINUTES=${WAVE_MINUTES:-5} WARMUP=${WARMUP:-60}
-setup_real  # kubectl, the control plane, versions.env (scripts/lib/bench.sh)
+setup_real  # kubectl, the control plane, versions.env (bench/lib/bench.sh)
 log "control plane + Karpenter KWOK binaries (scripts/setup-k8s.sh)"
 OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-api-load.XXXX)
 DIR=$(mktemp -d /tmp/nodekeeper-bench-api-load-cluster.XXXX)
-trap '"$REPO/scripts/k8s-cluster.sh" down "$DIR"' EXIT
+at_exit "$REPO/scripts/k8s-cluster.sh" down "$DIR"
 k() { "$KUBECTL" --kubeconfig "$DIR/kubeconfig" "$@"; }
 
 log "cluster up (audit log on, Karpenter with NodeRepair): $DIR; output in $OUTDIR"
@@ -54,8 +53,8 @@ if [ "$WAVE_MINUTES" != 0 ]; then
   echo "wave: $(k get nodes -l karpenter.sh/nodepool=default --no-headers | grep -c ' Ready ') pool nodes Ready at the end; of the faulted: $(k get nodes "${victims[@]}" --no-headers 2>/dev/null | wc -l) still exist"
 fi
 k get events -A -o json >"$OUTDIR/events.json" || true
-"$REPO/scripts/k8s-cluster.sh" down "$DIR"; trap - EXIT
+run_exit_hooks  # the cluster down: its audit log complete
 cat "$OUTDIR/load"
-python3 "$REPO/scripts/lib/api-load.py" "$DIR/logs/audit.log" "$OUTDIR/windows" "$OUTDIR/api-load.json" \
+python3 "$REPO/bench/lib/api-load.py" "$DIR/logs/audit.log" "$OUTDIR/windows" "$OUTDIR/api-load.json" \
   karpenter="$NODES" nodes="$NODES" | tee "$OUTDIR/api-load.txt"
 echo "versions: Karpenter v$KARPENTER_VERSION (KWOK provider), Kubernetes v$K8S_VERSION; output: $OUTDIR"

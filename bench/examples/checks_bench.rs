@@ -1,6 +1,6 @@
 //! Cost of the health checks on this machine: time per run of each check, and CPU time and wall
 //! time of one full debounced round (all checks), plus peak RSS. Not a timed test: run it with
-//! `scripts/bench-checks.sh` and record the figures in docs/checks.md.
+//! `bench/checks.sh` and record the figures in docs/checks.md.
 //!
 //! ```text
 //! cargo run --release --example checks_bench -- [--rounds N] [--bus unix:path=...] [--host-root DIR]

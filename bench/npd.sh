@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Node Problem Detector (NPD) vs nodekeeper on the same host, reporting node problems to the same real API
 # (resources, and requests per node-hour). Figures go to docs/comparison.md.
-#   scripts/bench-npd.sh [MINUTES]      steady-state window (default 10), then a repair wave (WAVE_MINUTES)
+#   bench/npd.sh [MINUTES]      steady-state window (default 10), then a repair wave (WAVE_MINUTES)
 #   NODES=100          KWOK nodes in the cluster; every one but the NPD nodes runs a nodekeeper agent
 #   PAIRS=2            NPD processes and "compared" agents (host checks on), each pair on this host
 #   WAVE=10            nodes made NotReady (Ready=False, tolerations out 5 s later) for the repair wave
@@ -39,49 +39,40 @@
 # request: the script plays the cloud, deleting a node (and stopping its agent) once nodekeeper requested its
 # replacement (Event ReplacementRequested), which lets the next repair start. No replacement node joins.
 # NPD has no repair: its nodes stay healthy, its requests do not depend on other nodes' health.
-# Measured: per process RSS (VmRSS every 1 s, peak and mean; VmHWM) and CPU seconds (scripts/lib/proc-sample.py)
+# Measured: per process RSS (VmRSS every 1 s, peak and mean; VmHWM) and CPU seconds (bench/lib/proc-sample.py)
 # over the steady window after a WARMUP (default 60 s); requests per caller from the audit log
-# (scripts/lib/api-load.py) in the steady window and in the wave window (from the wave's fault on).
+# (bench/lib/api-load.py) in the steady window and in the wave window (from the wave's fault on).
 # Needs root (host checks read /dev/kmsg), openssl, python3, Go (scripts/setup-peers.sh npd builds NPD once).
-. "$(dirname "$0")/lib.sh"
-. "$REPO/scripts/lib/bench.sh"
+. "$(dirname "$0")/lib/bench.sh"
 cd "$REPO"
 MINUTES=${1:-10}
 NODES=${NODES:-100} PAIRS=${PAIRS:-2} WAVE=${WAVE:-10} WAVE_MINUTES=${WAVE_MINUTES:-5} WARMUP=${WARMUP:-60}
 AGENT_PROFILE=${AGENT_PROFILE:-agent} PROFILE=${BENCH_PROFILE:-debug}
 FILL=$(( NODES - 2 * PAIRS ))
-[ "$FILL" -ge "$WAVE" ] || { echo "bench-npd: NODES=$NODES leaves $FILL fill nodes, fewer than WAVE=$WAVE" >&2; exit 2; }
-[ "$(id -u)" -eq 0 ] || { echo "bench-npd: needs root (the host checks read /dev/kmsg)" >&2; exit 1; }
-setup_real  # kubectl, the control plane, versions.env (scripts/lib/bench.sh)
+[ "$FILL" -ge "$WAVE" ] || { echo "$BENCH: NODES=$NODES leaves $FILL fill nodes, fewer than WAVE=$WAVE" >&2; exit 2; }
+[ "$(id -u)" -eq 0 ] || die "needs root (the host checks read /dev/kmsg)"
+setup_real  # kubectl, the control plane, versions.env (bench/lib/bench.sh)
 log "control plane binaries (scripts/setup-k8s.sh), NPD (scripts/setup-peers.sh npd)"
 NPD="$("$REPO/scripts/setup-peers.sh" npd | tail -1)/node-problem-detector"
 NPD_CONFIG="$(cd "$REPO/tools/k8s/npd" && PATH="$PATH:/usr/local/go/bin" go env GOMODCACHE)/k8s.io/node-problem-detector@v$NPD_VERSION/config"
 # The binary may be cached while the module cache was emptied since: fetch the module's source (its config/).
 [ -f "$NPD_CONFIG/kernel-monitor.json" ] ||
   (cd "$REPO/tools/k8s/npd" && GOTOOLCHAIN=local GOFLAGS=-mod=mod PATH="$PATH:/usr/local/go/bin" go mod download "k8s.io/node-problem-detector@v$NPD_VERSION")
-[ -f "$NPD_CONFIG/kernel-monitor.json" ] || { echo "bench-npd: NPD's config not found at $NPD_CONFIG" >&2; exit 1; }
-build_nk "$PROFILE"  # sets NK (scripts/lib/bench.sh)
+[ -f "$NPD_CONFIG/kernel-monitor.json" ] || die "NPD's config not found at $NPD_CONFIG"
+build_nk "$PROFILE"  # sets NK (bench/lib/bench.sh)
 if [ -n "${AGENT_BIN:-}" ]; then AGENT=$AGENT_BIN; AGENT_PROFILE="given ($("$AGENT_BIN" --version | head -1))"; else
 case $AGENT_PROFILE in
   agent) log "cargo build --profile agent --no-default-features (the agent build)"
          cargo build --profile agent --locked --no-default-features; AGENT="$REPO/target/agent/nodekeeper" ;;
   debug) AGENT="$NK" ;;
-  *) echo "bench-npd: AGENT_PROFILE must be agent or debug" >&2; exit 2 ;;
+  *) echo "$BENCH: AGENT_PROFILE must be agent or debug" >&2; exit 2 ;;
 esac
 fi
 OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-npd.XXXX)
 DIR=$(mktemp -d /tmp/nodekeeper-bench-npd-cluster.XXXX)
-PIDS=() CTL_PID="" STANDBY_PID="" PROVIDER_PID=""
-cleanup() {
-  local p
-  [ -z "$PROVIDER_PID" ] || { kill "$PROVIDER_PID" 2>/dev/null || true; wait "$PROVIDER_PID" 2>/dev/null || true; }
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  [ -z "$CTL_PID" ] || { kill "$CTL_PID" 2>/dev/null || true; wait "$CTL_PID" 2>/dev/null || true; }
-  [ -z "$STANDBY_PID" ] || { kill "$STANDBY_PID" 2>/dev/null || true; wait "$STANDBY_PID" 2>/dev/null || true; }
-  "$REPO/scripts/k8s-cluster.sh" down "$DIR"
-}
-trap cleanup EXIT
+STANDBY_PID=""
+# Every process started below is tracked (bench/lib/bench.sh): stopped on exit, however the script exits.
+at_exit "$REPO/scripts/k8s-cluster.sh" down "$DIR"
 k() { "$KUBECTL" --kubeconfig "$DIR/kubeconfig" "$@"; }
 
 log "cluster up (audit log on): $DIR; output in $OUTDIR"
@@ -98,7 +89,7 @@ if [ "$REPLICAS" -ge 2 ]; then
   sed "s|127.0.0.1:$CTL_PORT|127.0.0.1:$(free_port)|" "$DIR/nk-controller.toml" >"$DIR/nk-standby.toml"
   KUBECONFIG="$DIR/nk-controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL="${NK_LOG:-info}" \
     "$NK" controller --config "$DIR/nk-standby.toml" >"$DIR/logs/nodekeeper-standby.log" 2>&1 &
-  STANDBY_PID=$!
+  STANDBY_PID=$!; track "$STANDBY_PID"
 fi
 
 npd_nodes=() nk_nodes=() fill_nodes=()
@@ -106,10 +97,15 @@ for i in $(seq 1 "$PAIRS"); do npd_nodes+=("npd-$i"); nk_nodes+=("nk-$i"); done
 for i in $(seq 1 "$FILL"); do fill_nodes+=("fill-$i"); done
 log "$NODES KWOK nodes: ${#npd_nodes[@]} for NPD, ${#nk_nodes[@]} compared agents, $FILL more agents"
 kwok_nodes "${npd_nodes[@]}" "${nk_nodes[@]}" "${fill_nodes[@]}"
-agent_pods() { k -n nodekeeper get pods -l app.kubernetes.io/name=nodekeeper-agent \
-  -o jsonpath='{range .items[*]}{.spec.nodeName} {.metadata.name} {.metadata.uid}{"\n"}{end}' >"$OUTDIR/agent-pods"; }
-all_pods() { agent_pods; [ "$(grep -c . "$OUTDIR/agent-pods")" -ge "$NODES" ]; }
-wait_for 180 "the agent DaemonSet's pod on every node" all_pods
+# all_pods: the DaemonSet's pod scheduled on every node (a pod kube-scheduler has not placed yet has no nodeName):
+# OUTDIR/agent-pods, one line per node, "NODE POD UID".
+all_pods() {
+  k -n nodekeeper get pods -l app.kubernetes.io/name=nodekeeper-agent \
+    -o jsonpath='{range .items[*]}{.spec.nodeName}{"|"}{.metadata.name}{"|"}{.metadata.uid}{"\n"}{end}' |
+    awk -F'|' '$1 != "" {print $1, $2, $3}' | sort -u -k1,1 >"$OUTDIR/agent-pods"
+  [ "$(grep -c . "$OUTDIR/agent-pods")" -ge "$NODES" ]
+}
+wait_for 180 "the agent DaemonSet's pod scheduled on every node (see $OUTDIR/agent-pods)" all_pods
 
 # agent NODE CHECKS: tokens bound to the DaemonSet's pod on NODE (API: default audience; reports: audience
 # nodekeeper), the shipped config pointed at the controller, then the agent. CHECKS=host keeps the shipped
@@ -117,7 +113,8 @@ wait_for 180 "the agent DaemonSet's pod on every node" all_pods
 agent() {
   local node=$1 rd="$OUTDIR/agent/$1" pod uid bound
   mkdir -p "$rd"
-  read -r pod uid < <(awk -v n="$node" '$1 == n {print $2, $3}' "$OUTDIR/agent-pods")
+  read -r pod uid < <(awk -v n="$node" '$1 == n {print $2, $3}' "$OUTDIR/agent-pods") ||
+    die "no agent pod on node $node in $OUTDIR/agent-pods"
   bound=(--bound-object-kind Pod --bound-object-name "$pod" --bound-object-uid "$uid" --duration=2h)
   token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-agent "${bound[@]}")" "$rd/kubeconfig"
   k -n nodekeeper create token nodekeeper-agent "${bound[@]}" --audience nodekeeper >"$rd/report-token"
@@ -126,12 +123,12 @@ agent() {
   [ "$2" = host ] || printf '\n[checks.kmsg]\nenabled = false\n[checks.systemd]\nenabled = false\n[checks.disk]\npaths = ["%s"]\n' \
     "$rd" >>"$rd/agent.toml"
   KUBECONFIG="$rd/kubeconfig" NODEKEEPER_NODE_NAME="$node" "$AGENT" agent --config "$rd/agent.toml" >"$rd/agent.log" 2>&1 &
+  track $!
   echo "$!" >"$rd/pid"
 }
 log "agents: ${#nk_nodes[@]} with host checks, $FILL without (tokens bound to the DaemonSet's pods)"
 for n in "${nk_nodes[@]}"; do agent "$n" host; done
 for n in "${fill_nodes[@]}"; do agent "$n" fill; done
-for n in "${nk_nodes[@]}" "${fill_nodes[@]}"; do PIDS+=("$(cat "$OUTDIR/agent/$n/pid")"); done
 
 log "NPD v$NPD_VERSION on ${npd_nodes[*]} (kernel, readonly, docker, systemd monitors)"
 mkdir -p "$OUTDIR/npd"
@@ -142,7 +139,7 @@ for n in "${npd_nodes[@]}"; do
     --apiserver-override="$SERVER?inClusterConfig=false&auth=$OUTDIR/npd/kubeconfig" \
     --config.system-log-monitor="$MONITORS" --port="$(free_port)" --prometheus-port="$(free_port)" \
     >"$OUTDIR/npd/$n.log" 2>&1 &
-  PIDS+=($!); echo "$!" >"$OUTDIR/npd/$n.pid"
+  track $!; echo "$!" >"$OUTDIR/npd/$n.pid"
 done
 
 samples=()
@@ -153,11 +150,11 @@ samples+=("controller=$CTL_PID")
 [ -z "$STANDBY_PID" ] || samples+=("standby=$STANDBY_PID")
 log "warm-up ${WARMUP}s (start-up lists and first writes are outside the windows)"
 sleep "$WARMUP"
-for p in "${PIDS[@]}" "$CTL_PID" $STANDBY_PID; do kill -0 "$p" 2>/dev/null || { echo "bench-npd: process $p exited early (logs in $OUTDIR)" >&2; exit 1; }; done
+for p in "${TRACKED[@]}"; do alive "$p" || die "process $p exited early (logs in $OUTDIR)"; done
 
 log "steady state: $MINUTES min (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
 t0=$(date +%s.%N)
-python3 "$REPO/scripts/lib/proc-sample.py" "$OUTDIR/steady-proc.json" $(( MINUTES * 60 )) "${samples[@]}"
+python3 "$REPO/bench/lib/proc-sample.py" "$OUTDIR/steady-proc.json" $(( MINUTES * 60 )) "${samples[@]}"
 t1=$(date +%s.%N)
 echo "steady $t0 $t1" >"$OUTDIR/windows"
 k get nodes "${npd_nodes[0]}" "${nk_nodes[0]}" -o json >"$OUTDIR/nodes-steady.json"
@@ -185,8 +182,8 @@ if [ "$WAVE_MINUTES" != 0 ]; then
   t2=$(date +%s.%N)
   not_ready $(( ${t2%.*} + 5 )) "${victims[@]}"
   wave_provider $(( ${t2%.*} + WAVE_MINUTES * 60 )) &
-  PROVIDER_PID=$!
-  python3 "$REPO/scripts/lib/proc-sample.py" "$OUTDIR/wave-proc.json" $(( WAVE_MINUTES * 60 )) "${samples[@]}"
+  track $!
+  python3 "$REPO/bench/lib/proc-sample.py" "$OUTDIR/wave-proc.json" $(( WAVE_MINUTES * 60 )) "${samples[@]}"
   echo "wave $t2 $(date +%s.%N)" >>"$OUTDIR/windows"
   k get events -A -o json >"$OUTDIR/events.json" || true
   k get nodes -o json >"$OUTDIR/nodes-wave.json"
@@ -194,9 +191,9 @@ if [ "$WAVE_MINUTES" != 0 ]; then
 fi
 cp "$DIR/logs/nodekeeper-controller.log" "$OUTDIR/"
 [ -z "$STANDBY_PID" ] || cp "$DIR/logs/nodekeeper-standby.log" "$OUTDIR/"
-cleanup; trap - EXIT
+run_exit_hooks  # every process stopped, the cluster down: its audit log complete
 log "API load from the audit log ($(du -h "$DIR/logs/audit.log" | cut -f1))"
-python3 "$REPO/scripts/lib/api-load.py" "$DIR/logs/audit.log" "$OUTDIR/windows" "$OUTDIR/api-load.json" \
+python3 "$REPO/bench/lib/api-load.py" "$DIR/logs/audit.log" "$OUTDIR/windows" "$OUTDIR/api-load.json" \
   npd="$PAIRS" agents=$(( NODES - PAIRS )) nodes="$NODES" | tee "$OUTDIR/api-load.txt"
 python3 - "$OUTDIR" <<'EOF'
 import json, sys

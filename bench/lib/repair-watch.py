@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Watcher for scripts/bench-karpenter-repair.sh: observes a repair on the real control plane from the API.
+"""Watcher for bench/karpenter-repair.sh: observes a repair on the real control plane from the API.
 
     repair-watch.py DIR NS POOL FAULTFILE TIMEOUT OUT.json
 

@@ -7,7 +7,7 @@
 //! - `--e2e`: also AWS end to end through the driver at the default 1 s poll interval.
 //!
 //! Run: `cargo run --release --example imds_latency -- [--iterations N] [--e2e]`
-//! (or `scripts/bench-imds-latency.sh`).
+//! (or `bench/imds-latency.sh`).
 
 use std::time::{Duration, Instant};
 

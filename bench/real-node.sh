@@ -6,16 +6,15 @@
 # same source: the kubelet's Summary API (/stats/summary: each container's workingSetBytes and
 # usageCoreNanoSeconds), every 10 s over MINUTES after a warm-up. Figures go to bench/results/ and the NPD table
 # of docs/comparison.md.
-#   scripts/bench-real-node.sh [MINUTES]   (default 10; WARMUP=60 seconds before sampling)
+#   bench/real-node.sh [MINUTES]   (default 10; WARMUP=60 seconds before sampling)
 # Patches, as the e2e tests name them (tests/e2e/real_node/mod.rs): ServiceMonitor/PrometheusRule left out, one
 # controller replica, the controller's Service at 10.0.0.80 (no cluster DNS); NPD's image pull policy Never
 # (no registry). Not patched here: the agent's bus and /etc/crio are the host's (this host runs no systemd: its
 # CRI-O apply and unit checks fail, as NPD's journald monitors do). Needs root.
-. "$(dirname "$0")/lib.sh"
-. "$REPO/scripts/lib/bench.sh"
+. "$(dirname "$0")/lib/bench.sh"
 cd "$REPO"
 MINUTES=${1:-10} WARMUP=${WARMUP:-60}
-[ "$(id -u)" -eq 0 ] || { echo "bench-real-node: needs root (scripts/k8s-node.sh)" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || die "needs root (scripts/k8s-node.sh)"
 setup_real
 NPD_BIN="$("$REPO/scripts/setup-peers.sh" npd | tail -1)/node-problem-detector"
 NPD_MOD="$(cd "$REPO/tools/k8s/npd" && PATH="$PATH:/usr/local/go/bin" go env GOMODCACHE)/k8s.io/node-problem-detector@v$NPD_VERSION"
@@ -25,11 +24,9 @@ log "images (scripts/build-image.sh)"
 built=$("$REPO/scripts/build-image.sh")
 DIR=$(mktemp -d /tmp/nodekeeper-bench-real-node.XXXX)
 NODE=nk-bench
-cleanup() {
-  "$REPO/scripts/k8s-node.sh" down "$DIR/node" >/dev/null 2>&1 || true
-  "$REPO/scripts/k8s-cluster.sh" down "$DIR/cluster" >/dev/null 2>&1 || true
-}
-trap cleanup EXIT
+down_quietly() { "$REPO/scripts/$1" down "$2" >/dev/null 2>&1; }
+at_exit down_quietly k8s-cluster.sh "$DIR/cluster"
+at_exit down_quietly k8s-node.sh "$DIR/node"  # the node first: the last added runs first
 K8S_NODE_MONITOR_GRACE=40s "$REPO/scripts/k8s-cluster.sh" up "$DIR/cluster" --owner-pid $$
 "$REPO/scripts/k8s-node.sh" up "$DIR/node" "$DIR/cluster" --name "$NODE" --index 249 --owner-pid $$
 k() { "$KUBECTL" --kubeconfig "$DIR/cluster/kubeconfig" "$@"; }
@@ -108,7 +105,7 @@ print(json.dumps(out))' >>"$DIR/samples.jsonl"
   sleep 10
 done
 mkdir -p "$REPO/bench/results"
-result="$REPO/bench/results/real-node-$(date -u +%Y-%m-%d).md"
+result="$REPO/bench/results/$(date -u +%Y-%m-%d)-real-node.md"
 python3 - "$DIR/samples.jsonl" "$MINUTES" "$(sed -n 's/^agent_version=//p' <<<"$built")" "$NPD_VERSION" >"$result" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -119,7 +116,7 @@ def fig(k):
     secs = rows[-1]["t"] - rows[0]["t"]
     return statistics.mean(ws), max(ws), 1000 * cpu / secs, len(xs)
 a, n = fig("agent"), fig("npd")
-print(f"# The agent pod beside NPD's on a real node ({sys.argv[2]} min, scripts/bench-real-node.sh)\n")
+print(f"# The agent pod beside NPD's on a real node ({sys.argv[2]} min, bench/real-node.sh)\n")
 print(f"kubelet v1.37 /stats/summary every 10 s after a 60 s warm-up; agent `{sys.argv[3]}`, NPD v{sys.argv[4]}.\n")
 print("| pod | working set mean (MiB) | working set max (MiB) | CPU (millicores) | samples |")
 print("|---|---|---|---|---|")

@@ -1,6 +1,24 @@
-# Helpers shared by the benchmarks on the real control plane (scripts/bench-nth.sh, bench-karpenter-repair.sh,
-# bench-npd.sh). Source it after scripts/lib.sh; the caller defines DIR (the `k8s-cluster.sh up` directory) and
-# k() (the real kubectl with DIR's admin kubeconfig: the harness, never a nodekeeper process).
+# shellcheck shell=bash
+# What every benchmark script shares. Source it first, in place of scripts/lib.sh:
+#   . "$(dirname "$0")/lib/bench.sh"
+# It sources scripts/lib.sh (REPO, log, apt_install, track / at_exit / stop_tracked / run_exit_hooks, real_cluster)
+# and makes the script fail loudly: any command that fails under `set -e` prints its file, line and text
+# before the script exits, and on exit (however it exits) every process the script tracked is stopped and its
+# at_exit commands run. The helpers below for the real control plane expect DIR (the `k8s-cluster.sh up`
+# directory) and k() (the real kubectl with DIR's admin kubeconfig: the harness, never a nodekeeper process).
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+BENCH="bench/$(basename "$0")"
+set -E  # the ERR trap in functions and subshells too
+trap 'bench_failed "$?" "$LINENO" "$BASH_COMMAND"' ERR
+# bench_failed STATUS LINE COMMAND: the message of the ERR trap (once: a subshell's failure is named by its
+# parent's line too).
+bench_failed() {
+  [ "$BASH_SUBSHELL" -eq 0 ] || return 0
+  echo "$BENCH: failed (exit $1) at ${BASH_SOURCE[1]#"$REPO"/}:$2: $3" >&2
+}
+# die MESSAGE: the script's own error, named, then exit 1 (the exit hooks still run).
+die() { echo "$BENCH: $*" >&2; exit 1; }
 
 # setup_real: the real kubectl (KUBECTL), the control plane's binaries (scripts/setup-k8s.sh, built once) and
 # their versions (tools/k8s/versions.env: K8S_VERSION, …).
@@ -16,7 +34,7 @@ wait_for() {
   local secs=$1 what=$2 end; shift 2
   end=$(( $(date +%s) + secs ))
   until "$@"; do
-    [ "$(date +%s)" -lt $end ] || { echo "$(basename "$0"): $what not reached in ${secs}s (cluster: $DIR)" >&2; exit 1; }
+    [ "$(date +%s)" -lt $end ] || die "$what not reached in ${secs}s (cluster: ${DIR:-none})"
     sleep 0.5
   done
 }
@@ -80,6 +98,7 @@ start_nk_controller() {
   KUBECONFIG="$DIR/nk-controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL="${NK_LOG:-info}" \
     "$1" controller --config "$DIR/nk-controller.toml" >"$DIR/logs/nodekeeper-controller.log" 2>&1 &
   CTL_PID=$!
+  track "$CTL_PID"
 }
 
 # shipped_agent_config RUNDIR: the shipped agent config.toml (manifests/12-agent-config.yaml) on stdout, pointed
@@ -91,3 +110,41 @@ shipped_agent_config() {
         -e '/^server_name = /d' -e "s|^token_file = .*|token_file = \"$1/report-token\"|" \
         -e "s|^state_dir = .*|state_dir = \"$1/state\"\ndropin_dir = \"$1/crio.conf.d\"|"
 }
+
+# token_kubeconfig DIR TOKEN OUT: a kubeconfig for the `k8s-cluster.sh up` cluster in DIR that authenticates
+# with TOKEN (a ServiceAccount's, from `kubectl create token`): a tool run outside a pod as its ServiceAccount.
+token_kubeconfig() {
+  local dir=$1 token=$2 out=$3 server
+  server=$(awk '/server:/ {print $2; exit}' "$dir/kubeconfig")
+  cat >"$out" <<EOC
+apiVersion: v1
+kind: Config
+clusters: [{name: real, cluster: {server: $server, certificate-authority: $dir/pki/ca.crt}}]
+users: [{name: sa, user: {token: $token}}]
+contexts: [{name: real, context: {cluster: real, user: sa}}]
+current-context: real
+EOC
+}
+
+# loopback_tls OUTDIR: a self-signed certificate for 127.0.0.1 and the shipped Service's name
+# nodekeeper-controller.nodekeeper.svc (the server name bench/examples/controller_bench.rs's agents pin):
+# OUTDIR/tls.crt (also the agents' CA) and OUTDIR/tls.key. An end-entity certificate (CA:FALSE): `req -x509`
+# marks it a CA by default, which rustls (webpki) refuses as a server's certificate (CaUsedAsEndEntity).
+loopback_tls() {
+  mkdir -p "$1"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=nodekeeper-controller \
+    -addext "subjectAltName=IP:127.0.0.1,DNS:nodekeeper-controller.nodekeeper.svc" -addext "basicConstraints=critical,CA:FALSE" \
+    -addext "keyUsage=critical,digitalSignature" -addext "extendedKeyUsage=serverAuth" -keyout "$1/tls.key" -out "$1/tls.crt" 2>/dev/null
+}
+
+# shipped_controller_config LISTEN TLSDIR: the controller's shipped config.toml (manifests/21-controller-config.yaml)
+# on stdout, run outside the cluster: listening on LISTEN with TLSDIR's files, and acting (dry_run off).
+shipped_controller_config() {
+  awk '/config.toml: \|/ {on=1; next} on { sub(/^    /, ""); print }' "$REPO/manifests/21-controller-config.yaml" |
+    sed -e "s|^listen = .*|listen = \"$1\"|" \
+        -e "s|^tls_cert_file = .*|tls_cert_file = \"$2/tls.crt\"|" -e "s|^tls_key_file = .*|tls_key_file = \"$2/tls.key\"|" \
+        -e 's|^dry_run = true|dry_run = false|'
+}
+
+# free_port: a TCP port free on 127.0.0.1 right now.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

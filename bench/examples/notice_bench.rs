@@ -14,13 +14,13 @@
 //!
 //! Each trial uses a fresh node (and agent), so every notice is new to the controller.
 //!
-//! `--kubeconfig FILE` runs it on a real control plane instead of the sim (`scripts/bench-notice.sh
+//! `--kubeconfig FILE` runs it on a real control plane instead of the sim (`bench/notice.sh
 //! --real` starts one): KWOK nodes, the controller as the `nodekeeper-controller` ServiceAccount,
 //! each agent with tokens bound to the shipped DaemonSet's pod on its node (the demo's
 //! [`nodekeeper_sim::demo::real`] backend).
 //!
 //! `cargo run --example notice_bench -- [--trials 20] [--poll-ms 1000] [--kubeconfig FILE]` (or
-//! `scripts/bench-notice.sh`); the agent binary is `NODEKEEPER_BIN`, else the `nodekeeper` of
+//! `bench/notice.sh`); the agent binary is `NODEKEEPER_BIN`, else the `nodekeeper` of
 //! the example's own profile under `target/`.
 
 mod common;

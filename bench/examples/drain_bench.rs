@@ -1,6 +1,6 @@
 //! Drain of a 110-pod node, side by side on one sim: `nodekeeper drain` vs the real
 //! `kubectl drain --ignore-daemonsets --delete-emptydir-data`, each on its own identical node, in one run.
-//! Not a timed test: run it with `scripts/bench-drain.sh` and record the figures in docs/drain.md.
+//! Not a timed test: run it with `bench/drain.sh` and record the figures in docs/drain.md.
 //!
 //! ```text
 //! cargo run --release --example drain_bench -- --kubectl .cache/venv/bin/kubectl \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The harness side of scripts/bench-scale-real.sh (stdlib only). DIR is a `scripts/k8s-cluster.sh up`
+"""The harness side of bench/scale-real.sh (stdlib only). DIR is a `scripts/k8s-cluster.sh up`
 directory: every call here uses its admin client certificate (the harness, never nodekeeper).
 
     scale-fleet.py nodes DIR FROM TO GROUPS         KWOK nodes nFROM … nTO-1, label karpenter.sh/nodepool=pool-(i % GROUPS) (none if 0)

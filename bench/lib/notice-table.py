@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Table of scripts/bench-nth.sh: notice-watch.py's N.json files side by side, per tool.
+"""Table of bench/nth.sh: notice-watch.py's N.json files side by side, per tool.
 
     notice-table.py OUTDIR NOTICES "what was run"
 

@@ -2,7 +2,7 @@
 # The same spot interruption notice, side by side on the real control plane: the AWS Node Termination Handler
 # (NTH v1.22.0, IMDS mode) on one KWOK node, nodekeeper (agent with its AWS source + controller) on another,
 # each node with its own Amazon EC2 metadata mock (AEMM v1.13.0). Figures go to docs/comparison.md.
-#   scripts/bench-nth.sh [NOTICES]      (default 20)
+#   bench/nth.sh [NOTICES]      (default 20)
 #   BENCH_PROFILE=release …              (default debug: target/debug/nodekeeper)
 #   NK_POLL=200ms …                      the agent's [sources] poll_interval (default: unset, the shipped 1 s)
 #   NK_SPOT_POLL=1s …                    its [sources.aws] spot_poll_interval (default: unset, the shipped 100 ms)
@@ -27,12 +27,11 @@
 #     (poll intervals: the defaults, the Spot notice every 100 ms, the other paths every 1 s), reporting to the controller on loopback with tokens bound to the shipped
 #     DaemonSet's pod on its node (host checks that read this machine's kernel log / systemd are off, as in
 #     the demo). The controller (shipped config, acting) runs for the whole benchmark as its ServiceAccount.
-# Measured by scripts/lib/notice-watch.py from the API: T → cordon and taint seen by a watch, T → the last
+# Measured by bench/lib/notice-watch.py from the API: T → cordon and taint seen by a watch, T → the last
 # workload pod deleted (drained), how the pods left (DisruptionTarget reason), PDB samples below desiredHealthy,
 # and per process (NTH, agent, controller) peak RSS and CPU seconds from T to the end of the run.
 # Needs root (unshare -m, mount), openssl, python3, Go (scripts/setup-peers.sh builds AEMM and NTH once).
-. "$(dirname "$0")/lib.sh"
-. "$REPO/scripts/lib/bench.sh"
+. "$(dirname "$0")/lib/bench.sh"
 cd "$REPO"
 NOTICES=${1:-20}
 PROFILE=${BENCH_PROFILE:-debug}
@@ -40,38 +39,20 @@ NK_POLL=${NK_POLL:-}
 NK_SPOT_POLL=${NK_SPOT_POLL:-}
 LEAD=${LEAD:-10}         # seconds from starting the AEMMs to T (the tools start and poll 404s meanwhile)
 TIMEOUT=${TIMEOUT:-150}  # per notice, from T (NTH's drain gives up after node-termination-grace-period 120 s)
-[ "$(id -u)" -eq 0 ] || { echo "bench-nth: needs root (NTH runs in a private mount namespace)" >&2; exit 1; }
-setup_real  # kubectl, the control plane, versions.env (scripts/lib/bench.sh)
+[ "$(id -u)" -eq 0 ] || die "needs root (NTH runs in a private mount namespace)"
+setup_real  # kubectl, the control plane, versions.env (bench/lib/bench.sh)
 log "control plane binaries (scripts/setup-k8s.sh), AEMM and NTH (scripts/setup-peers.sh)"
 AEMM="$("$REPO/scripts/setup-peers.sh" aemm | tail -1)/ec2-metadata-mock"
 NTH="$("$REPO/scripts/setup-peers.sh" nth | tail -1)/node-termination-handler"
-build_nk "$PROFILE"  # sets NK (scripts/lib/bench.sh)
+build_nk "$PROFILE"  # sets NK (bench/lib/bench.sh)
 OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-nth.XXXX)
 DIR=$(mktemp -d /tmp/nodekeeper-bench-nth-cluster.XXXX)
 PIDFILE="$OUTDIR/pids"
-ROUND_PIDS=() CTL_PID="" WATCH_PID=""
-# SIGTERM, then SIGKILL whatever still runs 3 s later: NTH v1.22.0 does not exit on SIGTERM (its main loop's
-# `case <-signalChan: break` leaves the select, not the loop; in a pod the kubelet's SIGKILL ends it).
-stop_round() {
-  local p="" i
-  [ ${#ROUND_PIDS[@]} -gt 0 ] || return 0
-  for p in "${ROUND_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for i in $(seq 1 30); do
-    for p in "${ROUND_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && break; done
-    kill -0 "$p" 2>/dev/null || break
-    sleep 0.1
-  done
-  for p in "${ROUND_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  for p in "${ROUND_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  ROUND_PIDS=()
-}
-cleanup() {
-  [ -z "$WATCH_PID" ] || kill "$WATCH_PID" 2>/dev/null || true
-  stop_round
-  [ -z "$CTL_PID" ] || { kill "$CTL_PID" 2>/dev/null || true; wait "$CTL_PID" 2>/dev/null || true; }
-  "$REPO/scripts/k8s-cluster.sh" down "$DIR"
-}
-trap cleanup EXIT
+# A round's processes (AEMMs, NTH, the agent) are stopped at its end with stop_tracked: SIGTERM, then SIGKILL
+# whatever still runs 3 s later: NTH v1.22.0 does not exit on SIGTERM (its main loop's `case <-signalChan:
+# break` leaves the select, not the loop; in a pod the kubelet's SIGKILL ends it). On exit, all that still runs.
+ROUND_PIDS=()
+at_exit "$REPO/scripts/k8s-cluster.sh" down "$DIR"
 k() { "$KUBECTL" --kubeconfig "$DIR/kubeconfig" "$@"; }
 
 log "cluster up: $DIR"
@@ -138,7 +119,7 @@ for i in $(seq 1 "$NOTICES"); do
   for p in "$pa" "$pb"; do
     HOME="$rd" "$AEMM" spot --mock-trigger-time "$TS" --rebalance-trigger-time "$LATER" -t "$TERM_AT" -n 127.0.0.1 -p "$p" \
       >"$rd/aemm-$p.log" 2>&1 &
-    ROUND_PIDS+=($!)
+    ROUND_PIDS+=($!); track $!
   done
 
   # NTH for node a: its ServiceAccount's token and the cluster CA where rest.InClusterConfig reads them.
@@ -151,7 +132,7 @@ for i in $(seq 1 "$NOTICES"); do
       mkdir -p /run/secrets/kubernetes.io/serviceaccount &&
       cp "$1"/token "$1"/ca.crt "$1"/namespace /run/secrets/kubernetes.io/serviceaccount/ &&
       exec "$2"' sh "$rd/sa" "$NTH" >"$rd/nth.log" 2>&1 &
-  ROUND_PIDS+=($!); echo "nth $!" >>"$PIDFILE"
+  ROUND_PIDS+=($!); track $!; echo "nth $!" >>"$PIDFILE"
 
   # The agent for node b: tokens bound to the shipped DaemonSet's pod on b (API: default audience; reports:
   # audience nodekeeper), the shipped agent config pointed at its AEMM and the controller on loopback.
@@ -181,27 +162,27 @@ EOF
   [ -z "$NK_SPOT_POLL" ] || printf '[sources.aws]\nspot_poll_interval = "%s"\n' "$NK_SPOT_POLL" >>"$rd/agent/agent.toml"
   KUBECONFIG="$rd/agent/kubeconfig" NODEKEEPER_NODE_NAME="$b" \
     "$NK" agent --config "$rd/agent/agent.toml" >"$rd/agent.log" 2>&1 &
-  ROUND_PIDS+=($!); echo "nk-agent $!" >>"$PIDFILE"
+  ROUND_PIDS+=($!); track $!; echo "nk-agent $!" >>"$PIDFILE"
 
-  python3 "$REPO/scripts/lib/notice-watch.py" "$DIR" "$T" bench "$OUTDIR/$i.json" "$TIMEOUT" "$PIDFILE" \
+  python3 "$REPO/bench/lib/notice-watch.py" "$DIR" "$T" bench "$OUTDIR/$i.json" "$TIMEOUT" "$PIDFILE" \
     "nth=$a=app-$a" "nodekeeper=$b=app-$b" 2>"$rd/watch.log" &
-  WATCH_PID=$!
+  WATCH_PID=$!; track "$WATCH_PID"
   # Both tools polling before T: NTH's monitors start after its "started successfully" line and poll every 2 s
   # from then (a first poll 2 s after it); the agent's source has read AEMM's identity. A notice whose tools
   # were not both up 2 s before T is counted as late (its times would include the tools' start).
   wait_for $(( LEAD + 30 )) "NTH on $a started" grep -q "has started successfully" "$rd/nth.log"
   wait_for $(( LEAD + 30 )) "the agent on $b read its AEMM" grep -q "instance identity" "$rd/agent.log"
   if [ "$(date +%s%N)" -gt $(( (T - 2) * 1000000000 )) ]; then
-    echo "bench-nth: notice $i: NTH or the agent was up less than 2 s before T (raise LEAD)" >&2; echo "$i" >>"$OUTDIR/late"
+    echo "$BENCH: notice $i: NTH or the agent was up less than 2 s before T (raise LEAD)" >&2; echo "$i" >>"$OUTDIR/late"
   fi
-  wait "$WATCH_PID" || true; WATCH_PID=""
+  wait "$WATCH_PID" || true; forget "$WATCH_PID"
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["tools"]; print("   ", {t: (v["cordon_s"], v["drained_s"]) for t, v in r.items()})' "$OUTDIR/$i.json" >&2 || true
-  stop_round
+  stop_tracked "${ROUND_PIDS[@]}"; ROUND_PIDS=()
   k -n bench delete deployment "app-$a" "app-$b" --wait=false >/dev/null
   k -n bench delete pdb "app-$a" "app-$b" --wait=false >/dev/null
   k delete node "$a" "$b" "$a-spare" "$b-spare" --wait=false >/dev/null
 done
 cp "$DIR/logs/nodekeeper-controller.log" "$OUTDIR/"
 
-python3 "$REPO/scripts/lib/notice-table.py" "$OUTDIR" "$NOTICES" \
+python3 "$REPO/bench/lib/notice-table.py" "$OUTDIR" "$NOTICES" \
   "NTH v$NTH_VERSION, AEMM v$AEMM_VERSION, nodekeeper $PROFILE build${NK_POLL:+ (agent poll_interval $NK_POLL)}${NK_SPOT_POLL:+ (agent spot_poll_interval $NK_SPOT_POLL)} $(git -C "$REPO" rev-parse --short HEAD), Kubernetes $K8S_VERSION"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Samples processes' resident memory and CPU from /proc for a while (scripts/bench-npd.sh).
+"""Samples processes' resident memory and CPU from /proc for a while (bench/npd.sh).
 
     proc-sample.py OUT.json SECONDS GROUP=PID…
 

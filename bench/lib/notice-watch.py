@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Watcher for scripts/bench-nth.sh: one spot notice, two nodes, seen from the API.
+"""Watcher for bench/nth.sh: one spot notice, two nodes, seen from the API.
 
     notice-watch.py DIR NOTICE_T PDBNS OUT.json TIMEOUT PIDFILE TOOL=NODE=PDB …
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # nodekeeper's controller at scale on the real control plane. Figures go to docs/comparison.md
 # ("Scale on the real control plane").
-#   scripts/bench-scale-real.sh [--nodes 500,1000,2000,5000] [--pods-per-node 20] [--max-pods N]
+#   bench/scale-real.sh [--nodes 500,1000,2000,5000] [--pods-per-node 20] [--max-pods N]
 #     --max-pods: at most N bench pods in all (the nodes of a size past it get fewer or none; pods are created
 #     at ~50–150/s on the shared 2 cores, so 100,000 take longer than one run may)
 #   BENCH_PROFILE=dev …                             a debug build (default release)
@@ -22,7 +22,7 @@
 #                                                   symbols, and SIZE/perf-PHASE-callers.txt, who calls them (the CPU
 #                                                   figures then include perf's share)
 #   NODEKEEPER_BIN=path …                           that controller binary (e.g. an older build, side by side)
-#   FLEET_BIN=path …                                that agents' simulator (examples/controller_bench: the agent's own
+#   FLEET_BIN=path …                                that agents' simulator (bench/examples/controller_bench.rs: the agent's own
 #                                                   Reporter, so an older build of the agent, side by side)
 #   AGENT_IDLE_MS=60000 …                           the agents close a connection after this long without a report (default
 #                                                   1000, the agent's; with the controller's idle_timeout raised through
@@ -68,13 +68,13 @@
 #     DaemonSet's pod (placed by kube-scheduler); waits until all are Running and kube-controller-manager has
 #     lifted the not-ready taint of every Ready node (at 5,000 nodes ten minutes: its 20 requests a second);
 #   - one token per node: TokenRequest for nodekeeper-agent, audience nodekeeper, bound to the DaemonSet's pod on it;
-# then per size, each phase measured over WINDOW s by scripts/lib/scale-fleet.py (RSS and CPU of each process from
+# then per size, each phase measured over WINDOW s by bench/lib/scale-fleet.py (RSS and CPU of each process from
 # /proc; kube-apiserver's apiserver_request_total from its /metrics, read with the harness's admin certificate):
 #   1. base: the control plane without nodekeeper;
 #   2. idle: a fresh controller (release build, the shipped config acting — dry_run off — with budgets and
 #      max_unhealthy at 100 % and a TOLERATION s repair toleration, so that neither holds what is timed), as its
 #      ServiceAccount (token from `kubectl create token`), on a loopback port, no agent connected yet;
-#   3. agents: N agents connected, examples/controller_bench.rs `--agents` (the agent's own Reporter, one
+#   3. agents: N agents connected, bench/examples/controller_bench.rs `--agents` (the agent's own Reporter, one
 #      connection each, the default 10 s heartbeat and 1 s idle close, one condition change per 100 ms);
 #   4. notice → cordon: the agents of NOTICES new nodes each report a spot interruption notice (one per 200 ms,
 #      starting as the notices' window opens: SIZE/notices.start), from the notice handed to the agent's reporter to
@@ -85,7 +85,7 @@
 #   For 4 and 5 also (in brackets) to the controller's `node written` log line with the node's cordon, written once
 #   its PATCH returned: the watch (one Python client) falls behind the event stream under load.
 # Needs root (only for the cluster's ports and /proc of its processes), openssl, python3, the cached control plane.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/lib/bench.sh"
 cd "$REPO"
 SIZES=500,1000,2000,5000 PER=20 MAXPODS=""
 while [ $# -gt 0 ]; do
@@ -108,7 +108,7 @@ else
 fi
 [ "$PROFILE" = dev ] && PROFILE=debug
 NK="${NODEKEEPER_BIN:-$REPO/target/$PROFILE/nodekeeper}" FLEET_BIN="${FLEET_BIN:-$REPO/target/$PROFILE/examples/controller_bench}"
-F=(python3 "$REPO/scripts/lib/scale-fleet.py")
+F=(python3 "$REPO/bench/lib/scale-fleet.py")
 OUT=$(mktemp -d /tmp/nodekeeper-bench-scale.XXXX)
 DIR="$OUT/cluster" FLEET="$OUT/fleet" RESULTS="$OUT/results.jsonl"
 mkdir -p "$FLEET/state"
@@ -130,10 +130,7 @@ EOF
   UP=(--audit-policy "$OUT/audit-policy.yaml")
 fi
 real_cluster "$DIR" ${UP[@]+"${UP[@]}"}
-CTL_PID="" AGENTS_PID="" NOTICED_PID="" WATCH_PID=""
-stop() { [ -z "$1" ] || { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }; }
-cleanup() { stop "$WATCH_PID"; stop "$NOTICED_PID"; stop "$AGENTS_PID"; stop "$CTL_PID"; "$REPO/scripts/k8s-cluster.sh" down "$DIR"; }
-trap cleanup EXIT
+CTL_PID="" AGENTS_PID="" NOTICED_PID=""  # tracked (scripts/lib.sh), with the Node watch: stopped on exit
 k() { "$REPO/.cache/venv/bin/kubectl" --kubeconfig "$DIR/kubeconfig" "$@"; }
 pid_of() { awk -v n="$1" '$1 == n {print $2}' "$DIR/pids"; }
 CP=("apiserver=$(pid_of kube-apiserver)" "etcd=$(pid_of etcd)" "kcm=$(pid_of kube-controller-manager)" \
@@ -169,12 +166,12 @@ perf_start() {
   if [ "${PERF:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
     # DWARF call graphs: the release build keeps no frame pointers.
     perf record -q -F 97 --call-graph dwarf,16384 -p "$CTL_PID" -o "$SD/perf-$1.data" -- sleep "$2" >/dev/null 2>&1 &
-    PERF_PID=$!
+    PERF_PID=$!; track "$PERF_PID"
   fi
 }
 perf_end() {
   [ -n "$PERF_PID" ] || return 0
-  wait "$PERF_PID" || true
+  wait "$PERF_PID" || true; forget "$PERF_PID"
   PERF_PID=""
   perf report -i "$SD/perf-$1.data" --no-children --sort symbol -g none --stdio 2>/dev/null |
     grep -v '^$' | head -80 >"$SD/perf-$1.txt" || true
@@ -194,11 +191,11 @@ phase() {
   perf_start "$name" "$secs"
   if [ "${CHANGES:-0}" = 1 ] && [ -n "$CTL_PID" ]; then
     "${F[@]}" node-changes "$DIR" "$secs" >"$SD/changes-$name.json" &
-    changes=$!
+    changes=$!; track "$changes"
   fi
   : >"$SD/$name.start"
   "${F[@]}" sample "$secs" "$SD/$name.json" "${CP[@]}" "$@"
-  [ -z "$changes" ] || wait "$changes"
+  [ -z "$changes" ] || { wait "$changes"; forget "$changes"; }
   "${F[@]}" requests "$DIR" "$SD/req-$name-1.json"
   engine_counters "$SD/engine-$name-1.txt"
   ctl_delays "$SD/delay-$name-1.txt"
@@ -226,21 +223,21 @@ for n in "${sizes[@]}"; do
 
   KUBECONFIG="$OUT/controller.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL=info \
     "$NK" controller --config "$OUT/controller.toml" >"$SD/controller.log" 2>&1 &
-  CTL_PID=$!
+  CTL_PID=$!; track "$CTL_PID"
   end=$(( $(date +%s) + 120 ))
   until curl -skf "https://127.0.0.1:$CTL_PORT/readyz" >/dev/null; do
-    [ "$(date +%s)" -lt $end ] || { echo "bench-scale-real: controller not ready in 120 s: $SD/controller.log" >&2; exit 1; }
+    [ "$(date +%s)" -lt $end ] || die "controller not ready in 120 s: $SD/controller.log"
     sleep 0.5
   done
   sleep 10   # the first reconcile (seen-ready stamps on nodes younger than 2 minutes)
   phase idle "$WINDOW" "controller=$CTL_PID"
   "${F[@]}" watch "$DIR" "$SD/watch.log" &
-  WATCH_PID=$!
+  WATCH_PID=$!; track "$WATCH_PID"
   rm -rf "$FLEET/state"   # each size's agents start afresh (no notice queued from the last size)
   fleet() {   # fleet PART OUT: the agents' simulator, its pid in FLEET_PID (the noticing agents' own is not niced)
     ${FLEET_NICE:+setsid} "$FLEET_BIN" --agents "$n" --port "$CTL_PORT" --dir "$FLEET" --idle-ms "${AGENT_IDLE_MS:-1000}" \
       --notices "$NOTICES" --notice-from "$prev" --notice-go "$SD/notices.start" --part "$1" >"$SD/$2.out" 2>"$SD/$2.err" &
-    FLEET_PID=$!
+    FLEET_PID=$!; track "$FLEET_PID"
     [ "$1" = noticed ] || fleet_nice "$FLEET_PID"
   }
   SIMS=()
@@ -254,7 +251,7 @@ for n in "${sizes[@]}"; do
   for part in agents ${NOTICED_PID:+noticed}; do
     until grep -q '^started' "$SD/$part.out"; do
       kill -0 "$AGENTS_PID" 2>/dev/null && { [ -z "$NOTICED_PID" ] || kill -0 "$NOTICED_PID" 2>/dev/null; } ||
-        { echo "bench-scale-real: agents exited: $SD/$part.err" >&2; exit 1; }
+        die "agents exited: $SD/$part.err"
       sleep 0.5
     done
   done
@@ -282,10 +279,8 @@ for n in "${sizes[@]}"; do
   cat "$SD/agents.out" ${NOTICED_PID:+"$SD/noticed.out"} >"$SD/events.out"
   [ "${AUDIT:-0}" != 1 ] || "${F[@]}" audit "$DIR/logs/audit.log" "$SD/controller.log" "$SD/events.out" >"$SD/audit.json"
   [ "${GCTRACE:-0}" != 1 ] || [ "${AUDIT:-0}" != 1 ] || "${F[@]}" gc "$DIR" "$SD/audit.json" >"$SD/gc.json"
-  stop "$NOTICED_PID"; NOTICED_PID=""
-  stop "$AGENTS_PID"; AGENTS_PID=""
-  stop "$WATCH_PID"; WATCH_PID=""
-  stop "$CTL_PID"; CTL_PID=""
+  stop_tracked "${TRACKED[@]}"  # the noticing agents, the fleet, the watch, the controller
+  NOTICED_PID="" AGENTS_PID="" CTL_PID=""
   python3 - "$SD" "$n" "$pods" "$open" "$accepted" "$shed" "$engine" "$((t2 - t0))" "$K8S" \
     "$("${F[@]}" latency "$SD/events.out" "$SD/expiry.out" "$SD/watch.log" "$SD/controller.log")" \
     "$("${F[@]}" delays "$SD/delay-notices-0.txt" "$SD/delay-notices-1.txt")" >>"$RESULTS" <<'EOF'

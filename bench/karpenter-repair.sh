@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Node repair side by side on the real control plane with Karpenter's KWOK provider (v1.14.1): Karpenter's
 # own NodeRepair vs nodekeeper's controller. Figures go to docs/comparison.md.
-#   scripts/bench-karpenter-repair.sh [FAULTS]      (default "1 3": nodes of 10 made NotReady per run)
+#   bench/karpenter-repair.sh [FAULTS]      (default "1 3": nodes of 10 made NotReady per run)
 #   BENCH_PROFILE=release …                          (default debug: target/debug/nodekeeper)
 #   TOOLS=karpenter …                                (default "karpenter nodekeeper")
 # Each (tool, fault) pair runs on a fresh cluster (`scripts/k8s-cluster.sh up DIR --karpenter` … `down DIR`):
@@ -19,15 +19,14 @@
 # every faulted node is NotReady in both tools' caches before either may act (with LEAD=0 the first node's
 # repair can start before the others are seen, and its replacement lowers the unhealthy ratio below 20 %:
 # the 20 % guard of both tools is then raced, see docs/comparison.md). Times are from that expiry.
-# Measured by scripts/lib/repair-watch.py from the API (pod and Node watches + 200 ms samples): how the pods of
+# Measured by bench/lib/repair-watch.py from the API (pod and Node watches + 200 ms samples): how the pods of
 # the faulted nodes left (their DisruptionTarget condition: EvictionByEvictionAPI = evicted, DeletionByPodGC =
 # deleted by the pod GC after their Node went, none = a plain delete), PDB samples with currentHealthy <
 # desiredHealthy, seconds from the tolerations' expiry to a new Ready node of the pool with every app pod Running
 # and Ready on a Ready, non-faulted node, and the most pool nodes cordoned / tainted karpenter.sh/disrupted /
 # deleting at once. A run stops 20 s after that, or after WINDOW s (300; WINDOW_BLOCKED, 120, for more than 2
 # faulted nodes, which both tools' 20 % guards hold). The script also needs openssl and python3.
-. "$(dirname "$0")/lib.sh"
-. "$REPO/scripts/lib/bench.sh"
+. "$(dirname "$0")/lib/bench.sh"
 cd "$REPO"
 FAULTS=${1:-"1 3"}
 PROFILE=${BENCH_PROFILE:-debug}
@@ -35,19 +34,19 @@ WINDOW=${WINDOW:-300}
 WINDOW_BLOCKED=${WINDOW_BLOCKED:-120}
 LEAD=${LEAD:-5}
 log "kubectl, control plane + Karpenter KWOK binaries (scripts/setup-k8s.sh: built once, then cached)"
-setup_real  # kubectl, the control plane, versions.env (scripts/lib/bench.sh)
+setup_real  # kubectl, the control plane, versions.env (bench/lib/bench.sh)
 TOOLS=${TOOLS:-"karpenter nodekeeper"}
 NK="$REPO/target/$PROFILE/nodekeeper"
 if [[ " $TOOLS " == *" nodekeeper "* ]]; then build_nk "$PROFILE"; fi
 OUTDIR=$(mktemp -d /tmp/nodekeeper-bench-karpenter-repair.XXXX)
-DIR="" CTL_PID="" WATCH_PID="" EXPIRY=""
-cleanup() {
-  [ -z "$WATCH_PID" ] || kill "$WATCH_PID" 2>/dev/null || true
-  [ -z "$CTL_PID" ] || { kill "$CTL_PID" 2>/dev/null || true; wait "$CTL_PID" 2>/dev/null || true; }
+DIR="" EXPIRY=""
+# end_run: the run's processes (the controller, the watcher) stopped, then its cluster; also on exit.
+end_run() {
+  stop_tracked "${TRACKED[@]}"
   [ -z "$DIR" ] || "$REPO/scripts/k8s-cluster.sh" down "$DIR"
-  CTL_PID="" WATCH_PID="" DIR=""
+  DIR=""
 }
-trap cleanup EXIT
+at_exit end_run
 k() { "$KUBECTL" --kubeconfig "$DIR/kubeconfig" "$@"; }
 
 shape() {
@@ -152,7 +151,7 @@ EOF
         -e 's|^\[repair\]$|[controller.provider]\nkind = "karpenter"\n\n[repair]|' >"$DIR/nk-controller.toml"
   KUBECONFIG="$DIR/nk.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL=info \
     "$NK" controller --config "$DIR/nk-controller.toml" >"$DIR/logs/nodekeeper-controller.log" 2>&1 &
-  CTL_PID=$!
+  track $!
 }
 
 # run TOOL N: one fresh cluster, N of 10 nodes faulted; the watcher's JSON in $OUTDIR/TOOL-N.json.
@@ -173,9 +172,10 @@ run() {
   sleep 5
   victims=$(pool_nodes | head -n "$n" | tr '\n' ' ')
   window=$WINDOW; [ "$n" -le 2 ] || window=$WINDOW_BLOCKED
-  python3 "$REPO/scripts/lib/repair-watch.py" "$DIR" bench bench "$DIR/fault" "$window" "$OUTDIR/$tool-$n.json" \
+  python3 "$REPO/bench/lib/repair-watch.py" "$DIR" bench bench "$DIR/fault" "$window" "$OUTDIR/$tool-$n.json" \
     2>"$DIR/logs/repair-watch.log" &
   WATCH_PID=$!
+  track "$WATCH_PID"
   sleep 2
   # The fault time: just before the status patches (the label alone changes nothing for either tool).
   # shellcheck disable=SC2086 # node names
@@ -183,11 +183,11 @@ run() {
   EXPIRY=$(( $(date +%s) + LEAD ))
   printf '%s\n%s\n%s\n' "$(date +%s.%N)" "$victims" "$EXPIRY" >"$DIR/fault.tmp" && mv "$DIR/fault.tmp" "$DIR/fault"
   # shellcheck disable=SC2086 # node names
-  not_ready "$EXPIRY" $victims  # (scripts/lib/bench.sh)
-  wait "$WATCH_PID" || true; WATCH_PID=""
+  not_ready "$EXPIRY" $victims  # (bench/lib/bench.sh)
+  wait "$WATCH_PID" || true; forget "$WATCH_PID"
   k get events -A -o json >"$OUTDIR/$tool-$n.events.json" || true
   cp -r "$DIR/logs" "$OUTDIR/$tool-$n.logs"
-  cleanup
+  end_run
 }
 
 K8S_VERSION=""

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Requests each caller put on kube-apiserver, from its audit log (scripts/bench-npd.sh).
+"""Requests each caller put on kube-apiserver, from its audit log (bench/npd.sh).
 
     api-load.py AUDIT_LOG WINDOWS OUT.json KEY=VALUE…
 
