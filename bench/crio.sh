@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmark: `nodekeeper crio apply` when nothing changed (goal: <= 10 ms wall, 0 restarts).
 # The drop-ins are already on disk and owned, so the run only reads, compares and exits; it
-# never connects to D-Bus. Prints hyperfine's table; record the figure in docs/benchmarks.md.
+# never connects to D-Bus. Prints hyperfine's table; record the figure in docs/dev/benchmarks.md.
 . "$(dirname "$0")/lib/bench.sh"
 apt_install hyperfine
 (cd "$REPO" && cargo build --release --locked --quiet)

@@ -4,7 +4,7 @@
 # controller and the sim, all on loopback. Prints p50/p99/max per source with the poll interval.
 # Usage: bench/notice.sh [--debug] [--real] [--trials N] [--poll-ms MS]
 # --debug uses the debug build (no 20-40 min release build). --real runs it on a real control plane (started
-# for the run, see scripts/lib.sh real_cluster) instead of the sim. Figures: docs/benchmarks.md.
+# for the run, see scripts/lib.sh real_cluster) instead of the sim. Figures: docs/dev/benchmarks.md.
 . "$(dirname "$0")/lib/bench.sh"
 cd "$REPO"
 profile=release

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Drain of a 110-pod KWOK node on the real control plane: `nodekeeper drain` vs the real
 # `kubectl drain --ignore-daemonsets --delete-emptydir-data`, each on its own identical node, in one run,
-# both as one operator ServiceAccount (the drain role of docs/drain.md). Figures go to docs/benchmarks.md.
+# both as one operator ServiceAccount (the drain role of docs/drain.md). Figures go to docs/dev/benchmarks.md.
 #   bench/real-drain.sh [RUNS]      (default 3; each run uses two fresh nodes)
 # Pods: 10 Deployments × 11 replicas, terminationGracePeriodSeconds 2 (KWOK removes a deleted pod between
 # 1 s and its grace period later, as a kubelet stopping containers would).

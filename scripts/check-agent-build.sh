@@ -71,7 +71,7 @@ done
 # The shipped agent build aborts on panic (`[profile.agent]` in Cargo.toml: panic = "abort"), so no
 # code it compiles may count on catching one (the controller's modules, which do, are not in it).
 grep -q '^panic = "abort"' <(sed -n '/^\[profile.agent\]/,/^\[/p' Cargo.toml) ||
-  fail "[profile.agent] in Cargo.toml no longer sets panic = \"abort\" (update this check and docs/benchmarks.md)"
+  fail "[profile.agent] in Cargo.toml no longer sets panic = \"abort\" (update this check and docs/dev/benchmarks.md)"
 if grep -rnE 'catch_unwind|is_panic|into_panic' src crates/core/src --exclude-dir=controller >"$T/catch"; then
   fail "the agent build (panic = \"abort\") has code that catches panics: $(cat "$T/catch")"
 fi

@@ -31,7 +31,7 @@
 # variables) running CoreDNS built from Go modules (scripts/setup-peers.sh coredns) as a pod on the node, at
 # the kube-dns Service 10.0.0.10; the kubelet's clusterDNS points there.
 #
-# What differs from a production node, test-only, each said where it is set (docs/testing.md "The real node"):
+# What differs from a production node, test-only, each said where it is set (docs/dev/testing.md "The real node"):
 # cgroup v1 (`failCgroupV1: false`), a cgroup root of its own (/nk-node-N), CRI-O as a plain process with its
 # files under NODEDIR (vfs storage, runc through scripts/lib/node/runc-wrap.py: no CAP_SYS_RESOURCE here), images
 # loaded without a registry (a static pause and busybox are built in; CoreDNS's image holds the binary built

@@ -7,7 +7,7 @@
 #   scripts/nspawn-rootfs-crio.sh BASE_ROOTFS        # <BASE_ROOTFS>-crio
 #
 # Idempotent: a stamp holds a hash of this script, the base's stamp and the CRI-O build; when it matches, nothing
-# is done. Needs root. What each setting works around is in docs/testing.md ("The real CRI-O").
+# is done. Needs root. What each setting works around is in docs/dev/testing.md ("The real CRI-O").
 set -eu
 
 repo=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
@@ -63,7 +63,7 @@ UNIT
 mkdir -p "$r/etc/crio/crio.conf.d" "$r/etc/containers" "$r/etc/systemd/journald.conf.d"
 cat >"$r/etc/crio/crio.conf" <<'TOML'
 # The tests' real CRI-O in systemd-nspawn: only what this sandbox needs differs from CRI-O's defaults
-# (docs/testing.md, "The real CRI-O"). Drop-ins in /etc/crio/crio.conf.d are read after this file.
+# (docs/dev/testing.md, "The real CRI-O"). Drop-ins in /etc/crio/crio.conf.d are read after this file.
 [crio]
 # vfs: no overlay on the container's own overlay root (--volatile=overlay)
 storage_driver = "vfs"

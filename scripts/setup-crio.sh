@@ -8,7 +8,7 @@
 # libseccomp-dev come from scripts/setup.sh.
 #
 # What this CRI-O reads: the Go module proxy serves cri-o only at v1.34.0, an early snapshot of that tag
-# (commit 5dd0877c, May 2025) without `[crio.image] short_name_mode` (docs/testing.md, "The real CRI-O").
+# (commit 5dd0877c, May 2025) without `[crio.image] short_name_mode` (docs/dev/testing.md, "The real CRI-O").
 #
 #   scripts/setup-crio.sh            build what is missing, print the bin dir
 #   scripts/setup-crio.sh --print    print the bin dir only if everything is built (exit 1 otherwise)
@@ -50,7 +50,7 @@ download() {
     echo "setup-crio: the Go module proxy did not serve what tools/crio/$dir needs; log: $log_file" >&2
     grep -E 'not available|403|404|410' "$log_file" | head -5 >&2 || tail -5 "$log_file" >&2
     echo "setup-crio: $module@$version is pinned in tools/crio/versions.env; the proxy refuses other cri-o" \
-      "versions than v1.34.0 (docs/testing.md): pin the next-best served version there and in tools/crio/$dir/go.mod" >&2
+      "versions than v1.34.0 (docs/dev/testing.md): pin the next-best served version there and in tools/crio/$dir/go.mod" >&2
     exit 1
   fi
 }

@@ -37,7 +37,7 @@ peer() {
           VERSION_VAR=AEMM_VERSION ;;
     # NTH v1.22.0 is the only version the module proxy serves (v1.21.0, v1.23.1, v1.24.0, v1.25.2: 403 "not
     # available"), and the checksum database answers 404 for it: go.sum pins the hashes of the module as the
-    # proxy served it on the day it was added (docs/testing.md, "Peers").
+    # proxy served it on the day it was added (docs/dev/testing.md, "Peers").
     nth)  BIN_NAME=node-termination-handler PKG=github.com/aws/aws-node-termination-handler/cmd
           VERSION_VAR=NTH_VERSION NOSUMDB=github.com/aws/aws-node-termination-handler ;;
     # As upstream's Makefile builds it for Linux (ENABLE_JOURNALD=1): the journald log watcher (build tag

@@ -2,7 +2,7 @@
 //! the pods on one node (over HTTP with kube-rs), and watch fan-out to W watchers at R events/s.
 //!
 //! `cargo run --release --example sim_bench -- [NODES] [PODS_PER_NODE] [WATCHERS] [EVENTS_PER_SEC]`
-//! (defaults 5000 20 10 1000); see bench/sim.sh and docs/sim.md.
+//! (defaults 5000 20 10 1000); see bench/sim.sh and docs/dev/sim.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,4 +1,4 @@
-//! `cargo +nightly fuzz run config_toml`: see nodekeeper_core::fuzzing::config_toml and docs/reliability.md.
+//! `cargo +nightly fuzz run config_toml`: see nodekeeper_core::fuzzing::config_toml and docs/dev/reliability.md.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

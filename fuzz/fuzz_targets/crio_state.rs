@@ -1,4 +1,4 @@
-//! `cargo +nightly fuzz run crio_state`: see nodekeeper_core::fuzzing::crio_state and docs/reliability.md.
+//! `cargo +nightly fuzz run crio_state`: see nodekeeper_core::fuzzing::crio_state and docs/dev/reliability.md.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

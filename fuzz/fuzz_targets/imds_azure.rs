@@ -1,4 +1,4 @@
-//! `cargo +nightly fuzz run imds_azure`: see nodekeeper_core::fuzzing::imds_azure and docs/reliability.md.
+//! `cargo +nightly fuzz run imds_azure`: see nodekeeper_core::fuzzing::imds_azure and docs/dev/reliability.md.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

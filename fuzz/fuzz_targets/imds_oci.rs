@@ -1,4 +1,4 @@
-//! `cargo +nightly fuzz run imds_oci`: see nodekeeper_core::fuzzing::imds_oci and docs/reliability.md.
+//! `cargo +nightly fuzz run imds_oci`: see nodekeeper_core::fuzzing::imds_oci and docs/dev/reliability.md.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

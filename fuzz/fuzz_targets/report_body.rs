@@ -1,4 +1,4 @@
-//! `cargo +nightly fuzz run report_body`: see nodekeeper_core::fuzzing::report_body and docs/reliability.md.
+//! `cargo +nightly fuzz run report_body`: see nodekeeper_core::fuzzing::report_body and docs/dev/reliability.md.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

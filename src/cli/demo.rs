@@ -20,7 +20,7 @@ pub struct DemoCmd {
     #[arg(long, default_value_t = 60.0)]
     pub speed: f64,
     /// A sim scenario TOML for the cluster's shape (pools, workloads, PDBs, DaemonSets; see
-    /// docs/sim.md). The script acts on the first node of the first spot pool and the first
+    /// docs/dev/sim.md). The script acts on the first node of the first spot pool and the first
     /// two nodes of the first on-demand pool.
     #[arg(long)]
     pub scenario: Option<PathBuf>,

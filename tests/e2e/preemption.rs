@@ -303,7 +303,7 @@ on_both!(oci_events_deliveries_taint_and_cordon_once_stored);
 /// event, written here from Oracle's event reference, not from nodekeeper's code) for each of several
 /// nodes: the controller answers 2xx only once the Node stores the notice, taint and cordon are then
 /// visible to a watch, and a redelivery changes nothing. Prints POST → taint latencies (a figure for
-/// docs/benchmarks.md, not an assertion).
+/// docs/dev/benchmarks.md, not an assertion).
 async fn oci_events_deliveries_taint_and_cordon_once_stored(c: &'static Cluster) {
     use futures::StreamExt;
     use kube::runtime::{watcher, WatchStreamExt};

@@ -1,5 +1,5 @@
 //! `nodekeeper crio apply` and the agent against the **real CRI-O** (scripts/setup-crio.sh: v1.34.0 as the Go
-//! module proxy serves it, docs/testing.md says what that build reads) running as `crio.service` under a real
+//! module proxy serves it, docs/dev/testing.md says what that build reads) running as `crio.service` under a real
 //! systemd in systemd-nspawn (scripts/nspawn-rootfs.sh --crio), in a network namespace of its own. The binary
 //! reaches that systemd through the node's bus socket, CRI-O through its socket, the journal with
 //! `journalctl --root`: the layout of tests/support/nspawn.rs ([`NspawnNode::boot_crio`]).
@@ -201,7 +201,7 @@ async fn a_change_restarts_the_real_crio_once_and_the_same_config_never() {
     assert_eq!(n.starts(), starts + 1);
 }
 
-/// This CRI-O build has no `short_name_mode` (docs/testing.md): the drop-in changes nothing, CRI-O says
+/// This CRI-O build has no `short_name_mode` (docs/dev/testing.md): the drop-in changes nothing, CRI-O says
 /// nothing, and nodekeeper names the key as ignored by the running CRI-O.
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs root (systemd-nspawn)"]

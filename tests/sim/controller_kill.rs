@@ -14,7 +14,7 @@
 //! cordons/taints), the workload Running again.
 //!
 //! `NODEKEEPER_KILL_TRIALS` (default 20) kills; `NODEKEEPER_KILL_SEED` replays a run (the seed
-//! is printed). Long run: docs/reliability.md.
+//! is printed). Long run: docs/dev/reliability.md.
 //!
 //! Sim only: hundreds of seeded kill trials need the sim's scaled clock; one SIGKILL mid-drain runs
 //! on both in `tests/e2e` (`failover`).

@@ -3,7 +3,7 @@
 //! label cleaning (`agent::labels::watch`, direct mode) and the controller's node-state layer
 //! (real agent reporters → report API over TLS → Node conditions) converge, without a panic.
 //! Convergence times are measured against a fault-free run of the same scenario and the ratio is
-//! printed (docs/reliability.md); the test asserts convergence within a generous bound, not the
+//! printed (docs/dev/reliability.md); the test asserts convergence within a generous bound, not the
 //! ratio (no timed assertions on shared CI machines).
 //!
 //! `NODEKEEPER_FAULT_SCALE=1` runs the unscaled faults (the long variant).

@@ -1,6 +1,6 @@
 //! The hostile-input probes of issue #43, replayed against the real controller binary over TLS
 //! (the sim's API server behind it, sim-minted tokens). Each test fails on the behaviour the probe
-//! found; docs/reliability.md "Hostile input" lists attack, limit and test.
+//! found; docs/dev/reliability.md "Hostile input" lists attack, limit and test.
 //!
 //! Sim only: the probes are about the controller's own limits; no cluster behaviour is involved.
 

@@ -4,7 +4,7 @@
 //!
 //! Any panic fails the test and the input is written to `target/fuzz-smoke-failures/` for
 //! `cargo +nightly fuzz run <target> <file>`. The long run is the cargo-fuzz crate in `fuzz/`
-//! (docs/reliability.md). Knobs: `NODEKEEPER_FUZZ_ITERS` (per target, default 8000) and
+//! (docs/dev/reliability.md). Knobs: `NODEKEEPER_FUZZ_ITERS` (per target, default 8000) and
 //! `NODEKEEPER_FUZZ_SEED` (default fixed, so CI is reproducible).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

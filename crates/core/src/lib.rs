@@ -1,6 +1,6 @@
 //! nodekeeper's product library: one agent on every Kubernetes node plus a small central controller.
 //!
-//! Module map (docs/architecture.md):
+//! Module map (docs/dev/architecture.md):
 //! - [`config`]: the typed TOML configuration, read once, validated, printed without secrets.
 //! - [`agent`]: the node agent (CRI-O config, health checks, metadata sources, label rules, reporter).
 //! - `controller` (feature `controller`): the central controller (report API, node state, policy,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The real node's OCI runtime on these sandbox machines (scripts/k8s-node.sh): runc, less what the sandbox
-cannot grant. Test-only; docs/testing.md "The real node" says why each edit is needed:
+cannot grant. Test-only; docs/dev/testing.md "The real node" says why each edit is needed:
   - no CAP_SYS_RESOURCE in the bounding set: a negative oomScoreAdj (CRI-O's -998 for infra containers,
     -997 for system-node-critical pods) fails with "failed to update /proc/self/oom_score_adj", and
     privileged containers ask for capabilities the sandbox does not have ("unable to apply caps");

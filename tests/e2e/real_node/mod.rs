@@ -112,7 +112,7 @@ fn start(how: Install) -> &'static RealNode {
     let base = std::env::temp_dir().join(format!("nodekeeper-realnode-{tag}-{pid}"));
     let _ = std::fs::remove_dir_all(&base);
     // The kubelet renews its Lease every 10 s: the default grace of the test clusters (8 s) would
-    // flap the node (docs/testing.md "The real node").
+    // flap the node (docs/dev/testing.md "The real node").
     let cdir = base.join("cluster");
     let out = Command::new(repo().join("scripts/k8s-cluster.sh"))
         .arg("up")

@@ -4,7 +4,7 @@
 //! [`resources`] (resource table and discovery), [`handlers`] (HTTP), [`eviction`] (PDB math), [`auth`]
 //! (tokens, TokenReview), [`admin`] (`/sim/v1/`), [`loops`] (simulated kubelet, scheduler, controllers),
 //! [`scenario`] (cluster seeding), [`openapi`] (`/openapi/v3`) and [`validation`] (`fieldValidation`),
-//! [`protobuf`] (kubectl's protobuf request bodies). See docs/sim.md.
+//! [`protobuf`] (kubectl's protobuf request bodies). See docs/dev/sim.md.
 
 pub mod admin;
 pub mod auth;

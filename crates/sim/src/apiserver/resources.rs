@@ -241,7 +241,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         true
     ),
     // Stored so the shipped manifests install; the sim neither authorizes nor admits by them
-    // (docs/sim.md, fidelity).
+    // (docs/dev/sim.md, fidelity).
     res!(
         "rbac.authorization.k8s.io",
         "v1",

@@ -32,7 +32,7 @@ pub struct DemoArgs {
     /// Policy time runs this many times faster than real time (600 s toleration → 10 s at 60).
     pub speed: f64,
     /// A sim scenario TOML for the cluster's shape (pools, workloads, PDBs, DaemonSets; see
-    /// docs/sim.md). The script acts on the first node of the first spot pool and the first
+    /// docs/dev/sim.md). The script acts on the first node of the first spot pool and the first
     /// two nodes of the first on-demand pool.
     pub scenario: Option<PathBuf>,
     /// Your controller configuration (its `[repair]`, `[budgets]`, `[interruption]` sections) instead

@@ -1,6 +1,6 @@
 //! `nodekeeper demo --kubeconfig FILE`: the demo's scenario on a real API server instead of the
 //! embedded sim (`scripts/demo.sh --real` builds and starts one: kube-apiserver, etcd,
-//! kube-controller-manager, kube-scheduler and KWOK, see docs/testing.md).
+//! kube-controller-manager, kube-scheduler and KWOK, see docs/dev/testing.md).
 //!
 //! FILE is an admin kubeconfig, used only to seed the scenario (KWOK Nodes, Deployments, PDBs,
 //! DaemonSets), to inject faults as a kubelet would, to mint ServiceAccount tokens and to watch.
