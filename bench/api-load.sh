@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Karpenter's requests on kube-apiserver, per node-hour, from the API server's audit log (NPD
-# and nodekeeper are measured by bench/npd.sh, the same way). Figures go to docs/comparison.md.
+# and nodekeeper are measured by bench/npd.sh, the same way). Figures go to bench/results/ and docs/comparison.md.
 #   bench/api-load.sh [MINUTES]   steady-state window (default 10), then a repair wave (WAVE_MINUTES)
 #   NODES=20          nodes Karpenter provisions (one pod of 1500m each, required anti-affinity by host name)
 #   WAVE=2            of them made NotReady (Ready=False, 10-minute toleration out 5 s later) for the wave

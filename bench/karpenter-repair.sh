@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Node repair side by side on the real control plane with Karpenter's KWOK provider (v1.14.1): Karpenter's
-# own NodeRepair vs nodekeeper's controller. Figures go to docs/comparison.md.
+# own NodeRepair vs nodekeeper's controller. Figures go to bench/results/ and docs/comparison.md.
 #   bench/karpenter-repair.sh [FAULTS]      (default "1 3": nodes of 10 made NotReady per run)
 #   BENCH_PROFILE=release …                          (default debug: target/debug/nodekeeper)
 #   TOOLS=karpenter …                                (default "karpenter nodekeeper")
@@ -18,7 +18,8 @@
 # nodekeeper's shipped policy; both count from lastTransitionTime) run out LEAD s (default 5) after the fault:
 # every faulted node is NotReady in both tools' caches before either may act (with LEAD=0 the first node's
 # repair can start before the others are seen, and its replacement lowers the unhealthy ratio below 20 %:
-# the 20 % guard of both tools is then raced, see docs/comparison.md). Times are from that expiry.
+# the 20 % guard of both tools is then raced, see bench/results/2026-12-02-karpenter-repair-raced.md).
+# Times are from that expiry.
 # Measured by bench/lib/repair-watch.py from the API (pod and Node watches + 200 ms samples): how the pods of
 # the faulted nodes left (their DisruptionTarget condition: EvictionByEvictionAPI = evicted, DeletionByPodGC =
 # deleted by the pod GC after their Node went, none = a plain delete), PDB samples with currentHealthy <

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Node Problem Detector (NPD) vs nodekeeper on the same host, reporting node problems to the same real API
-# (resources, and requests per node-hour). Figures go to docs/comparison.md.
+# (resources, and requests per node-hour). Figures go to bench/results/ and docs/comparison.md.
 #   bench/npd.sh [MINUTES]      steady-state window (default 10), then a repair wave (WAVE_MINUTES)
 #   NODES=100          KWOK nodes in the cluster; every one but the NPD nodes runs a nodekeeper agent
 #   PAIRS=2            NPD processes and "compared" agents (host checks on), each pair on this host

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The same spot interruption notice, side by side on the real control plane: the AWS Node Termination Handler
 # (NTH v1.22.0, IMDS mode) on one KWOK node, nodekeeper (agent with its AWS source + controller) on another,
-# each node with its own Amazon EC2 metadata mock (AEMM v1.13.0). Figures go to docs/comparison.md.
+# each node with its own Amazon EC2 metadata mock (AEMM v1.13.0). Figures go to bench/results/ and docs/comparison.md.
 #   bench/nth.sh [NOTICES]      (default 20)
 #   BENCH_PROFILE=release …              (default debug: target/debug/nodekeeper)
 #   NK_POLL=200ms …                      the agent's [sources] poll_interval (default: unset, the shipped 1 s)

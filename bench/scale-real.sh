@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# nodekeeper's controller at scale on the real control plane. Figures go to docs/comparison.md
-# ("Scale on the real control plane").
+# nodekeeper's controller at scale on the real control plane. Figures go to bench/results/ and
+# docs/comparison.md ("Scale on the real control plane").
 #   bench/scale-real.sh [--nodes 500,1000,2000,5000] [--pods-per-node 20] [--max-pods N]
 #     --max-pods: at most N bench pods in all (the nodes of a size past it get fewer or none; pods are created
 #     at ~50–150/s on the shared 2 cores, so 100,000 take longer than one run may)

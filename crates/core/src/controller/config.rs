@@ -179,7 +179,7 @@ pub struct EngineConfig {
     /// Run the notices' intake and the fast path after a notice, and write the node's cordon, on a
     /// thread and client of their own (`controller::lane`), not on the runtime that handles
     /// reports. On by default: at 5,000 nodes on the real control plane its runs ranked ahead of
-    /// the shared runtime's (docs/comparison.md#notice-apart).
+    /// the shared runtime's (bench/results/2026-12-05-notice-apart.md).
     pub notice_lane: bool,
 }
 

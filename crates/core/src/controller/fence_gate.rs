@@ -4,7 +4,7 @@
 //! wave of notices across NodePools is a few cordons beside many fence PATCHes, and on a busy
 //! kube-apiserver each cordon then waits behind the fence writes already in flight (at 1,000
 //! nodes in 100 NodePools, 50 notices: 450 fence writes beside 50 cordons; notice → cordon
-//! 241–443 ms p99 with them, 96–123 ms without them, docs/comparison.md#fence-gate). So a write
+//! 241–443 ms p99 with them, 96–123 ms without them, bench/results/2026-12-05-fence-gate.md). So a write
 //! that only sets or lifts fence marks ([`super::policy::fence::fence_only`]) takes one of a few
 //! permits, and starts only once no other Node write of the engine is in flight, or after
 //! [`MAX_YIELD`]; the other writes never wait for the fence. The price: a mark that lands later

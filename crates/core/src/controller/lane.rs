@@ -14,7 +14,7 @@
 //! goes to the shared runtime and client as before ([`crate::controller::actions::Actor`]).
 //!
 //! On by default (`[controller.engine] notice_lane`): at 5,000 nodes on the real control plane the
-//! runs with it ranked ahead of those without it (docs/comparison.md#notice-apart).
+//! runs with it ranked ahead of those without it (bench/results/2026-12-05-notice-apart.md).
 //!
 //! Its price: one thread (a few hundred KiB of stack and runtime) and one more connection to
 //! kube-apiserver while notices come (the client's idle connections close after 90 s).

@@ -5,7 +5,8 @@
 //! wakes the waiting round at once, with every event already queued behind it applied too, so a
 //! burst of deletions costs one round. A drain so costs one watch and a list every [`RELIST`], not
 //! a list every poll interval (nor one per change): at a few hundred drains at once, polling alone
-//! filled the controller's API Priority and Fairness queue (docs/comparison.md, "Scale").
+//! filled the controller's API Priority and Fairness queue
+//! (bench/results/2026-12-02-scale-real-first-run.md).
 
 use std::time::Duration;
 
