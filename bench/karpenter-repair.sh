@@ -130,26 +130,11 @@ seen_ready() {
 }
 
 start_nodekeeper() {
-  local tls="$DIR/nk-tls" token
-  mkdir -p "$tls"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=nodekeeper-controller \
-    -addext "subjectAltName=IP:127.0.0.1" -keyout "$tls/tls.key" -out "$tls/tls.crt" 2>/dev/null
-  token=$(k -n nodekeeper create token nodekeeper-controller --duration=2h)
-  cat >"$DIR/nk.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters: [{name: real, cluster: {server: $(k config view -o jsonpath='{.clusters[0].cluster.server}'), certificate-authority: $DIR/pki/ca.crt}}]
-users: [{name: nk, user: {token: $token}}]
-contexts: [{name: real, context: {cluster: real, user: nk}}]
-current-context: real
-EOF
-  # The shipped config (manifests/21-controller-config.yaml), run here: loopback, these TLS files, acting, and
-  # provider karpenter.
-  awk '/config.toml: \|/ {on=1; next} on { sub(/^    /, ""); print }' "$REPO/manifests/21-controller-config.yaml" |
-    sed -e 's|^listen = .*|listen = "127.0.0.1:0"|' \
-        -e "s|^tls_cert_file = .*|tls_cert_file = \"$tls/tls.crt\"|" -e "s|^tls_key_file = .*|tls_key_file = \"$tls/tls.key\"|" \
-        -e 's|^dry_run = true|dry_run = false|' \
-        -e 's|^\[repair\]$|[controller.provider]\nkind = "karpenter"\n\n[repair]|' >"$DIR/nk-controller.toml"
+  loopback_tls "$DIR/nk-tls"
+  token_kubeconfig "$DIR" "$(k -n nodekeeper create token nodekeeper-controller --duration=2h)" "$DIR/nk.kubeconfig"
+  # The shipped config run here (bench/lib/bench.sh: loopback, these TLS files, acting), with provider karpenter.
+  shipped_controller_config 127.0.0.1:0 "$DIR/nk-tls" |
+    sed -e 's|^\[repair\]$|[controller.provider]\nkind = "karpenter"\n\n[repair]|' >"$DIR/nk-controller.toml"
   KUBECONFIG="$DIR/nk.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL=info \
     "$NK" controller --config "$DIR/nk-controller.toml" >"$DIR/logs/nodekeeper-controller.log" 2>&1 &
   track $!

@@ -35,16 +35,8 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodekeep
 subjects: [{kind: ServiceAccount, name: drain-operator, namespace: bench}]
 EOF
 k apply -f "$REPO/tests/fixtures/drain-operator-role.yaml" >/dev/null
-TOKEN=$(k -n bench create token drain-operator --duration=2h)
 OP="$DIR/operator.kubeconfig"
-cat >"$OP" <<EOF
-apiVersion: v1
-kind: Config
-clusters: [{name: real, cluster: {server: $(k config view -o jsonpath='{.clusters[0].cluster.server}'), certificate-authority: $DIR/pki/ca.crt}}]
-users: [{name: op, user: {token: $TOKEN}}]
-contexts: [{name: real, context: {cluster: real, user: op}}]
-current-context: real
-EOF
+token_kubeconfig "$DIR" "$(k -n bench create token drain-operator --duration=2h)" "$OP"
 
 # load NODE: a KWOK node with 110 Ready pods pinned to it.
 load() {
