@@ -8,7 +8,8 @@
 # of docs/comparison.md.
 #   bench/real-node.sh [MINUTES]   (default 10; WARMUP=60 seconds before sampling)
 # Patches, as the e2e tests name them (tests/e2e/real_node/mod.rs): ServiceMonitor/PrometheusRule left out, one
-# controller replica, the controller's Service at 10.0.0.80 (no cluster DNS); NPD's image pull policy Never
+# controller replica (the agent reports to the shipped Service name through the node's cluster DNS); NPD's
+# image pull policy Never
 # (no registry). Not patched here: the agent's bus and /etc/crio are the host's (this host runs no systemd: its
 # CRI-O apply and unit checks fail, as NPD's journald monitors do). Needs root.
 . "$(dirname "$0")/lib/bench.sh"
@@ -62,18 +63,6 @@ patches:
       kind: Deployment
       metadata: {name: nodekeeper-controller, namespace: nodekeeper}
       spec: {replicas: 1}
-  - patch: |-
-      apiVersion: v1
-      kind: Service
-      metadata: {name: nodekeeper-controller, namespace: nodekeeper}
-      spec: {clusterIP: 10.0.0.80}
-  - patch: |-
-      apiVersion: v1
-      kind: ConfigMap
-      metadata: {name: nodekeeper-agent, namespace: nodekeeper}
-      data:
-        config.toml: |
-$(awk '/config.toml: \|/ {on=1; next} on' manifests/12-agent-config.yaml | sed 's|https://nodekeeper-controller.nodekeeper.svc:8443|https://10.0.0.80:8443|; s/^/      /')
 EOF
 k apply -k "$DIR/kustomize" >"$DIR/install.log"
 loopback_tls "$DIR/tls"

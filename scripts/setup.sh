@@ -4,7 +4,8 @@
 # test), cargo-generate-rpm, real kubectl in a venv, the cached nspawn rootfs, the real Kubernetes
 # control plane built from Go modules (scripts/setup-k8s.sh; needs Go and the Go module proxy), the real CRI-O
 # built from Go modules (scripts/setup-crio.sh) with the nspawn rootfs that runs it as crio.service, and Amazon's
-# EC2 metadata mock and the OCI Go SDK cross-check (scripts/setup-peers.sh aemm ocisdk).
+# EC2 metadata mock, the OCI Go SDK cross-check and the real node's CoreDNS (scripts/setup-peers.sh aemm ocisdk
+# coredns).
 . "$(dirname "$0")/lib.sh"
 
 apt_install ca-certificates systemd systemd-container debootstrap dbus iproute2 util-linux hyperfine python3-venv \
