@@ -113,8 +113,20 @@ async fn degraded_mode_buffers_and_flushes() {
     etx.send(event("e2")).await.unwrap();
     etx.send(event("e3")).await.unwrap();
     rtx.send_modify(|r| r.conditions[0].status = True);
-    // Cut off for a full minute (a controller outage): the reporter keeps retrying with backoff.
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    // Cut off (a controller outage): what answers at its address now drops every connection,
+    // counting them. The reporter keeps retrying with backoff: 20 failed attempts (each wait
+    // 250-500 ms, `backoff_max` long reached), not a fixed minute.
+    let gone = tokio::net::TcpListener::bind(cfg.listen.as_str())
+        .await
+        .unwrap();
+    for attempt in 0..20 {
+        let accepted = tokio::time::timeout(Duration::from_secs(10), gone.accept()).await;
+        let (conn, _) = accepted
+            .unwrap_or_else(|_| panic!("no retry within 10 s after {attempt} attempts"))
+            .unwrap();
+        drop(conn);
+    }
+    drop(gone);
     let persisted = std::fs::read_to_string(state.path().join("reporter-events.json")).unwrap();
     assert!(
         persisted.contains("\"e2\"")
@@ -175,7 +187,13 @@ async fn degraded_mode_buffers_and_flushes() {
     // Cut off again with an event queued, then the agent restarts: the queue survives on disk.
     b.stop().await;
     etx.send(event("e4")).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait::until(Duration::from_secs(5), "e4 in the persisted queue", || {
+        std::future::ready(
+            std::fs::read_to_string(state.path().join("reporter-events.json"))
+                .is_ok_and(|s| s.contains("\"e4\"")),
+        )
+    })
+    .await;
     stop.cancel();
     task.await.unwrap();
     let again = Reporter::new(reporter_cfg(&env, port, SERVER_NAME), state.path()).unwrap();

@@ -449,7 +449,20 @@ async fn leader_failover_exactly_one_writer() {
     cb.leader.identity = Some("b".into());
     let a = env.controller(&ca, true).await;
     let b = env.controller(&cb, false).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // A renewal by the leader while b runs: b saw a held Lease, and must not have taken it.
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(env.cluster.client.clone(), &ca.namespace);
+    let renewed = || async {
+        let l = leases.get(&ca.leader.lease_name).await.unwrap();
+        l.spec.and_then(|s| s.renew_time)
+    };
+    let first = renewed().await;
+    wait::until(
+        Duration::from_secs(10),
+        "a renewal by the leader",
+        || async { renewed().await != first },
+    )
+    .await;
     assert!(
         *a.app.leader.borrow() && !*b.app.leader.borrow(),
         "exactly one leader"
