@@ -5,6 +5,7 @@ use crate::support::ctl;
 use crate::support::wait;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ctl::*;
@@ -177,10 +178,17 @@ async fn degraded_mode_buffers_and_flushes() {
             reason: "test".into()
         }
     );
-    assert!(
-        tokio::time::timeout(Duration::from_millis(1200), crx.recv())
-            .await
-            .is_err(),
+    // Four more reports, each answered with the command (no result comes): the reporter sends
+    // one only after handling the answer to the one before, so three such answers were handled.
+    let reports = || b.app.states.counters.reports.load(Ordering::Relaxed);
+    let seen = reports();
+    wait::until(Duration::from_secs(10), "four more reports", || {
+        std::future::ready(reports() >= seen + 4)
+    })
+    .await;
+    assert_eq!(
+        crx.try_recv(),
+        Err(mpsc::error::TryRecvError::Empty),
         "command forwarded twice"
     );
 
