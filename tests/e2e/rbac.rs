@@ -1,5 +1,5 @@
 //! The shipped RBAC, decided by the real authorizer: SubjectAccessReviews for the two ServiceAccounts
-//! over every row of the API-call inventory (tests/fixtures/api-calls.toml, which tests/unit_like/manifests.rs
+//! over every row of the API-call inventory (tests/fixtures/api-calls.toml, which tests/host/manifests.rs
 //! keeps in step with the code), then over every verb of every resource the inventory names (and a few
 //! it must never touch), in the cluster scope and three namespaces: what is allowed is exactly what
 //! some inventory row needs.

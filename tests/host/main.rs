@@ -1,9 +1,10 @@
 //! Integration tests of the binary on this host: the agent and `crio apply` CLIs, health checks
 //! against the machine and `/dev/kmsg`, real systemd in systemd-nspawn containers, the metadata
 //! sources (emulators on loopback and, in a network namespace, at 169.254.169.254), packaging
-//! (.deb, .rpm, image, Helm). Tests that need root are `#[ignore = "needs root …"]`: run them with
-//! `-- --include-ignored` (scripts/test.sh does). One test binary (`cargo test --test host`); each
-//! former `tests/NAME.rs` is the module `NAME`.
+//! (.deb, .rpm, image, Helm), the manifests (rendered by the real kubectl's kustomize). Tests
+//! that need root are `#[ignore = "needs root …"]`: run them with `-- --include-ignored`
+//! (scripts/test.sh does). One test binary (`cargo test --test host`); each former
+//! `tests/NAME.rs` is the module `NAME`.
 #![allow(clippy::unwrap_used)]
 
 #[path = "../support/mod.rs"]
@@ -24,6 +25,7 @@ mod helm_chart;
 mod imds_config;
 mod imds_netns;
 mod imds_sources;
+mod manifests;
 mod oci_sdk_crosscheck;
 mod packaging_deb;
 mod packaging_image;

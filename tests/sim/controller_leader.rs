@@ -63,14 +63,29 @@ async fn until_leading(r: &mut Replica, within: Duration) -> Duration {
     t0.elapsed()
 }
 
-/// The follower's requests over 4 s of a live leader: a read and one watch (20 reads when it
-/// polled every 200 ms); the leader's release reaches it through the watch, so it leads well
-/// before the Lease would have expired.
+/// The follower's requests over three renewals of a live leader (3.6 s): a read and one watch
+/// (18 reads when it polled every 200 ms); the leader's release reaches it through the watch, so
+/// it leads well before the Lease would have expired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_watches_the_lease_and_takes_it_when_released() {
     let c = cluster().await;
     let (a, mut b) = leader_and_follower(&c).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The leader's renewals (replaces of the Lease), 1.2 s apart, while the follower runs.
+    let renewals = || {
+        a.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.starts_with("PUT "))
+            .count()
+    };
+    let before = renewals();
+    crate::support::wait::until(
+        Duration::from_secs(10),
+        "three renewals by the leader",
+        || std::future::ready(renewals() >= before + 3),
+    )
+    .await;
     assert!(!*b.leader.borrow());
     let requests = b.log.lock().unwrap().clone();
     let reads = requests

@@ -5,6 +5,7 @@ use crate::support::ctl;
 use crate::support::wait;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ctl::*;
@@ -113,8 +114,20 @@ async fn degraded_mode_buffers_and_flushes() {
     etx.send(event("e2")).await.unwrap();
     etx.send(event("e3")).await.unwrap();
     rtx.send_modify(|r| r.conditions[0].status = True);
-    // Cut off for a full minute (a controller outage): the reporter keeps retrying with backoff.
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    // Cut off (a controller outage): what answers at its address now drops every connection,
+    // counting them. The reporter keeps retrying with backoff: 20 failed attempts (each wait
+    // 250-500 ms, `backoff_max` long reached), not a fixed minute.
+    let gone = tokio::net::TcpListener::bind(cfg.listen.as_str())
+        .await
+        .unwrap();
+    for attempt in 0..20 {
+        let accepted = tokio::time::timeout(Duration::from_secs(10), gone.accept()).await;
+        let (conn, _) = accepted
+            .unwrap_or_else(|_| panic!("no retry within 10 s after {attempt} attempts"))
+            .unwrap();
+        drop(conn);
+    }
+    drop(gone);
     let persisted = std::fs::read_to_string(state.path().join("reporter-events.json")).unwrap();
     assert!(
         persisted.contains("\"e2\"")
@@ -165,17 +178,30 @@ async fn degraded_mode_buffers_and_flushes() {
             reason: "test".into()
         }
     );
-    assert!(
-        tokio::time::timeout(Duration::from_millis(1200), crx.recv())
-            .await
-            .is_err(),
+    // Four more reports, each answered with the command (no result comes): the reporter sends
+    // one only after handling the answer to the one before, so three such answers were handled.
+    let reports = || b.app.states.counters.reports.load(Ordering::Relaxed);
+    let seen = reports();
+    wait::until(Duration::from_secs(10), "four more reports", || {
+        std::future::ready(reports() >= seen + 4)
+    })
+    .await;
+    assert_eq!(
+        crx.try_recv(),
+        Err(mpsc::error::TryRecvError::Empty),
         "command forwarded twice"
     );
 
     // Cut off again with an event queued, then the agent restarts: the queue survives on disk.
     b.stop().await;
     etx.send(event("e4")).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait::until(Duration::from_secs(5), "e4 in the persisted queue", || {
+        std::future::ready(
+            std::fs::read_to_string(state.path().join("reporter-events.json"))
+                .is_ok_and(|s| s.contains("\"e4\"")),
+        )
+    })
+    .await;
     stop.cancel();
     task.await.unwrap();
     let again = Reporter::new(reporter_cfg(&env, port, SERVER_NAME), state.path()).unwrap();

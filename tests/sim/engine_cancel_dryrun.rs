@@ -119,7 +119,7 @@ async fn cancelled_notice_never_uncordons_an_admin_cordon() {
     })
     .await;
     // Give the engine more reconciles to get it wrong.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    three_more_reconciles(&ctl).await;
     let a = node(&c, "general-0").await;
     let b = node(&c, "general-1").await;
     assert!(unschedulable(&a), "the admin cordon was undone");
@@ -178,7 +178,7 @@ async fn dry_run_changes_nothing_but_records_events() {
     })
     .await;
     // Several reconciles later: still nothing on the Node, no eviction, no replacement.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    three_more_reconciles(&ctl).await;
     let after = node(&c, "spot-0").await;
     assert!(!unschedulable(&after));
     assert!(taint(&after, TAINT).is_none());

@@ -307,7 +307,8 @@ async fn preemption_taints_cordons_drains_in_tiers_and_replaces_once() {
         || async { node_opt(&c, NODE).await.is_none() },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Reconciles after the node went: none may ask for another replacement.
+    three_more_reconciles(&ctl).await;
     let spot: Vec<String> = nodes
         .list(&ListParams::default().labels("karpenter.sh/nodepool=spot"))
         .await

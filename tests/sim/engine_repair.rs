@@ -255,7 +255,8 @@ budgets = [{ nodes = "100%" }]
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // More reconciles to (wrongly) start a repair.
+    three_more_reconciles(&ctl).await;
     for n in ["general-0", "general-1"] {
         let n = node(&c, n).await;
         assert_eq!(annotation(&n, keys::STATE), None, "a repair started");

@@ -165,8 +165,8 @@ async fn restarted_controller_resumes_the_drain_without_a_second_replacement() {
         .as_deref()
         .unwrap_or("")
         .starts_with("stuck")));
-    // Exactly one replacement request across both controllers.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Exactly one replacement request across both controllers, reconciles after the drain ended.
+    three_more_reconciles(&b).await;
     assert_eq!(fake.requests().len(), 1, "{:?}", fake.requests());
     assert_eq!(fake.launched(), 1);
     b.stop().await;
@@ -200,7 +200,8 @@ async fn a_replacement_recorded_but_not_accepted_is_asked_again_with_the_same_ke
         || async { fake.requests().len() == 1 },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Reconciles after the refusal: none may ask again.
+    three_more_reconciles(&a).await;
     let n = node(&c, NODE).await;
     assert!(annotation(&n, keys::REPLACEMENT_REQUESTED).is_some());
     assert_eq!(annotation(&n, REPLACEMENT_ACCEPTED), None);
@@ -209,12 +210,21 @@ async fn a_replacement_recorded_but_not_accepted_is_asked_again_with_the_same_ke
         1,
         "a permanent refusal is not hammered"
     );
-    let evs = events_about(&c, NODE).await;
-    assert!(
-        evs.iter()
-            .any(|(r, n)| r == "ReplacementFailed" && n.contains("provider unavailable")),
-        "{evs:?}"
-    );
+    wait_until(
+        Duration::from_secs(10),
+        "a ReplacementFailed Event",
+        || async {
+            let evs = events_about(&c, NODE).await;
+            match evs
+                .iter()
+                .any(|(r, n)| r == "ReplacementFailed" && n.contains("provider unavailable"))
+            {
+                true => Ok(()),
+                false => Err(evs),
+            }
+        },
+    )
+    .await;
     a.stop().await;
 
     let b = controller(
@@ -312,7 +322,7 @@ async fn webhook_is_called_once_across_a_restart_mid_drain() {
         eb.drains().view(NODE).phase == DrainPhase::Running
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    three_more_reconciles(&b).await;
     assert_eq!(
         calls.load(std::sync::atomic::Ordering::SeqCst),
         1,

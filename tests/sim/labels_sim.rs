@@ -122,10 +122,10 @@ async fn label_is_removed_once_cilium_on_this_node_is_ready() {
 
     let (mut rx, stop, task) = watch_direct(&cluster, "n1");
 
-    // First evaluation: nothing to remove yet.
+    // First evaluation: nothing to remove yet (the watch removes only what an evaluation fires,
+    // and the next one it sends, below, must be cilium-a's).
     let first = recv(&mut rx).await;
     assert!(first.is_empty(), "{first:?}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(labels_of(&nodes, "n1")
         .await
         .contains(&"last-migration-failure".to_string()));

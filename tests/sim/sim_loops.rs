@@ -308,7 +308,22 @@ async fn admin_conditions_time_and_state() {
         json!({"type": "KernelDeadlock", "status": "True"}),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Two heartbeats of general-1's kubelet (its Lease renewed twice): a whole pass of the kubelet
+    // loop, which sets Ready=True unless pinned, ran after the pins.
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), "kube-node-lease");
+    let renewed = || async {
+        let l = leases.get_opt("general-1").await.unwrap();
+        l.and_then(|l| l.spec).and_then(|s| s.renew_time)
+    };
+    let mut last = renewed().await;
+    for beat in ["a heartbeat after the pins", "a second heartbeat"] {
+        let seen = last.clone();
+        last = crate::support::wait::until(Duration::from_secs(10), beat, || async {
+            let now = renewed().await;
+            (now != seen).then_some(now)
+        })
+        .await;
+    }
     let n = nodes.get("general-1").await.unwrap();
     assert_eq!(
         condition(&n, "Ready").as_deref(),

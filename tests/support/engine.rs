@@ -114,6 +114,23 @@ pub async fn controller(
 /// The shared polling helper (tests/support/wait.rs), under the name the engine tests use.
 pub use super::wait::until as wait_until;
 
+/// Waits until the engine of `r` has finished three more reconciles than when called: the last
+/// two started after the call, so whatever the engine would do about the state then (and about its
+/// own writes of the first) is done. For a "nothing happened" check: wait on this, then assert.
+pub async fn three_more_reconciles(r: &Running) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let m = &r
+        .engine
+        .as_ref()
+        .expect("a controller with the engine")
+        .metrics;
+    let before = m.reconciles.load(Relaxed);
+    wait_until(Duration::from_secs(30), "three more reconciles", || {
+        std::future::ready(m.reconciles.load(Relaxed) >= before + 3)
+    })
+    .await;
+}
+
 /// A notice as an agent would report it.
 pub fn notice(
     id: &str,

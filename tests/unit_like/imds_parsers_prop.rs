@@ -113,9 +113,8 @@ fn timestamp() -> impl Strategy<Value = DateTime<Utc>> {
     (0i64..4_102_444_800).prop_map(|s| DateTime::from_timestamp(s, 0).unwrap())
 }
 
+// proptest's default 256 cases (`PROPTEST_CASES` for more), as every property of the pure tier.
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
-
     #[test]
     fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..512)) {
         for r in all_parsers(&body) {

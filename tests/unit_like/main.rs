@@ -1,7 +1,8 @@
 //! Integration tests that need nothing but the build: pure functions, property tests, fuzzing
-//! smoke, configuration parsing, the manifests, and the notification and webhook clients
-//! against in-process receivers on 127.0.0.1. One test binary (`cargo test --test unit_like`);
-//! each former `tests/NAME.rs` is the module `NAME`.
+//! smoke, configuration parsing, and the notification and webhook clients against in-process
+//! receivers on 127.0.0.1. No external binary: the manifests tests, which run the real kubectl,
+//! are in `host`. One test binary (`cargo test --test unit_like`); each former `tests/NAME.rs`
+//! is the module `NAME`.
 #![allow(clippy::unwrap_used)]
 
 #[path = "../support/mod.rs"]
@@ -12,7 +13,6 @@ mod checks_systemd;
 mod drain_select_prop;
 mod fuzz_smoke;
 mod imds_parsers_prop;
-mod manifests;
 mod notify_webhook;
 mod policy_config;
 mod policy_nodepool;

@@ -1,4 +1,4 @@
-//! Shared by tests/unit_like/manifests.rs and tests/host/helm_chart.rs: YAML streams parsed into typed
+//! Shared by tests/host/manifests.rs and tests/host/helm_chart.rs: YAML streams parsed into typed
 //! Kubernetes objects (k8s-openapi, plus the two Prometheus Operator kinds modelled here), with
 //! a round trip that fails on unknown or misspelt fields.
 #![allow(dead_code)]
