@@ -29,6 +29,7 @@ pub mod k8s;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
+pub mod text;
 pub mod wire;
 
 /// Version string printed by `nodekeeper --version`: crate version and git commit.

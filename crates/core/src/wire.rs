@@ -82,14 +82,13 @@ const MAX_ERROR_CHARS: usize = 200;
 /// Parses and version-checks a `POST /v1/reports` body (the handler calls this after
 /// authentication and before the node check).
 pub fn parse_body(body: &[u8]) -> Result<NodeReport, BodyError> {
-    let short =
-        |e: serde_json::Error| crate::agent::sources::truncate(&e.to_string(), MAX_ERROR_CHARS);
+    let short = |e: serde_json::Error| crate::text::truncate(&e.to_string(), MAX_ERROR_CHARS);
     let value: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| BodyError::Json(short(e)))?;
     match value.get("version") {
         Some(v) if v.as_u64() == Some(u64::from(REPORT_VERSION)) => {}
         Some(v) => {
-            let shown = crate::agent::sources::truncate(&v.to_string(), 40);
+            let shown = crate::text::truncate(&v.to_string(), 40);
             return Err(BodyError::Version(shown));
         }
         None => return Err(BodyError::Version("none".into())),

@@ -599,7 +599,7 @@ pub fn parse(v: &Value) -> Result<Parsed, Refusal> {
         "timeWindowStart",
     ] {
         if let Some(x) = s(&details, k) {
-            detail.insert(k.to_string(), crate::agent::sources::truncate(&x, 128));
+            detail.insert(k.to_string(), crate::text::truncate(&x, 128));
         }
     }
     // An empty value is no window (OCI leaves unset strings empty, e.g. `correlationToken`).

@@ -299,7 +299,7 @@ impl Reporter {
                 retry_after: answer.retry_after,
                 url: self.endpoint.clone(),
                 status,
-                body: crate::agent::sources::truncate(&String::from_utf8_lossy(&bytes), 300),
+                body: crate::text::truncate(&String::from_utf8_lossy(&bytes), 300),
             });
         }
         let out: ReportResponse =

@@ -25,6 +25,8 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
+use crate::text::truncate;
+
 pub use config::SourcesConfig;
 pub use tracker::{Notice, NoticeTracker};
 
@@ -272,16 +274,6 @@ pub fn parse_text<'a>(what: &'static str, body: &'a [u8]) -> Result<&'a str, Par
     std::str::from_utf8(body)
         .map(str::trim)
         .map_err(|_| ParseError::Utf8 { what })
-}
-
-/// The first `max` characters of `s`, with `…` when cut.
-pub fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_string();
-    }
-    let mut out: String = s.chars().take(max).collect();
-    out.push('…');
-    out
 }
 
 /// Why a poll (or part of it) failed. The source keeps working after any of these.
