@@ -31,8 +31,7 @@ use serde_json::{json, Value};
 
 use super::config::OciEventsConfig;
 use super::server::App;
-use crate::agent::sources::tracker::event_id;
-use crate::agent::sources::{Cloud, EventKind, NodeEvent, NODE_EVENT_VERSION};
+use crate::wire::{event_id, Cloud, EventKind, NodeEvent, NODE_EVENT_VERSION};
 
 /// Event type of a preemption.
 pub const PREEMPTION: &str = "com.oraclecloud.computeapi.instancepreemptionaction";

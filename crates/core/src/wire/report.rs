@@ -1,16 +1,9 @@
-//! The agent → controller wire schema (`POST /v1/reports`), versioned.
-//!
-//! A report is the agent's whole current view of its node (conditions, CRI-O state, pending label
-//! removals) plus the events not yet acknowledged by the controller. The controller answers with
-//! commands for the agent. Compatibility rule: fields are only added within a version (readers
-//! ignore fields they do not know); anything else bumps [`REPORT_VERSION`], and the controller
-//! rejects versions it does not know with 400.
+//! The report (`POST /v1/reports`) and the controller's answer with its commands.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::agent::checks::{CheckEvent, CheckResult};
-use crate::agent::sources::{InstanceIdentity, NodeEvent};
+use super::{CheckEvent, CheckResult, InstanceIdentity, NodeEvent};
 
 /// The schema version this build writes and reads.
 pub const REPORT_VERSION: u32 = 1;
