@@ -30,7 +30,7 @@ pub enum SimCmd {
 /// Runs a `sim` subcommand (logs as text at `info`); returns the process exit code.
 pub fn main(cmd: SimCmd) -> u8 {
     super::block_on(async move {
-        nodekeeper_core::telemetry::init(nodekeeper_core::config::LogFormat::Text, "info");
+        nodekeeper_core::telemetry::init(nodekeeper_core::telemetry::LogFormat::Text, "info");
         match cmd {
             // The servers run until the one shutdown token (SIGTERM/SIGINT) is cancelled; the
             // one-shot commands keep the default signal handling.

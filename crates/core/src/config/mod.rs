@@ -21,6 +21,7 @@ mod secret;
 
 use crate::agent::crio::config::CrioConfig;
 use crate::cfg_path;
+use crate::telemetry::LogFormat;
 pub use diagnostic::{display_path, k8s_value_error, line_col, Diagnostic, PathSeg, Severity};
 use load::{deserialize_all, locate, parse_document};
 pub use secret::{serialize_redacted_url, Secret, REDACTED};
@@ -95,16 +96,6 @@ impl Default for LogConfig {
             level: "info".to_string(),
         }
     }
-}
-
-/// Log output format.
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// `[node]`
