@@ -249,7 +249,7 @@ pub fn load_config(path: &std::path::Path, env: &Env) -> Result<Loaded, u8> {
 /// exit 1 when it cannot start or a supervised task died, 2 for an invalid configuration.
 #[cfg(feature = "controller")]
 fn controller(path: &std::path::Path, env: &Env) -> u8 {
-    use nodekeeper_core::controller::{self, policy::PolicyConfig, ControllerError};
+    use nodekeeper_core::controller::{self, ControllerError};
     let loaded = match load_config(path, env) {
         Ok(l) => l,
         Err(code) => return code,
@@ -262,7 +262,7 @@ fn controller(path: &std::path::Path, env: &Env) -> u8 {
         eprintln!("error: {e}");
         return EXIT_INVALID;
     };
-    let policy = PolicyConfig::from_config(&loaded.config);
+    let policy = loaded.config.policy();
     block_on(async move {
         let signals = nodekeeper_core::shutdown::install()?;
         controller::run(cfg, policy, signals.shutdown).await?;

@@ -12,7 +12,6 @@ use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use nodekeeper_core::controller::engine::{Clock, EngineOptions, SystemClock};
 use nodekeeper_core::controller::policy::view::keys;
-use nodekeeper_core::controller::policy::PolicyConfig;
 
 use crate::drain::workload_pods;
 use crate::failover::preemption;
@@ -65,7 +64,7 @@ async fn a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drai
     .await
     .unwrap();
     let fault = Arc::new(AtomicBool::new(false));
-    let mut opts = EngineOptions::new(PolicyConfig::from_config(&loaded.config));
+    let mut opts = EngineOptions::new(loaded.config.policy());
     opts.clock = Arc::new(FaultClock(fault.clone()));
     opts.drain_client = Some(nodekeeper_core::controller::drain::client(kcfg.clone()).unwrap());
     let mut a = nodekeeper_core::controller::start_with(

@@ -114,7 +114,7 @@ fn nodepool_budgets_parse_and_evaluate_in_utc() {
 fn nodekeeper_form_loads_with_every_section() {
     let l = load(&fixture("nodekeeper_policy.toml")).unwrap();
     assert!(l.warnings.is_empty(), "{:?}", l.warnings);
-    let p = PolicyConfig::from_config(&l.config);
+    let p = l.config.policy();
     assert!(p.controller.dry_run);
     assert_eq!(p.repair.policy.len(), 2);
     assert_eq!(p.repair.policy[0], ready_false_10m());

@@ -363,8 +363,22 @@ impl Config {
         diags.extend(self.controller.iter().flat_map(|c| c.validate()));
         diags.extend(self.report.iter().flat_map(|r| r.validate()));
         #[cfg(feature = "controller")]
-        diags.extend(crate::controller::policy::PolicyConfig::from_config(self).validate());
+        diags.extend(self.policy().validate());
         diags
+    }
+
+    /// The policy: `[repair]`, `[budgets]`, `[interruption]` and `[controller] dry_run`.
+    #[cfg(feature = "controller")]
+    pub fn policy(&self) -> crate::controller::policy::PolicyConfig {
+        use crate::controller::policy::config::ControllerPolicyConfig;
+        crate::controller::policy::PolicyConfig::from_sections(
+            &self.repair,
+            &self.budgets,
+            &self.interruption,
+            &ControllerPolicyConfig {
+                dry_run: self.controller.as_ref().is_some_and(|c| c.dry_run),
+            },
+        )
     }
 
     /// The effective configuration as TOML, with secrets redacted (none exist in these sections

@@ -128,7 +128,7 @@ pub fn policy(file: Option<&Path>, speed: f64) -> Result<(Config, PolicyConfig),
             &Env::default(),
         )?,
     };
-    let mut policy = PolicyConfig::from_config(&loaded.config);
+    let mut policy = loaded.config.policy();
     scale_policy(&mut policy, speed);
     Ok((loaded.config, policy))
 }
