@@ -1,6 +1,8 @@
 //! The layering rules of docs/architecture.md that the compiler does not enforce: the wire
-//! schema (`crates/core/src/wire/`) is a leaf that imports nothing from `agent` or `controller`,
-//! and the pure policy (`crates/core/src/controller/policy/`) imports nothing from `agent`.
+//! schema (`crates/core/src/wire/`) and the configuration engine (`crates/core/src/config/`) are
+//! leaves that import nothing from `agent` or `controller` (the file that composes the sections is
+//! `config_file.rs`), and the pure policy (`crates/core/src/controller/policy/`) imports nothing
+//! from `agent`.
 
 use std::path::{Path, PathBuf};
 
@@ -57,6 +59,12 @@ fn imports_of(dir: &str, forbidden: &[&str]) -> Vec<String> {
 fn the_wire_schema_imports_neither_the_agent_nor_the_controller() {
     let found = imports_of("wire", &["agent", "controller"]);
     assert!(found.is_empty(), "wire/ must stay a leaf: {found:#?}");
+}
+
+#[test]
+fn the_configuration_engine_imports_neither_the_agent_nor_the_controller() {
+    let found = imports_of("config", &["agent", "controller"]);
+    assert!(found.is_empty(), "config/ is the engine only: {found:#?}");
 }
 
 #[test]

@@ -54,7 +54,7 @@ pub fn config_toml(data: &[u8]) -> Outcome {
     let text = String::from_utf8_lossy(data);
     let env = crate::config::Env::default();
     let path = Path::new("fuzz.toml");
-    let r = crate::config::Config::load_str(path, &text, &env);
+    let r = crate::config_file::Config::load_str(path, &text, &env);
     match &r {
         Ok(loaded) => {
             let _ = loaded.config.to_redacted_toml();

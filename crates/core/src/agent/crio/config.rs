@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::{Diagnostic, Env};
+
 /// `[crio]`: drop-ins nodekeeper owns in CRI-O's drop-in directory.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -63,4 +65,36 @@ pub struct DropIn {
     /// it, nodekeeper refuses to touch files it did not create.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub adopt: bool,
+}
+
+impl CrioConfig {
+    /// The `NODEKEEPER_CRIO_*` overrides; a bad value is an error naming the variable.
+    pub fn apply_env(&mut self, env: &Env) -> Vec<Diagnostic> {
+        let mut diags = Vec::new();
+        if let Some(v) = env.get("NODEKEEPER_CRIO_DROPIN_DIR") {
+            self.dropin_dir = PathBuf::from(v);
+        }
+        if let Some(v) = env.get("NODEKEEPER_CRIO_UNIT") {
+            self.unit = v.to_string();
+        }
+        if let Some(v) = env.get("NODEKEEPER_CRIO_RESTART_TIMEOUT") {
+            match humantime::parse_duration(v) {
+                Ok(d) => self.restart_timeout = d,
+                Err(e) => diags.push(Env::error(
+                    "NODEKEEPER_CRIO_RESTART_TIMEOUT",
+                    format!("`{v}` is not a duration: {e}"),
+                )),
+            }
+        }
+        if let Some(v) = env.get("NODEKEEPER_CRIO_STATE_DIR") {
+            self.state_dir = PathBuf::from(v);
+        }
+        if let Some(v) = env.get("NODEKEEPER_CRIO_SOCKET") {
+            self.socket = PathBuf::from(v);
+        }
+        if let Some(v) = env.get("NODEKEEPER_CRIO_VERSION") {
+            self.version = Some(v.to_string());
+        }
+        diags
+    }
 }

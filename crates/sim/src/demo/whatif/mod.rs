@@ -130,7 +130,7 @@ pub async fn run(args: &DemoArgs, path: &Path) -> Result<bool, DemoError> {
     seed(&cluster, &snap, path)?;
     scenario::ensure_namespace(&cluster.sim, "nodekeeper")
         .map_err(|e| DemoError::Start(e.to_string()))?;
-    let ccfg = controller_config(config.controller.clone());
+    let ccfg = controller_config(config.controller.controller.clone());
     let mut engine_opts = EngineOptions::new(policy.clone());
     engine_opts.clock = Arc::new(Ahead {
         clock: cluster.sim.store.clock.clone(),
