@@ -154,7 +154,7 @@ impl Default for ControllerConfig {
             idle_timeout: crate::serve::DEFAULT_IDLE_TIMEOUT,
             http2: false,
             namespace: "nodekeeper".into(),
-            condition_prefix: crate::agent::checks::config::OWNED_PREFIX.into(),
+            condition_prefix: crate::wire::OWNED_PREFIX.into(),
             staleness: Duration::from_secs(60),
             // Twice the kubelet's nodeStatusReportFrequency and NPD's heartbeat: the refresh only
             // ages `lastHeartbeatTime`. A silent agent turns `Unknown` after `staleness` (a write at

@@ -5,6 +5,11 @@ use std::fmt;
 
 use serde::Serialize;
 
+/// The prefix of the condition types the controller writes by default (`[controller]
+/// condition_prefix`): it writes only its own types, so that it never fights another writer
+/// (the Node Problem Detector's `KernelDeadlock`, ...).
+pub const OWNED_PREFIX: &str = "Nodekeeper";
+
 /// The status of a node condition, as Kubernetes spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub enum ConditionStatus {

@@ -16,7 +16,7 @@ mod event;
 mod identity;
 mod report;
 
-pub use check::{CheckEvent, CheckResult, ConditionStatus, EventSeverity};
+pub use check::{CheckEvent, CheckResult, ConditionStatus, EventSeverity, OWNED_PREFIX};
 pub use event::{event_id, Cloud, EventKind, NodeEvent, NODE_EVENT_VERSION};
 pub use identity::InstanceIdentity;
 pub use report::{
