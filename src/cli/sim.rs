@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use nodekeeper_core::agent::sources::Cloud;
+use nodekeeper_core::wire::Cloud;
 use nodekeeper_sim::apiserver::{ApiserverArgs, TokenArgs};
 use nodekeeper_sim::imds::ImdsArgs;
 use nodekeeper_sim::oci_compute::OciComputeArgs;

@@ -17,7 +17,7 @@ use tokio::sync::Mutex;
 use crate::apiserver::auth::TokenRequest;
 use crate::apiserver::Sim;
 use crate::imds::ImdsEmulator;
-use nodekeeper_core::agent::sources::Cloud;
+use nodekeeper_core::wire::Cloud;
 
 /// The agents' service account (the controller requires it).
 pub const SERVICE_ACCOUNT: &str = "system:serviceaccount:nodekeeper:nodekeeper-agent";
