@@ -10,8 +10,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::agent::sources::ParseError;
 use crate::agent::sources::{aws as aws_src, azure as azure_src, gcp as gcp_src, oci as oci_src};
-use crate::agent::sources::{EventKind, ParseError};
+use crate::wire::EventKind;
 
 /// A fuzz body.
 pub type Target = fn(&[u8]) -> Outcome;

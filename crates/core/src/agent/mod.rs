@@ -30,11 +30,10 @@ use crate::agent::crio::apply::{self, ApplyOptions};
 use crate::agent::host::logind::{Delivered, ShutdownSignal, ShutdownWatcher, WatcherOptions};
 use crate::agent::host::systemd::Systemd;
 use crate::agent::sources::driver::SourceMessage;
-use crate::agent::sources::{EventKind, InstanceIdentity, NodeEvent};
 use crate::agent::state::AgentState;
 use crate::config::{Env, Loaded};
 use crate::shutdown::{CancellationToken, Signals};
-use crate::wire::NodeReport;
+use crate::wire::{EventKind, InstanceIdentity, NodeEvent, NodeReport};
 
 /// Options of `nodekeeper agent`.
 #[derive(Debug, Clone)]
