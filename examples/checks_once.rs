@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use nodekeeper_core::agent::checks::Checks;
-use nodekeeper_core::config::{Config, Env};
+use nodekeeper_core::config::Env;
+use nodekeeper_core::config_file::Config;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -27,7 +28,7 @@ async fn main() {
         },
         None => Config::default(),
     };
-    let mut checks = Checks::from_config(&config.checks);
+    let mut checks = Checks::from_config(&config.agent.checks);
     let round = checks.run_once(Instant::now()).await;
     println!("{}", serde_json::to_string_pretty(&round).unwrap());
 }

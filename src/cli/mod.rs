@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use nodekeeper_core::config::{Config, ConfigError, Env, Loaded};
+use nodekeeper_core::config::{ConfigError, Env};
+use nodekeeper_core::config_file::{Config, Loaded};
 use nodekeeper_core::telemetry::error_chain;
 
 #[cfg(feature = "demo")]
@@ -249,20 +250,20 @@ pub fn load_config(path: &std::path::Path, env: &Env) -> Result<Loaded, u8> {
 /// exit 1 when it cannot start or a supervised task died, 2 for an invalid configuration.
 #[cfg(feature = "controller")]
 fn controller(path: &std::path::Path, env: &Env) -> u8 {
-    use nodekeeper_core::controller::{self, policy::PolicyConfig, ControllerError};
+    use nodekeeper_core::controller::{self, ControllerError};
     let loaded = match load_config(path, env) {
         Ok(l) => l,
         Err(code) => return code,
     };
     nodekeeper_core::telemetry::init(loaded.config.log.format, &loaded.config.log.level);
-    let Some(cfg) = loaded.config.controller.clone() else {
+    let Some(cfg) = loaded.config.controller.controller.clone() else {
         let e = ControllerError::NoSection {
             path: path.display().to_string(),
         };
         eprintln!("error: {e}");
         return EXIT_INVALID;
     };
-    let policy = PolicyConfig::from_config(&loaded.config);
+    let policy = loaded.config.policy();
     block_on(async move {
         let signals = nodekeeper_core::shutdown::install()?;
         controller::run(cfg, policy, signals.shutdown).await?;
@@ -294,7 +295,7 @@ fn agent(
     nodekeeper_core::telemetry::init(loaded.config.log.format, &loaded.config.log.level);
     block_on_current_thread(async move {
         if once {
-            let report = nodekeeper_core::agent::once::report(&loaded.config, root).await;
+            let report = nodekeeper_core::agent::once::report(&loaded.config.agent, root).await;
             match output {
                 Output::Json => println!("{}", serde_json::to_string(&report)?),
                 Output::Text => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -302,8 +303,11 @@ fn agent(
             return Ok(EXIT_OK);
         }
         let signals = nodekeeper_core::shutdown::install()?;
-        let opts = nodekeeper_core::agent::AgentOptions { root };
-        nodekeeper_core::agent::run(loaded, env, opts, signals).await;
+        let opts = nodekeeper_core::agent::AgentOptions {
+            root,
+            load: Config::load_agent,
+        };
+        nodekeeper_core::agent::run(loaded.map(|c| c.agent), env, opts, signals).await;
         Ok(EXIT_OK)
     })
 }
@@ -330,7 +334,7 @@ fn crio_apply(
         }
     };
     nodekeeper_core::telemetry::init(loaded.config.log.format, &loaded.config.log.level);
-    let crio = loaded.config.crio;
+    let crio = loaded.config.agent.crio;
     let dry_run = opts.dry_run;
     block_on(async move {
         let (report, result) = apply::apply(

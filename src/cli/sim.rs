@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use nodekeeper_core::agent::sources::Cloud;
+use nodekeeper_core::wire::Cloud;
 use nodekeeper_sim::apiserver::{ApiserverArgs, TokenArgs};
 use nodekeeper_sim::imds::ImdsArgs;
 use nodekeeper_sim::oci_compute::OciComputeArgs;
@@ -30,7 +30,7 @@ pub enum SimCmd {
 /// Runs a `sim` subcommand (logs as text at `info`); returns the process exit code.
 pub fn main(cmd: SimCmd) -> u8 {
     super::block_on(async move {
-        nodekeeper_core::telemetry::init(nodekeeper_core::config::LogFormat::Text, "info");
+        nodekeeper_core::telemetry::init(nodekeeper_core::telemetry::LogFormat::Text, "info");
         match cmd {
             // The servers run until the one shutdown token (SIGTERM/SIGINT) is cancelled; the
             // one-shot commands keep the default signal handling.

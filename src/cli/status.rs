@@ -10,7 +10,6 @@ use std::time::Duration;
 use chrono::Utc;
 use nodekeeper_core::config::Env;
 use nodekeeper_core::controller::policy::config::BudgetsConfig;
-use nodekeeper_core::controller::policy::PolicyConfig;
 use nodekeeper_core::controller::status::{
     budget_rows, list_nodepools, list_rows, render_with_budgets, BudgetStatus, NodeStatus,
     StatusOutput,
@@ -57,7 +56,7 @@ pub fn main(args: StatusArgs, env: &Env) -> u8 {
     // `--config`: the `[budgets]` section (an invalid file exits 2, as `validate`).
     let budgets = match &args.config {
         Some(path) => match super::load_config(path, env) {
-            Ok(l) => Some(PolicyConfig::from_config(&l.config).budgets),
+            Ok(l) => Some(l.config.policy().budgets),
             Err(code) => return code,
         },
         None => None,

@@ -12,7 +12,6 @@ use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use nodekeeper_core::controller::engine::{Clock, EngineOptions, SystemClock};
 use nodekeeper_core::controller::policy::view::keys;
-use nodekeeper_core::controller::policy::PolicyConfig;
 
 use crate::drain::workload_pods;
 use crate::failover::preemption;
@@ -51,10 +50,12 @@ async fn a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drai
 
     let (cfg_a, cfg_b) = (config("sv-a"), config("sv-b"));
     // Replica A in-process (the library the binary runs), as the controller ServiceAccount.
-    let loaded =
-        nodekeeper_core::config::Config::load(&cfg_a, &nodekeeper_core::config::Env::default())
-            .unwrap();
-    let ccfg = loaded.config.controller.clone().unwrap();
+    let loaded = nodekeeper_core::config_file::Config::load(
+        &cfg_a,
+        &nodekeeper_core::config::Env::default(),
+    )
+    .unwrap();
+    let ccfg = loaded.config.controller.controller.clone().unwrap();
     let token = sa_token(&admin, NS, CONTROLLER_SA, None, None).await;
     let kc_path = dir.path().join("sv-a.kubeconfig");
     c.write_token_kubeconfig(&kc_path, &token);
@@ -65,7 +66,7 @@ async fn a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drai
     .await
     .unwrap();
     let fault = Arc::new(AtomicBool::new(false));
-    let mut opts = EngineOptions::new(PolicyConfig::from_config(&loaded.config));
+    let mut opts = EngineOptions::new(loaded.config.policy());
     opts.clock = Arc::new(FaultClock(fault.clone()));
     opts.drain_client = Some(nodekeeper_core::controller::drain::client(kcfg.clone()).unwrap());
     let mut a = nodekeeper_core::controller::start_with(

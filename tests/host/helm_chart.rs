@@ -219,8 +219,8 @@ fn oke_values_render_one_to_one_into_the_toml_configs() {
     packaging_support::assert_agent_host_paths(&chart);
     let agent_toml = config_of(&chart, "nodekeeper-agent");
     let ctl_toml = config_of(&chart, "nodekeeper-controller");
-    let agent = validate_config("chart agent", &agent_toml);
-    let ctl = validate_config("chart controller", &ctl_toml);
+    let agent = validate_config("chart agent", &agent_toml).agent;
+    let ctl = validate_config("chart controller", &ctl_toml).controller;
 
     // 1:1: the rendered TOML is the values' config plus the chart's namespace-derived defaults.
     let want_agent = numbers_as_f64(r.values["agent"]["config"].clone());
@@ -345,7 +345,7 @@ fn direct_label_mode_lets_the_agent_patch_only_its_own_node() {
     let r = helm("nodekeeper", Some(&f));
     assert_lint_clean(&r, "direct label mode");
     let chart = load(&r.docs);
-    let agent = validate_config("direct agent", &config_of(&chart, "nodekeeper-agent"));
+    let agent = validate_config("direct agent", &config_of(&chart, "nodekeeper-agent")).agent;
     assert_eq!(agent.labels.cleanup.len(), 1, "the default rule is kept");
     // Exactly one difference from the inventory: the direct-mode patch (a `granted = false` row)
     // is granted now, by one rule that no granted row uses.
@@ -491,7 +491,7 @@ controller:
     assert_lint_clean(&r, "tricky values");
     let chart = load(&r.docs);
     let agent_toml = config_of(&chart, "nodekeeper-agent");
-    let agent = validate_config("tricky agent", &agent_toml);
+    let agent = validate_config("tricky agent", &agent_toml).agent;
     let mut got = toml_json(&agent_toml);
     let want = numbers_as_f64(r.values["agent"]["config"].clone());
     drop_chart_defaults(
@@ -509,7 +509,8 @@ controller:
     let ctl = validate_config(
         "tricky controller",
         &config_of(&chart, "nodekeeper-controller"),
-    );
+    )
+    .controller;
     assert_eq!(ctl.budgets.groups["pool.a-1"].len(), 1);
     assert_eq!(ctl.repair.groups["pool.a-1"].enabled, Some(false));
 }

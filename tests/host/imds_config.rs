@@ -6,19 +6,20 @@ use std::path::Path;
 use std::time::Duration;
 
 use nodekeeper_core::agent::sources::config::CloudChoice;
-use nodekeeper_core::config::{Config, ConfigError, Env};
+use nodekeeper_core::config::{ConfigError, Env};
+use nodekeeper_core::config_file::Config;
 
 #[test]
 fn sources_section_defaults_and_overrides() {
     let l = Config::load_str(Path::new("c.toml"), "", &Env::default()).unwrap();
-    assert_eq!(l.config.sources.cloud, CloudChoice::Auto);
-    assert_eq!(l.config.sources.endpoint, "http://169.254.169.254");
-    assert_eq!(l.config.sources.poll_interval, Duration::from_secs(1));
+    assert_eq!(l.config.agent.sources.cloud, CloudChoice::Auto);
+    assert_eq!(l.config.agent.sources.endpoint, "http://169.254.169.254");
+    assert_eq!(l.config.agent.sources.poll_interval, Duration::from_secs(1));
     let text = "[sources]\ncloud = \"gcp\"\nendpoint = \"http://127.0.0.1:8169\"\n[sources.gcp]\nlong_poll_timeout = \"30s\"\n";
     let l = Config::load_str(Path::new("c.toml"), text, &Env::default()).unwrap();
-    assert_eq!(l.config.sources.cloud, CloudChoice::Gcp);
+    assert_eq!(l.config.agent.sources.cloud, CloudChoice::Gcp);
     assert_eq!(
-        l.config.sources.gcp.long_poll_timeout,
+        l.config.agent.sources.gcp.long_poll_timeout,
         Duration::from_secs(30)
     );
 }

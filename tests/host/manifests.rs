@@ -409,7 +409,8 @@ fn embedded_configs_are_valid() {
         cfgs.keys().map(String::as_str).collect::<Vec<_>>(),
         ["nodekeeper-agent", "nodekeeper-controller"]
     );
-    let agent = packaging_support::validate_config("agent config.toml", &cfgs["nodekeeper-agent"]);
+    let agent =
+        packaging_support::validate_config("agent config.toml", &cfgs["nodekeeper-agent"]).agent;
     // Atomic renames need state_dir and the drop-in dir on one mount: the DaemonSet's /etc/crio
     // hostPath volume (each volume is a mount of its own).
     let ds = packaging_support::agent_pod(&a);
@@ -442,7 +443,8 @@ fn embedded_configs_are_valid() {
     let ctl = packaging_support::validate_config(
         "controller config.toml",
         &cfgs["nodekeeper-controller"],
-    );
+    )
+    .controller;
     let c = ctl.controller.unwrap();
     assert_eq!(
         c.service_account,

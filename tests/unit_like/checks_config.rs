@@ -6,9 +6,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use nodekeeper_core::agent::checks::config::{ByteSize, RuleKind};
-use nodekeeper_core::config::{Config, ConfigError, Env};
+use nodekeeper_core::config::{ConfigError, Env};
+use nodekeeper_core::config_file::Config;
 
-fn load(text: &str) -> Result<nodekeeper_core::config::Loaded, ConfigError> {
+fn load(text: &str) -> Result<nodekeeper_core::config_file::Loaded, ConfigError> {
     Config::load_str(Path::new("c.toml"), text, &Env::default())
 }
 
@@ -60,7 +61,7 @@ reason = "UnregisterNetDevice"
 
 #[test]
 fn full_example_parses() {
-    let c = load(FULL).expect("valid").config.checks;
+    let c = load(FULL).expect("valid").config.agent.checks;
     assert_eq!(c.host_root, Path::new("/host"));
     assert_eq!(c.interval, Duration::from_secs(5));
     assert_eq!(c.memory.min_available_bytes, ByteSize(512 << 20));
@@ -73,12 +74,12 @@ fn full_example_parses() {
     assert_eq!(c.kmsg.rules[1].kind, RuleKind::Condition);
     // the printed config reads back the same
     let again = load(&load(FULL).unwrap().config.to_redacted_toml()).expect("round trip");
-    assert_eq!(again.config.checks, c);
+    assert_eq!(again.config.agent.checks, c);
 }
 
 #[test]
 fn empty_file_enables_all_checks_with_defaults() {
-    let c = load("").expect("valid").config.checks;
+    let c = load("").expect("valid").config.agent.checks;
     assert!(c.memory.enabled && c.disk.enabled && c.pids.enabled && c.kmsg.enabled);
     assert_eq!(c.disk.paths.len(), 3);
     assert_eq!(c.memory.condition_type, "NodekeeperMemoryPressure");
@@ -138,7 +139,7 @@ fn unknown_keys_and_bad_sizes_are_refused() {
 
 #[test]
 fn runtime_check_is_off_by_default_and_validated() {
-    let c = load("").expect("valid").config.checks;
+    let c = load("").expect("valid").config.agent.checks;
     assert!(!c.runtime.enabled);
     assert_eq!(c.runtime.socket, Path::new("/run/crio/crio.sock"));
     assert_eq!(

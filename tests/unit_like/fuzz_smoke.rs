@@ -327,7 +327,7 @@ fn config_toml() {
             .join(f);
         let text = std::fs::read_to_string(&p).unwrap();
         let env = nodekeeper_core::config::Env::default();
-        if let Err(e) = nodekeeper_core::config::Config::load_str(&p, &text, &env) {
+        if let Err(e) = nodekeeper_core::config_file::Config::load_str(&p, &text, &env) {
             panic!("seed {f} must be a valid config: {e}");
         }
         assert_eq!(seed_accepted("config_toml", f).accepted, 1);

@@ -13,6 +13,7 @@ mod checks_systemd;
 mod drain_select_prop;
 mod fuzz_smoke;
 mod imds_parsers_prop;
+mod layering;
 mod notify_webhook;
 mod policy_config;
 mod policy_nodepool;

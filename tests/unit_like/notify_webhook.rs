@@ -11,7 +11,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use nodekeeper_core::config::{Config, Env};
+use nodekeeper_core::config::Env;
+use nodekeeper_core::config_file::Config;
 use nodekeeper_core::controller::notify::{
     Notification, Notifier, NotifyConfig, Payload, Phase, EVENT_HEADER,
 };
@@ -287,7 +288,7 @@ async fn no_targets_and_no_runtime() {
 
 const BASE: &str = "[controller]\nlisten = \"127.0.0.1:8443\"\ninsecure_plain_http = true\n";
 
-fn load(extra: &str) -> Result<nodekeeper_core::config::Loaded, String> {
+fn load(extra: &str) -> Result<nodekeeper_core::config_file::Loaded, String> {
     Config::load_str(
         std::path::Path::new("c.toml"),
         &format!("{BASE}{extra}"),
@@ -334,7 +335,7 @@ events = []
         "[[controller.notify]]\nurl = \"http://127.0.0.1:9/\"\nevents = [\"failed\"]\nsecret = \"topsecret-value\"\n",
     )
     .unwrap();
-    let c = l.config.controller.as_ref().unwrap();
+    let c = l.config.controller.controller.as_ref().unwrap();
     assert_eq!(c.notify.len(), 1);
     assert_eq!(c.notify[0].events, [Phase::Failed]);
     assert_eq!(c.notify[0].secret.expose(), "topsecret-value");

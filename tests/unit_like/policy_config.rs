@@ -5,7 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use nodekeeper_core::config::{Config, ConfigError, Env, Loaded};
+use nodekeeper_core::config::{ConfigError, Env};
+use nodekeeper_core::config_file::{Config, Loaded};
 use nodekeeper_core::controller::policy::budget::{GroupBudgets, Reason};
 use nodekeeper_core::controller::policy::config::{
     parse_kpo_repair_policies, Budget, Quantity, RepairPolicy, RepairStep,
@@ -114,7 +115,7 @@ fn nodepool_budgets_parse_and_evaluate_in_utc() {
 fn nodekeeper_form_loads_with_every_section() {
     let l = load(&fixture("nodekeeper_policy.toml")).unwrap();
     assert!(l.warnings.is_empty(), "{:?}", l.warnings);
-    let p = PolicyConfig::from_config(&l.config);
+    let p = l.config.policy();
     assert!(p.controller.dry_run);
     assert_eq!(p.repair.policy.len(), 2);
     assert_eq!(p.repair.policy[0], ready_false_10m());
@@ -142,9 +143,12 @@ fn nodekeeper_form_loads_with_every_section() {
 #[test]
 fn kpo_form_in_toml_loads() {
     let l = load(&fixture("kpo_policy.toml")).unwrap();
-    assert_eq!(l.config.repair.repair_policies, vec![ready_false_10m()]);
     assert_eq!(
-        l.config.repair.for_group("x").policies,
+        l.config.controller.repair.repair_policies,
+        vec![ready_false_10m()]
+    );
+    assert_eq!(
+        l.config.controller.repair.for_group("x").policies,
         vec![ready_false_10m()]
     );
     let l = load(
@@ -152,10 +156,13 @@ fn kpo_form_in_toml_loads() {
     )
     .unwrap();
     assert_eq!(
-        l.config.repair.policy[0].toleration,
+        l.config.controller.repair.policy[0].toleration,
         Duration::from_secs(300)
     );
-    assert_eq!(l.config.repair.policy[0].condition_status, "Unknown");
+    assert_eq!(
+        l.config.controller.repair.policy[0].condition_status,
+        "Unknown"
+    );
 }
 
 #[test]

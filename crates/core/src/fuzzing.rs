@@ -10,8 +10,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::agent::sources::ParseError;
 use crate::agent::sources::{aws as aws_src, azure as azure_src, gcp as gcp_src, oci as oci_src};
-use crate::agent::sources::{EventKind, ParseError};
+use crate::wire::EventKind;
 
 /// A fuzz body.
 pub type Target = fn(&[u8]) -> Outcome;
@@ -54,7 +55,7 @@ pub fn config_toml(data: &[u8]) -> Outcome {
     let text = String::from_utf8_lossy(data);
     let env = crate::config::Env::default();
     let path = Path::new("fuzz.toml");
-    let r = crate::config::Config::load_str(path, &text, &env);
+    let r = crate::config_file::Config::load_str(path, &text, &env);
     match &r {
         Ok(loaded) => {
             let _ = loaded.config.to_redacted_toml();

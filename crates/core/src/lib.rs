@@ -1,11 +1,14 @@
 //! nodekeeper's product library: one agent on every Kubernetes node plus a small central controller.
 //!
 //! Module map (docs/dev/architecture.md):
-//! - [`config`]: the typed TOML configuration, read once, validated, printed without secrets.
+//! - [`config`]: the configuration engine (every error located, `NODEKEEPER_*` overrides, secrets
+//!   printed redacted) and the shared `[log]` and `[node]` sections;
+//!   [`config_file`]: the whole file, composed of the agent's and the controller's sections.
 //! - [`agent`]: the node agent (CRI-O config, health checks, metadata sources, label rules, reporter).
 //! - `controller` (feature `controller`): the central controller (report API, node state, policy,
 //!   drains, providers, OCI Events, leader election).
-//! - [`wire`]: the agent → controller wire format (the report, its events and checks).
+//! - [`wire`]: everything that crosses the agent → controller boundary (the report, its events,
+//!   checks and identity, the commands); [`text`]: `truncate`, its one leaf.
 //! - [`k8s`], [`http`] (the one outbound HTTP client), `serve` (feature `controller`: the one HTTP
 //!   server), [`backoff`], [`telemetry`], [`shutdown`]: shared helpers, one copy each.
 //!
@@ -18,6 +21,7 @@
 pub mod agent;
 pub mod backoff;
 pub mod config;
+pub mod config_file;
 #[cfg(feature = "controller")]
 pub mod controller;
 #[doc(hidden)]
@@ -29,6 +33,7 @@ pub mod k8s;
 pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
+pub mod text;
 pub mod wire;
 
 /// Version string printed by `nodekeeper --version`: crate version and git commit.

@@ -4,11 +4,20 @@
 
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::config::LogFormat;
+/// Log output format.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Parses a `[log] level` directive list.
 pub fn parse_level(level: &str) -> Result<Targets, String> {
@@ -72,8 +81,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use super::{parse_level, subscriber};
-    use crate::config::LogFormat;
+    use super::{parse_level, subscriber, LogFormat};
 
     /// Log output captured in memory.
     #[derive(Clone, Default)]

@@ -245,9 +245,9 @@ pub fn configs(a: &All) -> BTreeMap<String, String> {
 }
 
 /// Loads a TOML config as `nodekeeper validate` does; fails on errors **and** warnings.
-pub fn validate_config(label: &str, text: &str) -> nodekeeper_core::config::Config {
+pub fn validate_config(label: &str, text: &str) -> nodekeeper_core::config_file::Config {
     let env = nodekeeper_core::config::Env::default();
-    let l = nodekeeper_core::config::Config::load_str(Path::new(label), text, &env)
+    let l = nodekeeper_core::config_file::Config::load_str(Path::new(label), text, &env)
         .unwrap_or_else(|e| panic!("{label}: {e}\n{text}"));
     assert!(
         l.warnings.is_empty(),
@@ -483,27 +483,27 @@ pub fn assert_agent_host_paths(a: &All) {
         ("system bus".into(), bus.clone(), bus),
         (
             "crio.dropin_dir".into(),
-            cfg.crio.dropin_dir.clone(),
-            cfg.crio.dropin_dir.clone(),
+            cfg.agent.crio.dropin_dir.clone(),
+            cfg.agent.crio.dropin_dir.clone(),
         ),
         (
             "crio.state_dir".into(),
-            cfg.crio.state_dir.clone(),
-            cfg.crio.state_dir.clone(),
+            cfg.agent.crio.state_dir.clone(),
+            cfg.agent.crio.state_dir.clone(),
         ),
         (
             "crio.socket".into(),
-            cfg.crio.socket.clone(),
-            cfg.crio.socket.clone(),
+            cfg.agent.crio.socket.clone(),
+            cfg.agent.crio.socket.clone(),
         ),
         (
             "checks.kmsg.path".into(),
-            cfg.checks.kmsg.path.clone(),
-            cfg.checks.kmsg.path.clone(),
+            cfg.agent.checks.kmsg.path.clone(),
+            cfg.agent.checks.kmsg.path.clone(),
         ),
     ];
-    let host = HostRoot::new(&cfg.checks.host_root);
-    for p in &cfg.checks.disk.paths {
+    let host = HostRoot::new(&cfg.agent.checks.host_root);
+    for p in &cfg.agent.checks.disk.paths {
         want.push((
             format!("checks.disk.paths {}", p.display()),
             host.join(p),

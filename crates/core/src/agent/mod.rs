@@ -8,6 +8,7 @@
 //! - [`host`]: systemd and logind over D-Bus; [`state`]: the report assembly.
 
 pub mod checks;
+pub mod config;
 pub mod crio;
 pub mod fsops;
 pub mod host;
@@ -24,21 +25,23 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::agent::checks::Checks;
+use crate::agent::config::{AgentSections, Load};
 use crate::agent::crio::apply::{self, ApplyOptions};
 use crate::agent::host::logind::{Delivered, ShutdownSignal, ShutdownWatcher, WatcherOptions};
 use crate::agent::host::systemd::Systemd;
 use crate::agent::sources::driver::SourceMessage;
-use crate::agent::sources::{EventKind, InstanceIdentity, NodeEvent};
 use crate::agent::state::AgentState;
-use crate::config::{Config, Env, Loaded};
+use crate::config::{Env, Loaded};
 use crate::shutdown::{CancellationToken, Signals};
-use crate::wire::NodeReport;
+use crate::wire::{EventKind, InstanceIdentity, NodeEvent, NodeReport};
 
 /// Options of `nodekeeper agent`.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
     /// Prefix for every host path of the CRI-O apply (tests, demo).
     pub root: Option<PathBuf>,
+    /// Reads the configuration file again on a reload (the whole file, keeping the agent's part).
+    pub load: Load,
 }
 
 /// What the background tasks tell the loop.
@@ -53,7 +56,12 @@ enum Input {
 }
 
 /// Runs the agent until a termination signal.
-pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Signals) {
+pub async fn run(
+    loaded: Loaded<AgentSections>,
+    env: Env,
+    opts: AgentOptions,
+    mut signals: Signals,
+) {
     let shutdown = signals.shutdown.clone();
     let path = loaded.path.clone();
     let mut config = loaded.config;
@@ -101,7 +109,7 @@ pub async fn run(loaded: Loaded, env: Env, opts: AgentOptions, mut signals: Sign
             }
         };
         if reload {
-            if let Some(c) = self::reload(&path, &env) {
+            if let Some(c) = self::reload(opts.load, &path, &env) {
                 config = c;
                 tasks.stop().await;
                 tasks = Tasks::spawn(&config, in_tx.clone(), &shutdown);
@@ -137,7 +145,7 @@ struct Ticks {
 }
 
 impl Ticks {
-    fn new(config: &Config) -> Self {
+    fn new(config: &AgentSections) -> Self {
         let every = |period| {
             let mut i = tokio::time::interval(period);
             i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -203,7 +211,7 @@ impl Sink {
     /// Starts the reporter under a child of `shutdown`; [`Sink::stop`] waits for it (its queue
     /// is persisted when it ends).
     fn start(
-        config: &Config,
+        config: &AgentSections,
         opts: &AgentOptions,
         tx: mpsc::Sender<Input>,
         shutdown: &CancellationToken,
@@ -376,7 +384,11 @@ struct Tasks {
 
 impl Tasks {
     /// Starts the producers under a child of `shutdown` (a reload stops them and starts new ones).
-    fn spawn(config: &Config, tx: mpsc::Sender<Input>, shutdown: &CancellationToken) -> Self {
+    fn spawn(
+        config: &AgentSections,
+        tx: mpsc::Sender<Input>,
+        shutdown: &CancellationToken,
+    ) -> Self {
         let stop = shutdown.child_token();
         let mut set = JoinSet::new();
         let (sources, tx1, stop1) = (config.sources.clone(), tx.clone(), stop.clone());
@@ -512,7 +524,7 @@ async fn run_shutdown_watcher(
 }
 
 /// `[node] name`, else the host name.
-pub fn node_name(config: &Config) -> String {
+pub fn node_name(config: &AgentSections) -> String {
     if !config.node.name.is_empty() {
         return config.node.name.clone();
     }
@@ -523,7 +535,7 @@ pub fn node_name(config: &Config) -> String {
 }
 
 /// The kernel's boot id under the checks' host root (empty if unreadable).
-pub fn boot_id(config: &Config) -> String {
+pub fn boot_id(config: &AgentSections) -> String {
     let p = config
         .checks
         .host_root
@@ -539,8 +551,8 @@ fn instance_id() -> String {
 }
 
 /// Re-reads the configuration; an invalid file is logged and the running configuration kept.
-fn reload(path: &Path, env: &Env) -> Option<Config> {
-    match Config::load(path, env) {
+fn reload(load: Load, path: &Path, env: &Env) -> Option<AgentSections> {
+    match load(path, env) {
         Ok(l) => {
             for w in &l.warnings {
                 tracing::warn!(diagnostic = %w.render(path), "configuration warning");
@@ -562,7 +574,7 @@ fn file_fingerprint(path: &Path) -> Option<String> {
 }
 
 /// sha256 over the declared drop-ins (name and rendered content), to compare nodes.
-pub fn crio_config_hash(config: &Config) -> String {
+pub fn crio_config_hash(config: &AgentSections) -> String {
     let mut bytes = Vec::new();
     for d in &config.crio.dropins {
         bytes.extend_from_slice(d.name.as_bytes());
@@ -573,7 +585,7 @@ pub fn crio_config_hash(config: &Config) -> String {
     crate::agent::crio::state::digest(&bytes)
 }
 
-async fn apply_crio(config: &Config, opts: &AgentOptions, st: &mut AgentState) {
+async fn apply_crio(config: &AgentSections, opts: &AgentOptions, st: &mut AgentState) {
     let aopts = ApplyOptions {
         root: opts.root.clone(),
         dry_run: false,
@@ -629,7 +641,7 @@ mod tests {
             i.tick().await;
             t0.elapsed()
         }
-        let mut config = Config::default();
+        let mut config = AgentSections::default();
         config.checks.interval = Duration::from_secs(10);
         config.agent.config_poll_interval = Duration::from_secs(3);
         let t0 = Instant::now();

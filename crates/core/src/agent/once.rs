@@ -7,14 +7,14 @@ use std::time::Instant;
 use chrono::Utc;
 
 use crate::agent::checks::Checks;
+use crate::agent::config::AgentSections;
 use crate::agent::crio::apply::{self, ApplyOptions};
 use crate::agent::host::systemd::Systemd;
 use crate::agent::state::AgentState;
-use crate::config::Config;
 use crate::wire::NodeReport;
 
 /// Builds the one-off report. `root` prefixes the CRI-O paths, as for `agent --root`.
-pub async fn report(config: &Config, root: Option<std::path::PathBuf>) -> NodeReport {
+pub async fn report(config: &AgentSections, root: Option<std::path::PathBuf>) -> NodeReport {
     let mut st = AgentState::new(
         super::node_name(config),
         "once".into(),

@@ -3,11 +3,11 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::agent::checks::{CheckEvent, CheckResult, Round};
+use crate::agent::checks::Round;
 use crate::agent::crio::apply::{ApplyError, ApplyReport};
-use crate::agent::sources::{InstanceIdentity, NodeEvent};
 use crate::wire::{
-    CommandResult, CrioReport, CrioResult, LabelRemoval, NodeReport, REPORT_VERSION,
+    CheckEvent, CheckResult, CommandResult, CrioReport, CrioResult, InstanceIdentity, LabelRemoval,
+    NodeEvent, NodeReport, REPORT_VERSION,
 };
 
 /// Command results carried in every report (the controller matches them by id).
@@ -195,7 +195,7 @@ impl AgentState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::checks::{ConditionStatus, EventSeverity};
+    use crate::wire::{ConditionStatus, EventSeverity};
 
     fn cond(t: &str, s: ConditionStatus) -> CheckResult {
         CheckResult {

@@ -1,5 +1,6 @@
 //! `[controller]`: the controller's configuration (listen address, TLS, who may report, the
-//! node-state layer, leader election, OCI Events ingestion).
+//! node-state layer, leader election, OCI Events ingestion), and the controller's part of the
+//! configuration file ([`ControllerSections`]: `[controller]` with the policy's sections).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,6 +11,47 @@ use crate::cfg_path;
 use crate::config::Diagnostic;
 
 pub use crate::config::Secret;
+use crate::controller::policy::config::{
+    BudgetsConfig, ControllerPolicyConfig, InterruptionConfig, RepairConfig,
+};
+use crate::controller::policy::PolicyConfig;
+
+/// The sections the controller reads: `[controller]` (absent on nodes) and the policy's
+/// `[repair]`, `[budgets]` and `[interruption]`. The file that composes them with the agent's
+/// sections is `crate::config_file::Config`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ControllerSections {
+    /// The controller (`nodekeeper controller`); absent on nodes.
+    pub controller: Option<ControllerConfig>,
+    /// Repair policies, escalation, short-circuit, startup timeout.
+    pub repair: RepairConfig,
+    /// Disruption budgets per node group.
+    pub budgets: BudgetsConfig,
+    /// Response to interruption notices.
+    pub interruption: InterruptionConfig,
+}
+
+impl ControllerSections {
+    /// Every check of the controller's sections.
+    pub fn validate(&self) -> Vec<Diagnostic> {
+        let mut diags: Vec<Diagnostic> =
+            self.controller.iter().flat_map(|c| c.validate()).collect();
+        diags.extend(self.policy().validate());
+        diags
+    }
+
+    /// The policy: `[repair]`, `[budgets]`, `[interruption]` and `[controller] dry_run`.
+    pub fn policy(&self) -> PolicyConfig {
+        PolicyConfig::from_sections(
+            &self.repair,
+            &self.budgets,
+            &self.interruption,
+            &ControllerPolicyConfig {
+                dry_run: self.controller.as_ref().is_some_and(|c| c.dry_run),
+            },
+        )
+    }
+}
 
 /// `[controller]`
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -112,7 +154,7 @@ impl Default for ControllerConfig {
             idle_timeout: crate::serve::DEFAULT_IDLE_TIMEOUT,
             http2: false,
             namespace: "nodekeeper".into(),
-            condition_prefix: crate::agent::checks::config::OWNED_PREFIX.into(),
+            condition_prefix: crate::wire::OWNED_PREFIX.into(),
             staleness: Duration::from_secs(60),
             // Twice the kubelet's nodeStatusReportFrequency and NPD's heartbeat: the refresh only
             // ages `lastHeartbeatTime`. A silent agent turns `Unknown` after `staleness` (a write at
@@ -468,7 +510,8 @@ impl ControllerConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::{Config, Env};
+    use crate::config::Env;
+    use crate::config_file::Config;
 
     #[test]
     fn oci_events_credentials_are_validated_at_their_keys() {
@@ -536,6 +579,7 @@ token_file = "/token"
         assert_eq!(
             l.config
                 .controller
+                .controller
                 .as_ref()
                 .unwrap()
                 .oci_events
@@ -565,7 +609,7 @@ token_file = "/token"
                 "[controller]\nlisten = \"127.0.0.1:1\"\ninsecure_plain_http = true\n[controller.leader]\n{leader}"
             );
             Config::load_str(std::path::Path::new("t.toml"), &text, &Env::default())
-                .map(|l| l.config.controller.unwrap().leader)
+                .map(|l| l.config.controller.controller.unwrap().leader)
                 .map_err(|e| e.to_string())
         };
         let s = Duration::from_secs;
@@ -595,7 +639,7 @@ on_timeout = "force-delete"
 drain_concurrency = 4
 "#;
         let l = Config::load_str(std::path::Path::new("t.toml"), text, &Env::default()).unwrap();
-        let e = &l.config.controller.as_ref().unwrap().engine;
+        let e = &l.config.controller.controller.as_ref().unwrap().engine;
         assert!(e.enabled);
         assert_eq!(e.tick, std::time::Duration::from_millis(500));
         assert_eq!(e.on_timeout, super::DrainOnTimeout::ForceDelete);

@@ -42,7 +42,7 @@ use super::policy::{
     NodeView, PolicyConfig,
 };
 use super::provider::POOL_LABEL;
-use crate::agent::sources::NodeEvent;
+use crate::wire::NodeEvent;
 
 /// The engine's notion of "now": wall time in production, simulated time against the sim.
 pub trait Clock: Send + Sync {
@@ -1561,9 +1561,9 @@ mod run_tests {
     fn preemption_notice() -> NodeEvent {
         let now = Utc::now();
         NodeEvent {
-            version: crate::agent::sources::NODE_EVENT_VERSION,
+            version: crate::wire::NODE_EVENT_VERSION,
             id: "ev1".into(),
-            kind: crate::agent::sources::EventKind::Preemption,
+            kind: crate::wire::EventKind::Preemption,
             cloud: None,
             source: "test".into(),
             not_before: Some(now + chrono::Duration::seconds(120)),

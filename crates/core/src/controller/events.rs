@@ -119,8 +119,8 @@ impl Reason {
     ];
 
     /// The reason for a node event kind.
-    pub fn for_kind(kind: &crate::agent::sources::EventKind) -> Reason {
-        use crate::agent::sources::EventKind as K;
+    pub fn for_kind(kind: &crate::wire::EventKind) -> Reason {
+        use crate::wire::EventKind as K;
         match kind {
             K::Preemption | K::Termination => Reason::PreemptionNotice,
             K::Maintenance | K::Reboot | K::Redeploy | K::Freeze => Reason::MaintenanceNotice,

@@ -318,7 +318,7 @@ impl Bucket {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::agent::checks::{CheckEvent, CheckResult, ConditionStatus, EventSeverity};
+    use crate::wire::{CheckEvent, CheckResult, ConditionStatus, EventSeverity};
 
     fn report() -> NodeReport {
         crate::agent::state::AgentState::new("n".into(), "i".into(), "b".into())
@@ -329,11 +329,11 @@ mod tests {
         CheckResult::new(t, ConditionStatus::True, "R", "m")
     }
 
-    fn ev(id: &str) -> crate::agent::sources::NodeEvent {
-        crate::agent::sources::NodeEvent {
+    fn ev(id: &str) -> crate::wire::NodeEvent {
+        crate::wire::NodeEvent {
             version: 1,
             id: id.into(),
-            kind: crate::agent::sources::EventKind::Maintenance,
+            kind: crate::wire::EventKind::Maintenance,
             cloud: None,
             source: "t".into(),
             not_before: None,

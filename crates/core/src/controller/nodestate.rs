@@ -31,9 +31,9 @@ use tokio::sync::{broadcast, watch};
 use super::events::{EventType, Reason, Recorder};
 use super::fresh::FreshNodes;
 use super::limits::{Bucket, Exceeded, Limit, ReportLimits, SeenEvents};
-use crate::agent::checks::{CheckResult, ConditionStatus};
-use crate::agent::sources::NodeEvent;
+use crate::wire::NodeEvent;
 use crate::wire::{AgentCommand, CrioReport, CrioResult, NodeReport, ReportResponse};
+use crate::wire::{CheckResult, ConditionStatus};
 
 /// Reason written on conditions of a silent agent.
 pub const STALE_REASON: &str = "AgentNotReporting";
@@ -283,8 +283,8 @@ impl NodeStates {
             // The reason comes from the agent's rules: made a valid Event reason here.
             let reason = super::events::sanitize_reason(&ce.reason);
             let type_ = match ce.severity {
-                crate::agent::checks::EventSeverity::Normal => EventType::Normal,
-                crate::agent::checks::EventSeverity::Warning => EventType::Warning,
+                crate::wire::EventSeverity::Normal => EventType::Normal,
+                crate::wire::EventSeverity::Warning => EventType::Warning,
             };
             self.recorder
                 .node_with(&node, &reason, type_, "Check", &ce.message)
@@ -972,7 +972,7 @@ mod tests {
         let mut r = report(1);
         r.conditions[0].status = ConditionStatus::True;
         r.events = vec![NodeEvent::on_node(
-            crate::agent::sources::EventKind::Preemption,
+            crate::wire::EventKind::Preemption,
             "test",
             "k",
             Utc::now(),

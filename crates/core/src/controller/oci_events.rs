@@ -31,8 +31,7 @@ use serde_json::{json, Value};
 
 use super::config::OciEventsConfig;
 use super::server::App;
-use crate::agent::sources::tracker::event_id;
-use crate::agent::sources::{Cloud, EventKind, NodeEvent, NODE_EVENT_VERSION};
+use crate::wire::{event_id, Cloud, EventKind, NodeEvent, NODE_EVENT_VERSION};
 
 /// Event type of a preemption.
 pub const PREEMPTION: &str = "com.oraclecloud.computeapi.instancepreemptionaction";
@@ -599,7 +598,7 @@ pub fn parse(v: &Value) -> Result<Parsed, Refusal> {
         "timeWindowStart",
     ] {
         if let Some(x) = s(&details, k) {
-            detail.insert(k.to_string(), crate::agent::sources::truncate(&x, 128));
+            detail.insert(k.to_string(), crate::text::truncate(&x, 128));
         }
     }
     // An empty value is no window (OCI leaves unset strings empty, e.g. `correlationToken`).

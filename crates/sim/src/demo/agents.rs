@@ -17,7 +17,7 @@ use tokio::sync::Mutex;
 use crate::apiserver::auth::TokenRequest;
 use crate::apiserver::Sim;
 use crate::imds::ImdsEmulator;
-use nodekeeper_core::agent::sources::Cloud;
+use nodekeeper_core::wire::Cloud;
 
 /// The agents' service account (the controller requires it).
 pub const SERVICE_ACCOUNT: &str = "system:serviceaccount:nodekeeper:nodekeeper-agent";
@@ -368,17 +368,17 @@ mod tests {
                 Path::new("/tmp/t"),
                 Path::new("/tmp/d"),
             );
-            let loaded = nodekeeper_core::config::Config::load_str(
+            let loaded = nodekeeper_core::config_file::Config::load_str(
                 Path::new("agent.toml"),
                 &text,
                 &nodekeeper_core::config::Env::default(),
             )
             .unwrap();
             assert!(loaded.warnings.is_empty(), "{cloud}: {:?}", loaded.warnings);
-            assert_eq!(loaded.config.node.name, "spot-0");
-            assert!(loaded.config.report.is_some());
+            assert_eq!(loaded.config.agent.node.name, "spot-0");
+            assert!(loaded.config.agent.report.is_some());
             assert_eq!(
-                loaded.config.sources.poll_interval,
+                loaded.config.agent.sources.poll_interval,
                 Duration::from_millis(500)
             );
         }

@@ -9,7 +9,8 @@ use std::time::Duration;
 use crate::apiserver::loops::LoopOptions;
 use crate::apiserver::scenario::{DaemonSetSpec, PdbSpec, Pool, Scenario, Taint, Workload};
 use crate::apiserver::SimOptions;
-use nodekeeper_core::config::{Config, ConfigError, Env};
+use nodekeeper_core::config::{ConfigError, Env};
+use nodekeeper_core::config_file::Config;
 use nodekeeper_core::controller::policy::PolicyConfig;
 
 /// The taint OKE puts on preemptible (spot) nodes.
@@ -128,7 +129,7 @@ pub fn policy(file: Option<&Path>, speed: f64) -> Result<(Config, PolicyConfig),
             &Env::default(),
         )?,
     };
-    let mut policy = PolicyConfig::from_config(&loaded.config);
+    let mut policy = loaded.config.policy();
     scale_policy(&mut policy, speed);
     Ok((loaded.config, policy))
 }

@@ -81,7 +81,7 @@ pub enum DemoError {
 /// Runs the demo (on the caller's multi-threaded runtime): `Ok(true)` when every expected
 /// outcome happened, `Ok(false)` when one did not, an error when it could not be set up.
 pub async fn run(args: DemoArgs, tmp: PathBuf) -> Result<bool, DemoError> {
-    nodekeeper_core::telemetry::init(nodekeeper_core::config::LogFormat::Text, "warn");
+    nodekeeper_core::telemetry::init(nodekeeper_core::telemetry::LogFormat::Text, "warn");
     let _ = rustls::crypto::ring::default_provider().install_default();
     demo(args, tmp).await
 }

@@ -15,7 +15,7 @@ use super::backend::Backend;
 use super::cluster::MIGRATION_LABEL;
 use super::timeline::{Outcome, Timeline};
 use super::{DemoArgs, DemoError};
-use nodekeeper_core::config::Config;
+use nodekeeper_core::config_file::Config;
 use nodekeeper_core::controller::config::ControllerConfig;
 use nodekeeper_core::controller::policy::explain::{Blocker, Held};
 use nodekeeper_core::controller::policy::view::keys;
@@ -60,7 +60,7 @@ impl Env {
                 .await
                 .map_err(|e| DemoError::Start(format!("namespace nodekeeper: {e}")))?;
         }
-        let mut ccfg = controller_config(config.controller.clone());
+        let mut ccfg = controller_config(config.controller.controller.clone());
         let provider = backend.provider(&ccfg.provider);
         if matches!(*backend, Backend::Real(_))
             && matches!(
@@ -298,12 +298,12 @@ impl Env {
         use nodekeeper_core::agent::crio::apply::{apply, ApplyOptions};
         use nodekeeper_core::agent::host::fake::FakeUnitManager;
         let text = "[crio]\nstate_dir = \"/var/lib/nodekeeper\"\n[[crio.dropin]]\nname = \"11-default.conf\"\ncontent = \"\"\"\n[crio.image]\nshort_name_mode = \"enforcing\"\n\"\"\"\n";
-        let cfg = match nodekeeper_core::config::Config::load_str(
+        let cfg = match nodekeeper_core::config_file::Config::load_str(
             std::path::Path::new("<demo crio>"),
             text,
             &nodekeeper_core::config::Env::default(),
         ) {
-            Ok(l) => l.config.crio,
+            Ok(l) => l.config.agent.crio,
             Err(e) => {
                 self.tl.outcome(Outcome {
                     what: "CRI-O drop-in applied".into(),

@@ -12,7 +12,7 @@ use axum::Router;
 use serde::Deserialize;
 
 use super::{json, text, CancelWhat, Faults, Inner, Pending, Shared};
-use nodekeeper_core::agent::sources::Cloud;
+use nodekeeper_core::wire::Cloud;
 
 pub(super) fn router() -> Router<Arc<Shared>> {
     Router::new()

@@ -37,7 +37,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use nodekeeper_core::agent::sources::Cloud;
+use nodekeeper_core::wire::Cloud;
 
 /// Arguments of `nodekeeper sim imds` (parsed, with their defaults, by the binary's `cli::sim`).
 #[derive(Debug, Clone)]

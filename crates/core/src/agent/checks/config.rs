@@ -665,10 +665,7 @@ fn check_type(t: &str, path: Vec<PathSeg>) -> Vec<Diagnostic> {
     Vec::new()
 }
 
-/// The prefix of the condition types the controller writes by default (`[controller]
-/// condition_prefix`): it writes only its own types, so that it never fights another writer
-/// (the Node Problem Detector's `KernelDeadlock`, ...).
-pub const OWNED_PREFIX: &str = "Nodekeeper";
+pub use crate::wire::OWNED_PREFIX;
 
 fn check_percent(v: f64, path: Vec<PathSeg>) -> Vec<Diagnostic> {
     if !(0.0..=100.0).contains(&v) {

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::config::{CrioConfig, DropIn};
 use super::state::{digest, under_root, Pending, State, StateError, StatePaths};
 use crate::agent::fsops::{self, FsError};
 use crate::agent::host::journal;
 use crate::agent::host::systemd::{SystemdError, UnitManager, UnitStatus};
-use crate::config::{CrioConfig, DropIn};
 
 /// What happens to one drop-in file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

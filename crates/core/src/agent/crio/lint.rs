@@ -1,8 +1,9 @@
 //! Validation of `[crio]` and its drop-ins: names, TOML syntax, `short_name_mode`, CRI-O
 //! version gates, and unknown CRI-O keys (which CRI-O silently ignores, so they only warn).
 
+use super::config::{CrioConfig, DropIn};
 use crate::cfg_path;
-use crate::config::{CrioConfig, Diagnostic, DropIn, PathSeg};
+use crate::config::{Diagnostic, PathSeg};
 
 /// The first CRI-O release that reads `[crio.image] short_name_mode` (older ones hard-code `disabled`).
 pub const SHORT_NAME_MODE_SINCE: (u32, u32) = (1, 34);

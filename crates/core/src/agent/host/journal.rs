@@ -52,7 +52,7 @@ pub fn error_line(text: &str) -> Option<String> {
         .iter()
         .find_map(|level| lines.iter().rev().find(|l| l.contains(level)))
         .or(lines.last())?;
-    Some(crate::agent::sources::truncate(pick, MAX_LINE))
+    Some(crate::text::truncate(pick, MAX_LINE))
 }
 
 #[cfg(test)]

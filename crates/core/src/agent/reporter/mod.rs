@@ -51,7 +51,7 @@ pub use config::ReporterConfig;
 pub use queue::EVENTS_FILE;
 pub use transport::ReportTransport;
 
-use crate::agent::sources::NodeEvent;
+use crate::wire::NodeEvent;
 use crate::wire::{AgentCommand, NodeReport, ReportResponse};
 use queue::Queue;
 
@@ -299,7 +299,7 @@ impl Reporter {
                 retry_after: answer.retry_after,
                 url: self.endpoint.clone(),
                 status,
-                body: crate::agent::sources::truncate(&String::from_utf8_lossy(&bytes), 300),
+                body: crate::text::truncate(&String::from_utf8_lossy(&bytes), 300),
             });
         }
         let out: ReportResponse =
@@ -422,7 +422,7 @@ mod tests {
 
     use super::transport::fake::{FakeTransport, Script, Seen};
     use super::*;
-    use crate::agent::sources::EventKind;
+    use crate::wire::EventKind;
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
     const S: fn(u64) -> Duration = Duration::from_secs;
@@ -741,10 +741,10 @@ mod tests {
         // Too large without any event: the oldest check events go, no event is blamed.
         let mut r = report();
         r.check_events = (0..100)
-            .map(|i| crate::agent::checks::CheckEvent {
+            .map(|i| crate::wire::CheckEvent {
                 reason: "R".into(),
                 message: format!("{i:03}{}", "x".repeat(100)),
-                severity: crate::agent::checks::EventSeverity::Warning,
+                severity: crate::wire::EventSeverity::Warning,
             })
             .collect();
         let f = fit(r, &events[..1], 4000).unwrap();

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 
 use super::ReporterError;
-use crate::agent::sources::NodeEvent;
+use crate::wire::NodeEvent;
 use crate::wire::{AgentCommand, CommandResult, NodeReport};
 
 /// The unacknowledged events, persisted in the state directory (a JSON array).
@@ -250,7 +250,7 @@ fn store_bytes(path: &Path, bytes: serde_json::Result<Vec<u8>>) -> Result<(), Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::sources::EventKind;
+    use crate::wire::EventKind;
 
     fn ev(id: &str) -> NodeEvent {
         NodeEvent {

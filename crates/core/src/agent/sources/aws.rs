@@ -108,7 +108,7 @@ pub fn parse_scheduled(body: &[u8]) -> Result<Vec<Notice>, ParseError> {
         let mut n = Notice::new(e.event_id.clone(), kind)
             .with("code", &e.code)
             .with("event_id", &e.event_id)
-            .with("description", super::truncate(&e.description, 200));
+            .with("description", crate::text::truncate(&e.description, 200));
         n.not_before = Some(parse_time(WHAT, &e.not_before)?);
         n.deadline = match e.not_after.as_deref().filter(|s| !s.is_empty()) {
             Some(s) => Some(parse_time(WHAT, s)?),

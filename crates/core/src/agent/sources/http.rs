@@ -30,7 +30,7 @@ impl Response {
         SourceError::Status {
             url: self.url.clone(),
             status: self.status,
-            body: super::truncate(text.trim(), 120),
+            body: crate::text::truncate(text.trim(), 120),
         }
     }
     /// This answer if its status is 200, else a [`SourceError::Status`].

@@ -17,187 +17,17 @@ pub mod http;
 pub mod oci;
 pub mod tracker;
 
-use std::collections::BTreeMap;
-use std::fmt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+use crate::text::truncate;
+
+pub use crate::wire::{Cloud, EventKind, InstanceIdentity, NodeEvent, NODE_EVENT_VERSION};
 pub use config::SourcesConfig;
 pub use tracker::{Notice, NoticeTracker};
-
-/// Version of the [`NodeEvent`] schema; bumped on incompatible changes.
-pub const NODE_EVENT_VERSION: u32 = 1;
-
-/// A cloud whose instance-metadata service nodekeeper reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Cloud {
-    /// Oracle Cloud Infrastructure.
-    Oci,
-    /// Amazon EC2.
-    Aws,
-    /// Microsoft Azure.
-    Azure,
-    /// Google Compute Engine.
-    Gcp,
-}
-
-impl Cloud {
-    /// All clouds, in auto-detection order.
-    pub const ALL: [Cloud; 4] = [Cloud::Oci, Cloud::Aws, Cloud::Azure, Cloud::Gcp];
-
-    /// The lowercase name used in config, ids and logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Cloud::Oci => "oci",
-            Cloud::Aws => "aws",
-            Cloud::Azure => "azure",
-            Cloud::Gcp => "gcp",
-        }
-    }
-}
-
-impl fmt::Display for Cloud {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Cloud {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Cloud::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or_else(|| format!("unknown cloud `{s}` (expected oci, aws, azure or gcp)"))
-    }
-}
-
-/// What a [`NodeEvent`] announces.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum EventKind {
-    /// Spot/preemptible capacity is being reclaimed.
-    Preemption,
-    /// The instance will be terminated (or stopped) by the platform.
-    Termination,
-    /// Host maintenance (live migration or similar) is scheduled.
-    Maintenance,
-    /// The platform recommends moving work off this instance (AWS rebalance).
-    Rebalance,
-    /// A reboot is scheduled.
-    Reboot,
-    /// The instance will be moved to another host (Azure Redeploy).
-    Redeploy,
-    /// The instance will be paused for a few seconds (Azure Freeze).
-    Freeze,
-    /// The operating system is shutting down (from the shutdown watcher).
-    ShuttingDown,
-    /// An earlier notice disappeared before it happened.
-    Cancelled {
-        /// The id of the cancelled event.
-        of: String,
-    },
-}
-
-impl EventKind {
-    /// A short stable name (`preemption`, `cancelled`, ...), for logs and ids.
-    pub fn name(&self) -> &'static str {
-        match self {
-            EventKind::Preemption => "preemption",
-            EventKind::Termination => "termination",
-            EventKind::Maintenance => "maintenance",
-            EventKind::Rebalance => "rebalance",
-            EventKind::Reboot => "reboot",
-            EventKind::Redeploy => "redeploy",
-            EventKind::Freeze => "freeze",
-            EventKind::ShuttingDown => "shutting_down",
-            EventKind::Cancelled { .. } => "cancelled",
-        }
-    }
-}
-
-/// One notice about this node, as reported to the controller.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeEvent {
-    /// Schema version ([`NODE_EVENT_VERSION`]).
-    pub version: u32,
-    /// Deterministic id: the same notice always gets the same id (hex SHA-256 prefix).
-    pub id: String,
-    /// What is announced.
-    pub kind: EventKind,
-    /// The cloud that announced it (none for on-node signals such as shutdown).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cloud: Option<Cloud>,
-    /// The producer and channel, e.g. `aws/spot` or `azure/scheduledevents`.
-    pub source: String,
-    /// Earliest time the announced action happens, when the notice says so.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub not_before: Option<DateTime<Utc>>,
-    /// Latest time, when the notice says so.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deadline: Option<DateTime<Utc>>,
-    /// When this agent first saw the notice.
-    pub detected_at: DateTime<Utc>,
-    /// Notice fields worth showing (never user data or secrets).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub detail: BTreeMap<String, String>,
-}
-
-impl NodeEvent {
-    /// An event from an on-node signal (no cloud), e.g. [`EventKind::ShuttingDown`] from the
-    /// shutdown watcher. `key` identifies the occurrence (for a shutdown: the boot id from
-    /// `/proc/sys/kernel/random/boot_id`), so the id is deterministic like the clouds' ones.
-    pub fn on_node(kind: EventKind, source: &str, key: &str, detected_at: DateTime<Utc>) -> Self {
-        NodeEvent {
-            version: NODE_EVENT_VERSION,
-            id: tracker::event_id(None, source, &kind, key),
-            kind,
-            cloud: None,
-            source: source.to_string(),
-            not_before: None,
-            deadline: None,
-            detected_at,
-            detail: BTreeMap::new(),
-        }
-    }
-}
-
-/// What the instance-metadata service says about this instance.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InstanceIdentity {
-    /// The cloud.
-    pub cloud: Option<Cloud>,
-    /// Instance id (OCI OCID, EC2 `i-…`, Azure `vmId`, GCE numeric id).
-    pub instance_id: String,
-    /// Instance / VM name where the cloud has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// Region (OCI canonical name, e.g. `us-phoenix-1`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub region: Option<String>,
-    /// Zone / availability domain (OCI without the tenancy prefix).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub zone: Option<String>,
-    /// OCI fault domain.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fault_domain: Option<String>,
-    /// Shape / instance type / VM size / machine type.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance_type: Option<String>,
-    /// Spot/preemptible capacity, when the metadata says so.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub preemptible: Option<bool>,
-    /// OCI compartment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compartment: Option<String>,
-    /// Creation time, when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created_at: Option<DateTime<Utc>>,
-}
 
 /// A pure parser of one notice channel's body.
 pub type NoticeParser = fn(&[u8]) -> Result<Vec<Notice>, ParseError>;
@@ -272,16 +102,6 @@ pub fn parse_text<'a>(what: &'static str, body: &'a [u8]) -> Result<&'a str, Par
     std::str::from_utf8(body)
         .map(str::trim)
         .map_err(|_| ParseError::Utf8 { what })
-}
-
-/// The first `max` characters of `s`, with `…` when cut.
-pub fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_string();
-    }
-    let mut out: String = s.chars().take(max).collect();
-    out.push('…');
-    out
 }
 
 /// Why a poll (or part of it) failed. The source keeps working after any of these.
@@ -518,20 +338,6 @@ mod tests {
             v["kind"],
             serde_json::json!({"type": "cancelled", "of": e.id})
         );
-    }
-
-    #[test]
-    fn on_node_events_have_deterministic_ids() {
-        let now = Utc::now();
-        let a = NodeEvent::on_node(EventKind::ShuttingDown, "logind", "boot-1", now);
-        let b = NodeEvent::on_node(EventKind::ShuttingDown, "logind", "boot-1", now);
-        let c = NodeEvent::on_node(EventKind::ShuttingDown, "logind", "boot-2", now);
-        assert_eq!(a.id, b.id);
-        assert_ne!(a.id, c.id);
-        assert_eq!(a.cloud, None);
-        let v = serde_json::to_value(&a).unwrap();
-        assert_eq!(v["kind"], serde_json::json!({"type": "shutting_down"}));
-        assert!(v.get("cloud").is_none());
     }
 
     #[test]

@@ -127,12 +127,12 @@ pub fn parse_signal(body: &[u8], kind: &EventKind) -> Result<Vec<Notice>, ParseE
                     n.not_before = Some(parse_time(WHAT, &v)?);
                 }
                 n.detail
-                    .insert(super::truncate(k, 40), super::truncate(&v, 120));
+                    .insert(crate::text::truncate(k, 40), crate::text::truncate(&v, 120));
             }
         }
         Ok(_) | Err(_) => {
             n.detail
-                .insert("value".to_string(), super::truncate(text, 120));
+                .insert("value".to_string(), crate::text::truncate(text, 120));
         }
     }
     Ok(vec![n])

@@ -7,10 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
-use sha2::{Digest, Sha256};
-
 use super::{Cloud, EventKind, NodeEvent, PollOutcome, SourceError, NODE_EVENT_VERSION};
+use crate::wire::event_id;
+use chrono::{DateTime, Utc};
 
 /// A notice as parsed from one channel, before it gets its id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,22 +42,6 @@ impl Notice {
         self.detail.insert(k.to_string(), v.into());
         self
     }
-}
-
-/// The deterministic id of a notice: hex of the first 16 bytes of
-/// SHA-256(`cloud` NUL `channel` NUL `kind` NUL `key`).
-pub fn event_id(cloud: Option<Cloud>, channel: &str, kind: &EventKind, key: &str) -> String {
-    let mut h = Sha256::new();
-    for part in [
-        cloud.map_or("node", Cloud::as_str),
-        channel,
-        kind.name(),
-        key,
-    ] {
-        h.update(part.as_bytes());
-        h.update([0u8]);
-    }
-    hex::encode(&h.finalize()[..16])
 }
 
 /// Remembers the active notices of one source, per channel.

@@ -228,9 +228,9 @@ impl NoticeKind {
     }
 }
 
-impl From<&crate::agent::sources::NodeEvent> for Notice {
-    fn from(e: &crate::agent::sources::NodeEvent) -> Self {
-        use crate::agent::sources::EventKind as K;
+impl From<&crate::wire::NodeEvent> for Notice {
+    fn from(e: &crate::wire::NodeEvent) -> Self {
+        use crate::wire::EventKind as K;
         let kind = match &e.kind {
             K::Preemption => NoticeKind::Preemption,
             K::Termination => NoticeKind::Termination,

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use serde_json::Value;
 
-use nodekeeper_core::agent::sources::EventKind;
+use nodekeeper_core::wire::EventKind;
 
 /// What happens.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -34,11 +34,11 @@ use crate::apiserver::resources::{well_known, ResourceDef};
 use crate::apiserver::scenario;
 use crate::apiserver::{SimOptions, TestCluster};
 use event::{Happening, WhatIf};
-use nodekeeper_core::agent::sources::{NodeEvent, NODE_EVENT_VERSION};
 use nodekeeper_core::controller::config::ControllerConfig;
 use nodekeeper_core::controller::engine::{Clock, EngineOptions};
 use nodekeeper_core::controller::policy::{decide_with_status, PolicyConfig};
 use nodekeeper_core::controller::provider::ProviderConfig;
+use nodekeeper_core::wire::{NodeEvent, NODE_EVENT_VERSION};
 use snapshot::Snapshot;
 use verdict::{EventLine, Verdict, Workloads};
 
@@ -130,7 +130,7 @@ pub async fn run(args: &DemoArgs, path: &Path) -> Result<bool, DemoError> {
     seed(&cluster, &snap, path)?;
     scenario::ensure_namespace(&cluster.sim, "nodekeeper")
         .map_err(|e| DemoError::Start(e.to_string()))?;
-    let ccfg = controller_config(config.controller.clone());
+    let ccfg = controller_config(config.controller.controller.clone());
     let mut engine_opts = EngineOptions::new(policy.clone());
     engine_opts.clock = Arc::new(Ahead {
         clock: cluster.sim.store.clock.clone(),

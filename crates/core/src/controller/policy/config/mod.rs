@@ -26,11 +26,11 @@ pub use interruption::{InterruptionAction, InterruptionActions, InterruptionConf
 pub use kpo::parse_kpo_repair_policies;
 pub use repair::{EffectiveRepair, RepairConfig, RepairGroup, RepairPolicy, RepairStep};
 
-/// All policy sections. In the config file they are top-level sections of
-/// [`crate::config::Config`] (`[repair]`, `[budgets]`, `[interruption]`, `[controller]`);
-/// [`PolicyConfig::from_config`] bundles them for [`super::decide`]. (They are separate fields
-/// there, not one `#[serde(flatten)]` field: flattening loses the FILE:LINE:COL of every
-/// unknown top-level key and of type errors inside these sections.)
+/// All policy sections. In the config file they are top-level sections (`[repair]`, `[budgets]`,
+/// `[interruption]`, `[controller]`); [`PolicyConfig::from_sections`] bundles them for
+/// [`super::decide`]. (They are separate fields of the file, not one `#[serde(flatten)]` field:
+/// flattening loses the FILE:LINE:COL of every unknown top-level key and of type errors inside
+/// these sections.)
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
@@ -45,15 +45,18 @@ pub struct PolicyConfig {
 }
 
 impl PolicyConfig {
-    /// The policy sections of a loaded configuration.
-    pub fn from_config(c: &crate::config::Config) -> Self {
+    /// The policy from its sections of the configuration file.
+    pub fn from_sections(
+        repair: &RepairConfig,
+        budgets: &BudgetsConfig,
+        interruption: &InterruptionConfig,
+        controller: &ControllerPolicyConfig,
+    ) -> Self {
         PolicyConfig {
-            repair: c.repair.clone(),
-            budgets: c.budgets.clone(),
-            interruption: c.interruption.clone(),
-            controller: ControllerPolicyConfig {
-                dry_run: c.controller.as_ref().is_some_and(|c| c.dry_run),
-            },
+            repair: repair.clone(),
+            budgets: budgets.clone(),
+            interruption: interruption.clone(),
+            controller: controller.clone(),
         }
     }
 }

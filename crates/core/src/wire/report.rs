@@ -1,16 +1,9 @@
-//! The agent → controller wire schema (`POST /v1/reports`), versioned.
-//!
-//! A report is the agent's whole current view of its node (conditions, CRI-O state, pending label
-//! removals) plus the events not yet acknowledged by the controller. The controller answers with
-//! commands for the agent. Compatibility rule: fields are only added within a version (readers
-//! ignore fields they do not know); anything else bumps [`REPORT_VERSION`], and the controller
-//! rejects versions it does not know with 400.
+//! The report (`POST /v1/reports`) and the controller's answer with its commands.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::agent::checks::{CheckEvent, CheckResult};
-use crate::agent::sources::{InstanceIdentity, NodeEvent};
+use super::{CheckEvent, CheckResult, InstanceIdentity, NodeEvent};
 
 /// The schema version this build writes and reads.
 pub const REPORT_VERSION: u32 = 1;
@@ -82,14 +75,13 @@ const MAX_ERROR_CHARS: usize = 200;
 /// Parses and version-checks a `POST /v1/reports` body (the handler calls this after
 /// authentication and before the node check).
 pub fn parse_body(body: &[u8]) -> Result<NodeReport, BodyError> {
-    let short =
-        |e: serde_json::Error| crate::agent::sources::truncate(&e.to_string(), MAX_ERROR_CHARS);
+    let short = |e: serde_json::Error| crate::text::truncate(&e.to_string(), MAX_ERROR_CHARS);
     let value: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| BodyError::Json(short(e)))?;
     match value.get("version") {
         Some(v) if v.as_u64() == Some(u64::from(REPORT_VERSION)) => {}
         Some(v) => {
-            let shown = crate::agent::sources::truncate(&v.to_string(), 40);
+            let shown = crate::text::truncate(&v.to_string(), 40);
             return Err(BodyError::Version(shown));
         }
         None => return Err(BodyError::Version("none".into())),
