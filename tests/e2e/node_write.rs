@@ -46,8 +46,8 @@ async fn actor(
     let client = controller_client(c).await;
     let (cache, writer) = reflector::store::<Node>();
     let metrics = Arc::new(EngineMetrics::default());
-    let clock: Arc<dyn nodekeeper_core::controller::engine::Clock> =
-        Arc::new(nodekeeper_core::controller::engine::SystemClock);
+    let clock: Arc<dyn nodekeeper_core::controller::clock::Clock> =
+        Arc::new(nodekeeper_core::controller::clock::SystemClock);
     let wake = Arc::new(tokio::sync::Notify::new());
     let drains = Arc::new(DrainTasks::new(
         client.clone(),

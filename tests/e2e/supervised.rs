@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use nodekeeper_core::controller::engine::{Clock, EngineOptions, SystemClock};
+use nodekeeper_core::controller::clock::{Clock, SystemClock};
+use nodekeeper_core::controller::engine::EngineOptions;
 use nodekeeper_core::controller::policy::view::keys;
 
 use crate::drain::workload_pods;

@@ -32,6 +32,7 @@ pub mod k8s;
 #[cfg(feature = "controller")]
 pub mod serve;
 pub mod shutdown;
+pub mod sync;
 pub mod telemetry;
 pub mod text;
 pub mod wire;

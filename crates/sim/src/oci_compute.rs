@@ -54,6 +54,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use nodekeeper_core::sync::lock;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -271,10 +272,6 @@ struct Shared {
     instances: Mutex<BTreeMap<String, Life>>,
     launched: AtomicU64,
     released: tokio::sync::watch::Sender<bool>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A running stand-in; stops when dropped.

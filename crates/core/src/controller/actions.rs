@@ -34,6 +34,7 @@ use super::policy::explain::{Held, CONDITION_TYPE};
 use super::policy::view::keys;
 use super::policy::{Action, EventType};
 use super::provider::{request_id, NodeProvider, ProviderError, ReplacementRequest, POOL_LABEL};
+use crate::sync::lock;
 use crate::wire::AgentCommand;
 
 pub use super::policy::view::keys::REPLACEMENT_ACCEPTED;
@@ -241,10 +242,6 @@ pub struct Actor {
     retired: Mutex<HashSet<String>>,
     /// Dry-run Event messages already recorded, per node.
     dry_seen: Mutex<HashMap<String, HashSet<String>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Everything the actor is built from.

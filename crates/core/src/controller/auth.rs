@@ -214,7 +214,7 @@ impl Authenticator {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.cache)
     }
 
     /// The caller, and the uid of the pod its token is bound to (when the token names one).
@@ -325,7 +325,7 @@ impl LivePods {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.pods.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.pods)
     }
 
     /// Keeps the set by a watch of the pods in `namespace` (names and uids only) until `cancel`.

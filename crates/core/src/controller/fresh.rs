@@ -26,7 +26,7 @@ fn rv(n: &Node) -> Option<u64> {
 
 impl FreshNodes {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Node>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.0)
     }
 
     /// Records the object a write returned, unless a newer one is recorded already (two writes of

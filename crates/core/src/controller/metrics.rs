@@ -21,6 +21,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use super::policy::GroupStatus;
+use crate::sync::lock;
 
 /// `Content-Type` of [`encode`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -216,10 +217,6 @@ impl Default for EngineMetrics {
             node_write_conflicts: AtomicU64::default(),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl EngineMetrics {

@@ -16,13 +16,14 @@ use kube::Client;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::controller::clock::Clock;
 use crate::controller::config::EngineConfig;
 use crate::controller::drain::{
     self, BlockReason, DrainError, DrainOptions, DrainProgress, DrainReport,
 };
-use crate::controller::engine::Clock;
 use crate::controller::metrics::EngineMetrics;
 use crate::controller::policy::view::{DrainPhase, DrainView, PodView};
+use crate::sync::lock;
 
 /// Pause before a drain that failed on an API error may be started again.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
@@ -48,10 +49,6 @@ pub struct DrainTasks {
     wake: Arc<Notify>,
     slots: Arc<Semaphore>,
     tasks: Arc<Mutex<HashMap<String, Task>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What a drain task needs besides the node.
@@ -279,7 +276,7 @@ fn on_progress(shared: &Mutex<Shared>, metrics: &EngineMetrics, wake: &Notify, p
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::engine::SystemClock;
+    use crate::controller::clock::SystemClock;
 
     /// Drain tasks whose API server refuses everything (403): every drain fails on an API error.
     fn tasks() -> DrainTasks {
