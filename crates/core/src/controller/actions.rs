@@ -238,6 +238,8 @@ pub struct Actor {
     notifier: Option<Arc<dyn Notifier>>,
     /// Replacement request ids asked in this process (in flight or accepted).
     asked: Mutex<HashSet<String>>,
+    /// The provider calls in flight (owned: reaped each engine tick, aborted with the actor).
+    pub(crate) background: super::supervise::Background,
     /// Retire request ids handed to the provider in this process (in flight or done).
     retired: Mutex<HashSet<String>>,
     /// Dry-run Event messages already recorded, per node.
@@ -281,6 +283,7 @@ impl Actor {
             metrics: p.metrics,
             notifier: p.notifier,
             asked: Mutex::new(HashSet::new()),
+            background: Default::default(),
             retired: Mutex::new(HashSet::new()),
             dry_seen: Mutex::new(HashMap::new()),
         }
@@ -551,16 +554,17 @@ impl Actor {
                 // Evented and retried by the next reconcile).
                 let (me, node, id, reason) =
                     (self.clone(), node.to_string(), id.clone(), reason.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = me.replace(&node, &id, &reason).await {
-                        tracing::warn!(error = %e, "replacement request failed");
-                    }
-                });
+                self.background
+                    .spawn("replacement request", None, async move {
+                        if let Err(e) = me.replace(&node, &id, &reason).await {
+                            tracing::warn!(error = %e, "replacement request failed");
+                        }
+                    });
             }
             Action::RetireNode { id, reason } => {
                 let (me, node, id, reason) =
                     (self.clone(), node.to_string(), id.clone(), reason.clone());
-                tokio::spawn(async move {
+                self.background.spawn("retire", None, async move {
                     if let Err(e) = me.retire(&node, &id, &reason).await {
                         tracing::warn!(error = %e, "retiring the node failed");
                     }

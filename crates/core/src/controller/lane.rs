@@ -70,6 +70,11 @@ impl Home {
         Home(runtime)
     }
 
+    /// This runtime (none: the caller's).
+    pub fn handle(&self) -> Option<&Handle> {
+        self.0.as_ref()
+    }
+
     /// Spawns `task` on this runtime.
     pub fn spawn<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
     where

@@ -78,6 +78,40 @@ impl Tasks {
     }
 }
 
+/// Short tasks the controller can live without (a provider call, a fast path after a notice):
+/// owned here rather than detached, so that none outlives its owner (dropped, they are aborted) and
+/// a panic is logged with the task's name instead of lost. [`Background::reap`] (each engine tick)
+/// takes the finished ones out.
+#[derive(Debug, Default)]
+pub struct Background(std::sync::Mutex<JoinSet<()>>);
+
+impl Background {
+    /// Spawns `fut` as `name` on `runtime` (none: the current one).
+    pub fn spawn<F>(&self, name: &'static str, runtime: Option<&tokio::runtime::Handle>, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        use futures::FutureExt;
+        let task = async move {
+            if let Err(p) = std::panic::AssertUnwindSafe(fut).catch_unwind().await {
+                tracing::error!(task = name, panic = %panic_message(p), "background task panicked");
+            }
+        };
+        let mut set = crate::sync::lock(&self.0);
+        match runtime {
+            Some(h) => drop(set.spawn_on(task, h)),
+            None => drop(set.spawn(task)),
+        }
+    }
+
+    /// Takes the finished tasks out; returns how many still run.
+    pub fn reap(&self) -> usize {
+        let mut set = crate::sync::lock(&self.0);
+        while set.try_join_next().is_some() {}
+        set.len()
+    }
+}
+
 /// The text of a panic payload (`&str` or `String`; other payloads are named as such).
 pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     match payload.downcast::<String>() {
@@ -108,6 +142,25 @@ mod tests {
         assert_eq!(
             died.to_string(),
             "controller task \"engine\" panicked: injected fault"
+        );
+    }
+
+    #[tokio::test]
+    async fn background_tasks_are_owned_reaped_and_aborted_with_their_owner() {
+        let bg = Background::default();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        bg.spawn("done", None, async {});
+        bg.spawn("panics", None, async { panic!("injected") });
+        bg.spawn("waits", None, async move {
+            let _tx = tx;
+            std::future::pending::<()>().await;
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(bg.reap(), 1, "the finished and the panicked one reaped");
+        drop(bg);
+        assert!(
+            rx.await.is_err(),
+            "the waiting task was aborted with its owner"
         );
     }
 

@@ -128,8 +128,10 @@ impl Engine {
     /// Starts the fast path for `node` on the notice lane.
     pub(super) fn spawn_fast_path(self: &Arc<Self>, node: String) {
         let (me, spawned) = (self.clone(), std::time::Instant::now());
-        drop(self.lane.spawn(async move {
-            me.fast_path(&node, spawned).await;
-        }));
+        self.actor
+            .background
+            .spawn("fast path", self.lane.handle(), async move {
+                me.fast_path(&node, spawned).await;
+            });
     }
 }

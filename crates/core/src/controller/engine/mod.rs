@@ -246,6 +246,8 @@ impl Engine {
                 _ = async { tokio::time::sleep(due.unwrap_or_default()).await }, if due.is_some() => Wake::Due,
             };
             self.metrics.wake(cause);
+            // The fast paths and provider calls that ended are taken out (a panic was logged).
+            self.actor.background.reap();
             if cause == Wake::Change && !self.cfg.debounce.is_zero() {
                 tokio::time::sleep(self.cfg.debounce).await;
             }

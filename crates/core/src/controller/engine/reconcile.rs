@@ -138,16 +138,18 @@ impl Engine {
                 .unwrap_or("replacement")
                 .to_string();
             let (actor, node) = (self.actor.clone(), n.name.clone());
-            tokio::spawn(async move {
-                let done = if retire {
-                    actor.retire(&node, &id, &reason).await
-                } else {
-                    actor.replace(&node, &id, &reason).await
-                };
-                if let Err(e) = done {
-                    tracing::warn!(error = %e, retire, "provider call failed");
-                }
-            });
+            self.actor
+                .background
+                .spawn("provider retry", None, async move {
+                    let done = if retire {
+                        actor.retire(&node, &id, &reason).await
+                    } else {
+                        actor.replace(&node, &id, &reason).await
+                    };
+                    if let Err(e) = done {
+                        tracing::warn!(error = %e, retire, "provider call failed");
+                    }
+                });
         }
     }
 }
