@@ -31,7 +31,7 @@ impl Engine {
     /// Karpenter fence — runs on the engine's runtime (`Engine::after_notice`).
     pub async fn fast_path(self: &Arc<Self>, node: &str, spawned: std::time::Instant) -> bool {
         let started = std::time::Instant::now();
-        let guard = self.lane(node).lock_owned().await;
+        let guard = self.node_lock(node).lock_owned().await;
         let now = self.clock.now();
         let Some(v) = self.node_now(node) else {
             return false;
@@ -130,7 +130,7 @@ impl Engine {
         let (me, spawned) = (self.clone(), std::time::Instant::now());
         self.actor
             .background
-            .spawn("fast path", self.lane.handle(), async move {
+            .spawn("fast path", self.notice_thread.handle(), async move {
                 me.fast_path(&node, spawned).await;
             });
     }

@@ -36,7 +36,7 @@ impl Engine {
         let Some(_slot) = self.fence_gate.fence_slot().await else {
             return false;
         };
-        let lane = self.lane(node);
+        let lane = self.node_lock(node);
         let Ok(_guard) = lane.try_lock() else {
             tracing::debug!(node, "being written; fenced next round");
             return false;

@@ -85,14 +85,10 @@ pub struct Engine {
     wake: Arc<Notify>,
     /// Bumped after every reconcile and fast path (waiters re-read the Nodes).
     progress: watch::Sender<u64>,
-    /// One lane per node: the fast path and the reconcile never act on a node at once.
-    lanes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// The fence's writes (fast paths' and reconciles'), at most [`FENCE_WRITES`] in flight,
-    /// each started once no other Node write of the engine is in flight ([`FenceGate`]): a notice
-    /// in a NodePool of hundreds of nodes fences them all, and a wave of notices in many NodePools
-    /// would otherwise send thousands of PATCHes at once, filling the controller's API Priority
-    /// and Fairness queue until kube-apiserver refuses its cordons too (429), and slowing the
-    /// wave's cordons on a busy kube-apiserver.
+    /// One lock per node: the fast path and the reconcile never act on a node at once.
+    node_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Paces the Karpenter fence's writes behind the engine's other Node writes ([`FenceGate`]:
+    /// why, and the figures behind it).
     fence_gate: FenceGate,
     /// Per node, the [`Self::epoch`] at which the fast path last finished acting on it.
     touched: Mutex<HashMap<String, u64>>,
@@ -103,9 +99,9 @@ pub struct Engine {
     /// How long a reconcile takes, microseconds: the longest recent one (each reconcile lowers it
     /// by an eighth, unless it took longer), so that one quick reconcile does not hide the slow.
     reconcile_us: AtomicU64,
-    /// The notice lane's runtime ([`super::lane`]), where the notices' intake and the fast path
+    /// The notice thread's runtime ([`super::lane`]), where the notices' intake and the fast path
     /// run (none: the engine's).
-    lane: super::lane::Home,
+    notice_thread: super::lane::Home,
     /// The engine's own runtime, where what follows a fast path's own patch runs.
     home: super::lane::Home,
 }
@@ -163,19 +159,19 @@ impl Engine {
             seen_ready: Mutex::new(Default::default()),
             wake: p.wake,
             progress: watch::channel(0).0,
-            lanes: Mutex::new(HashMap::new()),
+            node_locks: Mutex::new(HashMap::new()),
             fence_gate: FenceGate::new(FENCE_WRITES),
             touched: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(0),
             next_due: Mutex::new(None),
             reconcile_us: AtomicU64::default(),
-            lane: super::lane::Home::on(p.lane),
+            notice_thread: super::lane::Home::on(p.lane),
             home: super::lane::Home::here(),
         })
     }
 
-    fn lane(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
-        lock(&self.lanes)
+    fn node_lock(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.node_locks)
             .entry(node.to_string())
             .or_default()
             .clone()
@@ -200,7 +196,7 @@ impl Engine {
     ) {
         // On the notice lane: a notice handed over by a report's handler wakes the lane's thread
         // at once, not a task that waits for one of the shared runtime's workers.
-        let mut notices = self.lane.spawn(self.clone().take_notices(
+        let mut notices = self.notice_thread.spawn(self.clone().take_notices(
             leader.clone(),
             events,
             cancel.clone(),

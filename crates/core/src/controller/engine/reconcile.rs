@@ -104,7 +104,7 @@ impl Engine {
 
     /// One node's actions in its lane (waiting for it), counted as a write the fence gives way to.
     pub(super) async fn act_on(&self, node: String, actions: Vec<Action>, epoch: u64) {
-        let lane = self.lane(&node);
+        let lane = self.node_lock(&node);
         let _guard = lane.lock().await;
         if self.acted_since(&node, epoch) {
             return;
