@@ -10,6 +10,7 @@
 
 pub mod actions;
 pub mod auth;
+pub mod catalog;
 pub mod config;
 pub mod delay;
 pub mod drain;

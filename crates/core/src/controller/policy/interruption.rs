@@ -7,11 +7,12 @@
 
 use chrono::{DateTime, Utc};
 
+use super::super::catalog;
 use super::budget::Reason;
 use super::config::{InterruptionAction, PolicyConfig};
 use super::explain::Blocker;
 use super::view::{keys, DrainPhase, NodeView, Notice, NoticeKind, RecordedNotice, State};
-use super::{earlier, later, reasons, Action, Candidate, EventType, Plan, Start};
+use super::{earlier, later, Action, Candidate, EventType, Plan, Start};
 
 /// The configured action for a notice kind.
 pub fn action_for(kind: &NoticeKind, cfg: &PolicyConfig) -> InterruptionAction {
@@ -145,7 +146,7 @@ fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
         p.set(keys::INTERRUPTION, rn.encode());
         p.event(
             EventType::Normal,
-            reasons::INTERRUPTION,
+            catalog::Reason::InterruptionNotice,
             format!(
                 "{} notice {} for {} is past: ignored",
                 n.kind.name(),
@@ -165,7 +166,7 @@ fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
             p.set(keys::INTERRUPTION, rn.encode());
             p.event(
                 EventType::Normal,
-                reasons::INTERRUPTION,
+                catalog::Reason::InterruptionNotice,
                 format!(
                     "{} notice {} for {}",
                     n.kind.name(),
@@ -186,7 +187,7 @@ fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
             p.enter(State::Cordoned, &format!("interruption:{}", n.kind.name()));
             p.event(
                 EventType::Normal,
-                reasons::INTERRUPTION,
+                catalog::Reason::InterruptionNotice,
                 format!("{} notice {}: cordoned", n.kind.name(), n.id),
             );
             true
@@ -249,7 +250,7 @@ pub(crate) fn start(p: &mut Plan<'_>, cfg: &PolicyConfig, n: &Notice) {
     }
     p.event(
         EventType::Warning,
-        reasons::INTERRUPTION,
+        catalog::Reason::InterruptionNotice,
         format!(
             "{} notice {} for {}: draining by {}",
             n.kind.name(),
@@ -278,7 +279,7 @@ fn cancel(p: &mut Plan<'_>, cfg: &PolicyConfig, rn: &RecordedNotice) {
     {
         p.event(
             EventType::Normal,
-            reasons::INTERRUPTION_CANCELLED,
+            catalog::Reason::InterruptionCancelled,
             format!(
                 "{} notice {} withdrawn: undid nodekeeper's taint/cordon/label",
                 rn.kind.name(),
@@ -304,7 +305,7 @@ fn resume(p: &mut Plan<'_>, cfg: &PolicyConfig, rn: &RecordedNotice) -> bool {
         p.release(cfg);
         p.event(
             EventType::Normal,
-            reasons::INTERRUPTION_RELEASED,
+            catalog::Reason::InterruptionReleased,
             format!(
                 "node still healthy {} after its {} notice: released",
                 humantime::format_duration(cfg.interruption.release_after),

@@ -7,12 +7,13 @@
 
 use chrono::{DateTime, Utc};
 
+use super::super::catalog;
 use super::budget::Reason;
 use super::config::{EffectiveRepair, PolicyConfig, RepairPolicy, RepairStep};
 use super::explain::Blocker;
 use super::interruption::drain_hold;
 use super::view::{keys, DrainPhase, NodeView, State};
-use super::{group_of, later, reasons, Action, Candidate, EventType, Plan, Start};
+use super::{group_of, later, Action, Candidate, EventType, Plan, Start};
 
 /// Health of a node against the repair policies.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,7 +179,7 @@ fn startup(p: &mut Plan<'_>, cfg: &PolicyConfig) {
     p.set(keys::REPAIR_STEP_SINCE, p.now_str());
     p.event(
         EventType::Warning,
-        reasons::STARTUP_TIMEOUT,
+        catalog::Reason::StartupTimeout,
         format!(
             "not Ready {} after creation; replacing it (retry {} of {})",
             humantime::format_duration(r.startup_timeout),
@@ -204,7 +205,7 @@ pub(crate) fn start(p: &mut Plan<'_>, cfg: &PolicyConfig, why: &str) {
     p.exclude_from_lb(&cfg.interruption.lb_exclude_label);
     p.event(
         EventType::Warning,
-        reasons::REPAIR_STARTED,
+        catalog::Reason::RepairStarted,
         format!("{why}: repair started with step {}", first.name()),
     );
     enter_step(p, cfg, first);
@@ -240,7 +241,7 @@ fn request_reboot(p: &mut Plan<'_>, why: &str) {
     });
     p.event(
         EventType::Normal,
-        reasons::REBOOT_REQUESTED,
+        catalog::Reason::RebootRequested,
         format!("{why}: reboot requested"),
     );
 }
@@ -270,7 +271,7 @@ fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
             p.release(cfg);
             p.event(
                 EventType::Normal,
-                reasons::REPAIR_CANCELLED,
+                catalog::Reason::RepairCancelled,
                 format!(
                     "healthy for {}: repair ended, node released",
                     humantime::format_duration(cfg.repair.healthy_delay)
@@ -337,7 +338,7 @@ fn advance(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>, from
     };
     p.event(
         EventType::Warning,
-        reasons::REPAIR_ESCALATED,
+        catalog::Reason::RepairEscalated,
         format!(
             "repair step {} done or timed out; next: {}",
             from.name(),
