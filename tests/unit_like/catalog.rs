@@ -1,10 +1,12 @@
 //! docs/catalog.md lists exactly the catalogs of the code: the Event reasons with their types
-//! (`controller::catalog::Reason`) and the `NodekeeperHeld` condition's reasons; and no reason of
-//! the catalog is spelled as a string literal outside it.
+//! (`controller::catalog::Reason`), the `NodekeeperHeld` condition's reasons and the condition
+//! types nodekeeper writes; and no reason of the catalog is spelled as a string literal outside
+//! it. (The CLI's exit codes are checked in `src/cli/exit.rs`: the binary has no library.)
 
 use std::path::Path;
 
-use nodekeeper_core::controller::catalog::Reason;
+use nodekeeper_core::agent::checks::{Checks, ChecksConfig};
+use nodekeeper_core::controller::catalog::{Reason, HELD_CONDITION};
 
 fn doc(name: &str) -> String {
     std::fs::read_to_string(
@@ -105,4 +107,38 @@ fn no_reason_is_a_string_literal_outside_the_catalog() {
         found.is_empty(),
         "reason literals outside the catalog: {found:?}"
     );
+}
+
+/// The condition types of the checks of the default `[checks]`, with the off-by-default runtime
+/// check on (the shipped manifests turn it on), sorted.
+fn default_check_types() -> Vec<String> {
+    let mut cfg = ChecksConfig::default();
+    cfg.runtime.enabled = true;
+    let mut types = Checks::from_config(&cfg).condition_types();
+    types.sort();
+    types
+}
+
+#[test]
+fn the_docs_list_exactly_the_condition_types() {
+    let checks = default_check_types();
+    let mut want = checks.clone();
+    want.push(HELD_CONDITION.to_string());
+    want.sort();
+    let mut rows: Vec<String> = table(
+        &doc("catalog.md"),
+        "| condition type | written by | reasons |",
+    )
+    .into_iter()
+    .map(|r| r[0].trim_matches('`').to_string())
+    .collect();
+    rows.sort();
+    assert_eq!(rows, want, "docs/catalog.md's condition types");
+    let mut listed: Vec<String> = table(&doc("checks.md"), "| check | file | reads | conditions |")
+        .iter()
+        .flat_map(|r| ticked(&r[3]))
+        .filter(|t| t.starts_with("Nodekeeper"))
+        .collect();
+    listed.sort();
+    assert_eq!(listed, checks, "docs/checks.md's checks table");
 }
