@@ -16,6 +16,7 @@
 
 pub mod budget;
 pub mod config;
+mod events;
 pub mod explain;
 pub mod fence;
 pub mod interruption;
@@ -334,19 +335,6 @@ impl<'a> Plan<'a> {
         self.now.to_rfc3339()
     }
 
-    /// An Event of the catalog's, of one of its reason's types.
-    pub(crate) fn event(&mut self, type_: EventType, reason: catalog::Reason, message: String) {
-        debug_assert!(
-            reason.event_types().contains(&type_),
-            "{reason:?} {type_:?}"
-        );
-        self.push(Action::Event {
-            type_,
-            reason,
-            message,
-        });
-    }
-
     /// Records the state, then cordons (recording ownership only if nodekeeper cordons).
     pub(crate) fn enter(&mut self, state: State, reason: &str) {
         if let Some(name) = state.name() {
@@ -478,11 +466,7 @@ impl<'a> Plan<'a> {
         self.set(keys::REPLACEMENT_REQUESTED, at.clone());
         // The Event before the call: the actor publishes it right after storing the record, so a
         // crash during the call (retried from the record, without a new Event) keeps it.
-        self.event(
-            EventType::Normal,
-            catalog::Reason::ReplacementRequested,
-            format!("replacement requested ({reason})"),
-        );
+        self.push(events::replacement_requested(reason));
         self.push(Action::RequestReplacement {
             id: format!("{}/{}", self.cur.name, at),
             reason: reason.to_string(),
@@ -500,20 +484,12 @@ impl<'a> Plan<'a> {
                     blocker: b,
                     since: self.now,
                 };
-                self.event(
-                    EventType::Warning,
-                    held.blocker.event_reason(),
-                    held.blocker.message(),
-                );
+                self.push(events::held(&held.blocker));
                 self.push(Action::Hold(held));
             }
             (None, Some(_)) => {
                 self.clear(keys::BLOCKED);
-                self.event(
-                    EventType::Normal,
-                    catalog::Reason::HoldReleased,
-                    "no longer held".to_string(),
-                );
+                self.push(events::hold_released());
             }
             (None, None) => {}
         }
@@ -539,11 +515,7 @@ impl<'a> Plan<'a> {
                 .any(|k| self.cur.annotations.contains_key(*k));
         if leftover {
             self.release(cfg);
-            self.event(
-                EventType::Normal,
-                catalog::Reason::NodekeeperCleanup,
-                "removed nodekeeper's leftover cordon/taint/label of a finished action".into(),
-            );
+            self.push(events::cleanup());
         }
     }
 }
