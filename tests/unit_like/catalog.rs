@@ -71,6 +71,16 @@ fn the_docs_list_exactly_the_held_condition_reasons() {
     let by_kind = table(&doc("policy.md"), "| kind | condition/Event reason |");
     let reasons: Vec<String> = by_kind.iter().map(|r| ticked(&r[1])[0].clone()).collect();
     assert_eq!(reasons, want, "docs/policy.md's blocker kinds");
+    let fields = table(&doc("status.md"), "| field | type | meaning |");
+    let held = fields
+        .iter()
+        .find(|r| r[0] == "`.held`")
+        .expect("a `.held` row");
+    let named: Vec<String> = ticked(&held[2])
+        .into_iter()
+        .filter(|t| Reason::ALL.iter().any(|r| r.as_str() == t))
+        .collect();
+    assert_eq!(named, want, "docs/status.md `.held`");
 }
 
 /// The catalog is the only place a reason is spelled: every other file names a `Reason`.
