@@ -8,7 +8,7 @@ use std::time::Duration;
 use nodekeeper_sim::demo::whatif::event::WhatIf;
 use nodekeeper_sim::demo::{DemoArgs, DemoError};
 
-use super::{Output, EXIT_FAILURE, EXIT_INVALID, EXIT_OK};
+use super::{Exit, Output};
 
 /// Arguments of `nodekeeper demo`.
 ///
@@ -89,15 +89,15 @@ pub fn main(cmd: DemoCmd) -> u8 {
     super::block_on(async move {
         Ok(
             match nodekeeper_sim::demo::run(cmd.into(), std::env::temp_dir()).await {
-                Ok(true) => EXIT_OK,
-                Ok(false) => EXIT_FAILURE,
+                Ok(true) => Exit::Ok.code(),
+                Ok(false) => Exit::Failure.code(),
                 Err(e @ DemoError::Invalid(_)) => {
                     eprintln!("error: {e}");
-                    EXIT_INVALID
+                    Exit::Invalid.code()
                 }
                 Err(e) => {
                     eprintln!("error: {e}");
-                    EXIT_FAILURE
+                    Exit::Failure.code()
                 }
             },
         )

@@ -15,19 +15,8 @@ use nodekeeper_core::controller::drain::{
     self, drain, DrainError, DrainOptions, DrainProgress, DrainReport, OnTimeout, Phase,
 };
 
-use super::Output;
+use super::{Exit, Output};
 use nodekeeper_core::telemetry::error_chain;
-
-/// Exit code: the node is drained.
-pub const EXIT_DRAINED: u8 = 0;
-/// Exit code: an error (API unreachable, node not found, forbidden...).
-pub const EXIT_ERROR: u8 = 1;
-/// Exit code: the deadline passed while a PDB or a do-not-disrupt annotation held a pod.
-pub const EXIT_BLOCKED: u8 = 3;
-/// Exit code: the deadline passed for another reason (pods terminating, volumes attached, API errors).
-pub const EXIT_TIMED_OUT: u8 = 4;
-/// Exit code: interrupted by SIGINT/SIGTERM (the node stays cordoned).
-pub const EXIT_INTERRUPTED: u8 = 5;
 
 /// Arguments of `nodekeeper drain`.
 #[derive(Debug, clap::Args)]
@@ -94,7 +83,16 @@ async fn client(kubeconfig: Option<&Path>) -> Result<Client, String> {
 async fn run(args: DrainArgs) -> u8 {
     let client = match client(args.kubeconfig.as_deref()).await {
         Ok(c) => c,
-        Err(msg) => return finish(args.output, "error", EXIT_ERROR, Some(msg), None, None),
+        Err(msg) => {
+            return finish(
+                args.output,
+                "error",
+                Exit::Failure.code(),
+                Some(msg),
+                None,
+                None,
+            )
+        }
     };
     let mut opts = DrainOptions::new(&args.node);
     if !args.timeout.is_zero() {
@@ -112,7 +110,14 @@ async fn run(args: DrainArgs) -> u8 {
             if output == Output::Text {
                 print_report(&report);
             }
-            finish(output, "drained", EXIT_DRAINED, None, None, Some(&report))
+            finish(
+                output,
+                "drained",
+                Exit::Ok.code(),
+                None,
+                None,
+                Some(&report),
+            )
         }
         Err(e) => failure(output, &e),
     }
@@ -126,21 +131,21 @@ fn failure(output: Output, e: &DrainError) -> u8 {
         } => {
             let policy = blocker.as_ref().is_some_and(|b| b.reason.is_policy());
             let (status, code) = if policy {
-                ("blocked", EXIT_BLOCKED)
+                ("blocked", Exit::Blocked.code())
             } else {
-                ("timed-out", EXIT_TIMED_OUT)
+                ("timed-out", Exit::TimedOut.code())
             };
             finish(output, status, code, msg, blocker.as_deref(), Some(report))
         }
         DrainError::Cancelled { report, .. } => finish(
             output,
             "interrupted",
-            EXIT_INTERRUPTED,
+            Exit::Interrupted.code(),
             msg,
             None,
             Some(report),
         ),
-        _ => finish(output, "error", EXIT_ERROR, msg, None, None),
+        _ => finish(output, "error", Exit::Failure.code(), msg, None, None),
     }
 }
 

@@ -14,17 +14,13 @@ use nodekeeper_core::telemetry::error_chain;
 mod demo;
 #[cfg(feature = "controller")]
 mod drain;
+mod exit;
 #[cfg(feature = "demo")]
 mod sim;
 #[cfg(feature = "controller")]
 mod status;
 
-/// Exit code: success.
-pub const EXIT_OK: u8 = 0;
-/// Exit code: the operation failed (after rollback where one applies).
-pub const EXIT_FAILURE: u8 = 1;
-/// Exit code: invalid configuration or usage.
-pub const EXIT_INVALID: u8 = 2;
+pub use exit::Exit;
 
 /// nodekeeper: one agent on every Kubernetes node plus a small controller.
 #[derive(Debug, Parser)]
@@ -214,14 +210,14 @@ where
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return EXIT_FAILURE;
+            return Exit::Failure.code();
         }
     };
     match rt.block_on(fut) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", error_chain(e.as_ref()));
-            EXIT_FAILURE
+            Exit::Failure.code()
         }
     }
 }
@@ -237,11 +233,11 @@ pub fn load_config(path: &std::path::Path, env: &Env) -> Result<Loaded, u8> {
         }
         Err(e @ ConfigError::Read { .. }) => {
             eprintln!("error: {e}");
-            Err(EXIT_INVALID)
+            Err(Exit::Invalid.code())
         }
         Err(e) => {
             eprintln!("{e}");
-            Err(EXIT_INVALID)
+            Err(Exit::Invalid.code())
         }
     }
 }
@@ -261,13 +257,13 @@ fn controller(path: &std::path::Path, env: &Env) -> u8 {
             path: path.display().to_string(),
         };
         eprintln!("error: {e}");
-        return EXIT_INVALID;
+        return Exit::Invalid.code();
     };
     let policy = loaded.config.policy();
     block_on(async move {
         let signals = nodekeeper_core::shutdown::install()?;
         controller::run(cfg, policy, signals.shutdown).await?;
-        Ok(EXIT_OK)
+        Ok(Exit::Ok.code())
     })
 }
 
@@ -275,7 +271,7 @@ fn validate(path: &std::path::Path, env: &Env) -> u8 {
     match load_config(path, env) {
         Ok(l) => {
             print!("{}", l.config.to_redacted_toml());
-            EXIT_OK
+            Exit::Ok.code()
         }
         Err(code) => code,
     }
@@ -300,7 +296,7 @@ fn agent(
                 Output::Json => println!("{}", serde_json::to_string(&report)?),
                 Output::Text => println!("{}", serde_json::to_string_pretty(&report)?),
             }
-            return Ok(EXIT_OK);
+            return Ok(Exit::Ok.code());
         }
         let signals = nodekeeper_core::shutdown::install()?;
         let opts = nodekeeper_core::agent::AgentOptions {
@@ -308,7 +304,7 @@ fn agent(
             load: Config::load_agent,
         };
         nodekeeper_core::agent::run(loaded.map(|c| c.agent), env, opts, signals).await;
-        Ok(EXIT_OK)
+        Ok(Exit::Ok.code())
     })
 }
 
@@ -348,12 +344,12 @@ fn crio_apply(
             Output::Text => print!("{}", render_text(&report, &crio.unit, dry_run)),
         }
         Ok(match result {
-            Ok(()) => EXIT_OK,
+            Ok(()) => Exit::Ok.code(),
             Err(e) => {
                 if output == Output::Text {
                     eprintln!("error: {}", error_chain(&e));
                 }
-                EXIT_FAILURE
+                Exit::Failure.code()
             }
         })
     })

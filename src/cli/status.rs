@@ -67,7 +67,7 @@ pub fn main(args: StatusArgs, env: &Env) -> u8 {
         let now = Utc::now();
         let (rows, budgets) = list(&args, budgets.as_ref(), now).await?;
         print!("{}", render_with_budgets(&rows, &budgets, args.output, now));
-        Ok(super::EXIT_OK)
+        Ok(super::Exit::Ok.code())
     })
 }
 

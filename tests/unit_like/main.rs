@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod catalog;
 mod checks_config;
 mod checks_systemd;
 mod drain_select_prop;

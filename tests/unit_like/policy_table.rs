@@ -3,10 +3,11 @@
 
 use crate::support::policy as policy_support;
 
+use nodekeeper_core::controller::catalog::{EventType, Reason};
 use nodekeeper_core::controller::policy::config::{Quantity, RepairStep};
 use nodekeeper_core::controller::policy::explain::{Blocker, Held};
 use nodekeeper_core::controller::policy::view::{keys, DrainPhase, NoticeKind, PodView};
-use nodekeeper_core::controller::policy::{Action, EventType};
+use nodekeeper_core::controller::policy::Action;
 use policy_support::*;
 
 #[test]
@@ -363,7 +364,7 @@ fn window_closed_in_shanghai_but_open_in_utc_holds_and_says_when_it_opens() {
         x,
         Action::Event {
             type_: EventType::Warning,
-            reason: "BlockedByBudget",
+            reason: Reason::BlockedByBudget,
             ..
         }
     )));
@@ -437,7 +438,7 @@ fn short_circuit_holds_repairs_above_max_unhealthy() {
         assert!(has(&a, |x| matches!(
             x,
             Action::Event {
-                reason: "RepairShortCircuited",
+                reason: Reason::RepairShortCircuited,
                 ..
             }
         )));
@@ -474,7 +475,7 @@ fn flap_guard_ends_a_repair_only_after_healthy_delay() {
     assert!(has(&a, |x| matches!(
         x,
         Action::Event {
-            reason: "RepairCancelled",
+            reason: Reason::RepairCancelled,
             ..
         }
     )));
@@ -632,7 +633,7 @@ fn startup_timeout_replaces_then_holds_after_max_retries() {
     assert!(has(&a, |x| matches!(
         x,
         Action::Event {
-            reason: "StartupTimeout",
+            reason: Reason::StartupTimeout,
             ..
         }
     )));
@@ -657,7 +658,7 @@ fn startup_timeout_replaces_then_holds_after_max_retries() {
         x,
         Action::Event {
             type_: EventType::Warning,
-            reason: "StartupRetriesExhausted",
+            reason: Reason::StartupRetriesExhausted,
             ..
         }
     )));
@@ -735,7 +736,7 @@ fn interrupted_node_that_survives_is_released() {
     assert!(has(&a, |x| matches!(
         x,
         Action::Event {
-            reason: "InterruptionReleased",
+            reason: Reason::InterruptionReleased,
             ..
         }
     )));

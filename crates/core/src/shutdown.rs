@@ -17,7 +17,11 @@ pub struct Signals {
     pub reload: mpsc::Receiver<()>,
 }
 
-/// Installs the handlers. A second SIGTERM/SIGINT exits the process at once with code 130.
+/// The exit code of a process stopped by a second SIGTERM/SIGINT (128 + SIGINT, as shells report).
+pub const SECOND_SIGNAL_EXIT: i32 = 130;
+
+/// Installs the handlers. A second SIGTERM/SIGINT exits the process at once with
+/// [`SECOND_SIGNAL_EXIT`].
 pub fn install() -> std::io::Result<Signals> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -33,7 +37,7 @@ pub fn install() -> std::io::Result<Signals> {
             }
             if cancel.is_cancelled() {
                 tracing::warn!("second termination signal: exiting now");
-                std::process::exit(130);
+                std::process::exit(SECOND_SIGNAL_EXIT);
             }
             tracing::info!("termination signal received: shutting down gracefully");
             cancel.cancel();

@@ -26,13 +26,14 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::{json, Map, Value};
 
+use super::catalog::{Reason, NOT_HELD};
 use super::drain::tasks::DrainTasks;
 use super::events::{Recorder, Regarding};
 use super::metrics::{ActionResult, EngineMetrics};
 use super::nodestate::NodeStates;
 use super::policy::explain::{Held, CONDITION_TYPE};
 use super::policy::view::keys;
-use super::policy::{Action, EventType};
+use super::policy::Action;
 use super::provider::{request_id, NodeProvider, ProviderError, ReplacementRequest, POOL_LABEL};
 use crate::sync::lock;
 use crate::wire::AgentCommand;
@@ -410,7 +411,7 @@ impl Actor {
             } = e
             {
                 self.recorder
-                    .node_with(node, reason, type_, "Disrupt", &message)
+                    .node_as(node, reason, type_, "Disrupt", &message)
                     .await;
                 self.metrics.action("event", ActionResult::Ok);
             }
@@ -510,7 +511,7 @@ impl Actor {
                     "lastTransitionTime": c.last_transition_time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                     "lastHeartbeatTime": now})
             }
-            None => json!({"type": CONDITION_TYPE, "status": "False", "reason": "NotHeld",
+            None => json!({"type": CONDITION_TYPE, "status": "False", "reason": NOT_HELD,
                 "message": "nodekeeper is not holding this node back", "lastTransitionTime": now,
                 "lastHeartbeatTime": now}),
         };
@@ -670,10 +671,9 @@ impl Actor {
         self.metrics.action(metric, ActionResult::Error);
         self.notify(node, notice, "failed", source.to_string(), false);
         self.recorder
-            .node_with(
+            .node(
                 about,
-                "ReplacementFailed",
-                EventType::Warning,
+                Reason::ReplacementFailed,
                 action,
                 &source.to_string(),
             )
@@ -708,9 +708,9 @@ impl Actor {
                 message,
             } => {
                 self.recorder
-                    .node_with(
+                    .node_as(
                         node,
-                        reason,
+                        *reason,
                         *type_,
                         "DryRun",
                         &format!("dry run: {message}"),
@@ -719,10 +719,9 @@ impl Actor {
             }
             Action::Hold(h) => {
                 self.recorder
-                    .node_with(
+                    .node(
                         node,
-                        h.blocker.reason(),
-                        EventType::Warning,
+                        h.blocker.event_reason(),
                         "DryRun",
                         &format!("dry run: {}", h.blocker.message()),
                     )

@@ -1,4 +1,4 @@
-//! Kubernetes Events the controller records, with the reason catalog (docs/catalog.md).
+//! Kubernetes Events the controller records; their reasons are the catalog's ([`super::catalog`]).
 //!
 //! Events are `events.k8s.io/v1` objects about a Node, reported by `nodekeeper-controller`, in
 //! namespace [`NODE_EVENT_NAMESPACE`] (`default`): the apiserver refuses (422, `legacyValidateEvent`)
@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 
-pub use super::policy::EventType;
+use super::catalog::{EventType, Reason};
 
 /// The namespace of every Event about a Node. The apiserver accepts an Event whose `regarding`
 /// object has no namespace only in `default` or `kube-system`; `default` is where kubelets and
@@ -42,104 +42,6 @@ pub const MAX_INSTANCE: usize = 128;
 
 /// The reason of an agent's check event whose own reason has nothing usable left.
 pub const FALLBACK_CHECK_REASON: &str = "NodeCheckEvent";
-
-/// The reason catalog. Each reason is stable (alerting may match on it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// A cloud announced preemption/termination of the node's instance (Warning).
-    PreemptionNotice,
-    /// Host maintenance, reboot, redeploy or freeze was announced (Warning).
-    MaintenanceNotice,
-    /// The platform recommends moving work off the instance (Normal).
-    RebalanceRecommendation,
-    /// The node's operating system is shutting down (Warning).
-    NodeShuttingDown,
-    /// An earlier notice was withdrawn (Normal).
-    NoticeCancelled,
-    /// The agent stopped reporting; its conditions were set to Unknown (Warning).
-    AgentSilent,
-    /// A node's Events are being dropped over `[controller.report_limits] events_burst` /
-    /// `events_every`; recorded once per stretch (Warning).
-    EventsRateLimited,
-    /// An allow-listed label was removed on the agent's request (Normal).
-    LabelRemoved,
-    /// An agent asked to remove a label that is not allow-listed (Warning).
-    LabelRemovalDenied,
-    /// The node's CRI-O refused the new drop-ins; the agent restored the previous ones (Warning).
-    CrioConfigRolledBack,
-    /// The agent could not apply the CRI-O drop-ins (nothing changed, or the rollback failed too) (Warning).
-    CrioConfigFailed,
-    /// The running CRI-O ignores drop-in keys, or holds other values (Warning).
-    CrioConfigIgnored,
-}
-
-impl Reason {
-    /// The CamelCase reason string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::PreemptionNotice => "PreemptionNotice",
-            Reason::MaintenanceNotice => "MaintenanceNotice",
-            Reason::RebalanceRecommendation => "RebalanceRecommendation",
-            Reason::NodeShuttingDown => "NodeShuttingDown",
-            Reason::NoticeCancelled => "NoticeCancelled",
-            Reason::AgentSilent => "AgentSilent",
-            Reason::EventsRateLimited => "EventsRateLimited",
-            Reason::LabelRemoved => "LabelRemoved",
-            Reason::LabelRemovalDenied => "LabelRemovalDenied",
-            Reason::CrioConfigRolledBack => "CrioConfigRolledBack",
-            Reason::CrioConfigFailed => "CrioConfigFailed",
-            Reason::CrioConfigIgnored => "CrioConfigIgnored",
-        }
-    }
-
-    /// `Normal` or `Warning`.
-    pub fn event_type(self) -> EventType {
-        match self {
-            Reason::RebalanceRecommendation | Reason::NoticeCancelled | Reason::LabelRemoved => {
-                EventType::Normal
-            }
-            _ => EventType::Warning,
-        }
-    }
-
-    /// Every reason (for docs and tests).
-    pub const ALL: &'static [Reason] = &[
-        Reason::PreemptionNotice,
-        Reason::MaintenanceNotice,
-        Reason::RebalanceRecommendation,
-        Reason::NodeShuttingDown,
-        Reason::NoticeCancelled,
-        Reason::AgentSilent,
-        Reason::EventsRateLimited,
-        Reason::LabelRemoved,
-        Reason::LabelRemovalDenied,
-        Reason::CrioConfigRolledBack,
-        Reason::CrioConfigFailed,
-        Reason::CrioConfigIgnored,
-    ];
-
-    /// The reason for a node event kind.
-    pub fn for_kind(kind: &crate::wire::EventKind) -> Reason {
-        use crate::wire::EventKind as K;
-        match kind {
-            K::Preemption | K::Termination => Reason::PreemptionNotice,
-            K::Maintenance | K::Reboot | K::Redeploy | K::Freeze => Reason::MaintenanceNotice,
-            K::Rebalance => Reason::RebalanceRecommendation,
-            K::ShuttingDown => Reason::NodeShuttingDown,
-            K::Cancelled { .. } => Reason::NoticeCancelled,
-        }
-    }
-}
-
-impl EventType {
-    /// `Normal` or `Warning`, as the API spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventType::Normal => "Normal",
-            EventType::Warning => "Warning",
-        }
-    }
-}
 
 /// The Node an Event is about: its name, and its `metadata.uid` when the caller has the Node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,7 +283,7 @@ impl Recorder {
         }
     }
 
-    /// Records `reason` about `node` with `note` (truncated to 1 kB).
+    /// Records `reason` about `node` with `note` (truncated to 1 kB), of the reason's type.
     pub async fn node<'a>(
         &self,
         node: impl Into<Regarding<'a>>,
@@ -389,13 +291,38 @@ impl Recorder {
         action: &str,
         note: &str,
     ) {
-        self.node_with(node, reason.as_str(), reason.event_type(), action, note)
+        self.node_as(node, reason, reason.event_type(), action, note)
             .await;
     }
 
-    /// Records an event with a reason outside the catalog (engine and hold reasons; check events
-    /// pass theirs through [`sanitize_reason`] first). Best effort: failures are logged and counted.
-    pub async fn node_with<'a>(
+    /// As [`Self::node`], of type `type_` (one of the reason's types: an Event the policy decided).
+    pub async fn node_as<'a>(
+        &self,
+        node: impl Into<Regarding<'a>>,
+        reason: Reason,
+        type_: EventType,
+        action: &str,
+        note: &str,
+    ) {
+        self.node_with(node, reason.as_str(), type_, action, note)
+            .await;
+    }
+
+    /// Records an agent's check event: its reason comes from the user's rules, not the catalog,
+    /// and is made valid with [`sanitize_reason`] (action `Check`).
+    pub async fn check<'a>(
+        &self,
+        node: impl Into<Regarding<'a>>,
+        raw_reason: &str,
+        type_: EventType,
+        note: &str,
+    ) {
+        let reason = sanitize_reason(raw_reason);
+        self.node_with(node, &reason, type_, "Check", note).await;
+    }
+
+    /// Records an Event. Best effort: failures are logged and counted.
+    async fn node_with<'a>(
         &self,
         node: impl Into<Regarding<'a>>,
         reason: &str,
@@ -505,36 +432,9 @@ mod tests {
     }
 
     #[test]
-    fn the_catalog_and_the_constants_are_valid() {
-        for r in Reason::ALL {
-            assert!(valid_reason(r.as_str()), "{r:?}");
-        }
+    fn the_constants_are_valid() {
         assert!(crate::k8s::validation::qualified_name(REPORTING_CONTROLLER).is_empty());
         assert!(crate::k8s::validation::dns1123_label(NODE_EVENT_NAMESPACE).is_empty());
-    }
-
-    /// docs/catalog.md's Event table lists each reason of the catalog with its type, and no other.
-    #[test]
-    fn the_docs_list_exactly_the_catalog() {
-        let doc = include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../docs/catalog.md"
-        ));
-        let rows: Vec<(String, String)> = doc
-            .lines()
-            .filter_map(|l| {
-                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
-                let reason = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
-                let action = cells.get(3)?;
-                (action.starts_with('`') && reason.chars().next()?.is_ascii_uppercase())
-                    .then(|| (reason.to_string(), cells[2].to_string()))
-            })
-            .collect();
-        let want: Vec<(String, String)> = Reason::ALL
-            .iter()
-            .map(|r| (r.as_str().to_string(), r.event_type().as_str().to_string()))
-            .collect();
-        assert_eq!(rows, want, "docs/catalog.md's reason table vs Reason::ALL");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Label removal on the agent's request: only allow-listed keys, only on the reporting node
 //! (the report's node was already checked against the caller's token).
 
-use super::events::Reason;
+use super::catalog::Reason;
 use super::nodestate::NodeStates;
 use crate::wire::LabelRemoval;
 

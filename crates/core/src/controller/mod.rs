@@ -10,6 +10,7 @@
 
 pub mod actions;
 pub mod auth;
+pub mod catalog;
 pub mod clock;
 pub mod config;
 pub mod delay;

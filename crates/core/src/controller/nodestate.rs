@@ -28,7 +28,8 @@ use kube::runtime::reflector::Store;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, watch};
 
-use super::events::{EventType, Reason, Recorder};
+use super::catalog::{EventType, Reason};
+use super::events::Recorder;
 use super::fresh::FreshNodes;
 use super::limits::{Bucket, Exceeded, Limit, ReportLimits, SeenEvents};
 use crate::wire::NodeEvent;
@@ -36,7 +37,7 @@ use crate::wire::{AgentCommand, CrioReport, CrioResult, NodeReport, ReportRespon
 use crate::wire::{CheckResult, ConditionStatus};
 
 /// Reason written on conditions of a silent agent.
-pub const STALE_REASON: &str = "AgentNotReporting";
+pub const STALE_REASON: &str = super::catalog::AGENT_NOT_REPORTING;
 /// Attempts of one status write when the API server answers 429/5xx (then the agent's retry or
 /// the maintenance tick takes over).
 const WRITE_ATTEMPTS: u32 = 3;
@@ -280,14 +281,13 @@ impl NodeStates {
             if !self.admit_event(&node, &mut a).await {
                 continue;
             }
-            // The reason comes from the agent's rules: made a valid Event reason here.
-            let reason = super::events::sanitize_reason(&ce.reason);
+            // The reason comes from the agent's rules: made a valid Event reason by the recorder.
             let type_ = match ce.severity {
                 crate::wire::EventSeverity::Normal => EventType::Normal,
                 crate::wire::EventSeverity::Warning => EventType::Warning,
             };
             self.recorder
-                .node_with(&node, &reason, type_, "Check", &ce.message)
+                .check(&node, &ce.reason, type_, &ce.message)
                 .await;
         }
         if let Some((reason, note)) = crio_event(a.crio_recorded, report.crio.as_ref()) {

@@ -157,6 +157,14 @@ impl Checks {
             .collect()
     }
 
+    /// The condition types the checks write, in run order (docs/checks.md, docs/catalog.md).
+    pub fn condition_types(&self) -> Vec<String> {
+        self.entries
+            .iter()
+            .flat_map(|e| e.check.condition_types())
+            .collect()
+    }
+
     /// Runs every check once; `now` drives the flap guards.
     pub async fn run_once(&mut self, now: Instant) -> Round {
         let mut round = Round::default();

@@ -5,6 +5,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::super::catalog::{self, Reason};
 use super::budget::in_zone;
 
 /// What holds a node back.
@@ -92,18 +93,23 @@ pub enum Blocker {
 }
 
 impl Blocker {
-    /// CamelCase reason for conditions and Events.
-    pub fn reason(&self) -> &'static str {
+    /// The reason of the `NodekeeperHeld` condition and of the Event announcing the hold.
+    pub fn event_reason(&self) -> Reason {
         match self {
-            Blocker::Pdb { .. } => "BlockedByPDB",
-            Blocker::DoNotDisrupt { .. } => "BlockedByDoNotDisrupt",
-            Blocker::Budget { .. } => "BlockedByBudget",
-            Blocker::NodePool { .. } => "BlockedByNodePool",
-            Blocker::ShortCircuit { .. } => "RepairShortCircuited",
-            Blocker::Deadline { .. } => "DeadlineExceeded",
-            Blocker::StartupRetries { .. } => "StartupRetriesExhausted",
-            Blocker::ReplacementPending { .. } => "ReplacementPending",
+            Blocker::Pdb { .. } => Reason::BlockedByPDB,
+            Blocker::DoNotDisrupt { .. } => Reason::BlockedByDoNotDisrupt,
+            Blocker::Budget { .. } => Reason::BlockedByBudget,
+            Blocker::NodePool { .. } => Reason::BlockedByNodePool,
+            Blocker::ShortCircuit { .. } => Reason::RepairShortCircuited,
+            Blocker::Deadline { .. } => Reason::DeadlineExceeded,
+            Blocker::StartupRetries { .. } => Reason::StartupRetriesExhausted,
+            Blocker::ReplacementPending { .. } => Reason::ReplacementPending,
         }
+    }
+
+    /// [`Blocker::event_reason`] as a string (conditions, status, metric labels).
+    pub fn reason(&self) -> &'static str {
+        self.event_reason().as_str()
     }
 
     /// One line for people.
@@ -192,7 +198,7 @@ pub struct Held {
 }
 
 /// Node condition type carrying the hold.
-pub const CONDITION_TYPE: &str = "NodekeeperHeld";
+pub const CONDITION_TYPE: &str = catalog::HELD_CONDITION;
 
 /// A node condition as the actor writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]

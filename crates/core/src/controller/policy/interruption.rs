@@ -11,7 +11,7 @@ use super::budget::Reason;
 use super::config::{InterruptionAction, PolicyConfig};
 use super::explain::Blocker;
 use super::view::{keys, DrainPhase, NodeView, Notice, NoticeKind, RecordedNotice, State};
-use super::{earlier, later, reasons, Action, Candidate, EventType, Plan, Start};
+use super::{earlier, events, later, Action, Candidate, Plan, Start};
 
 /// The configured action for a notice kind.
 pub fn action_for(kind: &NoticeKind, cfg: &PolicyConfig) -> InterruptionAction {
@@ -143,16 +143,7 @@ fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
     if p.now >= later(rn.at, cfg.interruption.release_after) {
         // Outlived already (a late or replayed notice): record it as handled, do nothing.
         p.set(keys::INTERRUPTION, rn.encode());
-        p.event(
-            EventType::Normal,
-            reasons::INTERRUPTION,
-            format!(
-                "{} notice {} for {} is past: ignored",
-                n.kind.name(),
-                n.id,
-                rn.at.to_rfc3339()
-            ),
-        );
+        p.push(events::notice_past(&n.kind, &n.id, rn.at));
         p.record.notice = Some(rn.clone());
         if matches!(p.record.state, State::Interrupted | State::Cordoned) {
             return resume(p, cfg, &rn);
@@ -163,16 +154,7 @@ fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
         InterruptionAction::Ignore => false,
         InterruptionAction::Event => {
             p.set(keys::INTERRUPTION, rn.encode());
-            p.event(
-                EventType::Normal,
-                reasons::INTERRUPTION,
-                format!(
-                    "{} notice {} for {}",
-                    n.kind.name(),
-                    n.id,
-                    rn.at.to_rfc3339()
-                ),
-            );
+            p.push(events::notice_recorded(&n.kind, &n.id, rn.at));
             false
         }
         InterruptionAction::Cordon if p.disrupting => {
@@ -184,11 +166,7 @@ fn begin(p: &mut Plan<'_>, cfg: &PolicyConfig, n: Notice) -> bool {
         InterruptionAction::Cordon => {
             p.set(keys::INTERRUPTION, rn.encode());
             p.enter(State::Cordoned, &format!("interruption:{}", n.kind.name()));
-            p.event(
-                EventType::Normal,
-                reasons::INTERRUPTION,
-                format!("{} notice {}: cordoned", n.kind.name(), n.id),
-            );
+            p.push(events::notice_cordoned(&n.kind, &n.id));
             true
         }
         InterruptionAction::Drain | InterruptionAction::DrainReplace => {
@@ -247,17 +225,7 @@ pub(crate) fn start(p: &mut Plan<'_>, cfg: &PolicyConfig, n: &Notice) {
     if p.cur.drain.phase != DrainPhase::Completed {
         p.hold = drain_hold(p, Some(deadline));
     }
-    p.event(
-        EventType::Warning,
-        reasons::INTERRUPTION,
-        format!(
-            "{} notice {} for {}: draining by {}",
-            n.kind.name(),
-            n.id,
-            rn.at.to_rfc3339(),
-            deadline.to_rfc3339()
-        ),
-    );
+    p.push(events::notice_draining(&n.kind, &n.id, rn.at, deadline));
     if action_for(&n.kind, cfg) == InterruptionAction::DrainReplace {
         p.request_replacement(&why, 0);
     }
@@ -276,15 +244,7 @@ fn taint(cfg: &PolicyConfig, kind: &NoticeKind) -> Action {
 fn cancel(p: &mut Plan<'_>, cfg: &PolicyConfig, rn: &RecordedNotice) {
     p.release(cfg);
     {
-        p.event(
-            EventType::Normal,
-            reasons::INTERRUPTION_CANCELLED,
-            format!(
-                "{} notice {} withdrawn: undid nodekeeper's taint/cordon/label",
-                rn.kind.name(),
-                rn.id
-            ),
-        );
+        p.push(events::interruption_cancelled(&rn.kind, &rn.id));
     }
 }
 
@@ -302,15 +262,10 @@ fn resume(p: &mut Plan<'_>, cfg: &PolicyConfig, rn: &RecordedNotice) -> bool {
     let release_at = later(rn.at, cfg.interruption.release_after);
     if p.now >= release_at && p.cur.is_ready() && rn.kind != NoticeKind::Rebalance {
         p.release(cfg);
-        p.event(
-            EventType::Normal,
-            reasons::INTERRUPTION_RELEASED,
-            format!(
-                "node still healthy {} after its {} notice: released",
-                humantime::format_duration(cfg.interruption.release_after),
-                rn.kind.name()
-            ),
-        );
+        p.push(events::interruption_released(
+            cfg.interruption.release_after,
+            &rn.kind,
+        ));
         return false;
     }
     if !p.cur.has_taint(&cfg.interruption.taint_key) {

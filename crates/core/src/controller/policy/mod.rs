@@ -16,6 +16,7 @@
 
 pub mod budget;
 pub mod config;
+mod events;
 pub mod explain;
 pub mod fence;
 pub mod interruption;
@@ -31,6 +32,8 @@ use chrono::{DateTime, Utc};
 pub use config::PolicyConfig;
 pub use view::{ClusterView, NodeView};
 
+use super::catalog;
+pub use super::catalog::EventType;
 use super::provider::POOL_LABEL;
 use budget::{GroupBudgets, Origin, Reason};
 use explain::{Blocker, Held};
@@ -45,15 +48,6 @@ pub struct Decision {
     pub action: Action,
     /// `[controller] dry_run`: log it and write Events/status only.
     pub dry_run: bool,
-}
-
-/// Event type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
-    /// Normal.
-    Normal,
-    /// Warning.
-    Warning,
 }
 
 /// An action on a node. The actor applies a node's actions in the order given.
@@ -129,37 +123,11 @@ pub enum Action {
     Event {
         /// Type.
         type_: EventType,
-        /// Reason (see [`reasons`]).
-        reason: &'static str,
+        /// Reason.
+        reason: catalog::Reason,
         /// Message.
         message: String,
     },
-}
-
-/// Event reasons (a stable catalog).
-pub mod reasons {
-    /// A repair began.
-    pub const REPAIR_STARTED: &str = "RepairStarted";
-    /// A repair escalated to the next step.
-    pub const REPAIR_ESCALATED: &str = "RepairEscalated";
-    /// The node became healthy for `healthy_delay`; the repair ended.
-    pub const REPAIR_CANCELLED: &str = "RepairCancelled";
-    /// An interruption notice is being handled.
-    pub const INTERRUPTION: &str = "InterruptionNotice";
-    /// A notice was withdrawn; nodekeeper undid what it did.
-    pub const INTERRUPTION_CANCELLED: &str = "InterruptionCancelled";
-    /// The node outlived its notice and is healthy; released.
-    pub const INTERRUPTION_RELEASED: &str = "InterruptionReleased";
-    /// A replacement was requested.
-    pub const REPLACEMENT_REQUESTED: &str = "ReplacementRequested";
-    /// A reboot was requested.
-    pub const REBOOT_REQUESTED: &str = "RebootRequested";
-    /// A node did not become Ready within `startup_timeout`.
-    pub const STARTUP_TIMEOUT: &str = "StartupTimeout";
-    /// A leftover of nodekeeper's (cordon, taint, label) with no state was removed.
-    pub const CLEANUP: &str = "NodekeeperCleanup";
-    /// No longer held.
-    pub const RELEASED: &str = "HoldReleased";
 }
 
 /// Decides what to do now. Pure: same inputs, same output.
@@ -367,14 +335,6 @@ impl<'a> Plan<'a> {
         self.now.to_rfc3339()
     }
 
-    pub(crate) fn event(&mut self, type_: EventType, reason: &'static str, message: String) {
-        self.push(Action::Event {
-            type_,
-            reason,
-            message,
-        });
-    }
-
     /// Records the state, then cordons (recording ownership only if nodekeeper cordons).
     pub(crate) fn enter(&mut self, state: State, reason: &str) {
         if let Some(name) = state.name() {
@@ -506,11 +466,7 @@ impl<'a> Plan<'a> {
         self.set(keys::REPLACEMENT_REQUESTED, at.clone());
         // The Event before the call: the actor publishes it right after storing the record, so a
         // crash during the call (retried from the record, without a new Event) keeps it.
-        self.event(
-            EventType::Normal,
-            reasons::REPLACEMENT_REQUESTED,
-            format!("replacement requested ({reason})"),
-        );
+        self.push(events::replacement_requested(reason));
         self.push(Action::RequestReplacement {
             id: format!("{}/{}", self.cur.name, at),
             reason: reason.to_string(),
@@ -528,20 +484,12 @@ impl<'a> Plan<'a> {
                     blocker: b,
                     since: self.now,
                 };
-                self.event(
-                    EventType::Warning,
-                    held.blocker.reason(),
-                    held.blocker.message(),
-                );
+                self.push(events::held(&held.blocker));
                 self.push(Action::Hold(held));
             }
             (None, Some(_)) => {
                 self.clear(keys::BLOCKED);
-                self.event(
-                    EventType::Normal,
-                    reasons::RELEASED,
-                    "no longer held".to_string(),
-                );
+                self.push(events::hold_released());
             }
             (None, None) => {}
         }
@@ -567,11 +515,7 @@ impl<'a> Plan<'a> {
                 .any(|k| self.cur.annotations.contains_key(*k));
         if leftover {
             self.release(cfg);
-            self.event(
-                EventType::Normal,
-                reasons::CLEANUP,
-                "removed nodekeeper's leftover cordon/taint/label of a finished action".into(),
-            );
+            self.push(events::cleanup());
         }
     }
 }

@@ -12,7 +12,7 @@ use super::config::{EffectiveRepair, PolicyConfig, RepairPolicy, RepairStep};
 use super::explain::Blocker;
 use super::interruption::drain_hold;
 use super::view::{keys, DrainPhase, NodeView, State};
-use super::{group_of, later, reasons, Action, Candidate, EventType, Plan, Start};
+use super::{events, group_of, later, Action, Candidate, Plan, Start};
 
 /// Health of a node against the repair policies.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,16 +176,11 @@ fn startup(p: &mut Plan<'_>, cfg: &PolicyConfig) {
     p.enter(State::Repairing, STARTUP);
     p.set(keys::REPAIR_STEP, RepairStep::Replace.name());
     p.set(keys::REPAIR_STEP_SINCE, p.now_str());
-    p.event(
-        EventType::Warning,
-        reasons::STARTUP_TIMEOUT,
-        format!(
-            "not Ready {} after creation; replacing it (retry {} of {})",
-            humantime::format_duration(r.startup_timeout),
-            retries + 1,
-            r.max_startup_retries
-        ),
-    );
+    p.push(events::startup_timeout(
+        r.startup_timeout,
+        retries + 1,
+        r.max_startup_retries,
+    ));
     p.request_replacement(STARTUP, retries + 1);
     p.disrupting = true;
 }
@@ -202,11 +197,7 @@ pub(crate) fn start(p: &mut Plan<'_>, cfg: &PolicyConfig, why: &str) {
     };
     p.enter(State::Repairing, why);
     p.exclude_from_lb(&cfg.interruption.lb_exclude_label);
-    p.event(
-        EventType::Warning,
-        reasons::REPAIR_STARTED,
-        format!("{why}: repair started with step {}", first.name()),
-    );
+    p.push(events::repair_started(why, first));
     enter_step(p, cfg, first);
     p.disrupting = true;
 }
@@ -238,11 +229,7 @@ fn request_reboot(p: &mut Plan<'_>, why: &str) {
         id: format!("{}/reboot/{}", p.cur.name, p.now_str()),
         reason: why.to_string(),
     });
-    p.event(
-        EventType::Normal,
-        reasons::REBOOT_REQUESTED,
-        format!("{why}: reboot requested"),
-    );
+    p.push(events::reboot_requested(why));
 }
 
 /// Advances a repair in progress (also after a controller restart).
@@ -268,14 +255,7 @@ fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
         let delay = dur(cfg.repair.healthy_delay);
         if since.is_none_or(|s| p.now - s >= delay) {
             p.release(cfg);
-            p.event(
-                EventType::Normal,
-                reasons::REPAIR_CANCELLED,
-                format!(
-                    "healthy for {}: repair ended, node released",
-                    humantime::format_duration(cfg.repair.healthy_delay)
-                ),
-            );
+            p.push(events::repair_cancelled(cfg.repair.healthy_delay));
         }
         return;
     }
@@ -335,15 +315,7 @@ fn advance(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>, from
     let Some(&next) = eff.steps.iter().find(|s| **s > from) else {
         return;
     };
-    p.event(
-        EventType::Warning,
-        reasons::REPAIR_ESCALATED,
-        format!(
-            "repair step {} done or timed out; next: {}",
-            from.name(),
-            next.name()
-        ),
-    );
+    p.push(events::repair_escalated(from, next));
     enter_step(p, cfg, next);
 }
 
