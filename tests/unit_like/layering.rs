@@ -1,4 +1,4 @@
-//! The layering rules of docs/architecture.md that the compiler does not enforce: the wire
+//! The layering rules of docs/dev/architecture.md that the compiler does not enforce: the wire
 //! schema (`crates/core/src/wire/`) and the configuration engine (`crates/core/src/config/`) are
 //! leaves that import nothing from `agent` or `controller` (the file that composes the sections is
 //! `config_file.rs`), and the pure policy (`crates/core/src/controller/policy/`) imports nothing
