@@ -185,7 +185,15 @@ impl Booted {
     }
 
     pub fn journal(&self) -> String {
-        self.exec_ok(&["journalctl", "--no-pager", "-n", "80"])
+        // The oneshot's own lines first: the last 80 of the boot alone can miss its failure.
+        let unit = self.exec_ok(&[
+            "journalctl",
+            "--no-pager",
+            "-u",
+            "nodekeeper-crio-apply.service",
+        ]);
+        let tail = self.exec_ok(&["journalctl", "--no-pager", "-n", "80"]);
+        format!("{unit}\n--- the boot's last 80 lines ---\n{tail}")
     }
 }
 
