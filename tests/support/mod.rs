@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod agent_proc;
+pub mod config;
 pub mod ctl;
 pub mod drain;
 pub mod engine;

@@ -5,23 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::config::{errors, load};
 use nodekeeper_core::agent::checks::config::{ByteSize, RuleKind};
-use nodekeeper_core::config::{ConfigError, Env};
-use nodekeeper_core::config_file::Config;
-
-fn load(text: &str) -> Result<nodekeeper_core::config_file::Loaded, ConfigError> {
-    Config::load_str(Path::new("c.toml"), text, &Env::default())
-}
-
-fn errors(text: &str) -> Vec<String> {
-    match load(text) {
-        Err(ConfigError::Invalid { diagnostics, .. }) => diagnostics
-            .iter()
-            .map(|d| d.render(Path::new("c.toml")))
-            .collect(),
-        other => panic!("expected invalid, got {other:?}"),
-    }
-}
 
 const FULL: &str = r#"
 [checks]

@@ -2,11 +2,9 @@
 //! the values OKE + KPO users run), Karpenter budgets as users write them (NodePool examples), validation with
 //! located diagnostics.
 
-use std::path::Path;
 use std::time::Duration;
 
-use nodekeeper_core::config::{ConfigError, Env};
-use nodekeeper_core::config_file::{Config, Loaded};
+use crate::support::config::{errors, load};
 use nodekeeper_core::controller::policy::budget::{GroupBudgets, Reason};
 use nodekeeper_core::controller::policy::config::{
     parse_kpo_repair_policies, Budget, Quantity, RepairPolicy, RepairStep,
@@ -19,20 +17,6 @@ fn fixture(name: &str) -> String {
         env!("CARGO_MANIFEST_DIR")
     ))
     .unwrap()
-}
-
-fn load(text: &str) -> Result<Loaded, ConfigError> {
-    Config::load_str(Path::new("c.toml"), text, &Env::default())
-}
-
-fn errors(text: &str) -> Vec<String> {
-    match load(text) {
-        Err(ConfigError::Invalid { diagnostics, .. }) => diagnostics
-            .iter()
-            .map(|d| d.render(Path::new("c.toml")))
-            .collect(),
-        other => panic!("expected invalid, got {other:?}"),
-    }
 }
 
 fn ready_false_10m() -> RepairPolicy {
