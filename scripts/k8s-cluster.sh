@@ -377,7 +377,7 @@ if [ -n "$KARPENTER" ]; then
     || fail "Karpenter's CRDs were not Established in 30 s; log: $DIR/logs/karpenter-setup.log"
   # Out of cluster: KUBECONFIG (it has no --kubeconfig flag), no leader election (it would need a namespace
   # it cannot guess out of cluster). It binds metrics and health on ALL interfaces (":PORT", no bind-address
-  # setting in v1.14.1): the ports are free loopback ports, the tests talk to 127.0.0.1 only.
+  # setting in v1.15.0, operator.go): the ports are free loopback ports, the tests talk to 127.0.0.1 only.
   # /readyz: its caches synced and NodePool/NodeClaim mapped.
   serve karpenter-kwok 60 2 env KUBECONFIG="$DIR/karpenter.kubeconfig" DISABLE_LEADER_ELECTION=true \
     METRICS_PORT=@P1@ HEALTH_PROBE_PORT=@P2@ LOG_LEVEL="${KARPENTER_LOG_LEVEL:-info}" \

@@ -2,8 +2,8 @@
 # Builds the real Kubernetes control plane the tests run (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, the real node's kubelet and kube-proxy, kwok, and Karpenter's KWOK provider as karpenter-kwok) from Go modules, once, into a cache keyed by the versions pinned in tools/k8s/:
 #   ${NODEKEEPER_K8S_CACHE:-$HOME/.cache/nodekeeper/k8s}/<key>/bin
-# The key hashes the control plane's tools/k8s/*/go.mod + go.sum (not the peers': scripts/setup-peers.sh) and
-# the Go version, so a warm machine rebuilds nothing and a version bump builds into a new directory. Prints the bin directory on stdout (the last line), how long each
+# The key hashes the control plane's tools/k8s/*/go.mod + go.sum (not the peers': scripts/setup-peers.sh),
+# versions.env above its peers' section (so KARPENTER_GOTOOLCHAIN too) and the Go version, so a warm machine rebuilds nothing and a version bump builds into a new directory. Prints the bin directory on stdout (the last line), how long each
 # build took on stderr. Idempotent; safe to run from several shells at once (a lock serialises them).
 #
 #   scripts/setup-k8s.sh            build what is missing, print the bin dir
@@ -13,6 +13,10 @@
 TOOLS="$REPO/tools/k8s"
 . "$TOOLS/versions.env"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+# The Go toolchain of a module DIR: the machine's own (local), except Karpenter's, whose v1.15.0 needs
+# go >= 1.26.9: there the go command fetches $KARPENTER_GOTOOLCHAIN from the module proxy (once per machine,
+# ~76 MB, into the module cache) and runs it. Only these commands see it, never the caller's shell.
+toolchain() { if [ "$1" = karpenter ]; then echo "$KARPENTER_GOTOOLCHAIN"; else echo local; fi; }
 
 if ! command -v go >/dev/null 2>&1; then
   echo "setup-k8s: Go is not installed (need go >= 1.26 on PATH; Debian machines of this project have /usr/local/go/bin)" >&2
@@ -70,7 +74,7 @@ PY
 # zips drop). NodeOverlay and CapacityBuffer are behind feature gates that are off; their controllers are not run.
 karpenter_crds() {
   local mod
-  mod=$(cd "$TOOLS/karpenter" && go list -m -f '{{.Dir}}' sigs.k8s.io/karpenter) || return 1
+  mod=$(cd "$TOOLS/karpenter" && GOTOOLCHAIN=$(toolchain karpenter) go list -m -f '{{.Dir}}' sigs.k8s.io/karpenter) || return 1
   mkdir -p "$CRDS"
   cp -f "$mod"/kwok/charts/crds/karpenter.sh_nodepools.yaml "$mod"/kwok/charts/crds/karpenter.sh_nodeclaims.yaml \
     "$mod"/kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml "$CRDS/"
@@ -102,7 +106,7 @@ build() {
   log_file="$ROOT/$key/build-$name.log"
   log "building $name ($pkg) …"
   t0=$(date +%s)
-  if ! (cd "$TOOLS/$dir" && go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldf" \
+  if ! (cd "$TOOLS/$dir" && GOTOOLCHAIN=$(toolchain "$dir") go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldf" \
         -o "$BIN/.$name.tmp" "$pkg") >"$log_file" 2>&1; then
     echo "setup-k8s: building $name failed ($pkg in tools/k8s/$dir); log: $log_file" >&2
     tail -20 "$log_file" >&2
@@ -115,7 +119,7 @@ build() {
 
 # Module downloads first, so "not served" is told apart from a compile error.
 for d in "${CP_MODULES[@]}"; do
-  if ! (cd "$TOOLS/$d" && go mod download) >"$ROOT/$key/download-$d.log" 2>&1; then
+  if ! (cd "$TOOLS/$d" && GOTOOLCHAIN=$(toolchain "$d") go mod download) >"$ROOT/$key/download-$d.log" 2>&1; then
     echo "setup-k8s: downloading the Go modules of tools/k8s/$d failed; log: $ROOT/$key/download-$d.log" >&2
     tail -20 "$ROOT/$key/download-$d.log" >&2
     exit 1
