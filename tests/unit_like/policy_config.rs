@@ -199,6 +199,15 @@ fn karpenter_reasons_warn_and_steps_must_escalate() {
     assert_eq!(l.warnings.len(), 1, "{:?}", l.warnings);
     assert!(l.warnings[0].message.contains("never applies"));
     assert_eq!(l.warnings[0].location.map(|l| l.0), Some(2));
+    // Karpenter v1.15's `Unhealthy` is its repair: read as nodekeeper's, no warning.
+    let l = load("[budgets]\nbudgets = [{ nodes = \"0\", reasons = [\"Unhealthy\"] }]\n").unwrap();
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    let b = nodekeeper_core::controller::policy::budget::CompiledBudget::new(
+        0,
+        &l.config.policy().budgets.default[0],
+    );
+    assert!(b.applies_to(nodekeeper_core::controller::policy::budget::Reason::Repair));
+    assert!(!b.applies_to(nodekeeper_core::controller::policy::budget::Reason::Rebalance));
     let e = errors("[repair]\nsteps = [\"replace\", \"drain\"]\n");
     assert!(
         e[0].starts_with("c.toml:2:") && e[0].contains("escalate"),

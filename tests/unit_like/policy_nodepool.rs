@@ -189,6 +189,13 @@ fn reason_mapping() {
             false,
         ),
         (json!({"nodes": "0", "reasons": []}), false, false),
+        // v1.15: `Unhealthy` is Karpenter's repair, so it paces nodekeeper's too.
+        (json!({"nodes": "0", "reasons": ["Unhealthy"]}), true, false),
+        (
+            json!({"nodes": "0", "reasons": ["Drifted", "Unhealthy"]}),
+            true,
+            false,
+        ),
     ];
     let mut cfg = PolicyConfig::default();
     cfg.budgets.source = BudgetsSource::NodePool;

@@ -34,13 +34,15 @@ impl Reason {
     }
 }
 
-/// Karpenter's reasons: accepted (a KPO/Karpenter budget pasted as-is) but never apply here.
+/// Karpenter's consolidation and drift reasons: accepted (a KPO/Karpenter budget pasted as-is)
+/// but never apply here.
 const KARPENTER_REASONS: &[&str] = &["drifted", "underutilized", "empty"];
 
-/// Parses a budget reason: `Ok(Some)` for ours, `Ok(None)` for Karpenter's, `Err` otherwise.
+/// Parses a budget reason: `Ok(Some)` for ours and for Karpenter's `Unhealthy` (v1.15: its node
+/// repair, which is nodekeeper's `repair`), `Ok(None)` for Karpenter's others, `Err` otherwise.
 pub fn parse_reason(s: &str) -> Result<Option<Reason>, String> {
     match s.to_ascii_lowercase().as_str() {
-        "repair" => Ok(Some(Reason::Repair)),
+        "repair" | "unhealthy" => Ok(Some(Reason::Repair)),
         "rebalance" => Ok(Some(Reason::Rebalance)),
         "interruption" => Ok(Some(Reason::Interruption)),
         other if KARPENTER_REASONS.contains(&other) => Ok(None),

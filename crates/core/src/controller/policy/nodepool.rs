@@ -9,9 +9,11 @@
 //! - `schedule` and `duration` both or neither; `duration` matches
 //!   `^((([0-9]+(h|m))|([0-9]+h[0-9]+m))(0s)?)$`; `schedule` is robfig/cron's standard language
 //!   (5 fields or `@yearly` … `@hourly`), always read in UTC (Karpenter has no time zones).
-//! - `reasons`: `Underutilized`, `Empty`, `Drifted` (a set). Absent: the budget applies to every
-//!   reason; Karpenter's reasons only: it gates none of nodekeeper's (see docs/policy.md); an
-//!   empty list applies to nothing (Karpenter's `lo.Contains` on an empty list).
+//! - `reasons`: `Underutilized`, `Empty`, `Drifted`, `Unhealthy` (a set; `Unhealthy` since v1.15,
+//!   Karpenter's repair). Absent: the budget applies to every reason; `Unhealthy` gates
+//!   nodekeeper's `repair` (the same disruption: an unhealthy node repaired); consolidation and
+//!   drift reasons only: it gates none of nodekeeper's (see docs/policy.md); an empty list applies
+//!   to nothing (Karpenter's `lo.Contains` on an empty list).
 //!
 //! A NodePool Karpenter would refuse (or with a budget it fails closed on) is a
 //! [`NodePoolError`] naming the NodePool and the field; the group then holds (allowed 0).
@@ -50,8 +52,8 @@ pub struct PoolBudget {
 /// The budgets of one NodePool, or why they cannot be used.
 pub type PoolBudgets = Result<Vec<PoolBudget>, NodePoolError>;
 
-/// Karpenter's disruption reasons (the CRD's enum).
-pub const KARPENTER_REASONS: [&str; 3] = ["Underutilized", "Empty", "Drifted"];
+/// Karpenter's disruption reasons (the CRD's enum, v1.15: `Unhealthy` is its node repair).
+pub const KARPENTER_REASONS: [&str; 4] = ["Underutilized", "Empty", "Drifted", "Unhealthy"];
 
 /// The CRD's `maxItems` of `budgets` (and of `reasons`).
 const MAX_ITEMS: usize = 50;
@@ -378,7 +380,7 @@ mod tests {
             ),
             (
                 json!([{"nodes": "1", "reasons": ["Drifted", "Expired"]}]),
-                "spec.disruption.budgets[0].reasons[1]: \"Expired\" is not one of Underutilized, Empty, Drifted",
+                "spec.disruption.budgets[0].reasons[1]: \"Expired\" is not one of Underutilized, Empty, Drifted, Unhealthy",
             ),
             (
                 json!([{"nodes": "1", "reasons": ["Empty", "Empty"]}]),
