@@ -20,5 +20,6 @@ mod policy_config;
 mod policy_nodepool;
 mod policy_props;
 mod policy_table;
+mod policy_veto;
 mod provider_none;
 mod provider_webhook;

@@ -8,7 +8,8 @@
 //! gives the same decisions marked dry-run; the engine's one-node fast path after a notice
 //! (`decide_interruption`) decides exactly what `decide` decides for that node, and its due path
 //! after a repair toleration expires (`decide_groups`, one group alone) what `decide` decides for
-//! that group's nodes.
+//! that group's nodes; a node carrying a repair veto gets no drain, reboot or replacement for a
+//! repair.
 //!
 //! `POLICY_PROP_CASES` sets the number of random seeds (default 256, proptest's default, so the
 //! pure tier stays quick; scripts/test.sh runs 1,000, `POLICY_PROP_CASES=10000` is the full run).
@@ -143,6 +144,14 @@ impl Sim {
                 n.became_ready = true;
                 ready(n, "True", now);
             }
+            if r.random_bool(0.04) {
+                // An operator puts or lifts a repair veto.
+                let key =
+                    [keys::KARPENTER_DO_NOT_REPAIR, keys::DO_NOT_REPAIR][r.random_range(0..2)];
+                if n.annotations.remove(key).is_none() {
+                    n.annotations.insert(key.into(), "true".into());
+                }
+            }
             if r.random_bool(0.05) {
                 let kind = KINDS[r.random_range(0..KINDS.len())].clone();
                 let at = r
@@ -227,6 +236,7 @@ impl Sim {
         check_budgets(&before, &after, &self.cfg, self.now)?;
         check_cordons(&after, &ds, &self.admin)?;
         check_interruptions(&before, &after, &ds, &self.cfg)?;
+        check_vetoes(&before, &ds)?;
         let again = decide(&after, &self.cfg, self.now);
         if let Some(d) = again.first() {
             let name = d.node.clone();
@@ -494,6 +504,30 @@ fn check_cordons(
                 "{} cordoned without a recorded reason: {:?}",
                 n.name,
                 n.annotations
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A node carrying a repair veto gets no repair: no drain, reboot or replacement for a repair
+/// (one asked for before the veto is never asked again, and interruptions are not vetoed).
+fn check_vetoes(before: &ClusterView, ds: &[Decision]) -> Result<(), TestCaseError> {
+    for n in before.nodes.iter().filter(|n| n.repair_veto().is_some()) {
+        for d in ds.iter().filter(|d| d.node == n.name) {
+            let repair = match &d.action {
+                Action::StartDrain { reason, .. } | Action::RequestReplacement { reason, .. } => {
+                    reason.starts_with("repair:")
+                }
+                Action::RequestReboot { .. } => true,
+                _ => false,
+            };
+            prop_assert!(
+                !repair,
+                "{} is vetoed ({:?}), yet {:?}",
+                n.name,
+                n.repair_veto(),
+                d.action
             );
         }
     }

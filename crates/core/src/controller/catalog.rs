@@ -95,6 +95,9 @@ pub enum Reason {
     BlockedByPDB,
     /// A pod opts out of voluntary disruption (Warning).
     BlockedByDoNotDisrupt,
+    /// An operator vetoed the node's repair: `karpenter.sh/do-not-repair` or
+    /// `nodekeeper.io/do-not-repair` is `"true"` (Warning).
+    BlockedByDoNotRepair,
     /// The group's disruption budget allows no more nodes now (Warning).
     BlockedByBudget,
     /// The group's NodePool has budgets Karpenter would refuse (Warning).
@@ -140,6 +143,7 @@ impl Reason {
         Reason::HoldReleased,
         Reason::BlockedByPDB,
         Reason::BlockedByDoNotDisrupt,
+        Reason::BlockedByDoNotRepair,
         Reason::BlockedByBudget,
         Reason::BlockedByNodePool,
         Reason::RepairShortCircuited,
@@ -154,6 +158,7 @@ impl Reason {
     pub const HELD: &'static [Reason] = &[
         Reason::BlockedByPDB,
         Reason::BlockedByDoNotDisrupt,
+        Reason::BlockedByDoNotRepair,
         Reason::BlockedByBudget,
         Reason::BlockedByNodePool,
         Reason::RepairShortCircuited,
@@ -190,6 +195,7 @@ impl Reason {
             Reason::HoldReleased => "HoldReleased",
             Reason::BlockedByPDB => "BlockedByPDB",
             Reason::BlockedByDoNotDisrupt => "BlockedByDoNotDisrupt",
+            Reason::BlockedByDoNotRepair => "BlockedByDoNotRepair",
             Reason::BlockedByBudget => "BlockedByBudget",
             Reason::BlockedByNodePool => "BlockedByNodePool",
             Reason::RepairShortCircuited => "RepairShortCircuited",

@@ -30,6 +30,11 @@ pub enum Blocker {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deadline: Option<DateTime<Utc>>,
     },
+    /// An operator vetoed the node's repair with a do-not-repair annotation.
+    DoNotRepair {
+        /// The annotation (`karpenter.sh/do-not-repair` or `nodekeeper.io/do-not-repair`).
+        annotation: String,
+    },
     /// The group's disruption budget allows no more nodes now.
     Budget {
         /// Node group.
@@ -98,6 +103,7 @@ impl Blocker {
         match self {
             Blocker::Pdb { .. } => Reason::BlockedByPDB,
             Blocker::DoNotDisrupt { .. } => Reason::BlockedByDoNotDisrupt,
+            Blocker::DoNotRepair { .. } => Reason::BlockedByDoNotRepair,
             Blocker::Budget { .. } => Reason::BlockedByBudget,
             Blocker::NodePool { .. } => Reason::BlockedByNodePool,
             Blocker::ShortCircuit { .. } => Reason::RepairShortCircuited,
@@ -125,6 +131,9 @@ impl Blocker {
             Blocker::DoNotDisrupt { pod, deadline } => {
                 format!("pod {pod} is marked do-not-disrupt{}", dl(deadline))
             }
+            Blocker::DoNotRepair { annotation } => format!(
+                "repair vetoed by the node's annotation {annotation}=\"true\": no cordon, drain, reboot or replacement for a repair until it is removed (interruption notices are still handled)"
+            ),
             Blocker::Budget {
                 group,
                 budget,
@@ -262,6 +271,31 @@ mod tests {
         let c = h.condition();
         assert_eq!(c.reason, "BlockedByPDB");
         assert!(c.message.contains("shop/web-1") && c.message.contains("shop/web"));
+    }
+
+    #[test]
+    fn a_veto_hold_names_its_annotation() {
+        let h = Held {
+            blocker: Blocker::DoNotRepair {
+                annotation: "karpenter.sh/do-not-repair".into(),
+            },
+            since: DateTime::parse_from_rfc3339("2026-12-06T01:00:00Z")
+                .unwrap()
+                .with_timezone(&Utc),
+        };
+        let s = h.encode();
+        assert_eq!(
+            s,
+            r#"{"kind":"do_not_repair","annotation":"karpenter.sh/do-not-repair","since":"2026-12-06T01:00:00Z"}"#
+        );
+        assert_eq!(Held::decode(&s), Some(h.clone()));
+        let c = h.condition();
+        assert_eq!(c.reason, "BlockedByDoNotRepair");
+        assert!(
+            c.message.contains("karpenter.sh/do-not-repair"),
+            "{}",
+            c.message
+        );
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! new repair starts while the group has more unhealthy nodes than `max_unhealthy`
 //! (short-circuit). A node healthy again for `healthy_delay` ends its repair (flap guard). A
 //! node never Ready within `startup_timeout` is replaced, at most `max_startup_retries` times
-//! in a row, then held.
+//! in a row, then held. A node annotated `karpenter.sh/do-not-repair` or
+//! `nodekeeper.io/do-not-repair` (`"true"`) is never repaired: held instead, and a repair under
+//! way is stopped and undone unless its replacement was already requested.
 
 use chrono::{DateTime, Utc};
 
@@ -129,8 +131,14 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'
         return;
     }
     if p.record.state == State::Repairing {
-        progress(p, cfg, eff);
-        return;
+        if p.cur.repair_veto().is_none() || going_away(p, eff) {
+            progress(p, cfg, eff);
+            return;
+        }
+        // Vetoed mid-repair: stop it and undo what it did (drain, cordon, label, mark), then
+        // decide as for any idle node (held by the veto if a repair would start now), so that
+        // the next decision finds nothing more to do.
+        p.release(cfg);
     }
     if p.record.state != State::Idle {
         return;
@@ -144,6 +152,11 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'
     }
     if let Health::Unhealthy { why, expires, .. } = evaluate(&p.cur, &eff.policies) {
         if expires <= p.now {
+            // As Karpenter's: the veto is checked (and shown) once a repair would start.
+            if let Some(veto) = p.cur.repair_veto() {
+                p.hold = Some(vetoed(veto));
+                return;
+            }
             p.candidate = Some(Candidate {
                 reason: Reason::Repair,
                 since: expires,
@@ -155,14 +168,33 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'
     }
 }
 
+/// The hold of a node whose repair `annotation` vetoes.
+fn vetoed(annotation: &str) -> Blocker {
+    Blocker::DoNotRepair {
+        annotation: annotation.to_string(),
+    }
+}
+
+/// Past the point of no return: the repair's replacement was asked for (its `replace` step, or a
+/// failed launch), so the node is going away whatever a veto says.
+fn going_away(p: &Plan<'_>, eff: &EffectiveRepair<'_>) -> bool {
+    p.record.replacement_requested.is_some()
+        && (p.record.reason.as_deref() == Some(STARTUP)
+            || p.record.step.or(eff.steps.first().copied()) == Some(RepairStep::Replace))
+}
+
 /// Startup timeout: replace a node never Ready after `startup_timeout` (not budget-gated: it
-/// runs nothing), at most `max_startup_retries` times in a row.
+/// runs nothing), at most `max_startup_retries` times in a row; a repair veto holds it.
 fn startup(p: &mut Plan<'_>, cfg: &PolicyConfig) {
     let r = &cfg.repair;
     if r.startup_timeout.is_zero()
         || p.now < later(p.cur.created_at, r.startup_timeout)
         || p.record.replacement_requested.is_some()
     {
+        return;
+    }
+    if let Some(veto) = p.cur.repair_veto() {
+        p.hold = Some(vetoed(veto));
         return;
     }
     let retries = p.record.startup_retries;

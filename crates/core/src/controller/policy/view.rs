@@ -44,6 +44,16 @@ pub mod keys {
     /// Karpenter's annotation keeping a node out of its voluntary disruptions (consolidation,
     /// drift) while nodekeeper acts on it. Karpenter's key, not nodekeeper's: not in [`ALL`].
     pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+    /// Karpenter's per-node repair veto (v1.15, `v1.DoNotRepairAnnotationKey`): `"true"` keeps
+    /// every repair off the node. nodekeeper honours it as Karpenter does; set by operators,
+    /// never by nodekeeper: not in [`ALL`].
+    pub const KARPENTER_DO_NOT_REPAIR: &str = "karpenter.sh/do-not-repair";
+    /// nodekeeper's own per-node repair veto, the same for nodes of no Karpenter NodePool:
+    /// `"true"` keeps every repair off the node. Set by operators, never by nodekeeper: not in
+    /// [`ALL`].
+    pub const DO_NOT_REPAIR: &str = "nodekeeper.io/do-not-repair";
+    /// The repair vetoes, in the order a node carrying both is said to be held by.
+    pub const REPAIR_VETOES: &[&str] = &[KARPENTER_DO_NOT_REPAIR, DO_NOT_REPAIR];
     /// The boot id when a reboot was requested; a different boot id proves the reboot.
     pub const REBOOT_REQUESTED: &str = "nodekeeper.io/reboot-requested";
     /// The notice being handled: `<kind>/<event id>/<RFC 3339 announced time>`.
@@ -58,11 +68,14 @@ pub mod keys {
     pub const SEEN_READY: &str = "nodekeeper.io/seen-ready";
     /// The value of `CORDONED_BY` / `LB_EXCLUDED_BY` and of the LB exclusion label.
     pub const OWNER: &str = "nodekeeper";
-    /// Whether the policy reads the annotation `key`: nodekeeper's own (`nodekeeper.io/…`) and
-    /// [`KARPENTER_DO_NOT_DISRUPT`]. Other controllers' annotations (kube-controller-manager's
-    /// `node.alpha.kubernetes.io/ttl`, a provider's) decide nothing.
+    /// Whether the policy reads the annotation `key`: nodekeeper's own (`nodekeeper.io/…`),
+    /// [`KARPENTER_DO_NOT_DISRUPT`] and [`KARPENTER_DO_NOT_REPAIR`]. Other controllers'
+    /// annotations (kube-controller-manager's `node.alpha.kubernetes.io/ttl`, a provider's)
+    /// decide nothing.
     pub fn read_by_policy(key: &str) -> bool {
-        key.starts_with("nodekeeper.io/") || key == KARPENTER_DO_NOT_DISRUPT
+        key.starts_with("nodekeeper.io/")
+            || key == KARPENTER_DO_NOT_DISRUPT
+            || key == KARPENTER_DO_NOT_REPAIR
     }
 
     /// Every annotation above (for cleanup and docs).
@@ -352,6 +365,15 @@ impl NodeView {
     /// Annotation value.
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.annotations.get(key).map(String::as_str)
+    }
+
+    /// The repair veto the node carries ([`keys::REPAIR_VETOES`] set to `"true"`, exactly as
+    /// Karpenter compares it), if any.
+    pub fn repair_veto(&self) -> Option<&'static str> {
+        keys::REPAIR_VETOES
+            .iter()
+            .copied()
+            .find(|k| self.annotation(k) == Some("true"))
     }
 
     /// Whether [`keys::SEEN_READY`] should be written now: the node is Ready, has no record of

@@ -212,6 +212,13 @@ e-spot     spot        interrupted,cordoned   -                                 
                 "evict a/b once its do-not-disrupt annotation is removed (in 10m)",
             ),
             (
+                Blocker::DoNotRepair {
+                    annotation: "karpenter.sh/do-not-repair".into(),
+                },
+                "repair vetoed by karpenter.sh/do-not-repair",
+                "repair once karpenter.sh/do-not-repair is removed",
+            ),
+            (
                 Blocker::Budget {
                     group: "".into(),
                     budget: 0,

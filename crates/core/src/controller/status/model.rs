@@ -328,6 +328,9 @@ fn next_when_held(b: &Blocker) -> Option<Next> {
             format!("evict {pod} once its do-not-disrupt annotation is removed"),
             *deadline,
         ),
+        Blocker::DoNotRepair { annotation } => {
+            next_at(format!("repair once {annotation} is removed"), None)
+        }
         Blocker::Budget {
             opens_at: Some(t), ..
         } => next_at("start when the budget window opens".into(), Some(*t)),

@@ -209,6 +209,7 @@ pub fn blocker_cell(b: &Blocker) -> String {
     match b {
         Blocker::Pdb { pod, pdb, .. } => format!("PDB {pdb} (pod {pod})"),
         Blocker::DoNotDisrupt { pod, .. } => format!("do-not-disrupt (pod {pod})"),
+        Blocker::DoNotRepair { annotation } => format!("repair vetoed by {annotation}"),
         Blocker::Budget {
             group,
             budget,
