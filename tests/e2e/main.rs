@@ -31,4 +31,5 @@ mod rbac;
 mod real_node;
 mod repair;
 mod supervised;
+mod veto;
 mod whatif;
