@@ -40,23 +40,87 @@ pub fn yaml_docs(source: &str, text: &str) -> Vec<(String, Value)> {
     out
 }
 
-/// The documents of `manifests/*.yaml`, files in name order (kustomization.yaml excluded).
-pub fn manifest_docs() -> Vec<(String, Value)> {
-    let dir = repo().join("manifests");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
+/// The kustomize components of `manifests/components/` (opt-in: `kubectl apply -k manifests` leaves
+/// them out), relative to `manifests/`.
+pub const MANIFEST_COMPONENTS: &[&str] = &["components/monitoring"];
+
+/// The YAML files of `dir` (kustomization.yaml excluded), in name order.
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     files.sort();
     files
+}
+
+/// The documents of the YAML files of `manifests/SUBDIR` (`""`: the base), each labelled with its
+/// path relative to `manifests/`.
+pub fn manifest_docs_in(subdir: &str) -> Vec<(String, Value)> {
+    let root = repo().join("manifests");
+    yaml_files(&root.join(subdir))
         .iter()
         .flat_map(|f| {
             let text = std::fs::read_to_string(f).unwrap();
-            yaml_docs(&f.file_name().unwrap().to_string_lossy(), &text)
+            let rel = f
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            yaml_docs(&rel, &text)
         })
         .collect()
+}
+
+/// Every object the plain manifests ship: the base `manifests/*.yaml` (what `kubectl apply -k
+/// manifests` applies) and then each of [`MANIFEST_COMPONENTS`].
+pub fn manifest_docs() -> Vec<(String, Value)> {
+    let mut docs = manifest_docs_in("");
+    for c in MANIFEST_COMPONENTS {
+        docs.extend(manifest_docs_in(c));
+    }
+    docs
+}
+
+/// `to` relative to `from` (kustomize refuses absolute resource paths).
+pub fn relative(from: &Path, to: &Path) -> String {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> = vec!["..".into(); from.len() - common];
+    parts.extend(
+        to[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    parts.join("/")
+}
+
+/// Writes `dir/kustomization.yaml`: an overlay of the shipped `manifests/` that enables
+/// `components` (paths relative to `manifests/`, e.g. `components/monitoring`), as a user's
+/// overlay does (docs/install.md).
+pub fn write_overlay(dir: &Path, components: &[&str]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let manifests = repo().join("manifests");
+    let list = |paths: Vec<String>| {
+        paths
+            .iter()
+            .map(|p| format!("\n  - {p}"))
+            .collect::<String>()
+    };
+    let text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:{}\ncomponents:{}\n",
+        list(vec![relative(dir, &manifests)]),
+        list(
+            components
+                .iter()
+                .map(|c| relative(dir, &manifests.join(c)))
+                .collect()
+        ),
+    );
+    std::fs::write(dir.join("kustomization.yaml"), text).unwrap();
 }
 
 /// Parses `v` as `T` and requires the round trip to reproduce it exactly: a misspelt or unknown
