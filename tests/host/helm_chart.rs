@@ -16,7 +16,7 @@ use packaging_support::{load, manifest_docs, repo, validate_config, yaml_docs, A
 use serde_json::{json, Value};
 
 const CHART: &str = "packaging/helm/nodekeeper";
-const OKE_VALUES: &str = "packaging/helm/nodekeeper/ci/oke-values.yaml";
+pub(crate) const OKE_VALUES: &str = "packaging/helm/nodekeeper/ci/oke-values.yaml";
 
 /// The venv's Python with the real Helm SDK, which `scripts/setup-helm.sh` installs (scripts/setup.sh
 /// runs it before the tests; no test installs anything): a missing one fails the test.
@@ -37,15 +37,15 @@ fn python() -> PathBuf {
     python
 }
 
-struct Rendered {
-    lint: Value,
-    schema_error: Option<String>,
-    docs: Vec<(String, Value)>,
-    values: Value,
+pub(crate) struct Rendered {
+    pub(crate) lint: Value,
+    pub(crate) schema_error: Option<String>,
+    pub(crate) docs: Vec<(String, Value)>,
+    pub(crate) values: Value,
 }
 
 /// Lints, validates and renders the chart as release `nk` in `namespace`.
-fn helm(namespace: &str, values: Option<&std::path::Path>) -> Rendered {
+pub(crate) fn helm(namespace: &str, values: Option<&std::path::Path>) -> Rendered {
     let mut cmd = Command::new(python());
     cmd.arg(repo().join("packaging/helm/render.py"))
         .args([CHART, "nk", namespace])
@@ -74,7 +74,7 @@ fn helm(namespace: &str, values: Option<&std::path::Path>) -> Rendered {
     }
 }
 
-fn assert_lint_clean(r: &Rendered, label: &str) {
+pub(crate) fn assert_lint_clean(r: &Rendered, label: &str) {
     assert_eq!(
         r.lint["total_charts_linted"],
         json!(1),
