@@ -1,5 +1,5 @@
 //! Shared by tests/host/manifests.rs and tests/host/helm_chart.rs: YAML streams parsed into typed
-//! Kubernetes objects (k8s-openapi, plus the two Prometheus Operator kinds modelled here), with
+//! Kubernetes objects (k8s-openapi, plus the three Prometheus Operator kinds modelled here), with
 //! a round trip that fails on unknown or misspelt fields.
 #![allow(dead_code)]
 
@@ -195,6 +195,25 @@ pub struct SecretOrConfigMap {
     pub secret: Option<SecretKeySelector>,
 }
 
+/// `monitoring.coreos.com/v1` PodMonitor (the chart's `podMonitor`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PodMonitor {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: PodMonitorSpec,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PodMonitorSpec {
+    pub selector: LabelSelector,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<NamespaceSelector>,
+    pub pod_metrics_endpoints: Vec<Endpoint>,
+}
+
 /// `monitoring.coreos.com/v1` PrometheusRule.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -250,6 +269,7 @@ pub struct All {
     pub pdbs: Vec<PodDisruptionBudget>,
     pub services: Vec<Service>,
     pub service_monitors: Vec<ServiceMonitor>,
+    pub pod_monitors: Vec<PodMonitor>,
     pub prometheus_rules: Vec<PrometheusRule>,
 }
 
@@ -278,6 +298,7 @@ pub fn load(docs: &[(String, Value)]) -> All {
             "FlowSchema" => a.flow_schemas.push(typed(&f, v)),
             "PriorityLevelConfiguration" => a.priority_levels.push(typed(&f, v)),
             "ServiceMonitor" => a.service_monitors.push(typed(&f, v)),
+            "PodMonitor" => a.pod_monitors.push(typed(&f, v)),
             "PrometheusRule" => a.prometheus_rules.push(typed(&f, v)),
             other => panic!("{f}: kind {other} has no typed check"),
         }
