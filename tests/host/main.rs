@@ -30,6 +30,7 @@ mod oci_sdk_crosscheck;
 mod packaging_deb;
 mod packaging_image;
 mod packaging_rpm;
+mod prometheus_rules;
 mod systemd_logind;
 mod systemd_units;
 mod unit_files;
