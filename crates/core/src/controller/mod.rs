@@ -31,6 +31,7 @@ pub mod notify;
 pub mod oci_events;
 pub mod policy;
 pub mod provider;
+pub mod report_versions;
 pub mod server;
 pub mod status;
 pub mod supervise;
@@ -364,6 +365,7 @@ pub async fn start_under(
         delay,
         max_body: cfg.max_report_bytes,
         bodies_refused: Default::default(),
+        versions: Default::default(),
     });
     let a2 = app.clone();
     tokio::spawn(async move {

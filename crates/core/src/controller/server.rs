@@ -64,6 +64,8 @@ pub struct App {
     pub max_body: usize,
     /// Request bodies refused as too large (413) or too slow (408).
     pub bodies_refused: AtomicU64,
+    /// Reports by report version, and those refused for theirs.
+    pub versions: super::report_versions::ReportVersions,
 }
 
 /// The router. Its handlers read their bodies themselves ([`read_body`]), after the caller is
@@ -275,8 +277,19 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
             Err(r) => return r,
         },
     };
-    let report = match crate::wire::parse_body(&body) {
+    let (version, report) = match crate::wire::parse_versioned(&body) {
         Ok(r) => r,
+        Err(e @ crate::wire::BodyError::Version(_)) => {
+            app.versions.refused();
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({
+                    "error": e.to_string(),
+                    "accepted_versions": crate::wire::ACCEPTED_REPORT_VERSIONS,
+                })),
+            )
+                .into_response();
+        }
         Err(e) => return err(StatusCode::BAD_REQUEST, e.to_string()),
     };
     if report.node != caller.node {
@@ -298,8 +311,11 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
         )
             .into_response();
     }
+    let deprecated = app
+        .versions
+        .taken(&report.node, version, &report.agent_version);
     let events = report.events.clone();
-    match app.states.handle(report, received).await {
+    let answer = match app.states.handle(report, received).await {
         Ok(mut resp) => {
             if let Some(engine) = &app.disruption {
                 // Acknowledged only once stored: a controller killed after the answer loses
@@ -315,7 +331,20 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
             Json(resp).into_response()
         }
         Err(e) => err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    with_warning(answer, deprecated)
+}
+
+/// `answer` with an RFC 9111 `Warning: 299 - "TEXT"` header (as kube-apiserver warns about a
+/// deprecated API) when there is a warning.
+fn with_warning(mut answer: Response, warning: Option<String>) -> Response {
+    if let Some(text) = warning {
+        let quoted = format!("299 - \"{}\"", text.replace(['"', '\\'], "'"));
+        if let Ok(v) = axum::http::HeaderValue::from_str(&quoted) {
+            answer.headers_mut().insert(axum::http::header::WARNING, v);
+        }
     }
+    answer
 }
 
 async fn livez(State(app): State<Arc<App>>) -> Response {
@@ -447,6 +476,7 @@ impl Collector for ApiMetrics {
         for (name, help, v) in counters {
             metrics::encode_counter(&mut enc, name, help, v)?;
         }
+        app.versions.encode(&mut enc)?;
         metrics::encode_family(
             &mut enc,
             metrics::counter_name("nodekeeper_reports_over_limit_total"),
