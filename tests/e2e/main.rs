@@ -22,6 +22,7 @@ mod identity;
 mod karpenter;
 mod karpenter_budgets;
 mod karpenter_random;
+mod kubectl_plugin;
 mod labels;
 mod node_write;
 mod nodepool;
