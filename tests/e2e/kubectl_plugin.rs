@@ -340,6 +340,27 @@ async fn kubectl_runs_the_plugin_with_its_global_flags_on_the_real_cluster() {
         text(&out.stderr)
     );
 
+    // A namespace without nodekeeper's controller ServiceAccount: exit 1 naming it.
+    let out = run(&[
+        "nodekeeper",
+        "--namespace=default",
+        "explain",
+        &name,
+        "--kubeconfig",
+        kc,
+        "--context",
+        &admin_ctx,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains(
+            "serviceaccount \"nodekeeper-controller\" not found in namespace \"default\""
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
+
     // Completions, through kubectl too.
     for shell in ["bash", "zsh"] {
         let out = run(&["nodekeeper", "completion", shell]);
