@@ -5,6 +5,7 @@
 #   target/packages/kubectl-nodekeeper_VERSION_linux_amd64.tar.gz
 #       nodekeeper            the controller build (static: status, drain, explain, history, ...)
 #       kubectl-nodekeeper    -> nodekeeper (a symlink: kubectl's plugin lookup, docs/kubectl-plugin.md)
+#       kubectl_complete-nodekeeper -> nodekeeper (kubectl's completion of `kubectl nodekeeper …`)
 #       LICENSE
 #   target/packages/nodekeeper.yaml   packaging/krew/nodekeeper.yaml with VERSION, URI and SHA256 filled in
 #
@@ -26,10 +27,11 @@ tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 install -m 0755 "$bin" "$tree/nodekeeper"
 ln -s nodekeeper "$tree/kubectl-nodekeeper"
+ln -s nodekeeper "$tree/kubectl_complete-nodekeeper"
 install -m 0644 "$REPO/LICENSE" "$tree/LICENSE"
 # Reproducible: fixed owner, mode and time, sorted names.
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$tree" -czf "$out/$name" \
-  nodekeeper kubectl-nodekeeper LICENSE
+  nodekeeper kubectl-nodekeeper kubectl_complete-nodekeeper LICENSE
 
 sha=$(sha256sum "$out/$name" | cut -d' ' -f1)
 repo_url=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["package"]["repository"])' "$REPO/Cargo.toml")

@@ -161,8 +161,13 @@ pub fn main() -> ExitCode {
     let env = Env::from_process();
     // Started as `kubectl-nodekeeper` (kubectl's plugin lookup): the plugin's commands.
     #[cfg(feature = "controller")]
-    if plugin::invoked_as_plugin(std::env::args_os().next().as_ref()) {
-        return ExitCode::from(plugin::main(&env));
+    match plugin::invoked_as(std::env::args_os().next().as_ref()) {
+        plugin::Invoked::Plugin => return ExitCode::from(plugin::main(&env)),
+        plugin::Invoked::Complete => {
+            let words: Vec<String> = std::env::args().skip(1).collect();
+            return ExitCode::from(plugin::complete(&words));
+        }
+        plugin::Invoked::Nodekeeper => {}
     }
     let cli = Cli::parse();
     let code = match cli.command {

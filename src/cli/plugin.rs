@@ -1,5 +1,6 @@
 //! `kubectl nodekeeper …`: the same binary invoked as `kubectl-nodekeeper` (a symlink on `PATH`;
-//! kubectl runs it for `kubectl nodekeeper ARGS…` with `ARGS` as they were typed), and
+//! kubectl runs it for `kubectl nodekeeper ARGS…` with `ARGS` as they were typed), as
+//! `kubectl_complete-nodekeeper` (kubectl's completion of those ARGS), and
 //! `nodekeeper completion SHELL`. docs/kubectl-plugin.md.
 //!
 //! kubectl's global flags are global here too, in any position after `nodekeeper`:
@@ -30,11 +31,150 @@ use super::{drain, status, Exit, Output};
 /// The name kubectl looks up on `PATH` for `kubectl nodekeeper`.
 pub const PLUGIN_BIN: &str = "kubectl-nodekeeper";
 
-/// Whether the process was started as [`PLUGIN_BIN`] (by kubectl, or by hand).
-pub fn invoked_as_plugin(argv0: Option<&OsString>) -> bool {
-    argv0
-        .and_then(|a| Path::new(a).file_name())
-        .is_some_and(|n| n == PLUGIN_BIN)
+/// The name kubectl (≥ 1.26) looks up on `PATH` to complete `kubectl nodekeeper …` in its own
+/// shell completion: it runs `kubectl_complete-nodekeeper WORD… CURRENT` and reads one candidate
+/// a line (`VALUE\tDESCRIPTION`), then `:DIRECTIVE` (cobra's protocol).
+pub const COMPLETE_BIN: &str = "kubectl_complete-nodekeeper";
+
+/// How the process was started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invoked {
+    /// As `nodekeeper` (or any other name).
+    Nodekeeper,
+    /// As [`PLUGIN_BIN`]: the plugin's commands.
+    Plugin,
+    /// As [`COMPLETE_BIN`]: kubectl's completion of the plugin's words.
+    Complete,
+}
+
+/// Which of [`Invoked`] `argv0` names.
+pub fn invoked_as(argv0: Option<&OsString>) -> Invoked {
+    match argv0.and_then(|a| Path::new(a).file_name()) {
+        Some(n) if n == PLUGIN_BIN => Invoked::Plugin,
+        Some(n) if n == COMPLETE_BIN => Invoked::Complete,
+        _ => Invoked::Nodekeeper,
+    }
+}
+
+/// cobra's `ShellCompDirectiveNoFileComp`: no file names.
+const NO_FILES: u8 = 4;
+/// cobra's `ShellCompDirectiveDefault`: the shell's own (file names), for `--kubeconfig`.
+const FILES: u8 = 0;
+
+/// `kubectl_complete-nodekeeper WORD… CURRENT`: prints the candidates for CURRENT after WORDs
+/// (kubectl's plugin completion), node names from the cluster where a node is expected.
+pub fn complete(words: &[String]) -> u8 {
+    let (candidates, directive) = candidates(words, |g| {
+        super::block_on_current_thread(async move {
+            let (client, _) = connect(&g, "kubectl-nodekeeper").await?;
+            let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+            let list = tokio::time::timeout(
+                std::time::Duration::from_secs(3),
+                nodes.list_metadata(&kube::api::ListParams::default()),
+            )
+            .await??;
+            for n in list.items.iter().filter_map(|n| n.metadata.name.as_deref()) {
+                println!("{n}");
+            }
+            Ok(Exit::Ok.code())
+        });
+    });
+    for c in candidates {
+        println!("{c}");
+    }
+    println!(":{directive}");
+    Exit::Ok.code()
+}
+
+/// The candidates for the last of `words` (the others typed before it) and cobra's directive;
+/// `nodes` prints the node names of the cluster the words' flags choose (where a node goes).
+fn candidates(words: &[String], nodes: impl FnOnce(Global)) -> (Vec<String>, u8) {
+    let mut root = PluginCli::command();
+    root.build();
+    let (cur, before) = match words.split_last() {
+        Some((c, b)) => (c.as_str(), b),
+        None => ("", &[][..]),
+    };
+    let takes_value = |cmd: &clap::Command, word: &str| {
+        cmd.get_arguments().any(|a| {
+            a.get_action().takes_values()
+                && (word
+                    .strip_prefix("--")
+                    .is_some_and(|l| a.get_long() == Some(l))
+                    || (word.len() == 2
+                        && word.strip_prefix('-').and_then(|s| s.chars().next()) == a.get_short()))
+        })
+    };
+    let mut cmd = &root;
+    let mut positionals = 0;
+    let mut skip = false;
+    for w in before {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        if w.starts_with('-') {
+            skip = !w.contains('=') && takes_value(cmd, w);
+        } else if let Some(s) = cmd.find_subcommand(w) {
+            cmd = s;
+        } else {
+            positionals += 1;
+        }
+    }
+    let with_help = |name: &str, help: Option<&clap::builder::StyledStr>| match help {
+        Some(h) => format!("{name}\t{}", h.to_string().lines().next().unwrap_or("")),
+        None => name.to_string(),
+    };
+    // The value of the flag before it.
+    if skip {
+        let flag = before.last().map(String::as_str).unwrap_or_default();
+        if matches!(flag, "-o" | "--output") {
+            let values = ["text", "wide", "json"];
+            return (
+                values
+                    .iter()
+                    .filter(|v| v.starts_with(cur))
+                    .map(|v| v.to_string())
+                    .collect(),
+                NO_FILES,
+            );
+        }
+        return (
+            Vec::new(),
+            if flag == "--kubeconfig" {
+                FILES
+            } else {
+                NO_FILES
+            },
+        );
+    }
+    if cur.starts_with('-') {
+        let mut out: Vec<String> = cmd
+            .get_arguments()
+            .filter(|a| !a.is_hide_set())
+            .filter_map(|a| a.get_long().map(|l| (format!("--{l}"), a.get_help())))
+            .filter(|(l, _)| l.starts_with(cur))
+            .map(|(l, h)| with_help(&l, h))
+            .collect();
+        out.sort();
+        return (out, NO_FILES);
+    }
+    if cmd.has_subcommands() {
+        let out = cmd
+            .get_subcommands()
+            .filter(|s| s.get_name() != "help" && s.get_name().starts_with(cur))
+            .map(|s| with_help(s.get_name(), s.get_about()))
+            .collect();
+        return (out, NO_FILES);
+    }
+    if matches!(cmd.get_name(), "explain" | "history" | "drain") && positionals == 0 {
+        // The flags typed so far choose the cluster (as for the command itself).
+        let mut argv = vec![PLUGIN_BIN.to_string()];
+        argv.extend(before.iter().cloned());
+        if let Ok(cli) = PluginCli::try_parse_from(argv.iter().chain([&"x".to_string()])) {
+            nodes(cli.global);
+        }
+    }
+    (Vec::new(), NO_FILES)
 }
 
 /// nodekeeper as a kubectl plugin: what nodekeeper does with your nodes, why a node is held and
@@ -268,13 +408,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_plugin_name_dispatches() {
-        let yes = |s: &str| invoked_as_plugin(Some(&OsString::from(s)));
-        assert!(yes("kubectl-nodekeeper"));
-        assert!(yes("/usr/local/bin/kubectl-nodekeeper"));
-        assert!(!yes("nodekeeper"));
-        assert!(!yes("/usr/bin/kubectl-nodekeeper-old"));
-        assert!(!invoked_as_plugin(None));
+    fn only_the_plugin_names_dispatch() {
+        let of = |s: &str| invoked_as(Some(&OsString::from(s)));
+        assert_eq!(of("kubectl-nodekeeper"), Invoked::Plugin);
+        assert_eq!(of("/usr/local/bin/kubectl-nodekeeper"), Invoked::Plugin);
+        assert_eq!(of("/x/kubectl_complete-nodekeeper"), Invoked::Complete);
+        assert_eq!(of("nodekeeper"), Invoked::Nodekeeper);
+        assert_eq!(of("/usr/bin/kubectl-nodekeeper-old"), Invoked::Nodekeeper);
+        assert_eq!(invoked_as(None), Invoked::Nodekeeper);
+    }
+
+    fn complete_words(words: &[&str]) -> (Vec<String>, u8, Option<Global>) {
+        let words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+        let mut asked = None;
+        let (c, d) = candidates(&words, |g| asked = Some(g));
+        (c, d, asked)
+    }
+
+    #[test]
+    fn kubectls_completion_gets_commands_flags_values_and_nodes() {
+        let (c, d, _) = complete_words(&[""]);
+        let names: Vec<&str> = c.iter().map(|l| l.split('\t').next().unwrap()).collect();
+        assert_eq!(
+            names,
+            ["status", "drain", "explain", "history", "completion"]
+        );
+        assert!(c[2].starts_with("explain\tOne node in full"), "{c:?}");
+        assert_eq!(d, NO_FILES);
+        let (c, _, _) = complete_words(&["--context", "prod", "ex"]);
+        assert_eq!(c.len(), 1);
+        assert!(c[0].starts_with("explain\t"));
+        let (c, _, _) = complete_words(&["status", "--conte"]);
+        assert_eq!(c.len(), 1, "{c:?}");
+        assert!(c[0].starts_with("--context\t"), "{c:?}");
+        let (c, _, _) = complete_words(&["status", "-o", ""]);
+        assert_eq!(c, ["text", "wide", "json"]);
+        let (c, d, _) = complete_words(&["--kubeconfig", ""]);
+        assert!(c.is_empty());
+        assert_eq!(d, FILES);
+        // Where a node goes, the cluster of the typed flags is asked.
+        let (_, _, asked) = complete_words(&["--context", "prod", "explain", ""]);
+        assert_eq!(asked.unwrap().context.as_deref(), Some("prod"));
+        let (_, _, asked) = complete_words(&["drain", "n1", ""]);
+        assert!(asked.is_none(), "one node only");
     }
 
     #[test]

@@ -22,15 +22,14 @@ use serde_json::json;
 
 use crate::support::*;
 
-/// A directory holding `kubectl-nodekeeper` → the built binary, for `PATH`.
+/// A directory holding `kubectl-nodekeeper` and `kubectl_complete-nodekeeper` → the built
+/// binary, for `PATH`.
 fn plugin_dir(dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    std::os::unix::fs::symlink(
-        env!("CARGO_BIN_EXE_nodekeeper"),
-        bin.join("kubectl-nodekeeper"),
-    )
-    .unwrap();
+    for name in ["kubectl-nodekeeper", "kubectl_complete-nodekeeper"] {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_nodekeeper"), bin.join(name)).unwrap();
+    }
     bin
 }
 
@@ -361,7 +360,26 @@ async fn kubectl_runs_the_plugin_with_its_global_flags_on_the_real_cluster() {
     );
     assert!(out.stdout.is_empty());
 
-    // Completions, through kubectl too.
+    // kubectl's own completion of `kubectl nodekeeper …` (what its bash and zsh scripts call):
+    // the commands, then node names of the cluster the typed flags choose.
+    let out = run(&["__complete", "nodekeeper", ""]);
+    let t = text(&out.stdout);
+    assert!(t.lines().any(|l| l.starts_with("explain\t")), "{t}");
+    assert!(t.lines().any(|l| l.starts_with("history\t")), "{t}");
+    let out = run(&[
+        "__complete",
+        "nodekeeper",
+        "--kubeconfig",
+        kc,
+        "--context",
+        &admin_ctx,
+        "explain",
+        "kp-",
+    ]);
+    let t = text(&out.stdout);
+    assert!(t.lines().any(|l| l == name), "{name} in {t}");
+
+    // Completion scripts, through kubectl too.
     for shell in ["bash", "zsh"] {
         let out = run(&["nodekeeper", "completion", shell]);
         assert_eq!(out.status.code(), Some(0));

@@ -49,7 +49,7 @@ fn the_plugin_archive_and_its_krew_manifest_match() {
         .unwrap();
     let list = String::from_utf8(list.stdout).unwrap();
     let entries: Vec<&str> = list.lines().collect();
-    assert_eq!(entries.len(), 3, "{list}");
+    assert_eq!(entries.len(), 4, "{list}");
     assert!(
         entries
             .iter()
@@ -60,6 +60,12 @@ fn the_plugin_archive_and_its_krew_manifest_match() {
         entries
             .iter()
             .any(|l| l.ends_with(" kubectl-nodekeeper -> nodekeeper")),
+        "{list}"
+    );
+    assert!(
+        entries
+            .iter()
+            .any(|l| l.ends_with(" kubectl_complete-nodekeeper -> nodekeeper")),
         "{list}"
     );
     assert!(entries.iter().any(|l| l.ends_with(" LICENSE")), "{list}");
@@ -118,6 +124,16 @@ fn the_plugin_archive_and_its_krew_manifest_match() {
             exe.display()
         );
     }
+    // kubectl's completion helper answers in cobra's protocol.
+    let done = Command::new(unpacked.join("kubectl_complete-nodekeeper"))
+        .arg("ex")
+        .output()
+        .unwrap();
+    let done = String::from_utf8(done.stdout).unwrap();
+    assert!(
+        done.starts_with("explain\t") && done.ends_with("\n:4\n"),
+        "{done}"
+    );
     // Started by its own name, it is nodekeeper.
     let help = Command::new(unpacked.join("nodekeeper"))
         .arg("--help")
