@@ -20,8 +20,8 @@
 #   scripts/k8s-cluster.sh down DIR                   stop exactly what `up` started (by PID), keep the logs
 #   scripts/k8s-cluster.sh install DIR [FILE…]        apply the shipped manifests (`kubectl kustomize manifests/`,
 #                                                     without the controller Deployment, which the tests and the
-#                                                     demo run themselves, and the Prometheus Operator's objects:
-#                                                     no such CRDs here), then FILEs, with the real kubectl
+#                                                     demo run themselves; the Prometheus Operator's objects are an
+#                                                     opt-in component, not in it), then FILEs, with the real kubectl
 #
 # Node heartbeats: KWOK's node Leases last 10 s and kube-controller-manager marks a node NotReady 8 s after its
 # last one (fast tests); K8S_NODE_LEASE_SECONDS and K8S_NODE_MONITOR_GRACE override both (e.g. 40 and 50s, the
@@ -90,8 +90,8 @@ install() {
   [ -x "$kubectl" ] || { echo "k8s-cluster: real kubectl not found at $kubectl (run scripts/setup-kubectl.sh)" >&2; exit 1; }
   [ -f "$DIR/kubeconfig" ] || { echo "k8s-cluster: no cluster at $DIR (run: $0 up $DIR)" >&2; exit 1; }
   "$kubectl" kustomize "$REPO/manifests" | awk '
-    function flush() { if (doc != "" && !(doc ~ /kind: Deployment/ && doc ~ /name: nodekeeper-controller/) \
-                         && doc !~ /apiVersion: monitoring\.coreos\.com\//) { printf "%s%s", sep, doc; sep = "---\n" }
+    function flush() { if (doc != "" && !(doc ~ /kind: Deployment/ && doc ~ /name: nodekeeper-controller/)) {
+                         printf "%s%s", sep, doc; sep = "---\n" }
                        doc = "" }
     /^---$/ { flush(); next }
     { doc = doc $0 "\n" }

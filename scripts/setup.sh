@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything nodekeeper's demo and tests need on a fresh Debian machine (idempotent):
 # Debian packages (openssl: tests/sim/provider_oci.rs makes its RSA keys with it; rpm and cpio for the .rpm
-# test), cargo-generate-rpm, real kubectl in a venv, the cached nspawn rootfs, the real Kubernetes
+# test; prometheus for promtool), cargo-generate-rpm, real kubectl in a venv, the cached nspawn rootfs, the real Kubernetes
 # control plane built from Go modules (scripts/setup-k8s.sh; needs Go and the Go module proxy), the real CRI-O
 # built from Go modules (scripts/setup-crio.sh) with the nspawn rootfs that runs it as crio.service, and Amazon's
 # EC2 metadata mock, the OCI Go SDK cross-check and the real node's CoreDNS (scripts/setup-peers.sh aemm ocisdk
@@ -16,6 +16,10 @@ apt_install gcc libc6-dev libseccomp-dev buildah strace
 # The real node on the host (scripts/k8s-node.sh: kubelet and kube-proxy over CRI-O, tests/e2e/real_node):
 # CRI-O's conmon, runc and CNI plugins, kube-proxy's iptables, a static busybox for the test images.
 apt_install conmon runc containernetworking-plugins iptables busybox-static
+# promtool (Prometheus 2.42, Debian's `prometheus`): `promtool check rules` and `promtool test rules` on the
+# shipped alerts (tests/host/prometheus_rules.rs). The package also brings a Prometheus server: in a container
+# policy-rc.d keeps it from starting; where systemd runs, prometheus.service listens on :9090 (unused here).
+apt_install prometheus
 # The .rpm test's packager (tests/host/packaging_rpm.rs).
 . "$REPO/scripts/package-lib.sh"
 ensure_generate_rpm

@@ -59,6 +59,19 @@ BOOL = {"type": "boolean"}
 ANY_OBJ = {"type": "object"}
 ARR = {"type": "array"}
 DURATION = {"type": "string", "pattern": "^[0-9]+(ms|s|m|h|d|w)$"}
+STR_MAP = {"type": "object", "additionalProperties": STR}
+QUANTITIES = {"type": "object", "additionalProperties": {"type": ["string", "number"]}}
+# The pod fields the chart passes through, as strict as Kubernetes' own types at their top level.
+RESOURCES = obj({"requests": QUANTITIES, "limits": QUANTITIES, "claims": ARR})
+TOLERATIONS = {"type": "array", "items": obj({
+    "key": STR, "operator": {"enum": ["Exists", "Equal"]}, "value": STR,
+    "effect": {"enum": ["", "NoSchedule", "PreferNoSchedule", "NoExecute"]},
+    "tolerationSeconds": {"type": "integer"}})}
+AFFINITY = obj({"nodeAffinity": ANY_OBJ, "podAffinity": ANY_OBJ, "podAntiAffinity": ANY_OBJ})
+
+
+def monitor():
+    return obj({"enabled": BOOL, "interval": DURATION, "labels": STR_MAP})
 
 
 def chart_schema(cfg):
@@ -75,9 +88,10 @@ def chart_schema(cfg):
             "agent": obj({
                 "enabled": BOOL,
                 "config": {"$ref": "#/$defs/config"},
-                "resources": ANY_OBJ,
-                "tolerations": ARR,
-                "nodeSelector": ANY_OBJ,
+                "resources": RESOURCES,
+                "tolerations": TOLERATIONS,
+                "nodeSelector": STR_MAP,
+                "affinity": AFFINITY,
                 "priorityClassName": STR,
                 "maxUnavailable": {"type": ["string", "integer"]},
                 "hostPaths": obj({"crioDir": STR, "crioRun": STR, "dbus": STR}),
@@ -85,24 +99,29 @@ def chart_schema(cfg):
             "controller": obj({
                 "replicas": {"type": "integer", "minimum": 1},
                 "config": {"$ref": "#/$defs/config"},
-                "resources": ANY_OBJ,
+                "resources": RESOURCES,
                 "tlsSecretName": STR,
                 "caConfigMap": STR,
                 "avoidKarpenterNodes": BOOL,
-                "nodeSelector": ANY_OBJ,
-                "tolerations": ARR,
+                "nodeSelector": STR_MAP,
+                "tolerations": TOLERATIONS,
+                "affinity": AFFINITY,
+                "priorityClassName": STR,
             }),
             "admissionPolicy": obj({"enabled": BOOL}),
             "apiPriority": obj({"enabled": BOOL}),
-            "serviceMonitor": obj({"enabled": BOOL, "interval": DURATION}),
+            "serviceMonitor": monitor(),
+            "podMonitor": monitor(),
             "prometheusRule": obj({
                 "enabled": BOOL,
+                "labels": STR_MAP,
                 "nodeHeldFor": DURATION,
                 "drainBlockedFor": DURATION,
                 "shortCircuitFor": DURATION,
                 "agentSilentWindow": DURATION,
                 "noLeaderFor": DURATION,
             }),
+            "extraObjects": {"type": "array", "items": {"type": ["object", "string"]}},
         },
         "$defs": {"config": cfg},
     }

@@ -3,8 +3,8 @@
 scripts/setup-helm.sh installs it into .cache/venv). Used by tests/host/helm_chart.rs.
 
 Usage: .cache/venv/bin/python packaging/helm/render.py CHART RELEASE NAMESPACE [VALUES.yaml]
-Prints one JSON object: {"lint": {...}, "schema_error": null | "...", "manifests": {path: yaml},
-"values": the values after merging with the chart defaults}.
+Prints one JSON object: {"lint": {...}, "schema_error": null | "...", "render_error": null | "...",
+"manifests": {path: yaml}, "values": the values after merging with the chart defaults}.
 """
 import json
 import sys
@@ -19,7 +19,7 @@ def main():
         with open(sys.argv[4]) as f:
             values = helm.values_from_yaml(f.read())
     out = {"lint": helm.lint(chart_dir, values, strict=True, namespace=namespace),
-           "schema_error": None, "manifests": {}, "values": None}
+           "schema_error": None, "render_error": None, "manifests": {}, "values": None}
     chart = helm.Chart.load(chart_dir)
     merged = chart.merge_values(values)
     out["values"] = merged
@@ -28,7 +28,10 @@ def main():
     except helm.HelmError as e:
         out["schema_error"] = str(e)
     if out["schema_error"] is None:
-        out["manifests"] = chart.render(values, name=release, namespace=namespace)
+        try:
+            out["manifests"] = chart.render(values, name=release, namespace=namespace)
+        except helm.HelmError as e:
+            out["render_error"] = str(e)
     json.dump(out, sys.stdout)
 
 

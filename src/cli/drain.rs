@@ -11,7 +11,7 @@ use kube::Client;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use nodekeeper_core::controller::drain::{
+use nodekeeper_core::controller::act::drain::{
     self, drain, DrainError, DrainOptions, DrainProgress, DrainReport, OnTimeout, Phase,
 };
 

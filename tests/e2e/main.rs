@@ -19,6 +19,7 @@ mod drain;
 mod events;
 mod failover;
 mod identity;
+mod install;
 mod karpenter;
 mod karpenter_budgets;
 mod karpenter_random;

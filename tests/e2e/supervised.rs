@@ -69,7 +69,8 @@ async fn a_panicking_engine_gives_up_the_lease_and_the_standby_finishes_the_drai
     let fault = Arc::new(AtomicBool::new(false));
     let mut opts = EngineOptions::new(loaded.config.policy());
     opts.clock = Arc::new(FaultClock(fault.clone()));
-    opts.drain_client = Some(nodekeeper_core::controller::drain::client(kcfg.clone()).unwrap());
+    opts.drain_client =
+        Some(nodekeeper_core::controller::act::drain::client(kcfg.clone()).unwrap());
     let mut a = nodekeeper_core::controller::start_with(
         kube::Client::try_from(kcfg).unwrap(),
         &ccfg,

@@ -244,7 +244,7 @@ fn start_sim() -> Cluster {
 }
 
 /// The shipped manifests (`scripts/k8s-cluster.sh install`: `kubectl kustomize manifests/` without the
-/// controller Deployment, which the tests run themselves, and the Prometheus Operator's objects), and
+/// controller Deployment, which the tests run themselves; no Prometheus Operator object is in it), and
 /// the drain operator's ClusterRole (docs/drain.md), once: tests applying it at the same time would race
 /// (`kubectl apply` creates when it reads nothing; the second create is AlreadyExists).
 fn install_manifests(c: &Cluster) {

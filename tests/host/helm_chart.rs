@@ -16,7 +16,7 @@ use packaging_support::{load, manifest_docs, repo, validate_config, yaml_docs, A
 use serde_json::{json, Value};
 
 const CHART: &str = "packaging/helm/nodekeeper";
-const OKE_VALUES: &str = "packaging/helm/nodekeeper/ci/oke-values.yaml";
+pub(crate) const OKE_VALUES: &str = "packaging/helm/nodekeeper/values-oke.yaml";
 
 /// The venv's Python with the real Helm SDK, which `scripts/setup-helm.sh` installs (scripts/setup.sh
 /// runs it before the tests; no test installs anything): a missing one fails the test.
@@ -37,15 +37,17 @@ fn python() -> PathBuf {
     python
 }
 
-struct Rendered {
-    lint: Value,
-    schema_error: Option<String>,
-    docs: Vec<(String, Value)>,
-    values: Value,
+pub(crate) struct Rendered {
+    pub(crate) lint: Value,
+    pub(crate) schema_error: Option<String>,
+    /// A template's `fail` (or another render error) once the values passed the schema.
+    pub(crate) render_error: Option<String>,
+    pub(crate) docs: Vec<(String, Value)>,
+    pub(crate) values: Value,
 }
 
 /// Lints, validates and renders the chart as release `nk` in `namespace`.
-fn helm(namespace: &str, values: Option<&std::path::Path>) -> Rendered {
+pub(crate) fn helm(namespace: &str, values: Option<&std::path::Path>) -> Rendered {
     let mut cmd = Command::new(python());
     cmd.arg(repo().join("packaging/helm/render.py"))
         .args([CHART, "nk", namespace])
@@ -69,12 +71,13 @@ fn helm(namespace: &str, values: Option<&std::path::Path>) -> Rendered {
     Rendered {
         lint: v["lint"].clone(),
         schema_error: v["schema_error"].as_str().map(str::to_string),
+        render_error: v["render_error"].as_str().map(str::to_string),
         docs,
         values: v["values"].clone(),
     }
 }
 
-fn assert_lint_clean(r: &Rendered, label: &str) {
+pub(crate) fn assert_lint_clean(r: &Rendered, label: &str) {
     assert_eq!(
         r.lint["total_charts_linted"],
         json!(1),
@@ -87,6 +90,7 @@ fn assert_lint_clean(r: &Rendered, label: &str) {
         assert!(m["severity"].as_i64().unwrap() < 2, "{label}: lint {m}");
     }
     assert_eq!(r.schema_error, None, "{label}");
+    assert_eq!(r.render_error, None, "{label}");
 }
 
 /// The `spec` of each object, in order, as JSON.
@@ -292,12 +296,30 @@ fn oke_values_render_one_to_one_into_the_toml_configs() {
             .as_deref(),
         Some("iad.ocir.io/example-tenancy/nodekeeper-agent:0.1.0")
     );
+    let pod = dep.template.spec.as_ref().unwrap();
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-cluster-critical")
+    );
+    let limits = pod.containers[0].resources.as_ref().unwrap().limits.clone();
+    assert_eq!(limits.unwrap()["memory"].0, "512Mi");
     let rule = &chart.prometheus_rules[0].spec.groups[0].rules[0];
     assert_eq!(
         (rule.alert.as_str(), rule.for_.as_deref()),
         ("NodekeeperNodeHeldTooLong", Some("45m"))
     );
+    let release = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        m.labels.as_ref().and_then(|l| l.get("release").cloned())
+    };
+    assert_eq!(
+        release(&chart.prometheus_rules[0].metadata).as_deref(),
+        Some("kube-prometheus-stack")
+    );
     let sm = &chart.service_monitors[0];
+    assert_eq!(
+        release(&sm.metadata).as_deref(),
+        Some("kube-prometheus-stack")
+    );
     assert_eq!(
         sm.spec.endpoints[0]
             .tls_config
@@ -388,6 +410,20 @@ fn the_schema_rejects_unknown_config_keys_and_wrong_types() {
         ),
         ("agent:\n  config:\n    cri0: {}\n", "cri0"),
         ("prometheusRule:\n  nodeHeldFor: soon\n", "nodeHeldFor"),
+        (
+            "controller:\n  affinity:\n    nodeAfinity: {}\n",
+            "nodeAfinity",
+        ),
+        ("agent:\n  tolerations:\n    - operatr: Exists\n", "operatr"),
+        (
+            "controller:\n  resources:\n    request:\n      cpu: 1\n",
+            "request",
+        ),
+        ("agent:\n  nodeSelector:\n    pool: 3\n", "pool"),
+        ("podMonitor:\n  enabled: yes please\n", "enabled"),
+        ("serviceMonitor:\n  lables: {}\n", "lables"),
+        ("controller:\n  priorityClassName: 5\n", "priorityClassName"),
+        ("extraObjects: {kind: ConfigMap}\n", "extraObjects"),
     ];
     for (i, (yaml, key)) in cases.iter().enumerate() {
         let f = dir.path().join(format!("bad{i}.yaml"));
@@ -513,4 +549,200 @@ controller:
     .controller;
     assert_eq!(ctl.budgets.groups["pool.a-1"].len(), 1);
     assert_eq!(ctl.repair.groups["pool.a-1"].enabled, Some(false));
+}
+
+/// The pod spec of the first `kind` workload, as JSON.
+fn pod_json(a: &All, kind: &str) -> Value {
+    match kind {
+        "DaemonSet" => serde_json::to_value(&a.daemonsets[0].spec.as_ref().unwrap().template.spec),
+        _ => serde_json::to_value(&a.deployments[0].spec.as_ref().unwrap().template.spec),
+    }
+    .unwrap()
+}
+
+#[test]
+fn scheduling_monitoring_and_extra_objects_values_reach_the_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("conventions.yaml");
+    std::fs::write(
+        &f,
+        r#"
+agent:
+  nodeSelector: {kubernetes.io/os: linux}
+  tolerations: [{key: dedicated, operator: Equal, value: gpu, effect: NoSchedule}]
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+          - matchExpressions: [{key: node.kubernetes.io/instance-type, operator: NotIn, values: [VM.Standard.E2.1.Micro]}]
+  resources: {requests: {cpu: 20m, memory: 40Mi}, limits: {memory: 100Mi}}
+  priorityClassName: agent-critical
+controller:
+  nodeSelector: {node-role.example/system: "true"}
+  tolerations: [{key: CriticalAddonsOnly, operator: Exists}]
+  affinity:
+    podAntiAffinity:
+      preferredDuringSchedulingIgnoredDuringExecution:
+        - weight: 100
+          podAffinityTerm:
+            topologyKey: topology.kubernetes.io/zone
+            labelSelector: {matchLabels: {app.kubernetes.io/name: nodekeeper-controller}}
+  resources: {requests: {cpu: 200m, memory: 100Mi}, limits: {memory: 1Gi}}
+  priorityClassName: system-cluster-critical
+podMonitor:
+  enabled: true
+  interval: 15s
+  labels: {release: prom}
+extraObjects:
+  - apiVersion: v1
+    kind: ConfigMap
+    metadata: {name: "{{ .Release.Name }}-extra", namespace: "{{ .Release.Namespace }}"}
+    data: {k: v}
+  - |
+    apiVersion: v1
+    kind: ServiceAccount
+    metadata:
+      name: {{ .Release.Name }}-reader
+      namespace: {{ .Release.Namespace }}
+"#,
+    )
+    .unwrap();
+    let r = helm("ops", Some(&f));
+    assert_lint_clean(&r, "conventions");
+    let chart = load(&r.docs);
+    let ds = pod_json(&chart, "DaemonSet");
+    let dep = pod_json(&chart, "Deployment");
+    let want = |path: &str| -> Value {
+        let mut v = r.values.clone();
+        for k in path.split('.') {
+            v = v[k].clone();
+        }
+        v
+    };
+    for (pod, who) in [(&ds, "agent"), (&dep, "controller")] {
+        for (field, value) in [
+            ("nodeSelector", "nodeSelector"),
+            ("tolerations", "tolerations"),
+            ("affinity", "affinity"),
+            ("priorityClassName", "priorityClassName"),
+        ] {
+            assert_eq!(
+                pod[field],
+                want(&format!("{who}.{value}")),
+                "{who}: {field}"
+            );
+        }
+        assert_eq!(
+            pod["containers"][0]["resources"],
+            want(&format!("{who}.resources")),
+            "{who}: resources"
+        );
+    }
+    // Without controller.affinity the chart's own: replicas apart, off Karpenter's nodes.
+    let plain_dep = pod_json(&load(&helm("ops", None).docs), "Deployment");
+    assert!(plain_dep["affinity"]["podAntiAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"]
+        .is_array());
+    assert_eq!(
+        plain_dep["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"][0]["key"],
+        "karpenter.sh/nodepool"
+    );
+    assert_eq!(plain_dep["priorityClassName"], Value::Null);
+
+    // The PodMonitor scrapes the controller pods' https port, as the ServiceMonitor the Service's.
+    assert!(chart.service_monitors.is_empty());
+    assert_eq!(chart.pod_monitors.len(), 1);
+    let pm = &chart.pod_monitors[0];
+    assert_eq!(
+        pm.metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get("release")
+            .map(String::as_str),
+        Some("prom")
+    );
+    let pod_labels = chart.deployments[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    for (k, v) in pm.spec.selector.match_labels.iter().flatten() {
+        assert_eq!(
+            pod_labels.get(k),
+            Some(v),
+            "PodMonitor selector {k}={v} vs pod labels"
+        );
+    }
+    assert_eq!(
+        pm.spec.namespace_selector.as_ref().unwrap().match_names,
+        ["ops"]
+    );
+    let ep = &pm.spec.pod_metrics_endpoints[0];
+    let ports: Vec<_> = dep["containers"][0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].clone())
+        .collect();
+    assert!(
+        ports.contains(&json!(ep.port)),
+        "port {} not on the pod",
+        ep.port
+    );
+    assert_eq!(
+        (ep.path.as_str(), ep.scheme.as_str(), ep.interval.as_deref()),
+        ("/metrics", "https", Some("15s"))
+    );
+    let tls = ep.tls_config.as_ref().unwrap();
+    assert_eq!(
+        tls.server_name.as_deref(),
+        Some("nodekeeper-controller.ops.svc")
+    );
+    assert_eq!(
+        tls.ca.as_ref().unwrap().config_map.as_ref().unwrap().name,
+        "nodekeeper-controller-ca"
+    );
+
+    // extraObjects, a map and a string, through tpl.
+    let cm = chart
+        .configmaps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some("nk-extra"))
+        .expect("extraObjects ConfigMap nk-extra");
+    assert_eq!(cm.metadata.namespace.as_deref(), Some("ops"));
+    assert_eq!(cm.data.as_ref().unwrap()["k"], "v");
+    assert!(
+        chart
+            .ids
+            .contains(&"ServiceAccount/ops/nk-reader".to_string()),
+        "{:?}",
+        chart.ids
+    );
+}
+
+#[test]
+fn both_monitors_at_once_fail_the_render_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("both.yaml");
+    std::fs::write(
+        &f,
+        "serviceMonitor:\n  enabled: true\npodMonitor:\n  enabled: true\n",
+    )
+    .unwrap();
+    let r = helm("nodekeeper", Some(&f));
+    assert_eq!(r.schema_error, None);
+    let err = r.render_error.expect("rendered both monitors");
+    assert!(
+        err.contains("serviceMonitor.enabled and podMonitor.enabled"),
+        "{err}"
+    );
+    assert!(r.docs.is_empty());
 }

@@ -31,6 +31,7 @@ mod packaging_deb;
 mod packaging_image;
 mod packaging_plugin;
 mod packaging_rpm;
+mod prometheus_rules;
 mod systemd_logind;
 mod systemd_units;
 mod unit_files;

@@ -10,7 +10,9 @@ use std::process::Command;
 use k8s_openapi::api::core::v1::{PodSpec, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use packaging_support::rbac::{self, Request, Scope, Where};
-use packaging_support::{load, manifest_docs, metric_names, repo, typed, All};
+use packaging_support::{
+    load, manifest_docs, manifest_docs_in, metric_names, repo, typed, All, MANIFEST_COMPONENTS,
+};
 use serde_json::Value;
 
 fn docs() -> Vec<(String, Value)> {
@@ -30,17 +32,30 @@ fn typed_round_trip_rejects_unknown_fields() {
 
 /// `kubectl kustomize manifests`, as documents (what `kubectl apply -k manifests` applies).
 fn kustomized() -> Vec<(String, Value)> {
+    kustomize(&repo().join("manifests"))
+}
+
+/// `kubectl kustomize DIR`, as documents.
+fn kustomize(dir: &std::path::Path) -> Vec<(String, Value)> {
     let out = Command::new(kubectl())
-        .args(["kustomize", "manifests"])
-        .current_dir(repo())
+        .arg("kustomize")
+        .arg(dir)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "kubectl kustomize manifests: {}",
+        "kubectl kustomize {}: {}",
+        dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
     packaging_support::yaml_docs("kustomize", &String::from_utf8_lossy(&out.stdout))
+}
+
+/// An overlay of `manifests/` with every component of [`MANIFEST_COMPONENTS`] enabled, rendered.
+fn kustomized_with_components() -> Vec<(String, Value)> {
+    let dir = tempfile::tempdir().unwrap();
+    packaging_support::write_overlay(dir.path(), MANIFEST_COMPONENTS);
+    kustomize(dir.path())
 }
 
 #[test]
@@ -460,27 +475,20 @@ fn kubectl() -> std::path::PathBuf {
     crate::support::kubectl_bin()
 }
 
-#[test]
-fn kustomize_renders_every_manifest_unchanged() {
-    let repo = packaging_support::repo();
-    // Every manifest file is listed in kustomization.yaml (and nothing else).
-    let k: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(repo.join("manifests/kustomization.yaml")).unwrap(),
-    )
-    .unwrap();
-    let listed: BTreeSet<String> = k["resources"]
+/// The `resources` a kustomization.yaml lists.
+fn listed_resources(kustomization: &std::path::Path) -> BTreeSet<String> {
+    let k: Value = serde_yaml::from_str(&std::fs::read_to_string(kustomization).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", kustomization.display()));
+    k["resources"]
         .as_array()
         .unwrap()
         .iter()
         .map(|r| r.as_str().unwrap().to_string())
-        .collect();
-    let files: BTreeSet<String> = docs().into_iter().map(|(f, _)| f).collect();
-    assert_eq!(
-        listed, files,
-        "kustomization.yaml resources vs manifests/*.yaml"
-    );
+        .collect()
+}
 
-    let rendered = kustomized();
+/// `Kind/namespace/name` and the object, sorted by that key.
+fn keyed(docs: Vec<(String, Value)>) -> Vec<(String, Value)> {
     let key = |v: &Value| {
         format!(
             "{}/{}/{}",
@@ -489,20 +497,108 @@ fn kustomize_renders_every_manifest_unchanged() {
             v["metadata"]["name"].as_str().unwrap_or("")
         )
     };
-    let mut want: Vec<(String, Value)> = docs().into_iter().map(|(_, v)| (key(&v), v)).collect();
-    let mut got: Vec<(String, Value)> = rendered.into_iter().map(|(_, v)| (key(&v), v)).collect();
-    want.sort_by(|a, b| a.0.cmp(&b.0));
-    got.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out: Vec<(String, Value)> = docs.into_iter().map(|(_, v)| (key(&v), v)).collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// `rendered` holds exactly the objects of `files`, each unchanged.
+fn assert_same_objects(rendered: Vec<(String, Value)>, files: Vec<(String, Value)>, what: &str) {
+    let (got, want) = (keyed(rendered), keyed(files));
     assert_eq!(
         got.iter().map(|g| &g.0).collect::<Vec<_>>(),
-        want.iter().map(|w| &w.0).collect::<Vec<_>>()
+        want.iter().map(|w| &w.0).collect::<Vec<_>>(),
+        "{what}"
     );
     for ((id, g), (_, w)) in got.iter().zip(&want) {
-        assert_eq!(g, w, "{id}: kustomize output differs from the file");
+        assert_eq!(g, w, "{what}: {id}: kustomize output differs from the file");
     }
+}
+
+#[test]
+fn kustomize_renders_every_manifest_unchanged() {
+    let repo = packaging_support::repo();
+    // Every manifest file is listed in kustomization.yaml (and nothing else), and each
+    // component's files in its own.
+    let base: BTreeSet<String> = manifest_docs_in("").into_iter().map(|(f, _)| f).collect();
+    assert_eq!(
+        listed_resources(&repo.join("manifests/kustomization.yaml")),
+        base,
+        "manifests/kustomization.yaml resources vs manifests/*.yaml"
+    );
+    for c in MANIFEST_COMPONENTS {
+        let k = repo.join("manifests").join(c).join("kustomization.yaml");
+        let files: BTreeSet<String> = manifest_docs_in(c)
+            .into_iter()
+            .map(|(f, _)| f.strip_prefix(&format!("{c}/")).unwrap().to_string())
+            .collect();
+        assert_eq!(listed_resources(&k), files, "{}", k.display());
+        let kind: Value = serde_yaml::from_str(&std::fs::read_to_string(&k).unwrap()).unwrap();
+        assert_eq!(kind["kind"], "Component", "{}", k.display());
+    }
+    // The default render is the base's files; with the components, every shipped file.
+    assert_same_objects(
+        kustomized(),
+        manifest_docs_in(""),
+        "kubectl kustomize manifests",
+    );
+    let all = kustomized_with_components();
+    assert_same_objects(all.clone(), docs(), "manifests with its components");
     // And the render parses into the typed models like the files do.
-    let typed_all = load(&got.into_iter().collect::<Vec<_>>());
+    let typed_all = load(&all);
     assert_eq!(typed_all.prometheus_rules.len(), 1);
+}
+
+/// `kubectl apply -k manifests` must work on a cluster without the Prometheus Operator: its
+/// objects come only with the opt-in component `components/monitoring`.
+#[test]
+fn monitoring_objects_come_only_with_the_opt_in_component() {
+    let group = |docs: &[(String, Value)]| -> BTreeSet<String> {
+        docs.iter()
+            .filter(|(_, v)| {
+                v["apiVersion"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("monitoring.coreos.com/"))
+            })
+            .map(|(_, v)| {
+                format!(
+                    "{}/{}",
+                    v["kind"].as_str().unwrap(),
+                    packaging_support::name(v)
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        group(&kustomized()),
+        BTreeSet::new(),
+        "kubectl kustomize manifests renders Prometheus Operator objects"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    packaging_support::write_overlay(dir.path(), &["components/monitoring"]);
+    let with = kustomize(dir.path());
+    assert_eq!(
+        group(&with),
+        BTreeSet::from([
+            "PrometheusRule/nodekeeper".to_string(),
+            "ServiceMonitor/nodekeeper-controller".to_string()
+        ])
+    );
+    // The component adds those two and changes nothing else.
+    let rest: Vec<(String, Value)> = with
+        .into_iter()
+        .filter(|(_, v)| {
+            !v["apiVersion"]
+                .as_str()
+                .unwrap()
+                .starts_with("monitoring.coreos.com/")
+        })
+        .collect();
+    assert_same_objects(
+        rest,
+        kustomized(),
+        "manifests with components/monitoring, minus it",
+    );
 }
 
 /// Every `nodekeeper_*` token in docs/catalog.md and in the sources (the names the binary exports).

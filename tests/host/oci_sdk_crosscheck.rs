@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
-use nodekeeper_core::controller::provider::oci::{
+use nodekeeper_core::controller::act::provider::oci::{
     Oci, OciAuth, OciConfig, OciMode, NODE_POOL_ANNOTATION,
 };
-use nodekeeper_core::controller::provider::{NodeProvider, ReplacementRequest};
+use nodekeeper_core::controller::act::provider::{NodeProvider, ReplacementRequest};
 use nodekeeper_sim::apiserver::scenario::Scenario;
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 use nodekeeper_sim::oci_compute::{self, Call, OciCompute, OciComputeOptions, Repeat};

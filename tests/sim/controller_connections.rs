@@ -362,7 +362,7 @@ fn turned_away<T: std::fmt::Debug>(
 ) -> bool {
     use nodekeeper_core::agent::reporter::ReporterError;
     matches!(r, Err(ReporterError::Status { status: 503, retry_after: Some(d), .. })
-        if *d == Duration::from_secs(nodekeeper_core::controller::server::REPORT_RETRY_AFTER_SECS))
+        if *d == Duration::from_secs(nodekeeper_core::controller::api::server::REPORT_RETRY_AFTER_SECS))
 }
 
 /// Thousands of agents starting together each wait for a TokenReview; past `max_reports_in_flight`

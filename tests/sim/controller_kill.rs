@@ -37,8 +37,10 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use nodekeeper_core::agent::reporter::{Reporter, ReporterConfig, EVENTS_FILE};
 use nodekeeper_core::agent::sources::{Cloud, EventKind, NodeEvent};
+use nodekeeper_core::controller::act::provider::karpenter::{
+    nodeclaim_resource, REQUEST_ANNOTATION,
+};
 use nodekeeper_core::controller::policy::view::keys;
-use nodekeeper_core::controller::provider::karpenter::{nodeclaim_resource, REQUEST_ANNOTATION};
 use nodekeeper_sim::apiserver::loops::LoopOptions;
 use nodekeeper_sim::apiserver::resources::well_known;
 use nodekeeper_sim::apiserver::scenario::Scenario;

@@ -7,8 +7,8 @@ use crate::support::drain::{cluster, counting_client};
 
 use std::time::Duration;
 
+use nodekeeper_core::controller::cluster::leader::{Elector, Timing};
 use nodekeeper_core::controller::config::LeaderConfig;
-use nodekeeper_core::controller::leader::{Elector, Timing};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

@@ -17,7 +17,7 @@ use serde_json::json;
 async fn node_events(env: &Env) -> Vec<k8s_openapi::api::events::v1::Event> {
     let evs: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::namespaced(
         env.cluster.client.clone(),
-        nodekeeper_core::controller::events::NODE_EVENT_NAMESPACE,
+        nodekeeper_core::controller::cluster::events::NODE_EVENT_NAMESPACE,
     );
     evs.list(&Default::default()).await.unwrap().items
 }
@@ -48,8 +48,18 @@ async fn restart_keeps_conditions_and_removes_stale_types() {
     a.stop().await;
 
     let b = env.controller(&env.config(), true).await;
-    // Nothing is wiped by a restart.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Nothing is wiped by a restart: not by its start, nor by its first maintenance pass.
+    wait::until(Duration::from_secs(10), "a maintenance pass", || {
+        std::future::ready(
+            b.app
+                .states
+                .counters
+                .maintenance_passes
+                .load(Ordering::Relaxed)
+                >= 1,
+        )
+    })
+    .await;
     assert_eq!(conditions(&nodes, "n0").await, before);
     // The agent (new instance after its own restart) no longer reports KernelDeadlock: removed;
     // DiskPressure keeps its transition time.

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drain_support::*;
-use nodekeeper_core::controller::drain::{
+use nodekeeper_core::controller::act::drain::{
     self, BlockReason, DrainError, DrainOptions, DrainProgress, OnTimeout,
 };
 use nodekeeper_sim::apiserver::resources::well_known;

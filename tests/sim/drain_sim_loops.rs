@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
-use nodekeeper_core::controller::drain::{
+use nodekeeper_core::controller::act::drain::{
     self, select::SkipReason, BlockReason, DrainOptions, Tier,
 };
 use nodekeeper_sim::apiserver::scenario::{DaemonSetSpec, PdbSpec, Scenario};

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drain_support::*;
-use nodekeeper_core::controller::drain::{self, BlockReason, DrainOptions, DrainProgress, Tier};
+use nodekeeper_core::controller::act::drain::{
+    self, BlockReason, DrainOptions, DrainProgress, Tier,
+};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,10 +13,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use nodekeeper_core::agent::sources::EventKind;
+use nodekeeper_core::controller::act::provider::fake::FakeProvider;
 use nodekeeper_core::controller::metrics::ActionResult;
 use nodekeeper_core::controller::policy::view::keys;
 use nodekeeper_core::controller::policy::PolicyConfig;
-use nodekeeper_core::controller::provider::fake::FakeProvider;
 use nodekeeper_sim::apiserver::scenario::Scenario;
 
 use engine_support::*;

@@ -17,15 +17,15 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::core::DynamicObject;
 use nodekeeper_core::agent::sources::EventKind;
-use nodekeeper_core::controller::actions::REPLACEMENT_ACCEPTED;
-use nodekeeper_core::controller::drain::Tier;
+use nodekeeper_core::controller::act::actions::REPLACEMENT_ACCEPTED;
+use nodekeeper_core::controller::act::drain::Tier;
+use nodekeeper_core::controller::act::provider::karpenter::{
+    nodeclaim_resource, twin_name, REQUEST_ANNOTATION,
+};
+use nodekeeper_core::controller::act::provider::ProviderConfig;
 use nodekeeper_core::controller::metrics::ActionResult;
 use nodekeeper_core::controller::policy::view::keys;
 use nodekeeper_core::controller::policy::PolicyConfig;
-use nodekeeper_core::controller::provider::karpenter::{
-    nodeclaim_resource, twin_name, REQUEST_ANNOTATION,
-};
-use nodekeeper_core::controller::provider::ProviderConfig;
 use nodekeeper_sim::apiserver::scenario::{DaemonSetSpec, PdbSpec, Pool, Scenario, Workload};
 
 use engine_support::*;

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
-use nodekeeper_core::controller::nodepools::nodepool_resource;
 use nodekeeper_core::controller::policy::view::keys;
+use nodekeeper_core::controller::state::nodepools::nodepool_resource;
 use nodekeeper_sim::apiserver::scenario::Scenario;
 use serde_json::json;
 

@@ -15,9 +15,9 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::Router;
 use nodekeeper_core::agent::sources::EventKind;
-use nodekeeper_core::controller::notify::{NotifyConfig, Payload};
+use nodekeeper_core::controller::act::notify::{NotifyConfig, Payload};
+use nodekeeper_core::controller::act::provider::fake::FakeProvider;
 use nodekeeper_core::controller::policy::PolicyConfig;
-use nodekeeper_core::controller::provider::fake::FakeProvider;
 use nodekeeper_sim::apiserver::scenario::Scenario;
 
 use engine_support::*;

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams};
+use nodekeeper_core::controller::act::provider::fake::FakeProvider;
 use nodekeeper_core::controller::config::ControllerConfig;
 use nodekeeper_core::controller::policy::view::keys;
 use nodekeeper_core::controller::policy::PolicyConfig;
-use nodekeeper_core::controller::provider::fake::FakeProvider;
 use nodekeeper_core::controller::Running;
 use nodekeeper_sim::apiserver::scenario::Scenario;
 use nodekeeper_sim::apiserver::TestCluster;

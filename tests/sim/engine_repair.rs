@@ -13,8 +13,8 @@ use crate::support::engine as engine_support;
 use std::time::Duration;
 
 use chrono::Timelike;
+use nodekeeper_core::controller::act::provider::ProviderConfig;
 use nodekeeper_core::controller::policy::view::keys;
-use nodekeeper_core::controller::provider::ProviderConfig;
 use nodekeeper_sim::apiserver::scenario::Scenario;
 
 use engine_support::*;

@@ -14,9 +14,9 @@ use crate::support::engine as engine_support;
 use std::time::{Duration, Instant};
 
 use nodekeeper_core::agent::sources::EventKind;
+use nodekeeper_core::controller::act::provider::fake::FakeProvider;
+use nodekeeper_core::controller::api::server::REPORT_RECORD_WAIT;
 use nodekeeper_core::controller::policy::view::keys;
-use nodekeeper_core::controller::provider::fake::FakeProvider;
-use nodekeeper_core::controller::server::REPORT_RECORD_WAIT;
 use nodekeeper_core::controller::Running;
 use nodekeeper_core::wire::{NodeReport, ReportResponse};
 use nodekeeper_sim::apiserver::scenario::Scenario;

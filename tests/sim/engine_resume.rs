@@ -18,10 +18,10 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use nodekeeper_core::agent::sources::EventKind;
-use nodekeeper_core::controller::actions::REPLACEMENT_ACCEPTED;
+use nodekeeper_core::controller::act::actions::REPLACEMENT_ACCEPTED;
+use nodekeeper_core::controller::act::provider::fake::FakeProvider;
 use nodekeeper_core::controller::policy::view::{keys, DrainPhase};
 use nodekeeper_core::controller::policy::PolicyConfig;
-use nodekeeper_core::controller::provider::fake::FakeProvider;
 use nodekeeper_sim::apiserver::scenario::Scenario;
 use nodekeeper_sim::apiserver::TestCluster;
 
@@ -277,7 +277,7 @@ async fn webhook_receiver() -> (String, Arc<std::sync::atomic::AtomicU32>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_is_called_once_across_a_restart_mid_drain() {
-    use nodekeeper_core::controller::provider::{ProviderConfig, WebhookConfig};
+    use nodekeeper_core::controller::act::provider::{ProviderConfig, WebhookConfig};
     let c = cluster(20.0, Scenario::default_mixed(), loops()).await;
     stuck_pod(&c).await;
     let (url, calls) = webhook_receiver().await;

@@ -10,9 +10,9 @@ use std::time::Duration;
 use axum::routing::post;
 use axum::Router;
 use nodekeeper_core::agent::sources::EventKind;
-use nodekeeper_core::controller::notify::NotifyConfig;
+use nodekeeper_core::controller::act::notify::NotifyConfig;
+use nodekeeper_core::controller::act::provider::fake::FakeProvider;
 use nodekeeper_core::controller::policy::PolicyConfig;
-use nodekeeper_core::controller::provider::fake::FakeProvider;
 use nodekeeper_sim::apiserver::scenario::Scenario;
 
 use crate::support::engine as engine_support;

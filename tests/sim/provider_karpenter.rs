@@ -10,10 +10,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use crate::support::wait;
 use kube::api::{Api, ListParams};
 use kube::core::DynamicObject;
-use nodekeeper_core::controller::provider::karpenter::{
+use nodekeeper_core::controller::act::provider::karpenter::{
     nodeclaim_resource, twin_name, Karpenter, DO_NOT_DISRUPT, REPLACES_LABEL, REQUEST_ANNOTATION,
 };
-use nodekeeper_core::controller::provider::{NodeProvider, ProviderError, ReplacementRequest};
+use nodekeeper_core::controller::act::provider::{NodeProvider, ProviderError, ReplacementRequest};
 use nodekeeper_sim::apiserver::scenario::Scenario;
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 

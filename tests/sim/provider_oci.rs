@@ -19,14 +19,14 @@ use axum::http::{HeaderMap, Method, Uri};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use nodekeeper_core::agent::sources::EventKind;
-use nodekeeper_core::controller::policy::PolicyConfig;
-use nodekeeper_core::controller::provider::oci::{
+use nodekeeper_core::controller::act::provider::oci::{
     body_sha256, http_date, signing_plan, Oci, OciAuth, OciConfig, OciMode, OciSigner, SignInput,
     NODE_POOL_ANNOTATION,
 };
-use nodekeeper_core::controller::provider::{
+use nodekeeper_core::controller::act::provider::{
     NodeProvider, ProviderConfig, ProviderError, ReplacementRequest, ReplacementTicket,
 };
+use nodekeeper_core::controller::policy::PolicyConfig;
 use nodekeeper_sim::apiserver::scenario::Scenario;
 use nodekeeper_sim::apiserver::{SimOptions, TestCluster};
 use nodekeeper_sim::oci_compute::{self, Call, OciCompute, OciComputeOptions, Repeat};
@@ -600,7 +600,7 @@ async fn a_wrong_key_is_refused_with_401_and_a_permanent_error_naming_the_node()
     let calls = f.oci.calls();
     assert_eq!(
         calls.len() as u32,
-        nodekeeper_core::controller::provider::oci::AUTH_ATTEMPTS,
+        nodekeeper_core::controller::act::provider::oci::AUTH_ATTEMPTS,
         "retried a few times, then given up: {calls:?}"
     );
     assert!(calls
@@ -950,7 +950,7 @@ async fn an_unusable_key_file_fails_setup_without_showing_the_key() {
     assert!(!msg.contains(body), "the key material is not in the error");
     // Built through the generic constructor, as the controller does.
     let key = test_key(dir.path(), "ok");
-    let p = nodekeeper_core::controller::provider::build(
+    let p = nodekeeper_core::controller::act::provider::build(
         &ProviderConfig::Oci(Box::new(base(key.pkcs1.clone()))),
         c.client.clone(),
         true,

@@ -262,7 +262,7 @@ async fn oversized_bodies_and_oci_endpoint_abuse_are_rejected() {
     // Basic) and in the header that is off by default: 401 with a Basic challenge and no body,
     // every time, each counted.
     let ev = serde_json::to_vec(
-        &json!({"eventType": nodekeeper_core::controller::oci_events::PREEMPTION,
+        &json!({"eventType": nodekeeper_core::controller::api::oci_events::PREEMPTION,
         "data": {"resourceId": "ocid1.instance.oc1.phx.n0"}}),
     )
     .unwrap();

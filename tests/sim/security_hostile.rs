@@ -303,7 +303,7 @@ fn check_event(i: usize) -> nodekeeper_core::agent::checks::CheckEvent {
 async fn events_by_reason(env: &Env) -> std::collections::BTreeMap<String, usize> {
     let api: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::namespaced(
         env.cluster.client.clone(),
-        nodekeeper_core::controller::events::NODE_EVENT_NAMESPACE,
+        nodekeeper_core::controller::cluster::events::NODE_EVENT_NAMESPACE,
     );
     let mut out = std::collections::BTreeMap::new();
     for e in api.list(&Default::default()).await.unwrap().items {
@@ -429,7 +429,7 @@ async fn one_nodes_reports_are_bounded() {
     assert_eq!(code, 200, "{body}");
     let events = events_by_reason(&env).await;
     let total: usize = events.values().sum();
-    let limits = nodekeeper_core::controller::limits::ReportLimits::default();
+    let limits = nodekeeper_core::controller::state::limits::ReportLimits::default();
     eprintln!("NOTE: Events recorded after 300 notices and 200 check events: {events:?}");
     assert_eq!(events.get("EventsRateLimited"), Some(&1), "{events:?}");
     // the burst, one aggregate, and what refilled while the test ran (one per 10 s)

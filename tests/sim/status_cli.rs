@@ -493,7 +493,7 @@ async fn status_explains_what_the_policy_decided() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_config_shows_the_budgets_in_force_and_their_source() {
     use kube::core::DynamicObject;
-    use nodekeeper_core::controller::nodepools::nodepool_resource;
+    use nodekeeper_core::controller::state::nodepools::nodepool_resource;
     let c = TestCluster::start(SimOptions::bare()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kc = dir.path().join("kubeconfig");

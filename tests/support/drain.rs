@@ -38,7 +38,7 @@ pub async fn cluster() -> TestCluster {
 pub fn client(c: &TestCluster) -> kube::Client {
     let mut cfg = kube::Config::new(c.url.parse().unwrap());
     cfg.default_namespace = "default".into();
-    nodekeeper_core::controller::drain::client(cfg).unwrap()
+    nodekeeper_core::controller::act::drain::client(cfg).unwrap()
 }
 
 pub fn create(

@@ -9,11 +9,11 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use nodekeeper_core::agent::sources::{EventKind, NodeEvent, NODE_EVENT_VERSION};
+use nodekeeper_core::controller::act::provider::NodeProvider;
 use nodekeeper_core::controller::clock::Clock;
 use nodekeeper_core::controller::config::ControllerConfig;
 use nodekeeper_core::controller::engine::EngineOptions;
 use nodekeeper_core::controller::policy::PolicyConfig;
-use nodekeeper_core::controller::provider::NodeProvider;
 use nodekeeper_core::controller::Running;
 use nodekeeper_sim::apiserver::clock::SimClock;
 use nodekeeper_sim::apiserver::loops::LoopOptions;
@@ -227,7 +227,7 @@ pub async fn running_on(c: &TestCluster, node: &str) -> usize {
 pub async fn events_about(c: &TestCluster, node: &str) -> Vec<(String, String)> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(
         c.client.clone(),
-        nodekeeper_core::controller::events::NODE_EVENT_NAMESPACE,
+        nodekeeper_core::controller::cluster::events::NODE_EVENT_NAMESPACE,
     );
     api.list(&ListParams::default())
         .await

@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used)]
 
 use k8s_openapi::api::core::v1::Pod;
-use nodekeeper_core::controller::drain::select::{self, Class, SelectOptions, SkipReason};
-use nodekeeper_core::controller::drain::Tier;
+use nodekeeper_core::controller::act::drain::select::{self, Class, SelectOptions, SkipReason};
+use nodekeeper_core::controller::act::drain::Tier;
 use proptest::prelude::*;
 use serde_json::json;
 

@@ -2,7 +2,7 @@
 //! schema (`crates/core/src/wire/`) and the configuration engine (`crates/core/src/config/`) are
 //! leaves that import nothing from `agent` or `controller` (the file that composes the sections is
 //! `config_file.rs`), and the pure policy (`crates/core/src/controller/policy/`) imports nothing
-//! from `agent`.
+//! from `agent`. Inside `controller/`, the layers' arrows point one way (below).
 
 use std::path::{Path, PathBuf};
 
@@ -37,13 +37,17 @@ fn offending(code: &str, forbidden: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// [`offending`] over every file under `crates/core/src/<dir>`, as `file: path`.
+/// [`offending`] over every file under `crates/core/src/<dir>` (or that one file), as `file: path`.
 fn imports_of(dir: &str, forbidden: &[&str]) -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("crates/core/src")
         .join(dir);
     let mut files = Vec::new();
-    rust_files(&root, &mut files);
+    if root.is_file() {
+        files.push(root.clone());
+    } else {
+        rust_files(&root, &mut files);
+    }
     assert!(!files.is_empty(), "no Rust files under {}", root.display());
     let mut found = Vec::new();
     for file in files {
@@ -73,6 +77,50 @@ fn the_policy_imports_no_agent_module() {
     assert!(
         found.is_empty(),
         "the pure policy must not import the agent: {found:#?}"
+    );
+}
+
+/// The controller's layers, lowest first: a layer's code names no layer above it (doc links
+/// may). `config.rs` composes the sections of all of them and `status/` is the CLI's view over
+/// the Nodes, so neither is ranked.
+const CONTROLLER_LAYERS: [&[&str]; 6] = [
+    &["policy", "catalog", "clock", "metrics"],
+    &["cluster"],
+    &["state"],
+    &["act"],
+    &["engine"],
+    &["api"],
+];
+
+#[test]
+fn the_controller_layers_import_only_downwards() {
+    let mut found = Vec::new();
+    // The top layer has nothing above it.
+    for (i, layer) in CONTROLLER_LAYERS[..CONTROLLER_LAYERS.len() - 1]
+        .iter()
+        .enumerate()
+    {
+        let above: Vec<String> = CONTROLLER_LAYERS[i + 1..]
+            .iter()
+            .flat_map(|l| l.iter().map(|m| format!("controller::{m}")))
+            .collect();
+        let above: Vec<&str> = above.iter().map(String::as_str).collect();
+        for m in *layer {
+            let path = ["controller/", m].concat();
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("crates/core/src")
+                .join(&path);
+            let path = if dir.is_dir() {
+                path
+            } else {
+                format!("{path}.rs")
+            };
+            found.extend(imports_of(&path, &above));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a controller layer imports one above it (docs/dev/architecture.md): {found:#?}"
     );
 }
 

@@ -13,10 +13,10 @@ use axum::routing::post;
 use axum::Router;
 use nodekeeper_core::config::Env;
 use nodekeeper_core::config_file::Config;
-use nodekeeper_core::controller::notify::{
+use nodekeeper_core::controller::act::notify::{
     Notification, Notifier, NotifyConfig, Payload, Phase, EVENT_HEADER,
 };
-use nodekeeper_core::controller::provider::webhook::SIGNATURE_HEADER;
+use nodekeeper_core::controller::act::provider::webhook::SIGNATURE_HEADER;
 use tokio::sync::{Notify, Semaphore};
 
 const SECRET: &str = "notify-secret-key";

@@ -1322,7 +1322,7 @@ fn the_fence_outlives_a_handover_by_the_lift_hold_then_goes() {
     let now = monday();
     let (mut v, ds) = preempted_p_beside_q(now);
     assert_eq!(mark_of(get(&v, "q")), (Some("true"), Some("fence")));
-    // The engine lets the fence's writes give way to the others' (controller::fence_gate).
+    // The engine lets the fence's writes give way to the others' (controller::engine::fence_gate).
     assert!(fence_only(&of(&ds, "q")), "{ds:#?}");
     assert!(!fence_only(&of(&ds, "p")), "{ds:#?}");
     node_mut(&mut v, "p").notices.clear();

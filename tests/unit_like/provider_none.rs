@@ -1,9 +1,9 @@
 //! The `none` provider never replaces; the recording fake launches once per request id.
 #![allow(clippy::unwrap_used)]
 
-use nodekeeper_core::controller::provider::fake::FakeProvider;
-use nodekeeper_core::controller::provider::none::NoReplacement;
-use nodekeeper_core::controller::provider::{request_id, NodeProvider, ReplacementRequest};
+use nodekeeper_core::controller::act::provider::fake::FakeProvider;
+use nodekeeper_core::controller::act::provider::none::NoReplacement;
+use nodekeeper_core::controller::act::provider::{request_id, NodeProvider, ReplacementRequest};
 
 #[tokio::test]
 async fn none_never_reports_a_replacement() {

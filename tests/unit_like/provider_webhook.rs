@@ -10,8 +10,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
-use nodekeeper_core::controller::provider::webhook::{backoff, sign, Webhook, SIGNATURE_HEADER};
-use nodekeeper_core::controller::provider::{
+use nodekeeper_core::controller::act::provider::webhook::{
+    backoff, sign, Webhook, SIGNATURE_HEADER,
+};
+use nodekeeper_core::controller::act::provider::{
     CallError, NodeProvider, ProviderConfig, ProviderError, ReplacementRequest, WebhookConfig,
 };
 

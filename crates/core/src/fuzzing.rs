@@ -163,16 +163,16 @@ pub fn imds_oci(data: &[u8]) -> Outcome {
 }
 
 /// An OCI Events envelope as the controller's endpoint receives it (JSON, then
-/// [`crate::controller::oci_events::parse`]); ids are deterministic.
+/// [`crate::controller::api::oci_events::parse`]); ids are deterministic.
 pub fn oci_event(data: &[u8]) -> Outcome {
     let mut o = Outcome::default();
     let v: Result<serde_json::Value, _> = serde_json::from_slice(data);
     o.add(&v);
     let Ok(v) = v else { return o };
-    let r = crate::controller::oci_events::parse(&v);
+    let r = crate::controller::api::oci_events::parse(&v);
     o.add(&r);
     if let Ok(p) = &r {
-        let again = crate::controller::oci_events::parse(&v);
+        let again = crate::controller::api::oci_events::parse(&v);
         assert_eq!(
             again.as_ref().map(|a| &a.event.id),
             Ok(&p.event.id),
@@ -215,7 +215,7 @@ pub fn report_body(data: &[u8]) -> Outcome {
 /// bounded, and a resent batch is never new the second time. (The Node writes and Events need
 /// the API server: `tests/sim/security_hostile.rs`.)
 pub fn report_handler(data: &[u8]) -> Outcome {
-    use crate::controller::limits::{self, Limit, ReportLimits, SeenEvents};
+    use crate::controller::state::limits::{self, Limit, ReportLimits, SeenEvents};
     const TOKEN_NODE: &str = "n0";
     let mut o = Outcome::default();
     let r = crate::wire::parse_body(data);

@@ -89,10 +89,7 @@ mod tests {
 
     impl std::io::Write for Captured {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend_from_slice(b);
+            crate::sync::lock(&self.0).extend_from_slice(b);
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -109,7 +106,7 @@ mod tests {
             tracing::info!(target: "nodekeeper::agent", "an info line");
             tracing::debug!(target: "hyper", "a dependency's debug line");
         });
-        let bytes = out.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let bytes = crate::sync::lock(&out.0).clone();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use nodekeeper_core::controller::events::NODE_EVENT_NAMESPACE;
+use nodekeeper_core::controller::cluster::events::NODE_EVENT_NAMESPACE;
 use serde_json::json;
 
 use super::{real_node, RealNode, NODE};

@@ -26,6 +26,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 
+use crate::packaging_support::relative;
 use crate::shared::nspawn::NspawnNode;
 use crate::support::*;
 
@@ -35,7 +36,6 @@ pub const NODE: &str = "nk-real";
 /// What the test install changes of the shipped manifests, and why; each is a patch of the overlay
 /// (`kustomization.yaml` in the cluster's directory) or a Helm value.
 pub const PATCHES: &[&str] = &[
-    "ServiceMonitor and PrometheusRule left out: no Prometheus Operator CRDs here (as manifests/kustomization.yaml says)",
     "the controller Deployment has 1 replica: one schedulable node, and its anti-affinity puts replicas on different nodes",
     "the DaemonSet's D-Bus, /etc/crio and /var/run/crio hostPaths are an nspawn node's, whose systemd runs a real crio.service: this machine's PID 1 is not systemd",
     "the runtime check's socket is the kubelet's CRI-O socket, under the node's directory (a production node's is /run/crio/crio.sock, which here is the nspawn node's CRI-O)",
@@ -367,12 +367,6 @@ impl RealNode {
 kind: Kustomization
 resources: ["{rel}"]
 patches:
-  - target: {{group: monitoring.coreos.com}}
-    patch: |-
-      $patch: delete
-      apiVersion: monitoring.coreos.com/v1
-      kind: Any
-      metadata: {{name: any}}
   - patch: |-
       apiVersion: apps/v1
       kind: Deployment
@@ -618,18 +612,4 @@ pub fn crio_bin() -> PathBuf {
         "the real CRI-O is not built: run scripts/setup-crio.sh"
     );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
-/// `to` relative to `from` (kustomize refuses absolute resource paths).
-fn relative(from: &Path, to: &Path) -> String {
-    let from: Vec<_> = from.components().collect();
-    let to: Vec<_> = to.components().collect();
-    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
-    let mut parts: Vec<String> = vec!["..".into(); from.len() - common];
-    parts.extend(
-        to[common..]
-            .iter()
-            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
-    );
-    parts.join("/")
 }

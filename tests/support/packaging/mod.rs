@@ -1,5 +1,5 @@
 //! Shared by tests/host/manifests.rs and tests/host/helm_chart.rs: YAML streams parsed into typed
-//! Kubernetes objects (k8s-openapi, plus the two Prometheus Operator kinds modelled here), with
+//! Kubernetes objects (k8s-openapi, plus the three Prometheus Operator kinds modelled here), with
 //! a round trip that fails on unknown or misspelt fields.
 #![allow(dead_code)]
 
@@ -40,23 +40,87 @@ pub fn yaml_docs(source: &str, text: &str) -> Vec<(String, Value)> {
     out
 }
 
-/// The documents of `manifests/*.yaml`, files in name order (kustomization.yaml excluded).
-pub fn manifest_docs() -> Vec<(String, Value)> {
-    let dir = repo().join("manifests");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
+/// The kustomize components of `manifests/components/` (opt-in: `kubectl apply -k manifests` leaves
+/// them out), relative to `manifests/`.
+pub const MANIFEST_COMPONENTS: &[&str] = &["components/monitoring"];
+
+/// The YAML files of `dir` (kustomization.yaml excluded), in name order.
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     files.sort();
     files
+}
+
+/// The documents of the YAML files of `manifests/SUBDIR` (`""`: the base), each labelled with its
+/// path relative to `manifests/`.
+pub fn manifest_docs_in(subdir: &str) -> Vec<(String, Value)> {
+    let root = repo().join("manifests");
+    yaml_files(&root.join(subdir))
         .iter()
         .flat_map(|f| {
             let text = std::fs::read_to_string(f).unwrap();
-            yaml_docs(&f.file_name().unwrap().to_string_lossy(), &text)
+            let rel = f
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            yaml_docs(&rel, &text)
         })
         .collect()
+}
+
+/// Every object the plain manifests ship: the base `manifests/*.yaml` (what `kubectl apply -k
+/// manifests` applies) and then each of [`MANIFEST_COMPONENTS`].
+pub fn manifest_docs() -> Vec<(String, Value)> {
+    let mut docs = manifest_docs_in("");
+    for c in MANIFEST_COMPONENTS {
+        docs.extend(manifest_docs_in(c));
+    }
+    docs
+}
+
+/// `to` relative to `from` (kustomize refuses absolute resource paths).
+pub fn relative(from: &Path, to: &Path) -> String {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> = vec!["..".into(); from.len() - common];
+    parts.extend(
+        to[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    parts.join("/")
+}
+
+/// Writes `dir/kustomization.yaml`: an overlay of the shipped `manifests/` that enables
+/// `components` (paths relative to `manifests/`, e.g. `components/monitoring`), as a user's
+/// overlay does (docs/install.md).
+pub fn write_overlay(dir: &Path, components: &[&str]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let manifests = repo().join("manifests");
+    let list = |paths: Vec<String>| {
+        paths
+            .iter()
+            .map(|p| format!("\n  - {p}"))
+            .collect::<String>()
+    };
+    let text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:{}\ncomponents:{}\n",
+        list(vec![relative(dir, &manifests)]),
+        list(
+            components
+                .iter()
+                .map(|c| relative(dir, &manifests.join(c)))
+                .collect()
+        ),
+    );
+    std::fs::write(dir.join("kustomization.yaml"), text).unwrap();
 }
 
 /// Parses `v` as `T` and requires the round trip to reproduce it exactly: a misspelt or unknown
@@ -131,6 +195,25 @@ pub struct SecretOrConfigMap {
     pub secret: Option<SecretKeySelector>,
 }
 
+/// `monitoring.coreos.com/v1` PodMonitor (the chart's `podMonitor`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PodMonitor {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: PodMonitorSpec,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PodMonitorSpec {
+    pub selector: LabelSelector,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<NamespaceSelector>,
+    pub pod_metrics_endpoints: Vec<Endpoint>,
+}
+
 /// `monitoring.coreos.com/v1` PrometheusRule.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -186,6 +269,7 @@ pub struct All {
     pub pdbs: Vec<PodDisruptionBudget>,
     pub services: Vec<Service>,
     pub service_monitors: Vec<ServiceMonitor>,
+    pub pod_monitors: Vec<PodMonitor>,
     pub prometheus_rules: Vec<PrometheusRule>,
 }
 
@@ -214,6 +298,7 @@ pub fn load(docs: &[(String, Value)]) -> All {
             "FlowSchema" => a.flow_schemas.push(typed(&f, v)),
             "PriorityLevelConfiguration" => a.priority_levels.push(typed(&f, v)),
             "ServiceMonitor" => a.service_monitors.push(typed(&f, v)),
+            "PodMonitor" => a.pod_monitors.push(typed(&f, v)),
             "PrometheusRule" => a.prometheus_rules.push(typed(&f, v)),
             other => panic!("{f}: kind {other} has no typed check"),
         }

@@ -71,10 +71,10 @@ pub struct ControllerConfig {
     /// reboot or replace.
     pub dry_run: bool,
     /// How replacement nodes are requested (`[controller.provider]`, default `none`).
-    pub provider: crate::controller::provider::ProviderConfig,
+    pub provider: crate::controller::act::provider::ProviderConfig,
     /// Webhook notifications on the start, finish and failure of actions (`[[controller.notify]]`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub notify: Vec<crate::controller::notify::NotifyConfig>,
+    pub notify: Vec<crate::controller::act::notify::NotifyConfig>,
     /// The only identity allowed to report: `system:serviceaccount:<ns>:<name>`.
     pub service_account: String,
     /// The audience the agents' projected tokens must carry.
@@ -107,7 +107,7 @@ pub struct ControllerConfig {
     /// connection (pinged every 10 s): ~28 KiB of the controller's memory per node.
     pub http2: bool,
     /// Namespace of the leader-election Lease. (Events about Nodes are recorded in `default`,
-    /// [`crate::controller::events::NODE_EVENT_NAMESPACE`]: the apiserver refuses them elsewhere.)
+    /// [`crate::controller::cluster::events::NODE_EVENT_NAMESPACE`]: the apiserver refuses them elsewhere.)
     pub namespace: String,
     /// Condition types starting with this prefix are owned by nodekeeper (written, restored, removed).
     pub condition_prefix: String,
@@ -125,7 +125,7 @@ pub struct ControllerConfig {
     /// unspecified addresses are refused regardless.
     pub allow_loopback_destinations: bool,
     /// What one node's reports may ask (`[controller.report_limits]`).
-    pub report_limits: super::limits::ReportLimits,
+    pub report_limits: crate::controller::state::limits::ReportLimits,
     /// Leader election.
     pub leader: LeaderConfig,
     /// OCI Events (Notifications HTTPS subscription) ingestion.
@@ -150,7 +150,7 @@ impl Default for ControllerConfig {
             token_cache_ttl: Duration::from_secs(300),
             max_report_bytes: 1 << 20,
             max_connections: crate::serve::DEFAULT_MAX_CONNECTIONS,
-            max_reports_in_flight: super::server::DEFAULT_MAX_REPORTS_IN_FLIGHT,
+            max_reports_in_flight: crate::controller::api::server::DEFAULT_MAX_REPORTS_IN_FLIGHT,
             idle_timeout: crate::serve::DEFAULT_IDLE_TIMEOUT,
             http2: false,
             namespace: "nodekeeper".into(),
@@ -185,10 +185,10 @@ pub enum DrainOnTimeout {
 
 impl DrainOnTimeout {
     /// The drain engine's setting.
-    pub fn to_drain(self) -> crate::controller::drain::OnTimeout {
+    pub fn to_drain(self) -> crate::controller::act::drain::OnTimeout {
         match self {
-            DrainOnTimeout::Fail => crate::controller::drain::OnTimeout::Fail,
-            DrainOnTimeout::ForceDelete => crate::controller::drain::OnTimeout::ForceDelete,
+            DrainOnTimeout::Fail => crate::controller::act::drain::OnTimeout::Fail,
+            DrainOnTimeout::ForceDelete => crate::controller::act::drain::OnTimeout::ForceDelete,
         }
     }
 }
@@ -208,7 +208,7 @@ pub struct EngineConfig {
     #[serde(with = "humantime_serde")]
     pub debounce: Duration,
     /// Nodes whose actions are executed at once (the Karpenter fence's writes: at most
-    /// [`crate::controller::fence_gate::FENCE_WRITES`], whatever this is).
+    /// [`crate::controller::engine::fence_gate::FENCE_WRITES`], whatever this is).
     pub node_concurrency: usize,
     /// Evictions in flight per drained node.
     pub drain_concurrency: usize,
@@ -219,7 +219,7 @@ pub struct EngineConfig {
     /// After the pods, wait until no VolumeAttachment names the node.
     pub wait_volume_detach: bool,
     /// Run the notices' intake and the fast path after a notice, and write the node's cordon, on a
-    /// thread and client of their own (`controller::lane`), not on the runtime that handles
+    /// thread and client of their own (`controller::engine::notice_thread`), not on the runtime that handles
     /// reports. On by default: at 5,000 nodes on the real control plane its runs ranked ahead of
     /// the shared runtime's (bench/results/2026-12-05-notice-apart.md).
     pub notice_lane: bool,
@@ -346,7 +346,7 @@ impl ControllerConfig {
     /// Semantic checks.
     pub fn validate(&self) -> Vec<Diagnostic> {
         let mut d = self.provider.validate();
-        d.extend(crate::controller::notify::validate(&self.notify));
+        d.extend(crate::controller::act::notify::validate(&self.notify));
         let err = |d: &mut Vec<Diagnostic>, p, m: &str| d.push(Diagnostic::error(p, m));
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
             err(
@@ -645,7 +645,7 @@ drain_concurrency = 4
         assert_eq!(e.on_timeout, super::DrainOnTimeout::ForceDelete);
         assert_eq!(
             e.on_timeout.to_drain(),
-            crate::controller::drain::OnTimeout::ForceDelete
+            crate::controller::act::drain::OnTimeout::ForceDelete
         );
         assert_eq!(e.drain_concurrency, 4);
         let bad = "[controller]\nlisten = \"127.0.0.1:1\"\ninsecure_plain_http = true\n[controller.engine]\ntick = \"0s\"\nnode_concurrency = 0\n";

@@ -20,7 +20,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::policy::GroupStatus;
+use crate::controller::policy::GroupStatus;
 use crate::sync::lock;
 
 /// `Content-Type` of [`encode`]'s output.

@@ -1,41 +1,29 @@
 //! The central controller (`nodekeeper controller`): receives agent reports over HTTPS, checks
 //! who sends them, and is the only writer of Node state. See docs/controller.md.
 //!
-//! Layout: [`config`] (`[controller]`), [`server`] (HTTP API), [`auth`] (TokenReview + node
-//! binding), [`nodestate`] (conditions, staleness, events), [`labels`] (allow-listed label
-//! removal), [`oci_events`] (OCI Notifications), [`leader`] (Lease election), [`events`]
-//! (Kubernetes Event reasons), [`engine`] (the disruption engine's reconcile loop, leader only),
-//! [`actions`] (the actor executing its decisions), [`lane`] (the notice fast path's thread),
-//! [`drain::tasks`] (one drain per node), [`metrics`] (engine metrics).
+//! Layout, by layer (docs/dev/architecture.md):
+//! - [`api`]: what agents and OCI Notifications call (server, auth, report limits, OCI events);
+//! - [`state`]: what the controller knows of each node (report conditions, labels, NodePools,
+//!   which changes wake the engine);
+//! - [`engine`]: the disruption engine (reconcile, fast path, due path, fence), leader only, deciding
+//!   through the pure [`policy`];
+//! - [`act`]: how decisions reach the cluster (the actor, drains, replacement providers,
+//!   notifications);
+//! - [`cluster`]: the replica in its cluster (Lease election, supervised tasks, the Event catalog);
+//! - [`config`] (`[controller]`), [`metrics`] (the one registry), [`clock`], [`status`] (the CLI's
+//!   view).
 
-pub mod actions;
-pub mod auth;
+pub mod act;
+pub mod api;
 pub mod catalog;
 pub mod clock;
+pub mod cluster;
 pub mod config;
-pub mod delay;
-pub mod drain;
 pub mod engine;
-pub mod events;
-pub mod fence_gate;
-pub mod fresh;
-pub mod labels;
-pub mod lane;
-pub mod leader;
-pub mod leader_pod;
-pub mod limits;
 pub mod metrics;
-pub mod nodepools;
-pub mod nodestate;
-pub mod notify;
-pub mod oci_events;
 pub mod policy;
-pub mod provider;
-pub mod report_versions;
-pub mod server;
+pub mod state;
 pub mod status;
-pub mod supervise;
-pub mod wake;
 
 use std::net::SocketAddr;
 
@@ -50,9 +38,14 @@ use kube::Api;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
+use self::act::{actions, drain, notify, provider};
+use self::api::app::App;
+use self::api::{auth, oci_events, server};
+use self::cluster::{delay, events, leader, leader_pod, supervise};
 use self::config::ControllerConfig;
-use self::nodestate::{NodeStateConfig, NodeStates};
-use self::server::App;
+use self::engine::{notice_thread, wake};
+use self::state::nodepools;
+use self::state::nodestate::{NodeStateConfig, NodeStates};
 
 /// Errors starting the controller.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +78,7 @@ pub enum ControllerError {
     NodePools(#[from] nodepools::NodePoolsError),
     /// The notice lane could not be started.
     #[error(transparent)]
-    Lane(#[from] lane::LaneError),
+    Lane(#[from] notice_thread::LaneError),
     /// The OCI Events secret file could not be read.
     #[error(transparent)]
     OciEvents(#[from] oci_events::SecretFileError),
@@ -492,10 +485,10 @@ pub async fn run(
     opts.drain_client = Some(drain::client(kcfg.clone()).map_err(ControllerError::Client)?);
     // Stopped when `run` returns, after the engine.
     let lane = match cfg.engine.notice_lane {
-        true => Some(lane::NoticeLane::start(kcfg).await?),
+        true => Some(notice_thread::NoticeLane::start(kcfg).await?),
         false => None,
     };
-    opts.lane = lane.as_ref().map(lane::NoticeLane::lane);
+    opts.lane = lane.as_ref().map(notice_thread::NoticeLane::lane);
     let mut running = start_under(&shutdown, client, &cfg, Some(opts)).await?;
     // The tasks run on children of `shutdown`: once it is cancelled they end, and that is a
     // stop, not a death (hence `biased`, and the check after a task's end).

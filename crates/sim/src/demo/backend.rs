@@ -7,7 +7,7 @@ use super::agents::{Credentials, SimCredentials};
 use super::real::RealCluster;
 use super::DemoError;
 use crate::apiserver::TestCluster;
-use nodekeeper_core::controller::provider::ProviderConfig;
+use nodekeeper_core::controller::act::provider::ProviderConfig;
 
 /// The demo's cluster.
 pub enum Backend {

@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use super::agents::{AgentCredentials, Credentials};
 use super::DemoError;
 use crate::apiserver::scenario::{self, Pool, Scenario};
-use nodekeeper_core::controller::provider::{ProviderConfig, WebhookConfig};
+use nodekeeper_core::controller::act::provider::{ProviderConfig, WebhookConfig};
 
 /// The namespace, ServiceAccounts and token audience of the shipped manifests.
 const NS: &str = "nodekeeper";
@@ -146,7 +146,7 @@ impl RealCluster {
                 .map(|l| {
                     l.items
                         .iter()
-                        .filter(|n| nodekeeper_core::controller::provider::is_ready(n))
+                        .filter(|n| nodekeeper_core::controller::act::provider::is_ready(n))
                         .count()
                 })
                 .unwrap_or(0);
@@ -441,7 +441,7 @@ async fn replace(admin: kube::Client, old: String, counter: Arc<AtomicUsize>) {
     };
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let pool = labels
-        .get(nodekeeper_core::controller::provider::POOL_LABEL)
+        .get(nodekeeper_core::controller::policy::nodepool::POOL_LABEL)
         .cloned()
         .unwrap_or_else(|| "pool".into());
     let n = counter.fetch_add(1, Ordering::Relaxed);
@@ -500,7 +500,7 @@ async fn replace(admin: kube::Client, old: String, counter: Arc<AtomicUsize>) {
         let drained = pods.list(&lp).await.is_ok_and(|l| {
             l.items
                 .iter()
-                .all(nodekeeper_core::controller::drain::select::is_daemonset)
+                .all(nodekeeper_core::controller::act::drain::select::is_daemonset)
         });
         if drained {
             break;

@@ -65,7 +65,7 @@ impl Env {
         if matches!(*backend, Backend::Real(_))
             && matches!(
                 provider,
-                nodekeeper_core::controller::provider::ProviderConfig::Webhook(_)
+                nodekeeper_core::controller::act::provider::ProviderConfig::Webhook(_)
             )
             && provider != ccfg.provider
         {
@@ -78,7 +78,7 @@ impl Env {
         let mut tasks = vec![tokio::spawn(async move {
             super::timeline::follow_events(
                 events_client,
-                nodekeeper_core::controller::events::NODE_EVENT_NAMESPACE,
+                nodekeeper_core::controller::cluster::events::NODE_EVENT_NAMESPACE,
                 &events_tl,
             )
             .await;

@@ -11,7 +11,7 @@ pub(super) struct AfterNotice {
     /// Where the actions after the own patch begin ([`Actor::write_leading`]).
     rest: usize,
     /// The own patch's result.
-    first: Result<(), crate::controller::actions::ActionError>,
+    first: Result<(), crate::controller::act::actions::ActionError>,
     now: DateTime<Utc>,
     /// The node's lane, held until its actions are done.
     guard: tokio::sync::OwnedMutexGuard<()>,
@@ -25,7 +25,7 @@ impl Engine {
     /// this acted, skips it). Returns whether it acted. `spawned`: when its task was spawned
     /// (logged with `notice acted on`: how long it waited for a thread and the node's lane).
     ///
-    /// Where it runs: spawned on the notice lane ([`crate::controller::lane`]), it decides there and writes
+    /// Where it runs: spawned on the notice lane ([`crate::controller::engine::notice_thread`]), it decides there and writes
     /// the node's own patch (the taint, the cordon, the notice's annotation) through the lane's
     /// client ([`Actor::write_leading`]); the rest — the node's Events and drain, and the
     /// Karpenter fence — runs on the engine's runtime (`Engine::after_notice`).

@@ -2,11 +2,11 @@
 //!
 //! Each reconcile builds a [`ClusterView`] from the Node cache (plus the objects our own patches
 //! returned, which may be newer), the current notices per node (from
-//! [`NodeStates::subscribe_events`](super::nodestate::NodeStates::subscribe_events): agents and
+//! [`NodeStates::subscribe_events`](crate::controller::state::nodestate::NodeStates::subscribe_events): agents and
 //! OCI Events; a cancellation replaces the notice it withdraws) and the drain tasks; calls
 //! [`decide_with_status`]; and hands each node's actions to the [`Actor`].
 //!
-//! Triggers: a node change the policy can see ([`NodeWake`](super::wake::NodeWake)) or a notice (debounced by
+//! Triggers: a node change the policy can see ([`NodeWake`](crate::controller::engine::wake::NodeWake)) or a notice (debounced by
 //! `[controller.engine] debounce`), a drain's
 //! progress, the moment the next repair toleration expires ([`next_expiry`]: a decision after
 //! expiry does not wait for the tick), and a periodic tick (`tick`, default 1 s). All progress
@@ -28,34 +28,39 @@ use kube::runtime::reflector::Store;
 use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use super::actions::{Actor, REPLACEMENT_ACCEPTED};
-use super::config::EngineConfig;
-use super::drain::tasks::DrainTasks;
-use super::fence_gate::{FenceGate, FENCE_WRITES};
-use super::metrics::{EngineMetrics, Wake};
-use super::policy::fence::{fence_now, fence_only};
-use super::policy::interruption::notice_recorded;
-use super::policy::repair::{next_expiry, Due};
-use super::policy::view::{became_ready, keys, ConditionView, Notice, NoticeKind, TaintView};
-use super::policy::{
+use crate::controller::act::actions::{Actor, REPLACEMENT_ACCEPTED};
+use crate::controller::act::drain::tasks::DrainTasks;
+use crate::controller::config::EngineConfig;
+use crate::controller::engine::fence_gate::{FenceGate, FENCE_WRITES};
+use crate::controller::metrics::{EngineMetrics, Wake};
+use crate::controller::policy::fence::{fence_now, fence_only};
+use crate::controller::policy::interruption::notice_recorded;
+use crate::controller::policy::nodepool::POOL_LABEL;
+use crate::controller::policy::repair::{next_expiry, Due};
+use crate::controller::policy::view::{
+    became_ready, keys, ConditionView, Notice, NoticeKind, TaintView,
+};
+use crate::controller::policy::{
     decide_groups, decide_interruption, decide_with_status, Action, ClusterView, Decision,
     NodeView, PolicyConfig,
 };
-use super::provider::POOL_LABEL;
 use crate::wire::NodeEvent;
 
 mod due;
 mod fast_path;
 mod fence;
+pub mod fence_gate;
+pub mod notice_thread;
 mod notices;
 mod reconcile;
 #[cfg(test)]
 mod run_tests;
 mod view;
+pub mod wake;
 #[cfg(test)]
 mod wake_tests;
 
-pub use super::clock::{Clock, SystemClock};
+pub use crate::controller::clock::{Clock, SystemClock};
 use crate::sync::lock;
 pub use notices::{NotRecorded, Recorded};
 use reconcile::by_node;
@@ -99,11 +104,11 @@ pub struct Engine {
     /// How long a reconcile takes, microseconds: the longest recent one (each reconcile lowers it
     /// by an eighth, unless it took longer), so that one quick reconcile does not hide the slow.
     reconcile_us: AtomicU64,
-    /// The notice thread's runtime ([`super::lane`]), where the notices' intake and the fast path
+    /// The notice thread's runtime ([`crate::controller::engine::notice_thread`]), where the notices' intake and the fast path
     /// run (none: the engine's).
-    notice_thread: super::lane::Home,
+    notice_thread: crate::controller::engine::notice_thread::Home,
     /// The engine's own runtime, where what follows a fast path's own patch runs.
-    home: super::lane::Home,
+    home: crate::controller::engine::notice_thread::Home,
 }
 
 impl std::fmt::Debug for Engine {
@@ -129,7 +134,7 @@ pub struct EngineParts {
     pub clock: Arc<dyn Clock>,
     /// Node cache.
     pub store: Store<Node>,
-    /// The NodePool cache, with `[budgets] source = "nodepool"` (see [`super::nodepools`]).
+    /// The NodePool cache, with `[budgets] source = "nodepool"` (see [`crate::controller::state::nodepools`]).
     pub nodepools: Option<Store<kube::core::DynamicObject>>,
     /// Actor.
     pub actor: Arc<Actor>,
@@ -139,7 +144,7 @@ pub struct EngineParts {
     pub metrics: Arc<EngineMetrics>,
     /// Notified on node changes and drain progress.
     pub wake: Arc<Notify>,
-    /// The notice lane's runtime, where the fast path runs ([`super::lane`]; none: the engine's).
+    /// The notice lane's runtime, where the fast path runs ([`crate::controller::engine::notice_thread`]; none: the engine's).
     pub lane: Option<tokio::runtime::Handle>,
 }
 
@@ -165,8 +170,8 @@ impl Engine {
             epoch: AtomicU64::new(0),
             next_due: Mutex::new(None),
             reconcile_us: AtomicU64::default(),
-            notice_thread: super::lane::Home::on(p.lane),
-            home: super::lane::Home::here(),
+            notice_thread: crate::controller::engine::notice_thread::Home::on(p.lane),
+            home: crate::controller::engine::notice_thread::Home::here(),
         })
     }
 
@@ -275,21 +280,21 @@ impl Engine {
     }
 }
 
-/// How to run the engine inside [`super::start_with`].
+/// How to run the engine inside [`crate::controller::start_with`].
 pub struct EngineOptions {
     /// `[repair]`, `[budgets]`, `[interruption]`, `dry_run`.
     pub policy: PolicyConfig,
     /// Clock (default: wall time).
     pub clock: Arc<dyn Clock>,
     /// Replacement provider (default: built from `[controller.provider]`).
-    pub provider: Option<Arc<dyn super::provider::NodeProvider>>,
+    pub provider: Option<Arc<dyn crate::controller::act::provider::NodeProvider>>,
     /// Client for drains, without kube's transparent 429 retry (default: the controller's).
     pub drain_client: Option<kube::Client>,
-    /// Notification hook (see [`super::actions::Notifier`]).
-    pub notifier: Option<Arc<dyn super::actions::Notifier>>,
-    /// The notice lane ([`super::lane`]; default: none, the fast path runs on the caller's
+    /// Notification hook (see [`crate::controller::act::actions::Notifier`]).
+    pub notifier: Option<Arc<dyn crate::controller::act::actions::Notifier>>,
+    /// The notice lane ([`crate::controller::engine::notice_thread`]; default: none, the fast path runs on the caller's
     /// runtime and writes through the controller's client).
-    pub lane: Option<super::lane::Lane>,
+    pub lane: Option<crate::controller::engine::notice_thread::Lane>,
 }
 
 impl EngineOptions {

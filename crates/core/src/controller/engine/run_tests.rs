@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::controller::nodestate::{NodeStateConfig, NodeStates};
+use crate::controller::state::nodestate::{NodeStateConfig, NodeStates};
 use crate::controller::{actions::ActorParts, events::Recorder, provider};
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -90,7 +90,7 @@ fn engine_at(
     leader_rx: watch::Receiver<bool>,
     policy: PolicyConfig,
     clock: Arc<dyn Clock>,
-    lane: Option<crate::controller::lane::Lane>,
+    lane: Option<crate::controller::engine::notice_thread::Lane>,
 ) -> Arc<Engine> {
     let (metrics, wake) = (Arc::new(EngineMetrics::default()), Arc::new(Notify::new()));
     let drains = Arc::new(DrainTasks::new(
@@ -243,7 +243,7 @@ async fn on_the_notice_lane_the_cordon_goes_through_the_lanes_client() {
             }
         })
     };
-    let started = crate::controller::lane::NoticeLane::start(kube::Config::new(
+    let started = crate::controller::engine::notice_thread::NoticeLane::start(kube::Config::new(
         "https://127.0.0.1:1".parse().expect("a URI"),
     ))
     .await
@@ -267,7 +267,7 @@ async fn on_the_notice_lane_the_cordon_goes_through_the_lanes_client() {
         leader_rx,
         PolicyConfig::default(),
         Arc::new(SystemClock),
-        Some(crate::controller::lane::Lane {
+        Some(crate::controller::engine::notice_thread::Lane {
             handle,
             client: urgent,
         }),

@@ -147,7 +147,7 @@ impl Engine {
     ) -> BTreeMap<String, crate::controller::policy::nodepool::PoolBudgets> {
         self.nodepools
             .as_ref()
-            .map(crate::controller::nodepools::budgets)
+            .map(crate::controller::state::nodepools::budgets)
             .unwrap_or_default()
     }
 }

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::super::catalog::{EventType, Reason};
 use super::config::RepairStep;
 use super::explain::Blocker;
 use super::view::NoticeKind;
 use super::Action;
+use crate::controller::catalog::{EventType, Reason};
 
 fn event(type_: EventType, reason: Reason, message: String) -> Action {
     debug_assert!(

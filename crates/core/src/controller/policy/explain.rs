@@ -5,8 +5,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::super::catalog::{self, Reason};
 use super::budget::in_zone;
+use crate::controller::catalog::{self, Reason};
 
 /// What holds a node back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

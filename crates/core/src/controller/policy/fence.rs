@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 
 use super::view::{keys, parse_time, NodeView, State};
 use super::Action;
-use crate::controller::provider::POOL_LABEL;
+use crate::controller::policy::nodepool::POOL_LABEL;
 
 /// Value of [`keys::DO_NOT_DISRUPT_BY`] on a fence mark.
 pub const FENCE: &str = "fence";
@@ -132,7 +132,7 @@ pub fn fence_now(
 
 /// Whether a node's actions only set or lift fence marks ([`fence`]'s writes, or the lift of a
 /// mark of nodekeeper's): what the engine lets wait for its other Node writes
-/// (`controller::fence_gate`).
+/// (`controller::engine::fence_gate`).
 pub fn fence_only(actions: &[Action]) -> bool {
     !actions.is_empty()
         && actions.iter().all(|a| match a {

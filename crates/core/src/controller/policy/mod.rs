@@ -32,9 +32,9 @@ use chrono::{DateTime, Utc};
 pub use config::PolicyConfig;
 pub use view::{ClusterView, NodeView};
 
-use super::catalog;
-pub use super::catalog::EventType;
-use super::provider::POOL_LABEL;
+use crate::controller::catalog;
+pub use crate::controller::catalog::EventType;
+use crate::controller::policy::nodepool::POOL_LABEL;
 use budget::{GroupBudgets, Origin, Reason};
 use explain::{Blocker, Held};
 use view::{keys, DrainPhase, Record, State};

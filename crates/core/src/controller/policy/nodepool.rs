@@ -26,6 +26,9 @@ use serde_json::Value;
 use super::budget::Window;
 use super::config::{Budget, Quantity};
 
+/// Node label naming the Karpenter NodePool a node belongs to.
+pub const POOL_LABEL: &str = "karpenter.sh/nodepool";
+
 /// A NodePool whose budgets Karpenter would refuse, or that nodekeeper cannot read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("NodePool {pool}: {path}: {problem}")]

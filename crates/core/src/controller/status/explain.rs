@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::model::NodeStatus;
 use super::render::{age, blocker_cell, relative};
-use crate::controller::events::{NODE_EVENT_NAMESPACE, REPORTING_CONTROLLER};
+use crate::controller::cluster::events::{NODE_EVENT_NAMESPACE, REPORTING_CONTROLLER};
 
 /// Schema version of the `explain` and `history` JSON documents.
 pub const EXPLAIN_SCHEMA_VERSION: u32 = 1;

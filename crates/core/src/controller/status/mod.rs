@@ -1,5 +1,5 @@
 //! `nodekeeper status`: what nodekeeper is doing with each Node and what holds it back, read
-//! back from the annotations the controller writes (see [`keys`](super::policy::view::keys) and
+//! back from the annotations the controller writes (see [`keys`](crate::controller::policy::view::keys) and
 //! docs/status.md).
 //!
 //! Two halves, re-exported here: the model (`model.rs`: [`NodeStatus::from_parts`] turns a Node's

@@ -128,8 +128,10 @@ pub async fn list_nodepools(
     if cfg.source != BudgetsSource::NodePool {
         return Ok(BTreeMap::new());
     }
-    let api: Api<kube::core::DynamicObject> =
-        Api::all_with(client, &crate::controller::nodepools::nodepool_resource());
+    let api: Api<kube::core::DynamicObject> = Api::all_with(
+        client,
+        &crate::controller::state::nodepools::nodepool_resource(),
+    );
     let list =
         api.list(&ListParams::default())
             .await

@@ -34,11 +34,11 @@ use crate::apiserver::resources::{well_known, ResourceDef};
 use crate::apiserver::scenario;
 use crate::apiserver::{SimOptions, TestCluster};
 use event::{Happening, WhatIf};
+use nodekeeper_core::controller::act::provider::ProviderConfig;
 use nodekeeper_core::controller::clock::Clock;
 use nodekeeper_core::controller::config::ControllerConfig;
 use nodekeeper_core::controller::engine::EngineOptions;
 use nodekeeper_core::controller::policy::{decide_with_status, PolicyConfig};
-use nodekeeper_core::controller::provider::ProviderConfig;
 use nodekeeper_core::wire::{NodeEvent, NODE_EVENT_VERSION};
 use snapshot::Snapshot;
 use verdict::{EventLine, Verdict, Workloads};
@@ -278,7 +278,7 @@ async fn replay(
     let follow = tokio::spawn(async move {
         super::timeline::follow_events(
             events_client,
-            nodekeeper_core::controller::events::NODE_EVENT_NAMESPACE,
+            nodekeeper_core::controller::cluster::events::NODE_EVENT_NAMESPACE,
             &events_tl,
         )
         .await;
@@ -402,7 +402,7 @@ async fn replay(
 async fn recorded_events(cluster: &TestCluster) -> BTreeMap<String, Vec<EventLine>> {
     let api: Api<Event> = Api::namespaced(
         cluster.client.clone(),
-        nodekeeper_core::controller::events::NODE_EVENT_NAMESPACE,
+        nodekeeper_core::controller::cluster::events::NODE_EVENT_NAMESPACE,
     );
     let mut out: BTreeMap<String, Vec<EventLine>> = BTreeMap::new();
     if let Ok(list) = api.list(&ListParams::default()).await {

@@ -9,8 +9,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::apiserver::eviction;
-use nodekeeper_core::controller::actions::describe;
-use nodekeeper_core::controller::drain::select::{self, Class, SelectOptions};
+use nodekeeper_core::controller::act::actions::describe;
+use nodekeeper_core::controller::act::drain::select::{self, Class, SelectOptions};
 use nodekeeper_core::controller::policy::explain::Blocker;
 use nodekeeper_core::controller::policy::view::State;
 use nodekeeper_core::controller::policy::{group_of, Action, ClusterView, Decision, PolicyConfig};

@@ -150,7 +150,7 @@ pub struct EffectiveRepair<'a> {
 impl RepairConfig {
     /// The Node condition types the policy reads: `Ready`, and every type a repair policy names
     /// (the global ones and each group's). A change of any other condition cannot change a
-    /// decision (the engine's [`NodeWake`](crate::controller::wake::NodeWake) ignores it).
+    /// decision (the engine's [`NodeWake`](crate::controller::engine::wake::NodeWake) ignores it).
     pub fn condition_types(&self) -> BTreeSet<String> {
         let groups = self.groups.values().flat_map(|g| {
             let policy = g.policy.iter().flatten();
