@@ -20,7 +20,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 use nodekeeper_core::config::Env;
 use nodekeeper_core::controller::status::explain::{
-    self, check_installed, get_node, node_events, render_explanation, render_history,
+    self, check_installed, get_node, node_events, node_names, render_explanation, render_history,
     HistoryDocument, Installed, DEFAULT_NAMESPACE, EXPLAIN_SCHEMA_VERSION,
 };
 use nodekeeper_core::controller::status::StatusOutput;
@@ -67,13 +67,9 @@ pub fn complete(words: &[String]) -> u8 {
     let (candidates, directive) = candidates(words, |g| {
         super::block_on_current_thread(async move {
             let (client, _) = connect(&g, "kubectl-nodekeeper").await?;
-            let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
-            let list = tokio::time::timeout(
-                std::time::Duration::from_secs(3),
-                nodes.list_metadata(&kube::api::ListParams::default()),
-            )
-            .await??;
-            for n in list.items.iter().filter_map(|n| n.metadata.name.as_deref()) {
+            let names = tokio::time::timeout(std::time::Duration::from_secs(3), node_names(client))
+                .await??;
+            for n in names {
                 println!("{n}");
             }
             Ok(Exit::Ok.code())

@@ -159,6 +159,17 @@ pub async fn get_node(
     }
 }
 
+/// The names of the cluster's Nodes (metadata only, unpaginated: shell completion).
+pub async fn node_names(client: kube::Client) -> Result<Vec<String>, kube::Error> {
+    let nodes: Api<Node> = Api::all(client);
+    let list = nodes.list_metadata(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect())
+}
+
 /// One Event about the node, as `history` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EventLine {
