@@ -19,7 +19,7 @@ impl Engine {
     /// it leaves them to that reconcile, which then costs hardly more. Returns the number of
     /// actions decided.
     pub async fn due_path(self: &Arc<Self>, groups: &BTreeSet<String>) -> usize {
-        let epoch = self.epoch.load(Ordering::SeqCst);
+        let taken = self.order.view();
         // Off the async workers, as the reconcile's view (up to half the cluster here).
         let me = self.clone();
         let wanted = groups.clone();
@@ -33,7 +33,7 @@ impl Engine {
             }
         };
         let count = decisions.len();
-        self.act(by_node(decisions), epoch).await;
+        self.act(by_node(decisions), taken).await;
         self.metrics.due_paths.fetch_add(1, Ordering::Relaxed);
         self.bump();
         count

@@ -13,8 +13,8 @@ pub(super) struct AfterNotice {
     /// The own patch's result.
     first: Result<(), crate::controller::act::actions::ActionError>,
     now: DateTime<Utc>,
-    /// The node's lane, held until its actions are done.
-    guard: tokio::sync::OwnedMutexGuard<()>,
+    /// The node's turn ([`NodeOrder`]), held until its actions are done.
+    turn: node_order::Turn,
 }
 
 impl Engine {
@@ -23,7 +23,7 @@ impl Engine {
     /// nothing waits for a budget), act on it now, without the whole [`ClusterView`]. The full
     /// reconcile that follows decides the same for this node (and, having read the node before
     /// this acted, skips it). Returns whether it acted. `spawned`: when its task was spawned
-    /// (logged with `notice acted on`: how long it waited for a thread and the node's lane).
+    /// (logged with `notice acted on`: how long it waited for a thread and the node's turn).
     ///
     /// Where it runs: spawned on the notice lane ([`crate::controller::engine::notice_thread`]), it decides there and writes
     /// the node's own patch (the taint, the cordon, the notice's annotation) through the lane's
@@ -31,7 +31,7 @@ impl Engine {
     /// Karpenter fence — runs on the engine's runtime (`Engine::after_notice`).
     pub async fn fast_path(self: &Arc<Self>, node: &str, spawned: std::time::Instant) -> bool {
         let started = std::time::Instant::now();
-        let guard = self.node_lock(node).lock_owned().await;
+        let turn = self.order.turn(node).await;
         let now = self.clock.now();
         let Some(v) = self.node_now(node) else {
             return false;
@@ -64,7 +64,7 @@ impl Engine {
             rest,
             first,
             now,
-            guard,
+            turn,
         };
         if let Err(e) = self.home.spawn(self.clone().after_notice(after)).await {
             tracing::warn!(node, error = %e, "fast path's follow-up failed; the next reconcile retries it");
@@ -77,7 +77,7 @@ impl Engine {
     /// fence ([`fence_now`]) on the NodePool's other nodes, whose views are built now (a pass
     /// over the whole cache) — not a reconcile later, so that Karpenter starts no voluntary
     /// disruption there in between — each write giving way to the engine's other writes
-    /// ([`FenceGate`]). A fenced node another task is writing right now (its lane is taken) is
+    /// ([`FenceGate`]). A fenced node another task is writing right now (its turn is taken) is
     /// left to the reconcile, which fences it too.
     pub(super) async fn after_notice(self: Arc<Self>, a: AfterNotice) {
         let AfterNotice {
@@ -87,7 +87,7 @@ impl Engine {
             rest,
             first,
             now,
-            guard,
+            turn,
         } = a;
         let dry_run = self.policy.controller.dry_run;
         let own = async {
@@ -102,8 +102,7 @@ impl Engine {
             if let Err(e) = done {
                 tracing::warn!(error = %e, "fast path failed; retried by the next reconcile");
             }
-            self.touch(&node);
-            drop(guard);
+            self.order.acted(turn);
             // Counted when the node's own actions are done, not after the fence's writes too.
             self.metrics.fast_paths.fetch_add(1, Ordering::Relaxed);
         };
@@ -115,9 +114,7 @@ impl Engine {
             }
             let me = &self;
             futures::future::join_all(fence.into_iter().map(|(n, marks)| async move {
-                if me.write_fence(&n, &marks, None).await {
-                    me.touch(&n);
-                }
+                me.write_fence(&n, &marks, FenceBy::FastPath).await;
             }))
             .await
         };

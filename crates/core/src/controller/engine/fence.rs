@@ -1,47 +1,37 @@
-//! The Karpenter fence around a node nodekeeper acts on, and what tells the reconcile that the
-//! fast path acted on a node since it read it.
+//! The Karpenter fence around a node nodekeeper acts on, written in the node's turn
+//! ([`NodeOrder`]).
 
 use super::*;
 
+/// Who writes a fence: the fast path after its notice (the write counts as the fast path's act
+/// on that node, [`NodeOrder::acted`]), or a reconcile, which skips a node a fast path acted on
+/// since its view.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum FenceBy {
+    FastPath,
+    Reconcile(View),
+}
+
 impl Engine {
-    /// Counts `node` as acted on by a fast path now: a reconcile whose view predates this skips it.
-    pub(super) fn touch(&self, node: &str) {
-        let done = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-        lock(&self.touched).insert(node.to_string(), done);
-    }
-
-    /// Whether a fast path acted on `node` since `epoch` (a view of then is out of date there).
-    pub(super) fn acted_since(&self, node: &str, epoch: u64) -> bool {
-        let since = lock(&self.touched).get(node).is_some_and(|t| *t > epoch);
-        if since {
-            tracing::debug!(
-                node,
-                "acted on by the fast path since this view; next round"
-            );
-        }
-        since
-    }
-
     /// Writes fence-only `marks` ([`fence_only`]) on `node` through the [`FenceGate`]: at most
     /// [`FENCE_WRITES`] in flight, each once the engine's other writes are answered; not when the
-    /// node's lane is taken (another write of it in flight: the next reconcile fences it), a fast
-    /// path acted on it since `epoch` (the reconcile's view), or the cached Node already carries
-    /// them (a fast path and a reconcile deciding the same fence). Returns whether it wrote.
-    pub(super) async fn write_fence(
-        &self,
-        node: &str,
-        marks: &[Action],
-        epoch: Option<u64>,
-    ) -> bool {
+    /// node's turn is taken (another write of it in flight: the next reconcile fences it), for a
+    /// reconcile when a fast path acted on the node since its view, nor when the cached Node
+    /// already carries them (a fast path and a reconcile deciding the same fence). Returns
+    /// whether it wrote.
+    pub(super) async fn write_fence(&self, node: &str, marks: &[Action], by: FenceBy) -> bool {
         let Some(_slot) = self.fence_gate.fence_slot().await else {
             return false;
         };
-        let lane = self.node_lock(node);
-        let Ok(_guard) = lane.try_lock() else {
+        let Some(turn) = self.order.try_turn(node) else {
             tracing::debug!(node, "being written; fenced next round");
             return false;
         };
-        if epoch.is_some_and(|e| self.acted_since(node, e)) || self.carries(node, marks) {
+        let stale = match by {
+            FenceBy::Reconcile(view) => !self.order.fresh_for(&turn, view),
+            FenceBy::FastPath => false,
+        };
+        if stale || self.carries(node, marks) {
             return false;
         }
         if let Err(e) = self
@@ -50,6 +40,9 @@ impl Engine {
             .await
         {
             tracing::warn!(error = %e, "fence failed; retried by the next reconcile");
+        }
+        if let FenceBy::FastPath = by {
+            self.order.acted(turn);
         }
         true
     }
@@ -67,7 +60,8 @@ impl Engine {
     }
 
     /// A reconcile's fence-only actions on one node ([`Self::write_fence`]).
-    pub(super) async fn fence_on(&self, node: String, marks: Vec<Action>, epoch: u64) -> bool {
-        self.write_fence(&node, &marks, Some(epoch)).await
+    pub(super) async fn fence_on(&self, node: String, marks: Vec<Action>, view: View) -> bool {
+        self.write_fence(&node, &marks, FenceBy::Reconcile(view))
+            .await
     }
 }

@@ -49,7 +49,9 @@ use crate::wire::NodeEvent;
 mod due;
 mod fast_path;
 mod fence;
+use fence::FenceBy;
 pub mod fence_gate;
+mod node_order;
 pub mod notice_thread;
 mod notices;
 mod reconcile;
@@ -62,6 +64,7 @@ mod wake_tests;
 
 pub use crate::controller::clock::{Clock, SystemClock};
 use crate::sync::lock;
+use node_order::{NodeOrder, View};
 pub use notices::{NotRecorded, Recorded};
 use reconcile::by_node;
 pub use view::node_view;
@@ -90,14 +93,11 @@ pub struct Engine {
     wake: Arc<Notify>,
     /// Bumped after every reconcile and fast path (waiters re-read the Nodes).
     progress: watch::Sender<u64>,
-    /// One lock per node: the fast path and the reconcile never act on a node at once.
-    node_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The one per-node serialisation of the engine's writes ([`NodeOrder`]: its invariants).
+    order: NodeOrder,
     /// Paces the Karpenter fence's writes behind the engine's other Node writes ([`FenceGate`]:
     /// why, and the figures behind it).
     fence_gate: FenceGate,
-    /// Per node, the [`Self::epoch`] at which the fast path last finished acting on it.
-    touched: Mutex<HashMap<String, u64>>,
-    epoch: AtomicU64,
     /// When the next repair toleration expires, and in which groups (the run loop wakes then,
     /// not at its next tick, and decides those groups first).
     next_due: Mutex<Option<Due>>,
@@ -164,22 +164,13 @@ impl Engine {
             seen_ready: Mutex::new(Default::default()),
             wake: p.wake,
             progress: watch::channel(0).0,
-            node_locks: Mutex::new(HashMap::new()),
+            order: NodeOrder::default(),
             fence_gate: FenceGate::new(FENCE_WRITES),
-            touched: Mutex::new(HashMap::new()),
-            epoch: AtomicU64::new(0),
             next_due: Mutex::new(None),
             reconcile_us: AtomicU64::default(),
             notice_thread: crate::controller::engine::notice_thread::Home::on(p.lane),
             home: crate::controller::engine::notice_thread::Home::here(),
         })
-    }
-
-    fn node_lock(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
-        lock(&self.node_locks)
-            .entry(node.to_string())
-            .or_default()
-            .clone()
     }
 
     fn bump(&self) {

@@ -18,7 +18,7 @@ impl Engine {
         let started = std::time::Instant::now();
         let now = self.clock.now();
         // Nodes the fast path acts on after this are skipped: this view predates them.
-        let epoch = self.epoch.load(Ordering::SeqCst);
+        let taken = self.order.view();
         // Building the view and deciding for every node is CPU-bound (a quarter of a second at
         // 5,000 nodes in a debug build): off the async workers, so that the fast path after a
         // notice, agent reports and the API are not queued behind it.
@@ -61,7 +61,7 @@ impl Engine {
                 );
             }
         }
-        self.act(by_node, epoch).await;
+        self.act(by_node, taken).await;
         self.bump();
         self.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
         if count > 0 {
@@ -80,9 +80,9 @@ impl Engine {
     }
 
     /// Executes each node's actions (at most `node_concurrency` nodes at once), in the node's
-    /// lane, skipping a node the fast path acted on since `epoch` (its view predates that); the
+    /// turn, skipping a node the fast path acted on since `view` was taken (it predates that); the
     /// nodes whose actions are only the fence's through [`Self::write_fence`].
-    pub(super) async fn act(&self, by_node: BTreeMap<String, Vec<Action>>, epoch: u64) {
+    pub(super) async fn act(&self, by_node: BTreeMap<String, Vec<Action>>, view: View) {
         // The fence's writes apart, so that none of them holds a place the others wait for.
         let (fences, others): (Vec<_>, Vec<_>) =
             by_node.into_iter().partition(|(_, a)| fence_only(a));
@@ -90,23 +90,22 @@ impl Engine {
         // for the spawned engine (rust-lang/rust#110338).
         let others = futures::stream::iter(others)
             .for_each_concurrent(self.cfg.node_concurrency.max(1), |(node, actions)| {
-                self.act_on(node, actions, epoch)
+                self.act_on(node, actions, view)
             })
             .boxed();
         let fences = futures::future::join_all(
             fences
                 .into_iter()
-                .map(|(node, marks)| self.fence_on(node, marks, epoch)),
+                .map(|(node, marks)| self.fence_on(node, marks, view)),
         )
         .boxed();
         let ((), _) = tokio::join!(others, fences);
     }
 
-    /// One node's actions in its lane (waiting for it), counted as a write the fence gives way to.
-    pub(super) async fn act_on(&self, node: String, actions: Vec<Action>, epoch: u64) {
-        let lane = self.node_lock(&node);
-        let _guard = lane.lock().await;
-        if self.acted_since(&node, epoch) {
+    /// One node's actions in its turn (waiting for it), counted as a write the fence gives way to.
+    pub(super) async fn act_on(&self, node: String, actions: Vec<Action>, view: View) {
+        let turn = self.order.turn(&node).await;
+        if !self.order.fresh_for(&turn, view) {
             return;
         }
         let _urgent = self.fence_gate.urgent();

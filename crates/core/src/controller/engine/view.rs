@@ -133,8 +133,7 @@ impl Engine {
         self.drains.retain(|n| alive.contains_key(n));
         self.actor.retain(|n| alive.contains_key(n));
         lock(&self.seen_ready).retain(|n| alive.contains_key(n));
-        lock(&self.node_locks).retain(|n, _| alive.contains_key(n));
-        lock(&self.touched).retain(|n, _| alive.contains_key(n));
+        self.order.retain(|n| alive.contains_key(n));
         ClusterView {
             nodes,
             nodepools: self.nodepool_budgets(),
