@@ -23,6 +23,8 @@
 #                                                     demo run themselves; the Prometheus Operator's objects are an
 #                                                     opt-in component, not in it), then FILEs, with the real kubectl
 #
+# Feature gates: NodeLifecycleConditions (alpha in 1.37, KEP-5683) on kube-apiserver and kube-controller-manager,
+# the lifecycle conditions nodekeeper sets around its drains (docs/drain.md).
 # Node heartbeats: KWOK's node Leases last 10 s and kube-controller-manager marks a node NotReady 8 s after its
 # last one (fast tests); K8S_NODE_LEASE_SECONDS and K8S_NODE_MONITOR_GRACE override both (e.g. 40 and 50s, the
 # kubelet's and kube-controller-manager's defaults, for thousands of nodes: bench/scale-real.sh).
@@ -307,6 +309,7 @@ serve kube-apiserver 60 1 "$BIN/kube-apiserver" \
   --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true \
   --enable-admission-plugins=NodeRestriction \
   --endpoint-reconciler-type=none \
+  --feature-gates=NodeLifecycleConditions=true \
   --profiling=false ${AUDIT[@]+"${AUDIT[@]}"} \
   -- --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "https://127.0.0.1:@P1@/readyz"
 P_API=${PORTS[0]}
@@ -323,7 +326,7 @@ serve kube-controller-manager 40 1 "$BIN/kube-controller-manager" \
   --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
   --controllers=serviceaccount-token-controller,serviceaccount-controller,namespace-controller,root-ca-certificate-publisher-controller,garbage-collector-controller,replicaset-controller,deployment-controller,statefulset-controller,daemonset-controller,endpointslice-controller,disruption-controller,node-lifecycle-controller,taint-eviction-controller,pod-garbage-collector-controller,validatingadmissionpolicy-status-controller \
   --node-monitor-period=1s --node-monitor-grace-period="${K8S_NODE_MONITOR_GRACE:-8s}" --node-startup-grace-period=20s \
-  --concurrent-gc-syncs=5 --profiling=false \
+  --concurrent-gc-syncs=5 --profiling=false --feature-gates=NodeLifecycleConditions=true \
   -- -k "https://127.0.0.1:@P1@/healthz"
 P_KCM=${PORTS[0]}
 

@@ -112,6 +112,37 @@ toleration = "3s""#,
         ("True", Some("BlockedByBudget"))
     );
 
+    // Kubernetes 1.37's lifecycle conditions (KEP-5683) around the repair's drain: the node has no
+    // pods, so the drain completes; the held node is not drained and carries neither.
+    let repairing_name = repairing.metadata.name.clone().unwrap();
+    let drained = wait_for(Duration::from_secs(30), "Drained=True", || {
+        let (api, n) = (api.clone(), repairing_name.clone());
+        async move {
+            let node = api.get(&n).await.ok()?;
+            condition(&node, "Drained")
+                .is_some_and(|c| c.status == "True")
+                .then_some(node)
+        }
+    })
+    .await;
+    let in_progress = condition(&drained, "DrainInProgress").expect("DrainInProgress written");
+    assert_eq!(
+        (in_progress.status.as_str(), in_progress.reason.as_deref()),
+        ("False", Some("DrainCompleted"))
+    );
+    assert_eq!(
+        condition(&drained, "Drained").unwrap().reason.as_deref(),
+        Some("DrainCompleted")
+    );
+    let held_now = api
+        .get(held.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        condition(&held_now, "DrainInProgress").is_none()
+            && condition(&held_now, "Drained").is_none()
+    );
+
     // `nodekeeper status` as an operator who may only list nodes.
     let token = status_reader_token(c, &admin).await;
     let kc = dir.path().join("reader.kubeconfig");

@@ -6,7 +6,9 @@
 use std::path::Path;
 
 use nodekeeper_core::agent::checks::{Checks, ChecksConfig};
-use nodekeeper_core::controller::catalog::{Reason, HELD_CONDITION};
+use nodekeeper_core::controller::catalog::{
+    Reason, DRAINED, DRAIN_CONDITION_REASONS, DRAIN_IN_PROGRESS, HELD_CONDITION,
+};
 
 fn doc(name: &str) -> String {
     std::fs::read_to_string(
@@ -134,6 +136,7 @@ fn the_docs_list_exactly_the_condition_types() {
     let checks = default_check_types();
     let mut want = checks.clone();
     want.push(HELD_CONDITION.to_string());
+    want.extend([DRAIN_IN_PROGRESS, DRAINED].map(String::from));
     want.sort();
     let mut rows: Vec<String> = table(
         &doc("catalog.md"),
@@ -151,4 +154,26 @@ fn the_docs_list_exactly_the_condition_types() {
         .collect();
     listed.sort();
     assert_eq!(listed, checks, "docs/checks.md's checks table");
+}
+
+/// The lifecycle conditions' rows name exactly the reasons the controller writes.
+#[test]
+fn the_docs_list_exactly_the_drain_condition_reasons() {
+    let rows = table(
+        &doc("catalog.md"),
+        "| condition type | written by | reasons |",
+    );
+    let mut listed: Vec<String> = rows
+        .iter()
+        .filter(|r| [DRAIN_IN_PROGRESS, DRAINED].contains(&r[0].trim_matches('`')))
+        .flat_map(|r| ticked(&r[2]))
+        .collect();
+    listed.sort();
+    listed.dedup();
+    let mut want: Vec<String> = DRAIN_CONDITION_REASONS.map(String::from).to_vec();
+    want.sort();
+    assert_eq!(
+        listed, want,
+        "docs/catalog.md's DrainInProgress and Drained reasons"
+    );
 }

@@ -252,6 +252,22 @@ pub const HELD_CONDITION: &str = "NodekeeperHeld";
 /// The `NodekeeperHeld` condition's reason once released (`False`).
 pub const NOT_HELD: &str = "NotHeld";
 
+/// KEP-5683's node lifecycle condition (Kubernetes 1.37, gate `NodeLifecycleConditions`) that
+/// nodekeeper sets while it drains a node (`[controller.engine] lifecycle_conditions`).
+pub const DRAIN_IN_PROGRESS: &str = "DrainInProgress";
+
+/// KEP-5683's condition that the node reached nodekeeper's drain criteria.
+pub const DRAINED: &str = "Drained";
+
+/// The reasons of [`DRAIN_IN_PROGRESS`] and [`DRAINED`].
+pub const DRAIN_CONDITION_REASONS: [&str; 5] = [
+    "DrainStarted",
+    "DrainCompleted",
+    "DrainTimedOut",
+    "DrainStopped",
+    "DrainFailed",
+];
+
 /// The reason of a nodekeeper condition the controller set to `Unknown` because the node's agent
 /// stopped reporting (staleness).
 pub const AGENT_NOT_REPORTING: &str = "AgentNotReporting";

@@ -223,6 +223,9 @@ pub struct EngineConfig {
     /// reports. On by default: at 5,000 nodes on the real control plane its runs ranked ahead of
     /// the shared runtime's (bench/results/2026-12-05-notice-apart.md).
     pub notice_lane: bool,
+    /// Set Kubernetes 1.37's node lifecycle conditions (KEP-5683) around each drain:
+    /// `DrainInProgress` and `Drained` (docs/drain.md).
+    pub lifecycle_conditions: bool,
 }
 
 impl Default for EngineConfig {
@@ -237,6 +240,7 @@ impl Default for EngineConfig {
             on_timeout: DrainOnTimeout::Fail,
             wait_volume_detach: true,
             notice_lane: true,
+            lifecycle_conditions: true,
         }
     }
 }

@@ -26,10 +26,13 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::{json, Map, Value};
 
+use crate::controller::act::drain::lifecycle::DrainEdge;
+use crate::controller::act::drain::tasks::lifecycle_write;
 use crate::controller::act::drain::tasks::DrainTasks;
 use crate::controller::act::provider::{
     request_id, NodeProvider, ProviderError, ReplacementRequest,
 };
+use crate::controller::catalog::DRAINED;
 use crate::controller::catalog::{Reason, NOT_HELD};
 use crate::controller::cluster::events::{Recorder, Regarding};
 use crate::controller::metrics::{ActionResult, EngineMetrics};
@@ -536,6 +539,33 @@ impl Actor {
         }
     }
 
+    /// Clears `Drained` once the node's drain is let go (the node is back in service), also when
+    /// this process did not run that drain (a restart in between).
+    async fn release_drained(&self, node: &str) {
+        let drained = self
+            .nodes
+            .get_opt(node)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|n| {
+                n.status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == DRAINED && c.status == "True")
+            });
+        if drained {
+            lifecycle_write(
+                &self.nodes,
+                node,
+                DrainEdge::Released,
+                "the node is back in service",
+            )
+            .await;
+        }
+    }
+
     async fn side_effect(self: &Arc<Self>, node: &str, a: &Action) -> Result<(), ActionError> {
         match a {
             Action::StartDrain { deadline, reason }
@@ -544,7 +574,12 @@ impl Actor {
                 let msg = format!("{reason}: drain by {}", deadline.to_rfc3339());
                 self.notify(node, "drain", "started", msg, false);
             }
-            Action::StopDrain => self.drains.stop(node),
+            Action::StopDrain => {
+                self.drains.stop(node);
+                if self.drains.lifecycle_conditions() {
+                    self.release_drained(node).await;
+                }
+            }
             Action::RequestReboot { id, reason } => {
                 let cmd = AgentCommand::Reboot {
                     id: id.clone(),

@@ -317,7 +317,12 @@ async fn the_fast_paths_fence_at_most_fence_writes_nodes_at_once() {
         }
     }
     let (_leader, leader_rx) = watch::channel(true);
-    let engine = engine(client, store, EngineConfig::default(), leader_rx);
+    // Only the Node writes of the fast paths and fences are counted: no drain conditions.
+    let cfg = EngineConfig {
+        lifecycle_conditions: false,
+        ..EngineConfig::default()
+    };
+    let engine = engine(client, store, cfg, leader_rx);
     let notice = preemption_notice();
     let start = tokio::time::Instant::now();
     assert!(engine.add_notice("a0", &notice) && engine.add_notice("b0", &notice));

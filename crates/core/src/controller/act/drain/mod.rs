@@ -8,6 +8,7 @@
 
 pub mod blocker;
 pub mod exec;
+pub mod lifecycle;
 pub mod select;
 pub mod tasks;
 

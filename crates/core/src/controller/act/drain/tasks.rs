@@ -16,6 +16,7 @@ use kube::Client;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::controller::act::drain::lifecycle::DrainEdge;
 use crate::controller::act::drain::{
     self, BlockReason, DrainError, DrainOptions, DrainProgress, DrainReport,
 };
@@ -61,6 +62,23 @@ struct Run {
     wake: Arc<Notify>,
     slots: Arc<Semaphore>,
     tasks: Arc<Mutex<HashMap<String, Task>>>,
+    /// Why the drain runs (the lifecycle conditions' message).
+    reason: String,
+    /// `[controller.engine] lifecycle_conditions`.
+    lifecycle: bool,
+}
+
+/// Writes the lifecycle conditions of `edge` ([`lifecycle`](super::lifecycle)); a failure is
+/// logged (the drain goes on: the conditions inform, they decide nothing).
+pub(crate) async fn lifecycle_write(
+    nodes: &kube::Api<k8s_openapi::api::core::v1::Node>,
+    node: &str,
+    edge: DrainEdge,
+    message: &str,
+) {
+    if let Err(e) = super::lifecycle::write(nodes, node, edge, message).await {
+        tracing::warn!(node, ?edge, error = %e, "lifecycle conditions not written");
+    }
 }
 
 impl DrainTasks {
@@ -139,6 +157,8 @@ impl DrainTasks {
             wake: self.wake.clone(),
             slots: self.slots.clone(),
             tasks: self.tasks.clone(),
+            reason: reason.to_string(),
+            lifecycle: self.cfg.lifecycle_conditions,
         };
         tracing::info!(node, reason, deadline = %deadline.to_rfc3339(), "drain started");
         tokio::spawn(run.go());
@@ -169,6 +189,11 @@ impl DrainTasks {
         self.retain(|_| false);
     }
 
+    /// Whether drains set the lifecycle conditions (`[controller.engine] lifecycle_conditions`).
+    pub fn lifecycle_conditions(&self) -> bool {
+        self.cfg.lifecycle_conditions
+    }
+
     /// Node names with a drain task.
     pub fn nodes(&self) -> Vec<String> {
         lock(&self.tasks).keys().cloned().collect()
@@ -185,6 +210,12 @@ impl Run {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let started = std::time::Instant::now();
         let node = self.opts.node.clone();
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+            kube::Api::all(self.client.clone());
+        let reason = self.reason.clone();
+        if self.lifecycle {
+            lifecycle_write(&nodes, &node, DrainEdge::Started, &reason).await;
+        }
         let shared = self.shared.clone();
         let metrics = self.metrics.clone();
         let wake = self.wake.clone();
@@ -211,6 +242,15 @@ impl Run {
             }
         };
         self.metrics.drain_finished(label, took);
+        if self.lifecycle {
+            let edge = match label {
+                "completed" => DrainEdge::Completed,
+                "cancelled" => DrainEdge::Cancelled,
+                "failed" if phase == DrainPhase::Failed => DrainEdge::TimedOut,
+                _ => DrainEdge::Failed,
+            };
+            lifecycle_write(&nodes, &node, edge, &reason).await;
+        }
         tracing::info!(
             node,
             result = label,
