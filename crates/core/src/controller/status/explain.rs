@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use super::model::NodeStatus;
 use super::render::{age, blocker_cell, relative};
+use crate::controller::catalog::{DRAINED, DRAIN_IN_PROGRESS};
 use crate::controller::cluster::events::{NODE_EVENT_NAMESPACE, REPORTING_CONTROLLER};
 
 /// Schema version of the `explain` and `history` JSON documents.
@@ -259,6 +260,12 @@ pub struct ConditionLine {
     pub since: Option<DateTime<Utc>>,
 }
 
+/// Whether nodekeeper writes conditions of type `t`: its own (`Nodekeeper*`: the agent's checks,
+/// `NodekeeperHeld`) and the node lifecycle conditions around its drains.
+fn is_nodekeepers(t: &str) -> bool {
+    t.starts_with("Nodekeeper") || t == DRAIN_IN_PROGRESS || t == DRAINED
+}
+
 /// `explain NODE`: the row `status` shows, the node's nodekeeper conditions and its latest
 /// nodekeeper Events.
 #[derive(Debug, Clone, Serialize)]
@@ -269,7 +276,8 @@ pub struct Explanation {
     pub generated_at: DateTime<Utc>,
     /// What `status` shows for the node (docs/status.md's JSON `nodes[]` element).
     pub node: NodeStatus,
-    /// The node's `Nodekeeper*` conditions, by type.
+    /// The conditions nodekeeper writes on the node (`Nodekeeper*`, `DrainInProgress`,
+    /// `Drained`), by type.
     pub conditions: Vec<ConditionLine>,
     /// The latest nodekeeper Events about it, newest first (at most [`EXPLAIN_EVENTS`]).
     pub recent_events: Vec<EventLine>,
@@ -291,7 +299,7 @@ pub fn explain(
         .and_then(|s| s.conditions.as_ref())
         .into_iter()
         .flatten()
-        .filter(|c| c.type_.starts_with("Nodekeeper"))
+        .filter(|c| is_nodekeepers(&c.type_))
         .map(|c| ConditionLine {
             type_: c.type_.clone(),
             status: c.status.clone(),
@@ -578,6 +586,13 @@ mod tests {
                         ..NodeCondition::default()
                     },
                     NodeCondition {
+                        type_: DRAIN_IN_PROGRESS.into(),
+                        status: "True".into(),
+                        reason: Some("DrainStarted".into()),
+                        message: Some("d".into()),
+                        ..NodeCondition::default()
+                    },
+                    NodeCondition {
                         type_: HELD_CONDITION.into(),
                         status: "True".into(),
                         reason: Some("DeadlineExceeded".into()),
@@ -591,7 +606,12 @@ mod tests {
             ..Node::default()
         };
         let x = explain(&node, &[], "pool", now);
-        assert_eq!(x.conditions.len(), 1, "only Nodekeeper* conditions");
+        let types: Vec<&str> = x.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(
+            types,
+            [DRAIN_IN_PROGRESS, HELD_CONDITION],
+            "nodekeeper's, by type"
+        );
         let text = render_explanation(&x, now);
         for want in [
             "Node:        n1\n",
@@ -607,6 +627,6 @@ mod tests {
         }
         let json = serde_json::to_value(&x).unwrap();
         assert_eq!(json["node"]["held"]["reason"], "DeadlineExceeded");
-        assert_eq!(json["conditions"][0]["type"], HELD_CONDITION);
+        assert_eq!(json["conditions"][1]["type"], HELD_CONDITION);
     }
 }
