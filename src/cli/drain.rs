@@ -11,6 +11,7 @@ use kube::Client;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use nodekeeper_core::controller::act::drain::lifecycle::{self, DrainEdge};
 use nodekeeper_core::controller::act::drain::{
     self, drain, DrainError, DrainOptions, DrainProgress, DrainReport, OnTimeout, Phase,
 };
@@ -58,6 +59,10 @@ pub struct DrainOpts {
     /// Do not wait for the node's VolumeAttachments to be detached.
     #[arg(long)]
     pub skip_volume_wait: bool,
+    /// Set Kubernetes 1.37's lifecycle conditions `DrainInProgress` and `Drained` on the node, as
+    /// the controller does (needs `patch` on `nodes/status`; docs/drain.md).
+    #[arg(long)]
+    pub report_node_conditions: bool,
 }
 
 /// One JSON output line.
@@ -116,7 +121,22 @@ async fn run(args: DrainArgs) -> u8 {
     opts.wait_volume_detach = !o.skip_volume_wait;
     let cancel = shutdown_token();
     let output = args.output;
+    let conditions = (o.report_node_conditions && !o.dry_run)
+        .then(|| kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()));
+    let why = "nodekeeper drain";
+    if let Some(nodes) = &conditions {
+        report_conditions(nodes, &args.node, DrainEdge::Started, why).await;
+    }
     let result = drain(client, &opts, cancel, |p| print_progress(output, p)).await;
+    if let Some(nodes) = &conditions {
+        let edge = match &result {
+            Ok(_) => DrainEdge::Completed,
+            Err(DrainError::TimedOut { .. }) => DrainEdge::TimedOut,
+            Err(DrainError::Cancelled { .. }) => DrainEdge::Cancelled,
+            Err(_) => DrainEdge::Failed,
+        };
+        report_conditions(nodes, &args.node, edge, why).await;
+    }
     match result {
         Ok(report) => {
             if output == Output::Text {
@@ -132,6 +152,21 @@ async fn run(args: DrainArgs) -> u8 {
             )
         }
         Err(e) => failure(output, &e),
+    }
+}
+
+/// Writes the lifecycle conditions of `edge`; a failure is a warning (the drain's result stands).
+async fn report_conditions(
+    nodes: &kube::Api<k8s_openapi::api::core::v1::Node>,
+    node: &str,
+    edge: DrainEdge,
+    why: &str,
+) {
+    if let Err(e) = lifecycle::write(nodes, node, edge, why).await {
+        eprintln!(
+            "warning: {node}: lifecycle conditions not written ({edge:?}): {}",
+            error_chain(&e)
+        );
     }
 }
 

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
@@ -185,9 +185,21 @@ async fn nodekeeper_drain_and_kubectl_drain_empty_identical_nodes(c: &'static Cl
     let kc = operator_kubeconfig(c, &admin, TEST_NS, dir.path()).await;
     let _nodes = two_loaded_nodes(c, &admin, "dr-nk", "dr-kc").await;
 
-    let (code, _, _, nk) =
-        run(nodekeeper_drain(&kc, "dr-nk", &["--timeout", "120s"]).arg("--skip-volume-wait"));
+    let (code, _, stderr, nk) = run(nodekeeper_drain(&kc, "dr-nk", &["--timeout", "120s"])
+        .args(["--skip-volume-wait", "--report-node-conditions"]));
     assert_eq!(code, 0, "nodekeeper drain failed");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    // Kubernetes 1.37's lifecycle conditions, written as the operator.
+    let node: Node = Api::all(admin.clone()).get("dr-nk").await.unwrap();
+    let status = |t: &str| {
+        let c = condition(&node, t).unwrap_or_else(|| panic!("no {t}"));
+        (c.status.clone(), c.reason.clone().unwrap_or_default())
+    };
+    assert_eq!(
+        status("DrainInProgress"),
+        ("False".into(), "DrainCompleted".into())
+    );
+    assert_eq!(status("Drained"), ("True".into(), "DrainCompleted".into()));
     let (code, _, _, kd) = run(std::process::Command::new(kubectl_bin())
         .arg("--kubeconfig")
         .arg(&kc)
