@@ -27,6 +27,20 @@ pub struct DrainArgs {
     /// Kubeconfig file (default: KUBECONFIG, ~/.kube/config or in-cluster, as kube-rs infers).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use (default: the current context).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Output format: text lines or one JSON object per line.
+    #[arg(long, short, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    #[command(flatten)]
+    pub opts: DrainOpts,
+}
+
+/// The options of a drain besides the node, the cluster and the output (shared with
+/// `kubectl nodekeeper drain`).
+#[derive(Debug, clap::Args)]
+pub struct DrainOpts {
     /// Deadline for the whole drain, e.g. 90s or 10m; 0 means no deadline.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
     pub timeout: Duration,
@@ -39,9 +53,6 @@ pub struct DrainArgs {
     /// List what would be evicted; change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Output format: text lines or one JSON object per line.
-    #[arg(long, short, value_enum, default_value_t = Output::Text)]
-    pub output: Output,
     /// Evictions in flight at once.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub concurrency: u16,
@@ -76,17 +87,17 @@ pub fn main(args: DrainArgs) -> u8 {
     super::block_on(async move { Ok(run(args).await) })
 }
 
-/// A drain client (no transparent 429 retries) from `--kubeconfig`, else the inferred
-/// configuration (in-cluster, `$KUBECONFIG`).
-async fn client(kubeconfig: Option<&Path>) -> Result<Client, String> {
-    let cfg = nodekeeper_core::k8s::client::config(kubeconfig, None, "drain")
+/// A drain client (no transparent 429 retries) from `--kubeconfig` and `--context`, else the
+/// inferred configuration (in-cluster, `$KUBECONFIG`).
+async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Client, String> {
+    let cfg = nodekeeper_core::k8s::client::config(kubeconfig, context, "drain")
         .await
         .map_err(|e| error_chain(&e))?;
     drain::client(cfg).map_err(|e| format!("cannot build a Kubernetes client: {e}"))
 }
 
 async fn run(args: DrainArgs) -> u8 {
-    let client = match client(args.kubeconfig.as_deref()).await {
+    let client = match client(args.kubeconfig.as_deref(), args.context.as_deref()).await {
         Ok(c) => c,
         Err(msg) => {
             return finish(
@@ -99,17 +110,18 @@ async fn run(args: DrainArgs) -> u8 {
             )
         }
     };
+    let o = &args.opts;
     let mut opts = DrainOptions::new(&args.node);
-    if !args.timeout.is_zero() {
-        opts = opts.with_timeout(args.timeout);
+    if !o.timeout.is_zero() {
+        opts = opts.with_timeout(o.timeout);
     }
-    opts.on_timeout = args.on_timeout;
-    opts.dry_run = args.dry_run;
-    opts.concurrency = usize::from(args.concurrency);
-    opts.wait_volume_detach = !args.skip_volume_wait;
+    opts.on_timeout = o.on_timeout;
+    opts.dry_run = o.dry_run;
+    opts.concurrency = usize::from(o.concurrency);
+    opts.wait_volume_detach = !o.skip_volume_wait;
     let cancel = shutdown_token();
     let output = args.output;
-    let conditions = (args.report_node_conditions && !args.dry_run)
+    let conditions = (o.report_node_conditions && !o.dry_run)
         .then(|| kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()));
     let why = "nodekeeper drain";
     if let Some(nodes) = &conditions {

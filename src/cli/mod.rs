@@ -15,6 +15,8 @@ mod demo;
 #[cfg(feature = "controller")]
 mod drain;
 mod exit;
+#[cfg(feature = "controller")]
+mod plugin;
 #[cfg(feature = "demo")]
 mod sim;
 #[cfg(feature = "controller")]
@@ -85,6 +87,15 @@ enum Command {
     /// annotations). Exit 0 listed, 1 error (API unreachable, bad kubeconfig), 2 usage (docs/status.md).
     #[cfg(feature = "controller")]
     Status(status::StatusArgs),
+    /// Print a completion script for `nodekeeper` (bash: `source <(nodekeeper completion bash)`;
+    /// zsh: write it as `_nodekeeper` into a directory of $fpath). The kubectl plugin has its own:
+    /// `kubectl nodekeeper completion SHELL`.
+    #[cfg(feature = "controller")]
+    Completion {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: plugin::Shell,
+    },
     /// Stand-ins for the peers nodekeeper talks to (tests, demo, benchmarks).
     #[cfg(feature = "demo")]
     Sim {
@@ -147,8 +158,18 @@ where
 
 /// Parses arguments, runs the command, and maps the outcome to an exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
     let env = Env::from_process();
+    // Started as `kubectl-nodekeeper` (kubectl's plugin lookup): the plugin's commands.
+    #[cfg(feature = "controller")]
+    match plugin::invoked_as(std::env::args_os().next().as_ref()) {
+        plugin::Invoked::Plugin => return ExitCode::from(plugin::main(&env)),
+        plugin::Invoked::Complete => {
+            let words: Vec<String> = std::env::args().skip(1).collect();
+            return ExitCode::from(plugin::complete(&words));
+        }
+        plugin::Invoked::Nodekeeper => {}
+    }
+    let cli = Cli::parse();
     let code = match cli.command {
         Command::Validate { config } => validate(&config, &env),
         Command::Agent {
@@ -179,6 +200,11 @@ pub fn main() -> ExitCode {
         Command::Demo(args) => demo::main(args),
         #[cfg(feature = "controller")]
         Command::Status(args) => status::main(args, &env),
+        #[cfg(feature = "controller")]
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            plugin::completion(shell, Cli::command(), "nodekeeper")
+        }
         #[cfg(feature = "demo")]
         Command::Sim { command } => sim::main(command),
     };

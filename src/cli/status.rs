@@ -32,6 +32,14 @@ pub struct StatusArgs {
         ("json", "One JSON document (schema version 1, described in docs/status.md)"),
     ]))]
     pub output: StatusOutput,
+    #[command(flatten)]
+    pub opts: StatusOpts,
+}
+
+/// The options of `status` besides the cluster and the output (shared with
+/// `kubectl nodekeeper status`).
+#[derive(Debug, clap::Args)]
+pub struct StatusOpts {
     /// Only nodes matching this label selector (e.g. `karpenter.sh/nodepool=spot`).
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
@@ -54,7 +62,7 @@ pub struct StatusArgs {
 /// Runs the command; returns the exit code.
 pub fn main(args: StatusArgs, env: &Env) -> u8 {
     // `--config`: the `[budgets]` section (an invalid file exits 2, as `validate`).
-    let budgets = match &args.config {
+    let budgets = match &args.opts.config {
         Some(path) => match super::load_config(path, env) {
             Ok(l) => Some(l.config.policy().budgets),
             Err(code) => return code,
@@ -84,15 +92,15 @@ async fn list(
         "status",
     )
     .await?;
-    cfg.connect_timeout = Some(args.connect_timeout);
+    cfg.connect_timeout = Some(args.opts.connect_timeout);
     let server = cfg.cluster_url.to_string();
     let client = client::client(cfg)?;
-    let group_label = budgets.map_or(args.group_label.as_str(), |b| b.group_by.as_str());
+    let group_label = budgets.map_or(args.opts.group_label.as_str(), |b| b.group_by.as_str());
     let rows = list_rows(
         client.clone(),
         &server,
-        args.selector.as_deref(),
-        args.chunk_size,
+        args.opts.selector.as_deref(),
+        args.opts.chunk_size,
         group_label,
     )
     .await?;

@@ -29,6 +29,7 @@ mod manifests;
 mod oci_sdk_crosscheck;
 mod packaging_deb;
 mod packaging_image;
+mod packaging_plugin;
 mod packaging_rpm;
 mod prometheus_rules;
 mod systemd_logind;

@@ -388,7 +388,8 @@ fn oci_event() {
 fn report_body() {
     assert_eq!(seed_accepted("report_body", "full.json").accepted, 1);
     assert_eq!(seed_accepted("report_body", "minimal.json").accepted, 1);
-    assert_eq!(seed_accepted("report_body", "version2.json").rejected, 1);
+    assert_eq!(seed_accepted("report_body", "full_v2.json").accepted, 1);
+    assert_eq!(seed_accepted("report_body", "version3.json").rejected, 1);
     let (total, accepted, rejected) = smoke("report_body", JSON_TOKENS);
     assert!(
         accepted > 0 && rejected > total / 10,

@@ -37,7 +37,7 @@ pub async fn report(config: &AgentSections, root: Option<std::path::PathBuf>) ->
         sources
             .errors
             .into_iter()
-            .map(|e| format!("metadata source: {e}")),
+            .map(|e| crate::wire::Problem::new("metadata source", e.to_string())),
     );
     report
 }

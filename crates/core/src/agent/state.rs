@@ -7,7 +7,7 @@ use crate::agent::checks::Round;
 use crate::agent::crio::apply::{ApplyError, ApplyReport};
 use crate::wire::{
     CheckEvent, CheckResult, CommandResult, CrioReport, CrioResult, InstanceIdentity, LabelRemoval,
-    NodeEvent, NodeReport, REPORT_VERSION,
+    NodeEvent, NodeReport, Problem, REPORT_VERSION,
 };
 
 /// Command results carried in every report (the controller matches them by id).
@@ -30,7 +30,7 @@ pub struct AgentState {
     crio: Option<CrioReport>,
     label_removals: Vec<LabelRemoval>,
     command_results: Vec<CommandResult>,
-    problems: Vec<String>,
+    problems: Vec<Problem>,
     /// Fingerprint of the last published content (conditions, crio, labels, identity).
     last_published: Option<String>,
 }
@@ -70,7 +70,7 @@ impl AgentState {
         self.problems = round
             .failures
             .iter()
-            .map(|f| format!("check {}: {}", f.check, f.error))
+            .map(|f| Problem::new(format!("check {}", f.check), f.error.to_string()))
             .collect();
     }
 
@@ -166,9 +166,12 @@ impl AgentState {
         self.last_published = Some(self.fingerprint());
         let mut problems = self.problems.clone();
         if self.dropped_check_events > 0 {
-            problems.push(format!(
-                "{} check events dropped (more than {MAX_CHECK_EVENTS} pending)",
-                self.dropped_check_events
+            problems.push(Problem::new(
+                "checks",
+                format!(
+                    "{} check events dropped (more than {MAX_CHECK_EVENTS} pending)",
+                    self.dropped_check_events
+                ),
             ));
             self.dropped_check_events = 0;
         }
@@ -262,7 +265,7 @@ mod tests {
         assert!(
             r.problems
                 .iter()
-                .any(|p| p.starts_with("3 check events dropped")),
+                .any(|p| p.source == "checks" && p.message.starts_with("3 check events dropped")),
             "{:?}",
             r.problems
         );

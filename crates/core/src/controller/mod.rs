@@ -358,6 +358,7 @@ pub async fn start_under(
         delay,
         max_body: cfg.max_report_bytes,
         bodies_refused: Default::default(),
+        versions: Default::default(),
     });
     let a2 = app.clone();
     tokio::spawn(async move {

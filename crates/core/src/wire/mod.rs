@@ -6,7 +6,10 @@
 //! removals) plus the events not yet acknowledged by the controller. The controller answers with
 //! commands for the agent. Compatibility rule: fields are only added within a version (readers
 //! ignore fields they do not know); anything else bumps [`REPORT_VERSION`] (or, for an event,
-//! [`NODE_EVENT_VERSION`]), and the controller rejects versions it does not know with 400.
+//! [`NODE_EVENT_VERSION`]). The controller reads the current and the previous report version
+//! ([`ACCEPTED_REPORT_VERSIONS`]; an older body is upgraded on read by [`parse_body`]) and
+//! rejects any other with 400 naming the versions it accepts. Golden bodies of each accepted
+//! version are in `tests/fixtures/reports/`, replayed against the controller in CI.
 //!
 //! A leaf: it imports nothing from `agent` or `controller` (only serde, chrono and the crate's
 //! leaves; `tests/unit_like/layering.rs` checks it). Both sides import the schema from here.
@@ -20,6 +23,7 @@ pub use check::{CheckEvent, CheckResult, ConditionStatus, EventSeverity, OWNED_P
 pub use event::{event_id, Cloud, EventKind, NodeEvent, NODE_EVENT_VERSION};
 pub use identity::InstanceIdentity;
 pub use report::{
-    parse_body, AgentCommand, BodyError, CommandResult, CrioReport, CrioResult, LabelRemoval,
-    NodeReport, ReportResponse, MAX_EVENTS_PER_REPORT, REPORT_VERSION,
+    accepted_report_versions, parse_body, parse_versioned, AgentCommand, BodyError, CommandResult,
+    CrioReport, CrioResult, LabelRemoval, NodeReport, Problem, ReportResponse,
+    ACCEPTED_REPORT_VERSIONS, MAX_EVENTS_PER_REPORT, REPORT_VERSION,
 };

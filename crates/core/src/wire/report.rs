@@ -5,8 +5,26 @@ use serde::{Deserialize, Serialize};
 
 use super::{CheckEvent, CheckResult, InstanceIdentity, NodeEvent};
 
-/// The schema version this build writes and reads.
-pub const REPORT_VERSION: u32 = 1;
+/// The schema version this build writes.
+///
+/// Version 2 made `problems` typed objects ([`Problem`]: `source` and `message`); in version 1
+/// they were plain strings.
+pub const REPORT_VERSION: u32 = 2;
+
+/// Every version this build reads, oldest first: the current one and the one before it, so a
+/// controller upgraded first keeps taking the reports of agents not yet upgraded. A body of an
+/// older version is upgraded to the current schema on read ([`parse_body`]); the controller
+/// counts and warns about it (docs/install.md "Version skew").
+pub const ACCEPTED_REPORT_VERSIONS: [u32; 2] = [1, REPORT_VERSION];
+
+/// The accepted versions as text, e.g. `1, 2`.
+pub fn accepted_report_versions() -> String {
+    ACCEPTED_REPORT_VERSIONS
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// Most notices (`events`) the agent puts in one report, oldest first; the rest go with the next
 /// reports. The controller's default `[controller.report_limits] max_events`.
@@ -15,7 +33,8 @@ pub const MAX_EVENTS_PER_REPORT: usize = 64;
 /// One report from the agent on `node`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeReport {
-    /// Schema version ([`REPORT_VERSION`]).
+    /// Schema version ([`REPORT_VERSION`]; a body of an older accepted version is upgraded to
+    /// this one on read, [`parse_versioned`] tells which it was).
     pub version: u32,
     /// The Kubernetes node the agent runs on (the controller checks it against the caller's token).
     pub node: String,
@@ -50,9 +69,30 @@ pub struct NodeReport {
     /// Results of commands the controller sent earlier.
     #[serde(default)]
     pub command_results: Vec<CommandResult>,
-    /// Typed problems of checks and sources, as text (e.g. a metadata endpoint answering garbage).
+    /// Problems of checks, sources and the reporter (e.g. a metadata endpoint answering garbage).
     #[serde(default)]
-    pub problems: Vec<String>,
+    pub problems: Vec<Problem>,
+}
+
+/// One problem the agent reports (version 2; a version 1 problem was a string, read as a
+/// problem of source `""`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    /// What had it: `check NAME`, `metadata source`, `reporter`, `checks`; `""` when not known
+    /// (a version 1 report).
+    pub source: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl Problem {
+    /// A problem of `source`.
+    pub fn new(source: impl Into<String>, message: impl Into<String>) -> Self {
+        Problem {
+            source: source.into(),
+            message: message.into(),
+        }
+    }
 }
 
 /// Why a report body was refused (400); messages carry at most a bounded slice of the input.
@@ -62,7 +102,10 @@ pub enum BodyError {
     #[error("invalid JSON: {0}")]
     Json(String),
     /// A `version` this controller does not read (or none).
-    #[error("unsupported report version {0}; this controller reads {REPORT_VERSION}")]
+    #[error(
+        "unsupported report version {0}; this controller accepts report versions {accepted}",
+        accepted = accepted_report_versions()
+    )]
     Version(String),
     /// JSON, but not a report of this version.
     #[error("invalid report: {0}")]
@@ -72,21 +115,55 @@ pub enum BodyError {
 /// Longest error text taken from serde (which may quote the input).
 const MAX_ERROR_CHARS: usize = 200;
 
-/// Parses and version-checks a `POST /v1/reports` body (the handler calls this after
-/// authentication and before the node check).
+/// Parses and version-checks a `POST /v1/reports` body: [`parse_versioned`] without the body's
+/// version.
 pub fn parse_body(body: &[u8]) -> Result<NodeReport, BodyError> {
+    parse_versioned(body).map(|(_, report)| report)
+}
+
+/// Parses and version-checks a `POST /v1/reports` body (the handler calls this after
+/// authentication and before the node check): the version the body was written in, and the
+/// report in the current schema (a body of an older accepted version is upgraded, its `version`
+/// made [`REPORT_VERSION`]).
+pub fn parse_versioned(body: &[u8]) -> Result<(u32, NodeReport), BodyError> {
     let short = |e: serde_json::Error| crate::text::truncate(&e.to_string(), MAX_ERROR_CHARS);
-    let value: serde_json::Value =
+    let mut value: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| BodyError::Json(short(e)))?;
-    match value.get("version") {
-        Some(v) if v.as_u64() == Some(u64::from(REPORT_VERSION)) => {}
-        Some(v) => {
-            let shown = crate::text::truncate(&v.to_string(), 40);
-            return Err(BodyError::Version(shown));
-        }
+    let version = match value.get("version") {
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if ACCEPTED_REPORT_VERSIONS.contains(&n) => n,
+            _ => {
+                let shown = crate::text::truncate(&v.to_string(), 40);
+                return Err(BodyError::Version(shown));
+            }
+        },
         None => return Err(BodyError::Version("none".into())),
+    };
+    if version == 1 {
+        upgrade_v1(&mut value).map_err(BodyError::Schema)?;
     }
-    serde_json::from_value(value).map_err(|e| BodyError::Schema(short(e)))
+    let mut report: NodeReport =
+        serde_json::from_value(value).map_err(|e| BodyError::Schema(short(e)))?;
+    report.version = REPORT_VERSION;
+    Ok((version, report))
+}
+
+/// A version 1 body in the version 2 schema: each problem string becomes a [`Problem`] of
+/// source `""`. Anything else is left for the schema to judge.
+fn upgrade_v1(value: &mut serde_json::Value) -> Result<(), String> {
+    let Some(problems) = value.get_mut("problems") else {
+        return Ok(());
+    };
+    let Some(list) = problems.as_array_mut() else {
+        return Err("problems: a version 1 report's problems are an array of strings".into());
+    };
+    for p in list {
+        let Some(text) = p.as_str() else {
+            return Err("problems: a version 1 report's problems are strings".into());
+        };
+        *p = serde_json::json!({ "source": "", "message": text });
+    }
+    Ok(())
 }
 
 /// The outcome of the last CRI-O apply.
@@ -215,6 +292,74 @@ mod tests {
                 id: "r1".into(),
                 reason: "repair".into()
             }
+        );
+    }
+
+    fn body(version: serde_json::Value, problems: serde_json::Value) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "version": version, "node": "n1", "agent_version": "t", "agent_instance": "i",
+            "sequence": 1, "boot_id": "b", "generated_at": "2026-11-30T03:30:00Z",
+            "problems": problems,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_version_1_body_is_upgraded_to_the_current_schema() {
+        let (v, r) = parse_versioned(&body(
+            1.into(),
+            serde_json::json!(["aws imds: invalid JSON"]),
+        ))
+        .unwrap();
+        assert_eq!((v, r.version), (1, REPORT_VERSION));
+        // Written again, it is a current body.
+        let again = parse_versioned(&serde_json::to_vec(&r).unwrap()).unwrap();
+        assert_eq!(again, (REPORT_VERSION, r.clone()));
+        assert_eq!(r.problems, vec![Problem::new("", "aws imds: invalid JSON")]);
+        // A version 1 body with version 2's problems is not a version 1 body.
+        let e = parse_body(&body(
+            1.into(),
+            serde_json::json!([{"source": "s", "message": "m"}]),
+        ))
+        .unwrap_err();
+        assert!(matches!(e, BodyError::Schema(_)), "{e}");
+    }
+
+    #[test]
+    fn a_version_2_body_reads_typed_problems_and_refuses_strings() {
+        let (v, r) = parse_versioned(&body(
+            2.into(),
+            serde_json::json!([{"source": "check kmsg", "message": "bad record"}]),
+        ))
+        .unwrap();
+        assert_eq!((v, r.version), (2, 2));
+        assert_eq!(r.problems, vec![Problem::new("check kmsg", "bad record")]);
+        let e = parse_body(&body(2.into(), serde_json::json!(["text"]))).unwrap_err();
+        assert!(matches!(e, BodyError::Schema(_)), "{e}");
+    }
+
+    #[test]
+    fn other_versions_are_refused_naming_the_accepted_ones() {
+        for v in [
+            serde_json::json!(0),
+            serde_json::json!(3),
+            serde_json::json!(4_294_967_297u64),
+            serde_json::json!(-1),
+            serde_json::json!("2"),
+            serde_json::json!(2.5),
+        ] {
+            let e = parse_body(&body(v.clone(), serde_json::json!([]))).unwrap_err();
+            assert!(matches!(e, BodyError::Version(_)), "{v}: {e}");
+            assert!(
+                e.to_string()
+                    .ends_with("this controller accepts report versions 1, 2"),
+                "{e}"
+            );
+        }
+        let e = parse_body(br#"{"node":"n1"}"#).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unsupported report version none; this controller accepts report versions 1, 2"
         );
     }
 }

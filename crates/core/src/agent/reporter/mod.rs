@@ -258,9 +258,12 @@ impl Reporter {
         self.queue.answer_replayed(&mut report);
         let dropped = self.queue.take_dropped();
         if dropped > 0 {
-            report.problems.push(format!(
-                "{dropped} queued events dropped: over max_queued_events, or too large for a \
-                 report (max_report_bytes)"
+            report.problems.push(crate::wire::Problem::new(
+                "reporter",
+                format!(
+                    "{dropped} queued events dropped: over max_queued_events, or too large for \
+                     a report (max_report_bytes)"
+                ),
             ));
         }
         let queued: Vec<NodeEvent> = self
@@ -589,6 +592,58 @@ mod tests {
         r.stop().await;
     }
 
+    /// An agent upgraded before its controller: the controller refuses the new report version
+    /// (400). The agent keeps its queued notice (sent again with every report), backs off as for
+    /// any failure (no spinning), and delivers once the controller reads its version.
+    #[tokio::test(start_paused = true)]
+    async fn a_report_version_refused_with_400_keeps_the_queue_and_backs_off() {
+        use Script::{Ok, OldController};
+        let r = start(
+            &[
+                OldController,
+                OldController,
+                OldController,
+                OldController,
+                Ok,
+            ],
+            S(10),
+            S(4),
+        );
+        let ev = NodeEvent::on_node(EventKind::ShuttingDown, "t", "k", chrono::Utc::now());
+        let id = ev.id.clone();
+        r.event_tx.send(ev).await.unwrap();
+        r.at(S(30)).await;
+        let got = r.sent_at();
+        let gaps: Vec<Duration> = got.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.len() >= 5, "{got:?}");
+        // After failure n: min(500 ms · 2^n, 4 s), jittered into [d/2, d].
+        for (i, d) in [S(1), S(2), S(4), S(4)].iter().enumerate() {
+            let gap = gaps[i];
+            assert!(
+                gap >= *d / 2 && gap <= *d + MS(1),
+                "gap {i}: {gap:?} for {d:?} ({gaps:?})"
+            );
+        }
+        assert!(
+            gaps[4..].iter().all(|g| *g >= S(10) - MS(1)),
+            "delivered: the heartbeat resumes ({gaps:?})"
+        );
+        let seen = r.stop().await;
+        let seen = seen.lock().unwrap();
+        // The first report (at 0) may go before the loop takes the event (both are ready at
+        // once); every later one carries it, the refused ones and those after them.
+        assert!(
+            seen.reports[1..]
+                .iter()
+                .all(|rep| rep.events.iter().any(|e| e.id == id)),
+            "every report after the first carries the queued event"
+        );
+        assert!(seen
+            .reports
+            .iter()
+            .all(|rep| rep.version == crate::wire::REPORT_VERSION));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_report_turned_away_with_retry_after_waits_that_long_with_jitter_then_backs_off() {
         use Script::{Busy, Ok};
@@ -712,7 +767,8 @@ mod tests {
                 .1
                 .problems
                 .iter()
-                .any(|p| p.starts_with("19000 queued events dropped")),
+                .any(|p| p.source == "reporter"
+                    && p.message.starts_with("19000 queued events dropped")),
             "{:?}",
             seen[0].1.problems
         );

@@ -56,6 +56,8 @@ pub struct App {
     pub max_body: usize,
     /// Request bodies refused as too large (413) or too slow (408).
     pub bodies_refused: AtomicU64,
+    /// Reports by report version, and those refused for theirs.
+    pub versions: super::report_versions::ReportVersions,
 }
 
 /// How long a handler waits for a request body once it decided to read it (after

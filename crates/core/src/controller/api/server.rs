@@ -155,8 +155,19 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
             Err(r) => return r,
         },
     };
-    let report = match crate::wire::parse_body(&body) {
+    let (version, report) = match crate::wire::parse_versioned(&body) {
         Ok(r) => r,
+        Err(e @ crate::wire::BodyError::Version(_)) => {
+            app.versions.refused();
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({
+                    "error": e.to_string(),
+                    "accepted_versions": crate::wire::ACCEPTED_REPORT_VERSIONS,
+                })),
+            )
+                .into_response();
+        }
         Err(e) => return err(StatusCode::BAD_REQUEST, e.to_string()),
     };
     if report.node != caller.node {
@@ -178,8 +189,11 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
         )
             .into_response();
     }
+    let deprecated = app
+        .versions
+        .taken(&report.node, version, &report.agent_version);
     let events = report.events.clone();
-    match app.states.handle(report, received).await {
+    let answer = match app.states.handle(report, received).await {
         Ok(mut resp) => {
             if let Some(engine) = &app.disruption {
                 // Acknowledged only once stored: a controller killed after the answer loses
@@ -195,7 +209,20 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
             Json(resp).into_response()
         }
         Err(e) => err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    with_warning(answer, deprecated)
+}
+
+/// `answer` with an RFC 9111 `Warning: 299 - "TEXT"` header (as kube-apiserver warns about a
+/// deprecated API) when there is a warning.
+fn with_warning(mut answer: Response, warning: Option<String>) -> Response {
+    if let Some(text) = warning {
+        let quoted = format!("299 - \"{}\"", text.replace(['"', '\\'], "'"));
+        if let Ok(v) = axum::http::HeaderValue::from_str(&quoted) {
+            answer.headers_mut().insert(axum::http::header::WARNING, v);
+        }
     }
+    answer
 }
 
 async fn livez(State(app): State<Arc<App>>) -> Response {
@@ -327,6 +354,7 @@ impl Collector for ApiMetrics {
         for (name, help, v) in counters {
             metrics::encode_counter(&mut enc, name, help, v)?;
         }
+        app.versions.encode(&mut enc)?;
         metrics::encode_family(
             &mut enc,
             metrics::counter_name("nodekeeper_reports_over_limit_total"),

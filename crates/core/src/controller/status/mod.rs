@@ -8,6 +8,7 @@
 //! turns rows into the text table or the JSON document). The command (arguments, exit codes,
 //! printing) is the binary's `cli::status`.
 
+pub mod explain;
 mod model;
 mod render;
 

@@ -19,6 +19,8 @@ pub(crate) enum Script {
     Down,
     /// 503 with `Retry-After` of this many seconds (a controller shedding load).
     Busy(u64),
+    /// 400 for the report's version (an older controller than the agent, during an upgrade).
+    OldController,
 }
 
 /// What the fake saw.
@@ -73,6 +75,13 @@ impl ReportTransport for FakeTransport {
                     retry_after: None,
                 }),
                 Script::Down => Err("connection refused".into()),
+                Script::OldController => Ok(Answer {
+                    status: 400,
+                    body: br#"{"error":"unsupported report version 2; this controller accepts report versions 1","accepted_versions":[1]}"#
+                        .to_vec()
+                        .into(),
+                    retry_after: None,
+                }),
                 Script::Busy(secs) => Ok(Answer {
                     status: 503,
                     body: br#"{"error":"too many reports in flight"}"#.to_vec().into(),
