@@ -77,25 +77,39 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+/// Log output captured in memory, for tests that assert what is logged.
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct Captured(pub(crate) std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl Captured {
+    /// A subscriber at `level` writing here, and the text written so far through [`Self::text`].
+    pub(crate) fn subscriber(&self, level: &str) -> Box<dyn tracing::Subscriber + Send + Sync> {
+        let w = self.clone();
+        subscriber(LogFormat::Text, level, move || w.clone())
+    }
+
+    /// What was logged.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&crate::sync::lock(&self.0)).into_owned()
+    }
+}
+
+#[cfg(test)]
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        crate::sync::lock(&self.0).extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use super::{parse_level, subscriber, LogFormat};
-
-    /// Log output captured in memory.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            crate::sync::lock(&self.0).extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use super::{parse_level, subscriber, Captured, LogFormat};
 
     fn logged(format: LogFormat, level: &str) -> String {
         let out = Captured::default();

@@ -207,6 +207,8 @@ pub struct Reporter {
     instance: String,
     sequence: u64,
     queue: Queue,
+    /// The controller's last `Warning`, logged once when it first appears or changes.
+    warning: Option<String>,
 }
 
 impl Reporter {
@@ -232,6 +234,7 @@ impl Reporter {
             instance: hex::encode(raw),
             sequence: 0,
             queue,
+            warning: None,
         })
     }
 
@@ -296,6 +299,14 @@ impl Reporter {
                 url: self.endpoint.clone(),
                 source,
             })?;
+        if answer.warning.is_some() && answer.warning != self.warning {
+            tracing::warn!(
+                warning = answer.warning.as_deref().unwrap_or_default(),
+                url = %self.endpoint,
+                "the controller warns about this agent's reports: upgrade the agent (docs/install.md, version skew)"
+            );
+        }
+        self.warning = answer.warning.clone();
         let (status, bytes) = (answer.status, answer.body);
         if !(200..300).contains(&status) {
             return Err(ReporterError::Status {
@@ -644,6 +655,27 @@ mod tests {
             .all(|rep| rep.version == crate::wire::REPORT_VERSION));
     }
 
+    /// A controller that warns (a deprecated report version): the agent logs it once, not once
+    /// per report, and its reports are taken as usual.
+    #[tokio::test(start_paused = true)]
+    async fn the_controllers_warning_is_logged_once() {
+        use Script::{Deprecated, Ok};
+        let log = crate::telemetry::Captured::default();
+        let _guard = tracing::subscriber::set_default(log.subscriber("warn"));
+        let r = start(&[Deprecated, Deprecated, Deprecated, Ok], S(1), S(4));
+        r.at(S(5)).await;
+        assert!(r.sent_at().len() >= 4, "{:?}", r.sent_at());
+        r.stop().await;
+        let text = log.text();
+        assert_eq!(
+            text.matches("the controller warns about this agent's reports")
+                .count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("report version 1 is deprecated"), "{text}");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_report_turned_away_with_retry_after_waits_that_long_with_jitter_then_backs_off() {
         use Script::{Busy, Ok};
@@ -686,6 +718,7 @@ mod tests {
                     status: 413,
                     body: br#"{"error":"too large"}"#.to_vec().into(),
                     retry_after: None,
+                    warning: None,
                 }
             } else {
                 let resp = ReportResponse {
@@ -697,6 +730,7 @@ mod tests {
                     status: 200,
                     body: serde_json::to_vec(&resp).unwrap().into(),
                     retry_after: None,
+                    warning: None,
                 }
             };
             Box::pin(async move { Ok(answer) })

@@ -10,6 +10,10 @@ use tokio::time::Instant;
 use super::{Answer, ReportTransport, TransportError};
 use crate::wire::NodeReport;
 
+/// The `Warning` of [`Script::Deprecated`], as the controller words it.
+pub(crate) const DEPRECATED: &str =
+    "299 - \"report version 1 is deprecated; upgrade the agent (docs/install.md)\"";
+
 /// One scripted answer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Script {
@@ -21,6 +25,8 @@ pub(crate) enum Script {
     Busy(u64),
     /// 400 for the report's version (an older controller than the agent, during an upgrade).
     OldController,
+    /// 200 with a `Warning` header (a newer controller deprecating the agent's report version).
+    Deprecated,
 }
 
 /// What the fake saw.
@@ -73,19 +79,30 @@ impl ReportTransport for FakeTransport {
                         .to_vec()
                         .into(),
                     retry_after: None,
+                    warning: None,
                 }),
                 Script::Down => Err("connection refused".into()),
+                Script::Deprecated => Ok(Answer {
+                    status: 200,
+                    body: br#"{"accepted":true,"acknowledged_events":[],"commands":[]}"#
+                        .to_vec()
+                        .into(),
+                    retry_after: None,
+                    warning: Some(DEPRECATED.into()),
+                }),
                 Script::OldController => Ok(Answer {
                     status: 400,
                     body: br#"{"error":"unsupported report version 2; this controller accepts report versions 1","accepted_versions":[1]}"#
                         .to_vec()
                         .into(),
                     retry_after: None,
+                    warning: None,
                 }),
                 Script::Busy(secs) => Ok(Answer {
                     status: 503,
                     body: br#"{"error":"too many reports in flight"}"#.to_vec().into(),
                     retry_after: Some(std::time::Duration::from_secs(secs)),
+                    warning: None,
                 }),
             }
         })

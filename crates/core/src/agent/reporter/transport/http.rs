@@ -72,11 +72,17 @@ impl ReportTransport for HttpTransport {
                     .get(reqwest::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok()),
             );
+            let warning = resp
+                .headers()
+                .get(reqwest::header::WARNING)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
             let body = resp.bytes().await?;
             Ok(Answer {
                 status,
                 body,
                 retry_after,
+                warning,
             })
         })
     }

@@ -22,6 +22,8 @@ pub struct Answer {
     pub body: bytes::Bytes,
     /// `Retry-After` in seconds, when the answer carries one (a controller shedding load).
     pub retry_after: Option<std::time::Duration>,
+    /// The `Warning` header's text, when the controller warns (e.g. a deprecated report version).
+    pub warning: Option<String>,
 }
 
 /// A `Retry-After` header's delay: delta-seconds only (the controller sends nothing else; an
