@@ -148,8 +148,9 @@ async fn adds_a_nodeclaim_at_once_and_deletes_the_old_one_only_when_retired() {
             .contains_key(DO_NOT_DISRUPT),
         "mark lifted"
     );
+    // Again from the restarted provider: its writes are awaited, so a claim it wrongly made is
+    // listed now (and only a claim makes the stand-in launch a node).
     restarted.retire(&req).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let after = claims.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(after.len(), claims_before, "one claim gone, one new");
     let new_nodes: Vec<String> = nodes
