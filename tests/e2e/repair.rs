@@ -39,36 +39,10 @@ async fn budget_of_one_repairs_one_unknown_node_and_explains_the_other(c: &'stat
     let dir = tempfile::tempdir().unwrap();
     // The shipped policy ([repair] drain → replace, Ready=False, budgets nodes "1" per NodePool) with a
     // short toleration; half the pool may be unhealthy.
-    let config = controller_toml(dir.path(), "repair", |t| {
-        let r = t["repair"].as_table_mut().unwrap();
-        r.insert("max_unhealthy".into(), "50%".into());
-        r.insert(
-            "policy".into(),
-            toml::Value::Array(vec![toml::Value::Table(
-                toml::from_str(
-                    r#"condition_type = "Ready"
-condition_status = "False"
-toleration = "3s""#,
-                )
-                .unwrap(),
-            )]),
-        );
-    });
+    let config = controller_toml(dir.path(), "repair", ready_false_repair);
     let ctl = ControllerProc::start(c, &config, "repair").await;
     let api: Api<Node> = Api::all(admin.clone());
-    // Young nodes are stamped seen-ready once the controller saw them Ready (so a later failure is a
-    // repair, not a failed launch).
-    for n in &NODES[..2] {
-        wait_until(Duration::from_secs(20), &format!("{n} seen ready"), || {
-            let api = api.clone();
-            async move {
-                api.get(n)
-                    .await
-                    .is_ok_and(|n| annotation(&n, keys::SEEN_READY).is_some())
-            }
-        })
-        .await;
-    }
+    seen_ready(&api, &NODES[..2]).await;
     c.kubelet_reports_not_ready(NODES[0]).await;
     c.kubelet_reports_not_ready(NODES[1]).await;
 
@@ -190,6 +164,40 @@ toleration = "3s""#,
         "the controller hit a 403"
     );
     ctl.stop().await;
+}
+
+/// The shipped `[repair]` with one policy, Ready=False tolerated 3 s, and half a group allowed
+/// unhealthy (the repair scenarios' failing nodes are half their pool).
+pub(crate) fn ready_false_repair(t: &mut toml::Table) {
+    let r = t["repair"].as_table_mut().unwrap();
+    r.insert("max_unhealthy".into(), "50%".into());
+    r.insert(
+        "policy".into(),
+        toml::Value::Array(vec![toml::Value::Table(
+            toml::from_str(
+                r#"condition_type = "Ready"
+condition_status = "False"
+toleration = "3s""#,
+            )
+            .unwrap(),
+        )]),
+    );
+}
+
+/// Waits until the controller stamped each of `nodes` seen-ready (so that a later failure is a
+/// repair, not a failed launch).
+pub(crate) async fn seen_ready(api: &Api<Node>, nodes: &[&str]) {
+    for n in nodes {
+        wait_until(Duration::from_secs(20), &format!("{n} seen ready"), || {
+            let api = api.clone();
+            async move {
+                api.get(n)
+                    .await
+                    .is_ok_and(|n| annotation(&n, keys::SEEN_READY).is_some())
+            }
+        })
+        .await;
+    }
 }
 
 /// A ServiceAccount allowed only `nodes list` (what docs/status.md says `nodekeeper status` needs).

@@ -14,7 +14,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use nodekeeper_core::controller::policy::view::keys;
 use serde_json::json;
 
-use crate::repair::status_reader_token;
+use crate::repair::{ready_false_repair, seen_ready, status_reader_token};
 use crate::support::*;
 
 const POOL: &str = "vt-pool";
@@ -66,19 +66,7 @@ async fn do_not_repair_holds_a_failing_node_and_status_names_the_veto(c: &'stati
     // pool allowed unhealthy, and a budget of 2: a vetoed NotReady node still counts against it (one
     // slot), so the other one can start once its veto is lifted.
     let config = controller_toml(dir.path(), "veto", |t| {
-        let r = t["repair"].as_table_mut().unwrap();
-        r.insert("max_unhealthy".into(), "50%".into());
-        r.insert(
-            "policy".into(),
-            toml::Value::Array(vec![toml::Value::Table(
-                toml::from_str(
-                    r#"condition_type = "Ready"
-condition_status = "False"
-toleration = "3s""#,
-                )
-                .unwrap(),
-            )]),
-        );
+        ready_false_repair(t);
         let b = t["budgets"].as_table_mut().unwrap();
         b.insert(
             "budgets".into(),
@@ -89,18 +77,7 @@ toleration = "3s""#,
     });
     let ctl = ControllerProc::start(c, &config, "veto").await;
     let api: Api<Node> = Api::all(admin.clone());
-    // Young nodes are stamped seen-ready first (so the failure is a repair, not a failed launch).
-    for n in &NODES[..2] {
-        wait_until(Duration::from_secs(20), &format!("{n} seen ready"), || {
-            let api = api.clone();
-            async move {
-                api.get(n)
-                    .await
-                    .is_ok_and(|n| annotation(&n, keys::SEEN_READY).is_some())
-            }
-        })
-        .await;
-    }
+    seen_ready(&api, &NODES[..2]).await;
     c.kubelet_reports_not_ready(NODES[0]).await;
     c.kubelet_reports_not_ready(NODES[1]).await;
 

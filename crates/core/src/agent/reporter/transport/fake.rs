@@ -10,6 +10,9 @@ use tokio::time::Instant;
 use super::{Answer, ReportTransport, TransportError};
 use crate::wire::NodeReport;
 
+/// The body of an accepted report: an empty [`crate::wire::ReportResponse`].
+const ACCEPTED: &[u8] = br#"{"accepted":true,"acknowledged_events":[],"commands":[]}"#;
+
 /// The `Warning` of [`Script::Deprecated`], as the controller words it.
 pub(crate) const DEPRECATED: &str =
     "299 - \"report version 1 is deprecated; upgrade the agent (docs/install.md)\"";
@@ -75,18 +78,14 @@ impl ReportTransport for FakeTransport {
             match step {
                 Script::Ok => Ok(Answer {
                     status: 200,
-                    body: br#"{"accepted":true,"acknowledged_events":[],"commands":[]}"#
-                        .to_vec()
-                        .into(),
+                    body: ACCEPTED.to_vec().into(),
                     retry_after: None,
                     warning: None,
                 }),
                 Script::Down => Err("connection refused".into()),
                 Script::Deprecated => Ok(Answer {
                     status: 200,
-                    body: br#"{"accepted":true,"acknowledged_events":[],"commands":[]}"#
-                        .to_vec()
-                        .into(),
+                    body: ACCEPTED.to_vec().into(),
                     retry_after: None,
                     warning: Some(DEPRECATED.into()),
                 }),
