@@ -32,13 +32,13 @@ use crate::controller::act::drain::tasks::DrainTasks;
 use crate::controller::act::provider::{
     request_id, NodeProvider, ProviderError, ReplacementRequest,
 };
-use crate::controller::catalog::DRAINED;
 use crate::controller::catalog::{Reason, NOT_HELD};
 use crate::controller::cluster::events::{Recorder, Regarding};
 use crate::controller::metrics::{ActionResult, EngineMetrics};
 use crate::controller::policy::explain::{Held, CONDITION_TYPE};
 use crate::controller::policy::nodepool::POOL_LABEL;
 use crate::controller::policy::view::keys;
+use crate::controller::policy::view::DrainPhase;
 use crate::controller::policy::Action;
 use crate::controller::state::nodestate::NodeStates;
 use crate::sync::lock;
@@ -539,33 +539,6 @@ impl Actor {
         }
     }
 
-    /// Clears `Drained` once the node's drain is let go (the node is back in service), also when
-    /// this process did not run that drain (a restart in between).
-    async fn release_drained(&self, node: &str) {
-        let drained = self
-            .nodes
-            .get_opt(node)
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|n| {
-                n.status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == DRAINED && c.status == "True")
-            });
-        if drained {
-            lifecycle_write(
-                &self.nodes,
-                node,
-                DrainEdge::Released,
-                "the node is back in service",
-            )
-            .await;
-        }
-    }
-
     async fn side_effect(self: &Arc<Self>, node: &str, a: &Action) -> Result<(), ActionError> {
         match a {
             Action::StartDrain { deadline, reason }
@@ -575,9 +548,11 @@ impl Actor {
                 self.notify(node, "drain", "started", msg, false);
             }
             Action::StopDrain => {
-                self.drains.stop(node);
-                if self.drains.lifecycle_conditions() {
-                    self.release_drained(node).await;
+                // A completed drain let go: the node is back in service, no longer `Drained`.
+                let completed = self.drains.stop(node) == Some(DrainPhase::Completed);
+                if completed && self.drains.lifecycle_conditions() {
+                    let why = "the node is back in service";
+                    lifecycle_write(&self.nodes, node, DrainEdge::Released, why).await;
                 }
             }
             Action::RequestReboot { id, reason } => {

@@ -166,11 +166,13 @@ impl DrainTasks {
     }
 
     /// Stops and forgets the node's drain (the node stays cordoned).
-    pub fn stop(&self, node: &str) {
-        if let Some(t) = lock(&self.tasks).remove(node) {
-            t.cancel.cancel();
-            tracing::info!(node, "drain stopped");
-        }
+    /// Returns the phase the drain had (none: there was no drain).
+    pub fn stop(&self, node: &str) -> Option<DrainPhase> {
+        let t = lock(&self.tasks).remove(node)?;
+        t.cancel.cancel();
+        tracing::info!(node, "drain stopped");
+        let phase = lock(&t.shared).view.phase;
+        Some(phase)
     }
 
     /// Stops the drains of nodes for which `keep` is false (nodes that are gone).
