@@ -26,8 +26,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::{json, Map, Value};
 
-use crate::controller::act::drain::lifecycle::DrainEdge;
-use crate::controller::act::drain::tasks::lifecycle_write;
+use crate::controller::act::drain::lifecycle::{self, DrainEdge};
 use crate::controller::act::drain::tasks::DrainTasks;
 use crate::controller::act::provider::{
     request_id, NodeProvider, ProviderError, ReplacementRequest,
@@ -552,7 +551,7 @@ impl Actor {
                 let completed = self.drains.stop(node) == Some(DrainPhase::Completed);
                 if completed && self.drains.lifecycle_conditions() {
                     let why = "the node is back in service";
-                    lifecycle_write(&self.nodes, node, DrainEdge::Released, why).await;
+                    lifecycle::write_or_log(&self.nodes, node, DrainEdge::Released, why).await;
                 }
             }
             Action::RequestReboot { id, reason } => {

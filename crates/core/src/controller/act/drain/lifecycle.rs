@@ -86,6 +86,13 @@ pub async fn write(
         .await
 }
 
+/// [`write()`], a failure logged: the drain goes on (the conditions inform, they decide nothing).
+pub async fn write_or_log(nodes: &Api<Node>, node: &str, edge: DrainEdge, message: &str) {
+    if let Err(e) = write(nodes, node, edge, message).await {
+        tracing::warn!(node, ?edge, error = %e, "lifecycle conditions not written");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ use kube::Client;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::act::drain::lifecycle::DrainEdge;
+use crate::controller::act::drain::lifecycle::{self, DrainEdge};
 use crate::controller::act::drain::{
     self, BlockReason, DrainError, DrainOptions, DrainProgress, DrainReport,
 };
@@ -66,19 +66,6 @@ struct Run {
     reason: String,
     /// `[controller.engine] lifecycle_conditions`.
     lifecycle: bool,
-}
-
-/// Writes the lifecycle conditions of `edge` ([`lifecycle`](super::lifecycle)); a failure is
-/// logged (the drain goes on: the conditions inform, they decide nothing).
-pub(crate) async fn lifecycle_write(
-    nodes: &kube::Api<k8s_openapi::api::core::v1::Node>,
-    node: &str,
-    edge: DrainEdge,
-    message: &str,
-) {
-    if let Err(e) = super::lifecycle::write(nodes, node, edge, message).await {
-        tracing::warn!(node, ?edge, error = %e, "lifecycle conditions not written");
-    }
 }
 
 impl DrainTasks {
@@ -216,7 +203,7 @@ impl Run {
             kube::Api::all(self.client.clone());
         let reason = self.reason.clone();
         if self.lifecycle {
-            lifecycle_write(&nodes, &node, DrainEdge::Started, &reason).await;
+            lifecycle::write_or_log(&nodes, &node, DrainEdge::Started, &reason).await;
         }
         let shared = self.shared.clone();
         let metrics = self.metrics.clone();
@@ -251,7 +238,7 @@ impl Run {
                 "failed" if phase == DrainPhase::Failed => DrainEdge::TimedOut,
                 _ => DrainEdge::Failed,
             };
-            lifecycle_write(&nodes, &node, edge, &reason).await;
+            lifecycle::write_or_log(&nodes, &node, edge, &reason).await;
         }
         tracing::info!(
             node,
