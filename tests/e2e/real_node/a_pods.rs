@@ -10,7 +10,7 @@ use super::{one_pod, real_node, real_node_helm, RealNode, NODE};
 use crate::support::*;
 
 /// Audit records (JSON lines of the cluster's `--audit` log) by `user` that match `pred`.
-fn audit(
+pub(super) fn audit(
     n: &RealNode,
     user: &str,
     pred: impl Fn(&serde_json::Value) -> bool,

@@ -5,12 +5,10 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use nodekeeper_core::controller::cluster::events::NODE_EVENT_NAMESPACE;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::{real_node, RealNode, NODE};
+use super::{agent_silent, last_sequence, real_node, unknown_conditions, RealNode};
 use crate::shared::nspawn::{crio_starts_in, CRIO_JOURNAL};
 use crate::support::*;
 
@@ -172,14 +170,7 @@ async fn a_dropin_rolled_out_restarts_the_real_crio_once_through_the_mounted_bus
         silent0,
         "the controller saw the agent silent during a rollout"
     );
-    let node = nodes.get(NODE).await.unwrap();
-    let unknown: Vec<_> = node
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c.type_.starts_with("Nodekeeper") && c.status == "Unknown")
-        .collect();
+    let unknown = unknown_conditions(n).await;
     assert!(unknown.is_empty(), "{unknown:?}");
 
     // Back to the shipped config; the drop-in stays on the node (the agent never deletes one).
@@ -192,31 +183,4 @@ async fn a_dropin_rolled_out_restarts_the_real_crio_once_through_the_mounted_bus
     .unwrap();
     roll_agents(n);
     let _ = std::fs::remove_file(&file);
-}
-
-/// How many AgentSilent Events the controller recorded about the node.
-async fn agent_silent(n: &RealNode) -> usize {
-    let events: Api<Event> = Api::namespaced(n.cluster.admin().await, NODE_EVENT_NAMESPACE);
-    events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE))
-        .filter(|e| e.reason.as_deref() == Some("AgentSilent"))
-        .count()
-}
-
-/// The Node annotation or condition that changes with each report the controller takes.
-async fn last_sequence(nodes: &Api<Node>) -> String {
-    let n = nodes.get(NODE).await.unwrap();
-    n.status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| c.type_.starts_with("Nodekeeper"))
-        .filter_map(|c| c.last_heartbeat_time.map(|t| t.0.to_string()))
-        .max()
-        .unwrap_or_default()
 }

@@ -16,6 +16,7 @@ mod c_crio;
 mod d_repair;
 mod e_labels;
 mod f_notice;
+mod g_upgrade;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,7 +25,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
+use nodekeeper_core::controller::cluster::events::NODE_EVENT_NAMESPACE;
 
 use crate::packaging_support::relative;
 use crate::shared::nspawn::NspawnNode;
@@ -56,6 +59,10 @@ pub struct RealNode {
     /// end of the node's link, as a replacer outside the cluster would).
     pub replacements: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
     replacer_url: String,
+    /// The images `scripts/build-image.sh` built: (its reference, the manifests' reference).
+    images: Vec<(String, String)>,
+    /// What the Helm node's install saw, upgrading from the previous chart version.
+    pub upgrade: OnceLock<g_upgrade::Upgrade>,
     serial: tokio::sync::Mutex<()>,
 }
 
@@ -166,11 +173,12 @@ fn start(how: Install) -> &'static RealNode {
             .unwrap_or_else(|| panic!("build-image.sh printed no {k}: {built}"))
             .to_string()
     };
-    for (from, to) in [
+    let images = vec![
         (field("agent_image="), shipped_image("nodekeeper-agent")),
         (field("image="), shipped_image("nodekeeper-controller")),
-    ] {
-        node_script(&["load", path(&dir), &from, &to]);
+    ];
+    for (from, to) in &images {
+        node_script(&["load", path(&dir), from, to]);
     }
 
     // (start() runs on a thread of its own: a runtime may be built here.)
@@ -196,7 +204,7 @@ fn start(how: Install) -> &'static RealNode {
     ]);
 
     let (replacer_url, replacements) = replacer(&env["HOST_IP"]);
-    let node = Box::leak(Box::new(RealNode {
+    let node: &'static RealNode = Box::leak(Box::new(RealNode {
         cluster,
         dir,
         env,
@@ -204,6 +212,8 @@ fn start(how: Install) -> &'static RealNode {
         disk,
         replacements,
         replacer_url,
+        images,
+        upgrade: OnceLock::new(),
         serial: tokio::sync::Mutex::const_new(()),
     }));
     match how {
@@ -416,13 +426,30 @@ patches:
         self.wait_ready(Duration::from_secs(120));
     }
 
-    /// The Helm chart with real Helm, values for this node ([`PATCHES`]).
-    fn install_helm(&self) {
-        let dir = self.cluster.dir.join("helm");
-        std::fs::create_dir_all(&dir).unwrap();
+    /// The previous chart version with real Helm, values for this node ([`PATCHES`]), then
+    /// `helm upgrade` to the chart in the tree ([`g_upgrade::from_previous`], what it saw kept for
+    /// its test).
+    fn install_helm(&'static self) {
+        let (version, chart) = g_upgrade::previous_chart(&self.cluster.dir);
+        self.load_images_as(g_upgrade::PREVIOUS_TAG);
+        self.helm("install", &chart, &g_upgrade::previous_values(self));
+        self.controller_tls();
+        self.wait_ready(Duration::from_secs(120));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let seen = rt.block_on(g_upgrade::from_previous(self, version));
+        self.upgrade.set(seen).expect("upgraded once");
+    }
+
+    /// This node's Helm values ([`PATCHES`]), the controller acting as in
+    /// [`Self::controller_toml`] but without a replacer.
+    pub fn helm_values(&self) -> serde_json::Value {
         let crio = self.crio.dir();
-        let values = serde_json::json!({
-            "controller": { "replicas": 1 },
+        serde_json::json!({
+            "controller": { "replicas": 1, "config": { "controller": { "dry_run": false } } },
             "agent": {
                 "hostPaths": {
                     "crioDir": crio.join("root/etc/crio"),
@@ -437,29 +464,40 @@ patches:
                     "runtime": { "socket": self.env("CRIO_SOCKET") }
                 } }
             }
-        });
-        let helm = |op: &str, values: &serde_json::Value| {
-            let f = dir.join(format!("values-{op}.json"));
-            std::fs::write(&f, serde_json::to_vec_pretty(values).unwrap()).unwrap();
-            let out = Command::new(repo().join(".cache/venv/bin/python"))
-                .arg(repo().join("tests/fixtures/real-node/helm.py"))
-                .arg(op)
-                .arg(&self.cluster.kubeconfig)
-                .arg(repo().join("packaging/helm/nodekeeper"))
-                .args(["nodekeeper", NS])
-                .arg(&f)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "helm {op}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        helm("install", &values);
-        self.controller_tls();
-        self.wait_ready(Duration::from_secs(120));
+        })
+    }
+
+    /// `helm install|upgrade` of `chart` as release `nodekeeper` with `values`, by real Helm.
+    pub fn helm(&self, op: &str, chart: &Path, values: &serde_json::Value) {
+        let dir = self.cluster.dir.join("helm");
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join(format!("values-{op}.json"));
+        std::fs::write(&f, serde_json::to_vec_pretty(values).unwrap()).unwrap();
+        let out = Command::new(repo().join(".cache/venv/bin/python"))
+            .arg(repo().join("tests/fixtures/real-node/helm.py"))
+            .arg(op)
+            .arg(&self.cluster.kubeconfig)
+            .arg(chart)
+            .args(["nodekeeper", NS])
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "helm {op} {}: {}{}",
+            chart.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Loads the built images into the node's CRI-O also under tag `tag` of the manifests'
+    /// repositories.
+    pub fn load_images_as(&self, tag: &str) {
+        for (from, to) in &self.images {
+            let repo = to.rsplit_once(':').map_or(to.as_str(), |(r, _)| r);
+            node_script(&["load", path(&self.dir), from, &format!("{repo}:{tag}")]);
+        }
     }
 
     /// A CA and a serving certificate for `nodekeeper-controller.nodekeeper.svc`, as cert-manager
@@ -612,4 +650,42 @@ pub fn crio_bin() -> PathBuf {
         "the real CRI-O is not built: run scripts/setup-crio.sh"
     );
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// How many AgentSilent Events the controller recorded about the node.
+pub async fn agent_silent(n: &RealNode) -> usize {
+    let events: Api<Event> = Api::namespaced(n.cluster.admin().await, NODE_EVENT_NAMESPACE);
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE))
+        .filter(|e| e.reason.as_deref() == Some("AgentSilent"))
+        .count()
+}
+
+/// The Node annotation or condition that changes with each report the controller takes.
+pub async fn last_sequence(nodes: &Api<Node>) -> String {
+    let n = nodes.get(NODE).await.unwrap();
+    n.status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_.starts_with("Nodekeeper"))
+        .filter_map(|c| c.last_heartbeat_time.map(|t| t.0.to_string()))
+        .max()
+        .unwrap_or_default()
+}
+
+/// nodekeeper's conditions on the node that are Unknown.
+pub async fn unknown_conditions(n: &RealNode) -> Vec<k8s_openapi::api::core::v1::NodeCondition> {
+    let node = n.node().await;
+    node.status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_.starts_with("Nodekeeper") && c.status == "Unknown")
+        .collect()
 }
