@@ -274,6 +274,42 @@ pub const DRAIN_CONDITION_REASONS: [&str; 5] = [
     "DrainFailed",
 ];
 
+/// KEP-5683's condition that maintenance is expected: nodekeeper sets it from a scheduled host
+/// maintenance notice until its window starts ([`crate::controller::policy::lifecycle`]).
+pub const MAINTENANCE_PLANNED: &str = "MaintenancePlanned";
+
+/// KEP-5683's condition that maintenance is under way: from the notice's window start to its end.
+pub const MAINTENANCE_IN_PROGRESS: &str = "MaintenanceInProgress";
+
+/// KEP-5683's condition that Graceful Node Shutdown is under way: from the agent's shutdown
+/// watcher until the agent reports from a new boot.
+pub const GRACEFUL_NODE_SHUTDOWN_IN_PROGRESS: &str = "GracefulNodeShutdownInProgress";
+
+/// `True` reason of the maintenance conditions: the node is in, or before, a notice's window
+/// (KEP-5683's own example).
+pub const MAINTENANCE_WINDOW: &str = "MaintenanceWindow";
+/// `False` reason of [`MAINTENANCE_PLANNED`] once the window started.
+pub const MAINTENANCE_STARTED: &str = "MaintenanceStarted";
+/// `False` reason of the maintenance conditions once the window ended.
+pub const MAINTENANCE_ENDED: &str = "MaintenanceEnded";
+/// `True` reason of [`GRACEFUL_NODE_SHUTDOWN_IN_PROGRESS`] (KEP-5683's own example).
+pub const NODE_SHUTDOWN: &str = "NodeShutdown";
+/// `False` reason of [`GRACEFUL_NODE_SHUTDOWN_IN_PROGRESS`] once the agent reports from a new boot.
+pub const NODE_REBOOTED: &str = "NodeRebooted";
+/// `False` reason when the notice was withdrawn (or is no longer known).
+pub const NOTICE_WITHDRAWN: &str = "NoticeWithdrawn";
+
+/// The reasons of [`MAINTENANCE_PLANNED`], [`MAINTENANCE_IN_PROGRESS`] and
+/// [`GRACEFUL_NODE_SHUTDOWN_IN_PROGRESS`].
+pub const NOTICE_CONDITION_REASONS: [&str; 6] = [
+    MAINTENANCE_WINDOW,
+    MAINTENANCE_STARTED,
+    MAINTENANCE_ENDED,
+    NODE_SHUTDOWN,
+    NODE_REBOOTED,
+    NOTICE_WITHDRAWN,
+];
+
 /// The reason of a nodekeeper condition the controller set to `Unknown` because the node's agent
 /// stopped reporting (staleness).
 pub const AGENT_NOT_REPORTING: &str = "AgentNotReporting";

@@ -223,8 +223,9 @@ pub struct EngineConfig {
     /// reports. On by default: at 5,000 nodes on the real control plane its runs ranked ahead of
     /// the shared runtime's (bench/results/2026-12-05-notice-apart.md).
     pub notice_lane: bool,
-    /// Set Kubernetes 1.37's node lifecycle conditions (KEP-5683) around each drain:
-    /// `DrainInProgress` and `Drained` (docs/drain.md).
+    /// Set Kubernetes 1.37's node lifecycle conditions (KEP-5683): `DrainInProgress` and
+    /// `Drained` around each drain, `MaintenancePlanned`, `MaintenanceInProgress` and
+    /// `GracefulNodeShutdownInProgress` from the node's notices (docs/drain.md).
     pub lifecycle_conditions: bool,
 }
 

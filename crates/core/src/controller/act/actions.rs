@@ -300,6 +300,18 @@ impl Actor {
         self.states.fresh().fresher(cached)
     }
 
+    /// Writes lifecycle conditions on `node` ([`lifecycle::write_all`]), its answer kept as our
+    /// freshest copy of the Node (the next decision sees the conditions as written).
+    pub async fn write_conditions(
+        &self,
+        node: &str,
+        conditions: &[crate::controller::policy::lifecycle::Condition],
+    ) -> Result<(), kube::Error> {
+        let n = lifecycle::write_all(&self.nodes, node, conditions).await?;
+        self.states.fresh().record(n);
+        Ok(())
+    }
+
     /// The newest copy of `node` this process holds without asking the API: the watch cache or
     /// the answer to our last write of it, whichever is newer.
     fn known(&self, node: &str) -> Option<Arc<Node>> {

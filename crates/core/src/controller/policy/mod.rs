@@ -20,6 +20,7 @@ mod events;
 pub mod explain;
 pub mod fence;
 pub mod interruption;
+pub mod lifecycle;
 pub mod nodepool;
 pub mod repair;
 pub mod view;

@@ -122,6 +122,10 @@ pub struct ConditionView {
     pub status: String,
     /// When the status last changed.
     pub last_transition_time: DateTime<Utc>,
+    /// Why (the writer's CamelCase cause).
+    pub reason: String,
+    /// Human-readable details.
+    pub message: String,
 }
 
 /// A node taint.
@@ -182,6 +186,13 @@ pub struct Notice {
     pub at: Option<DateTime<Utc>>,
     /// When it was first seen.
     pub detected_at: DateTime<Utc>,
+    /// When the announced window ends, if the notice gives a start and a later end (AWS's
+    /// `NotAfter`): `at` is then its start.
+    pub until: Option<DateTime<Utc>>,
+    /// The boot id the node's agent last reported from when the engine took the notice (an
+    /// on-node notice such as a shutdown belongs to that boot); none from OCI Events or before
+    /// the agent's first report to this controller.
+    pub boot_id: Option<String>,
 }
 
 /// Notice kinds (mirrors the agent's `EventKind`).
@@ -259,11 +270,17 @@ impl From<&crate::wire::NodeEvent> for Notice {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let until = e
+            .not_before
+            .zip(e.deadline)
+            .and_then(|(a, b)| (b > a).then_some(b));
         Notice {
             id: e.id.clone(),
             kind,
             at,
             detected_at: e.detected_at,
+            until,
+            boot_id: None,
         }
     }
 }
@@ -289,8 +306,10 @@ pub struct NodeView {
     pub conditions: Vec<ConditionView>,
     /// Has been Ready at least once (see [`became_ready_heuristic`]).
     pub became_ready: bool,
-    /// The agent's current boot id, when it reports.
+    /// The kubelet's boot id (`status.nodeInfo.bootID`), when it reports one.
     pub boot_id: Option<String>,
+    /// The boot id of the node agent's last report to this controller (none before it).
+    pub agent_boot_id: Option<String>,
     /// Notices not yet handled or still current.
     pub notices: Vec<Notice>,
     /// The drain engine's state.
@@ -343,9 +362,12 @@ impl NodeView {
                 type_: "Ready".into(),
                 status: "True".into(),
                 last_transition_time: created_at,
+                reason: String::new(),
+                message: String::new(),
             }],
             became_ready: true,
             boot_id: Some("boot-0".into()),
+            agent_boot_id: None,
             notices: Vec::new(),
             drain: DrainView::default(),
             pods: Vec::new(),
@@ -355,6 +377,17 @@ impl NodeView {
     /// The condition of `type_`.
     pub fn condition(&self, type_: &str) -> Option<&ConditionView> {
         self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// The ids of the notices withdrawn by a cancellation among its notices.
+    pub fn withdrawn_notices(&self) -> Vec<&str> {
+        self.notices
+            .iter()
+            .filter_map(|n| match &n.kind {
+                NoticeKind::Cancelled { of } => Some(of.as_str()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Ready=True.
@@ -586,5 +619,7 @@ pub fn condition(type_: &str, status: &str, since: DateTime<Utc>) -> ConditionVi
         type_: type_.into(),
         status: status.into(),
         last_transition_time: since,
+        reason: String::new(),
+        message: String::new(),
     }
 }
