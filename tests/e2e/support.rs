@@ -871,6 +871,62 @@ pub async fn wait_first_report(nodes: &Api<Node>, node: &str) {
     .await;
 }
 
+/// A scenario that reports as one node's agent: the KWOK node `node` (in NodePool `pool`), a
+/// controller with the shipped config as `identity`, and the agent's report token and HTTPS client.
+pub struct ReportingNode {
+    /// Deletes the node when dropped.
+    pub nodes: NodesGuard,
+    /// The controller's config, CA and kubeconfig.
+    pub dir: tempfile::TempDir,
+    /// The controller.
+    pub ctl: ControllerProc,
+    /// The agent's report token.
+    pub token: String,
+    /// A client that trusts the controller's CA.
+    pub https: reqwest::Client,
+}
+
+impl Cluster {
+    /// [`ReportingNode`] on this cluster.
+    pub async fn reporting_node(
+        &'static self,
+        admin: &kube::Client,
+        node: &str,
+        pool: &str,
+        identity: &str,
+    ) -> ReportingNode {
+        let nodes = self
+            .create_nodes(&[kwok_node(
+                node,
+                serde_json::json!({ "karpenter.sh/nodepool": pool, "kubernetes.io/hostname": node }),
+            )])
+            .await;
+        let dir = tempfile::tempdir().unwrap();
+        let config = controller_toml(dir.path(), identity, |_| {});
+        let ctl = ControllerProc::start(self, &config, identity).await;
+        let token = agent_report_token(admin, node).await;
+        let https = crate::ctl::https(&dir.path().join("ca.pem"), ctl.addr);
+        ReportingNode {
+            nodes,
+            dir,
+            ctl,
+            token,
+            https,
+        }
+    }
+}
+
+impl ReportingNode {
+    /// [`report_until`] as this node's agent.
+    pub async fn report_until(
+        &self,
+        report: &nodekeeper_core::wire::NodeReport,
+        accepted: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        report_until(&self.https, self.ctl.addr, &self.token, report, accepted).await
+    }
+}
+
 /// POSTs `report` to the controller at `addr` with `token`: (status, body).
 pub async fn post_report(
     https: &reqwest::Client,
