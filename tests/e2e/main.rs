@@ -29,6 +29,7 @@ mod node_write;
 mod nodepool;
 mod preemption;
 mod privilege;
+mod prometheus;
 mod rbac;
 mod real_node;
 mod repair;
