@@ -30,6 +30,7 @@ mod node_write;
 mod nodepool;
 mod preemption;
 mod privilege;
+mod prometheus;
 mod rbac;
 mod real_node;
 mod repair;
