@@ -32,6 +32,8 @@ pub fn node_view(n: &Node) -> Option<NodeView> {
                         .as_ref()
                         .map(time)
                         .unwrap_or(created_at),
+                    reason: c.reason.clone().unwrap_or_default(),
+                    last_heartbeat_time: c.last_heartbeat_time.as_ref().map(time),
                 })
                 .collect()
         })
