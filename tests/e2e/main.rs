@@ -25,6 +25,7 @@ mod karpenter_budgets;
 mod karpenter_random;
 mod kubectl_plugin;
 mod labels;
+mod ladder;
 mod node_write;
 mod nodepool;
 mod preemption;
