@@ -126,18 +126,25 @@ async fn wait_event(admin: &kube::Client, node: &str, reason: &str, note: &str) 
     .await;
 }
 
+/// One scenario's world, from [`ladder_setup`] (the lock and the nodes held until it drops).
+struct Ladder {
+    _one_engine: tokio::sync::MutexGuard<'static, ()>,
+    _nodes: NodesGuard,
+    admin: kube::Client,
+    api: Api<Node>,
+    dir: tempfile::TempDir,
+    ctl: ControllerProc,
+    agent: Arc<tokio::sync::Mutex<StandInAgent>>,
+}
+
 /// Four nodes of `pool`, the controller with the AKS-like ladder on Ready=False (restart the
 /// kubelet: 4 s to clear; reboot: 120 s), the first node failing, its agent stand-in reporting.
-async fn ladder_setup(
-    c: &'static Cluster,
-    pool: &str,
-    nodes: &[&str; 4],
-    dir: &std::path::Path,
-) -> (
-    NodesGuard,
-    ControllerProc,
-    Arc<tokio::sync::Mutex<StandInAgent>>,
-) {
+async fn ladder_setup(c: &'static Cluster, pool: &str, nodes: &[&str; 4]) -> Ladder {
+    init_tracing();
+    let one_engine = c.exclusive().await;
+    let admin = c.admin().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     let guard = c
         .create_nodes(
             &nodes
@@ -177,13 +184,32 @@ async fn ladder_setup(
         engine.insert("tick".into(), "1s".into());
     });
     let ctl = ControllerProc::start(c, &config, pool).await;
-    let api: Api<Node> = Api::all(c.admin().await);
+    let api: Api<Node> = Api::all(admin.clone());
     seen_ready(&api, &nodes[..1]).await;
     // The token is bound to the agent pod: taken while the node is healthy.
     let agent = StandInAgent::new(c, &ctl, dir, nodes[0]).await;
     c.kubelet_reports_not_ready(nodes[0]).await;
     c.kubelet_reports_boot_id(nodes[0], "boot-1").await;
-    (guard, ctl, Arc::new(tokio::sync::Mutex::new(agent)))
+    Ladder {
+        _one_engine: one_engine,
+        _nodes: guard,
+        admin,
+        api,
+        dir: tmp,
+        ctl,
+        agent: Arc::new(tokio::sync::Mutex::new(agent)),
+    }
+}
+
+/// The node's kubelet posts Ready=True again.
+async fn kubelet_ready(c: &Cluster, node: &str) {
+    c.kubelet_reports(
+        node,
+        "True",
+        "KubeletReady",
+        "kubelet is posting ready status",
+    )
+    .await;
 }
 
 /// The first step, restart-unit of the kubelet, asked for and run.
@@ -206,42 +232,31 @@ async fn restart_asked(agent: &Arc<tokio::sync::Mutex<StandInAgent>>, api: &Api<
 
 on_both!(restart_unit_that_heals_ends_the_repair_without_a_reboot);
 async fn restart_unit_that_heals_ends_the_repair_without_a_reboot(c: &'static Cluster) {
-    init_tracing();
-    let _one_engine = c.exclusive().await;
-    let admin = c.admin().await;
-    let dir = tempfile::tempdir().unwrap();
     const NODES: [&str; 4] = ["lh-0", "lh-1", "lh-2", "lh-3"];
-    let (_nodes, ctl, agent) = ladder_setup(c, "lh-pool", &NODES, dir.path()).await;
-    let api: Api<Node> = Api::all(admin.clone());
-
-    restart_asked(&agent, &api, NODES[0]).await;
-    wait_event(&admin, NODES[0], "UnitRestartRequested", "kubelet.service").await;
+    let l = ladder_setup(c, "lh-pool", &NODES).await;
+    let (admin, api, agent) = (&l.admin, &l.api, &l.agent);
+    restart_asked(agent, api, NODES[0]).await;
+    wait_event(admin, NODES[0], "UnitRestartRequested", "kubelet.service").await;
     let asked_at = tokio::time::Instant::now();
     // The kubelet came back with its restart.
-    c.kubelet_reports(
-        NODES[0],
-        "True",
-        "KubeletReady",
-        "kubelet is posting ready status",
-    )
-    .await;
-    reporting_until(&agent, &api, NODES[0], "the repair over", |n, _| {
+    kubelet_ready(c, NODES[0]).await;
+    reporting_until(agent, api, NODES[0], "the repair over", |n, _| {
         annotation(n, keys::STATE).is_none().then_some(())
     })
     .await;
-    wait_event(&admin, NODES[0], "RepairCancelled", "healthy").await;
+    wait_event(admin, NODES[0], "RepairCancelled", "healthy").await;
     // Past the restart step's timeout and three more reconciles: still no reboot.
-    let before = reconciles(&ctl, dir.path()).await;
+    let before = reconciles(&l.ctl, l.dir.path()).await;
     reporting_until(
-        &agent,
-        &api,
+        agent,
+        api,
         NODES[0],
         "3 reconciles past the restart timeout",
         |_, _| (asked_at.elapsed() > Duration::from_secs(5)).then_some(()),
     )
     .await;
-    let ctl_ref = &ctl;
-    let path = dir.path();
+    let ctl_ref = &l.ctl;
+    let path = l.dir.path();
     wait_until(
         Duration::from_secs(30),
         "3 more reconciles",
@@ -256,24 +271,19 @@ async fn restart_unit_that_heals_ends_the_repair_without_a_reboot(c: &'static Cl
     assert_eq!(annotation(&node, keys::REPLACEMENT_REQUESTED), None);
     assert!(!unschedulable(&node), "uncordoned");
     drop(a);
-    ctl.stop().await;
+    l.ctl.stop().await;
 }
 
 on_both!(restart_unit_that_does_not_heal_escalates_to_a_reboot_gated_on_a_new_boot_id);
 async fn restart_unit_that_does_not_heal_escalates_to_a_reboot_gated_on_a_new_boot_id(
     c: &'static Cluster,
 ) {
-    init_tracing();
-    let _one_engine = c.exclusive().await;
-    let admin = c.admin().await;
-    let dir = tempfile::tempdir().unwrap();
     const NODES: [&str; 4] = ["le-0", "le-1", "le-2", "le-3"];
-    let (_nodes, ctl, agent) = ladder_setup(c, "le-pool", &NODES, dir.path()).await;
-    let api: Api<Node> = Api::all(admin.clone());
-
-    restart_asked(&agent, &api, NODES[0]).await;
+    let l = ladder_setup(c, "le-pool", &NODES).await;
+    let (admin, api, agent) = (&l.admin, &l.api, &l.agent);
+    restart_asked(agent, api, NODES[0]).await;
     // Still NotReady 4 s later: the reboot, with the boot ID it must change from.
-    reporting_until(&agent, &api, NODES[0], "the reboot asked", |n, a| {
+    reporting_until(agent, api, NODES[0], "the reboot asked", |n, a| {
         (!a.got("reboot").is_empty() && annotation(n, keys::REPAIR_STEP) == Some("reboot"))
             .then_some(())
     })
@@ -281,7 +291,7 @@ async fn restart_unit_that_does_not_heal_escalates_to_a_reboot_gated_on_a_new_bo
     let node = api.get(NODES[0]).await.unwrap();
     assert_eq!(annotation(&node, keys::REBOOT_REQUESTED), Some("boot-1"));
     wait_event(
-        &admin,
+        admin,
         NODES[0],
         "RepairEscalated",
         "restart-unit:kubelet.service done or timed out; next: reboot",
@@ -289,17 +299,11 @@ async fn restart_unit_that_does_not_heal_escalates_to_a_reboot_gated_on_a_new_bo
     .await;
 
     // Ready again, but the same boot ID: no reboot happened, the repair goes on.
-    c.kubelet_reports(
-        NODES[0],
-        "True",
-        "KubeletReady",
-        "kubelet is posting ready status",
-    )
-    .await;
+    kubelet_ready(c, NODES[0]).await;
     let ready_at = tokio::time::Instant::now();
-    let before = reconciles(&ctl, dir.path()).await;
-    let ctl_ref = &ctl;
-    let path = dir.path();
+    let before = reconciles(&l.ctl, l.dir.path()).await;
+    let ctl_ref = &l.ctl;
+    let path = l.dir.path();
     wait_until(
         Duration::from_secs(30),
         "3 more reconciles past healthy_delay",
@@ -313,8 +317,8 @@ async fn restart_unit_that_does_not_heal_escalates_to_a_reboot_gated_on_a_new_bo
     assert_eq!(annotation(&node, keys::STATE), Some("repairing"));
     assert_eq!(annotation(&node, keys::REPAIR_STEP), Some("reboot"));
     // `nodekeeper status` (as a read-only operator) names the step and what it waits for.
-    let token = status_reader_token(c, &admin).await;
-    let kc = dir.path().join("reader.kubeconfig");
+    let token = status_reader_token(c, admin).await;
+    let kc = l.dir.path().join("reader.kubeconfig");
     c.write_token_kubeconfig(&kc, &token);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
         .args(["status", "-o", "json", "--kubeconfig"])
@@ -338,7 +342,7 @@ async fn restart_unit_that_does_not_heal_escalates_to_a_reboot_gated_on_a_new_bo
 
     // The new boot ID: the reboot is proven, and Ready ends the repair (no replacement).
     c.kubelet_reports_boot_id(NODES[0], "boot-2").await;
-    reporting_until(&agent, &api, NODES[0], "the repair over", |n, _| {
+    reporting_until(agent, api, NODES[0], "the repair over", |n, _| {
         annotation(n, keys::STATE).is_none().then_some(())
     })
     .await;
@@ -346,5 +350,5 @@ async fn restart_unit_that_does_not_heal_escalates_to_a_reboot_gated_on_a_new_bo
     assert_eq!(annotation(&node, keys::REPLACEMENT_REQUESTED), None);
     assert!(!unschedulable(&node), "uncordoned");
     assert_eq!(agent.lock().await.got("reboot").len(), 1, "one reboot");
-    ctl.stop().await;
+    l.ctl.stop().await;
 }

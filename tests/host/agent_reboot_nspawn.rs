@@ -99,6 +99,23 @@ async fn boot_with_agent_extra(
     Some((node, agent, boot_id))
 }
 
+/// The cluster, the agent's token file, a leading controller on loopback, and the node's
+/// persistent disk (the agent's `--root`, kept across boots).
+async fn controller_and_disk() -> (Env, nodekeeper_core::controller::Running, tempfile::TempDir) {
+    let env = Env::new(1).await;
+    std::fs::write(
+        env.dir.path().join("token"),
+        env.token(NODE, "nodekeeper").await,
+    )
+    .unwrap();
+    let mut cfg = env.config();
+    cfg.listen = "127.0.0.1:0".into();
+    let ctl = env.controller(&cfg, true).await;
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(work.path().join("root/etc/crio/crio.conf.d")).unwrap();
+    (env, ctl, work)
+}
+
 fn reboot(id: &str) -> AgentCommand {
     AgentCommand::Reboot {
         id: id.into(),
@@ -109,18 +126,8 @@ fn reboot(id: &str) -> AgentCommand {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs root (systemd-nspawn)"]
 async fn reboot_command_runs_once_through_systemd_and_the_new_boot_is_reported() {
-    let env = Env::new(1).await;
-    std::fs::write(
-        env.dir.path().join("token"),
-        env.token(NODE, "nodekeeper").await,
-    )
-    .unwrap();
-    let mut cfg = env.config();
-    cfg.listen = "127.0.0.1:0".into();
-    let ctl = env.controller(&cfg, true).await;
+    let (env, ctl, work) = controller_and_disk().await;
     let port = ctl.addr.port();
-    let work = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(work.path().join("root/etc/crio/crio.conf.d")).unwrap();
 
     // Boot 1: the agent reports the container's boot id.
     let Some((mut node1, mut agent1, boot1)) =
@@ -234,17 +241,7 @@ async fn reboot_command_runs_once_through_systemd_and_the_new_boot_is_reported()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs root (systemd-nspawn)"]
 async fn restart_unit_command_restarts_only_allow_listed_units_through_systemd() {
-    let env = Env::new(1).await;
-    std::fs::write(
-        env.dir.path().join("token"),
-        env.token(NODE, "nodekeeper").await,
-    )
-    .unwrap();
-    let mut cfg = env.config();
-    cfg.listen = "127.0.0.1:0".into();
-    let ctl = env.controller(&cfg, true).await;
-    let work = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(work.path().join("root/etc/crio/crio.conf.d")).unwrap();
+    let (env, ctl, work) = controller_and_disk().await;
     let Some((node, mut agent, _)) = boot_with_agent_extra(
         "nk-restart-1",
         &env,
