@@ -1,11 +1,16 @@
-//! Repair: a node whose condition matches a policy for its toleration is repaired gracefully,
-//! within the group's budget, escalating `drain` → `reboot` → `replace` on step timeouts. No
-//! new repair starts while the group has more unhealthy nodes than `max_unhealthy`
-//! (short-circuit). A node healthy again for `healthy_delay` ends its repair (flap guard). A
-//! node never Ready within `startup_timeout` is replaced, at most `max_startup_retries` times
-//! in a row, then held. A node annotated `karpenter.sh/do-not-repair` or
-//! `nodekeeper.io/do-not-repair` (`"true"`) is never repaired: held instead, and a repair under
-//! way is stopped and undone unless its replacement was already requested.
+//! Repair: a node whose condition matches a policy (type, status, and an optional anchored
+//! reason pattern) for its toleration is repaired gracefully, within the group's budget, by the
+//! policy's own ladder (`restart-unit:UNIT` → `drain` → `reboot` → `replace`, or `none`) or else
+//! the group's `steps` (`drain` → `reboot` → `replace`), escalating on step timeouts; each step
+//! is gated on the condition clearing, a reboot on a new boot id. Reboot and replace are taken only
+//! for a condition nodekeeper can see clear ([`seen_clear`]) unless the policy opts in; another
+//! component's condition with a stale heartbeat reads as Unknown ([`observed`]). No new repair
+//! starts while the group has more unhealthy nodes than `max_unhealthy` (short-circuit). A node
+//! healthy again for `healthy_delay` ends its repair (flap guard). A node never Ready within
+//! `startup_timeout` is replaced, at most `max_startup_retries` times in a row, then held. A node
+//! annotated `karpenter.sh/do-not-repair` or `nodekeeper.io/do-not-repair` (`"true"`) is never
+//! repaired: held instead, and a repair under way is stopped and undone unless its replacement
+//! was already requested.
 
 use chrono::{DateTime, Utc};
 
