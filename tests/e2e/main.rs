@@ -25,6 +25,7 @@ mod karpenter_budgets;
 mod karpenter_random;
 mod kubectl_plugin;
 mod labels;
+mod ladder;
 mod lifecycle;
 mod node_write;
 mod nodepool;

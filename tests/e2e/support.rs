@@ -427,11 +427,24 @@ impl Cluster {
     /// KWOK 0.8.0 keeps renewing the Lease of every node it ever managed.) Sim: its admin hook pins the
     /// condition, so its kubelet loop keeps posting it.
     pub async fn kubelet_reports_not_ready(&self, node: &str) {
+        self.kubelet_reports(
+            node,
+            "False",
+            "KubeletNotReady",
+            "container runtime network not ready: NetworkReady=false",
+        )
+        .await;
+    }
+
+    /// The node's kubelet posts Ready=`status` with `reason` and `message`, as
+    /// [`Self::kubelet_reports_not_ready`] does (which is this with `False`); with `True`, a kubelet
+    /// that recovered (the node stays out of KWOK's hands, the sim's condition stays pinned).
+    pub async fn kubelet_reports(&self, node: &str, status: &str, reason: &str, message: &str) {
         let admin = self.admin().await;
         match self.backend {
             Backend::Sim => {
-                let body = serde_json::json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady",
-                    "message": "container runtime network not ready: NetworkReady=false"});
+                let body = serde_json::json!({"type": "Ready", "status": status, "reason": reason,
+                    "message": message});
                 let req = http::Request::post(format!("/sim/v1/nodes/{node}/conditions"))
                     .header("content-type", "application/json")
                     .body(serde_json::to_vec(&body).unwrap())
@@ -451,8 +464,7 @@ impl Cluster {
                 .unwrap();
                 let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
                 let status = serde_json::json!({ "status": { "conditions": [{
-                    "type": "Ready", "status": "False", "reason": "KubeletNotReady",
-                    "message": "container runtime network not ready: NetworkReady=false",
+                    "type": "Ready", "status": status, "reason": reason, "message": message,
                     "lastHeartbeatTime": now, "lastTransitionTime": now
                 }] } });
                 api.patch_status(
@@ -464,6 +476,20 @@ impl Cluster {
                 .unwrap();
             }
         }
+    }
+
+    /// The node's kubelet reports the kernel boot id `id` (`status.nodeInfo.bootID`), as after a
+    /// reboot.
+    pub async fn kubelet_reports_boot_id(&self, node: &str, id: &str) {
+        let api: Api<Node> = Api::all(self.admin().await);
+        let status = serde_json::json!({ "status": { "nodeInfo": { "bootID": id } } });
+        api.patch_status(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await
+        .unwrap();
     }
 
     /// Tests whose controller runs the disruption engine act on every Node of their cluster: they

@@ -84,6 +84,8 @@ pub enum Reason {
     ReplacementRequested,
     /// A reboot was requested (Normal).
     RebootRequested,
+    /// The node's agent was asked to restart a systemd unit (a `restart-unit` step) (Normal).
+    UnitRestartRequested,
     /// A node did not become Ready within `startup_timeout` (Warning).
     StartupTimeout,
     /// A leftover of nodekeeper's (cordon, taint, label) with no state was removed (Normal).
@@ -110,9 +112,17 @@ pub enum Reason {
     StartupRetriesExhausted,
     /// A replacement was requested but the node is still here (Warning).
     ReplacementPending,
+    /// The ladder's next step is a reboot or replace, and the condition is one nodekeeper
+    /// cannot see clear (Warning).
+    BlockedByUntrustedCondition,
+    /// The repair policy's ladder says `none`: held for an operator (Warning).
+    HeldByRepairPolicy,
     // Disruption engine: the actor's.
     /// The replacement provider refused or failed a call (Warning).
     ReplacementFailed,
+    /// The node's agent refused or failed a command (restart-unit, reboot), or cannot run it
+    /// (Warning).
+    AgentCommandFailed,
 }
 
 impl Reason {
@@ -138,6 +148,7 @@ impl Reason {
         Reason::InterruptionReleased,
         Reason::ReplacementRequested,
         Reason::RebootRequested,
+        Reason::UnitRestartRequested,
         Reason::StartupTimeout,
         Reason::NodekeeperCleanup,
         Reason::HoldReleased,
@@ -150,7 +161,10 @@ impl Reason {
         Reason::DeadlineExceeded,
         Reason::StartupRetriesExhausted,
         Reason::ReplacementPending,
+        Reason::BlockedByUntrustedCondition,
+        Reason::HeldByRepairPolicy,
         Reason::ReplacementFailed,
+        Reason::AgentCommandFailed,
     ];
 
     /// The reasons of the `NodekeeperHeld` condition while `True` (one per blocker kind); each is
@@ -165,6 +179,8 @@ impl Reason {
         Reason::DeadlineExceeded,
         Reason::StartupRetriesExhausted,
         Reason::ReplacementPending,
+        Reason::BlockedByUntrustedCondition,
+        Reason::HeldByRepairPolicy,
     ];
 
     /// The CamelCase reason string.
@@ -203,6 +219,10 @@ impl Reason {
             Reason::StartupRetriesExhausted => "StartupRetriesExhausted",
             Reason::ReplacementPending => "ReplacementPending",
             Reason::ReplacementFailed => "ReplacementFailed",
+            Reason::UnitRestartRequested => "UnitRestartRequested",
+            Reason::BlockedByUntrustedCondition => "BlockedByUntrustedCondition",
+            Reason::HeldByRepairPolicy => "HeldByRepairPolicy",
+            Reason::AgentCommandFailed => "AgentCommandFailed",
         }
     }
 
@@ -219,6 +239,7 @@ impl Reason {
             | Reason::InterruptionReleased
             | Reason::ReplacementRequested
             | Reason::RebootRequested
+            | Reason::UnitRestartRequested
             | Reason::NodekeeperCleanup
             | Reason::HoldReleased => NORMAL,
             _ => WARNING,

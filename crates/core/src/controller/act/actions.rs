@@ -110,6 +110,7 @@ pub fn kind(a: &Action) -> &'static str {
         Action::StartDrain { .. } => "start_drain",
         Action::StopDrain => "stop_drain",
         Action::RequestReboot { .. } => "request_reboot",
+        Action::RestartUnit { .. } => "restart_unit",
         Action::RequestReplacement { .. } => "request_replacement",
         Action::RetireNode { .. } => "retire_node",
         Action::Hold(_) => "hold",
@@ -574,6 +575,16 @@ impl Actor {
                 self.states.queue_command(node, cmd).await;
                 self.notify(node, "reboot", "started", reason.clone(), false);
             }
+            Action::RestartUnit { id, unit, reason } => {
+                let cmd = AgentCommand::RestartUnit {
+                    id: id.clone(),
+                    unit: unit.clone(),
+                    reason: reason.clone(),
+                };
+                self.states.queue_command(node, cmd).await;
+                let line = format!("{reason}: restart {unit}");
+                self.notify(node, "restart_unit", "started", line, false);
+            }
             Action::RequestReplacement { id, reason, .. } => {
                 // The provider may retry for a while: in the background (errors are logged,
                 // Evented and retried by the next reconcile).
@@ -753,6 +764,7 @@ impl Actor {
             }
             Action::StartDrain { .. }
             | Action::RequestReboot { .. }
+            | Action::RestartUnit { .. }
             | Action::RequestReplacement { .. }
             | Action::RetireNode { .. } => {
                 self.notify(node, kind(a), "started", line, true);
@@ -792,6 +804,7 @@ pub fn describe(a: &Action) -> String {
         }
         Action::StopDrain => "stop drain".into(),
         Action::RequestReboot { reason, .. } => format!("request reboot ({reason})"),
+        Action::RestartUnit { unit, reason, .. } => format!("restart unit {unit} ({reason})"),
         Action::RequestReplacement { reason, .. } => format!("request replacement ({reason})"),
         Action::RetireNode { reason, .. } => format!("retire node ({reason})"),
         Action::Hold(h) => format!("hold: {}", h.blocker.message()),

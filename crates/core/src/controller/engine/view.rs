@@ -34,6 +34,7 @@ pub fn node_view(n: &Node) -> Option<NodeView> {
                         .unwrap_or(created_at),
                     reason: c.reason.clone().unwrap_or_default(),
                     message: c.message.clone().unwrap_or_default(),
+                    last_heartbeat_time: c.last_heartbeat_time.as_ref().map(time),
                 })
                 .collect()
         })

@@ -95,6 +95,19 @@ pub enum Blocker {
         /// Requested at.
         requested_at: DateTime<Utc>,
     },
+    /// The ladder's next step is destructive (reboot, replace) and the condition is one
+    /// nodekeeper cannot see clear (its policy does not set `allow_destructive`).
+    UntrustedCondition {
+        /// The condition type.
+        condition: String,
+        /// The step not taken.
+        step: String,
+    },
+    /// The repair policy's ladder says `none`: no action, held for an operator.
+    RepairPolicy {
+        /// The matched condition (`Type=Status`, `/Reason` with a reason pattern).
+        condition: String,
+    },
 }
 
 impl Blocker {
@@ -110,6 +123,8 @@ impl Blocker {
             Blocker::Deadline { .. } => Reason::DeadlineExceeded,
             Blocker::StartupRetries { .. } => Reason::StartupRetriesExhausted,
             Blocker::ReplacementPending { .. } => Reason::ReplacementPending,
+            Blocker::UntrustedCondition { .. } => Reason::BlockedByUntrustedCondition,
+            Blocker::RepairPolicy { .. } => Reason::HeldByRepairPolicy,
         }
     }
 
@@ -182,6 +197,12 @@ impl Blocker {
             Blocker::ReplacementPending { requested_at } => format!(
                 "replacement requested at {} but the node is still present",
                 requested_at.to_rfc3339()
+            ),
+            Blocker::UntrustedCondition { condition, step } => format!(
+                "{condition} is written by another component and nodekeeper cannot see it clear, so the repair does not {step}; held until it clears or an operator acts (allow_destructive = true on its policy trusts it)"
+            ),
+            Blocker::RepairPolicy { condition } => format!(
+                "the repair policy for {condition} takes no action (step none): held for an operator"
             ),
         }
     }

@@ -233,6 +233,7 @@ mod tests {
                 last_transition_time: t(0),
                 reason: r.to_string(),
                 message: m.to_string(),
+                last_heartbeat_time: None,
             }));
         n
     }

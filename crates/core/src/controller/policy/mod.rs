@@ -5,7 +5,8 @@
 //!
 //! - [`interruption`]: notices → taint + cordon + LB exclusion + drain before the deadline +
 //!   immediate replacement; rebalance → cordon; cancellation → undo only what nodekeeper did.
-//! - [`repair`]: condition policies with tolerations, escalation drain → reboot → replace,
+//! - [`repair`]: condition policies (type, status, reason pattern) with tolerations, each with
+//!   its escalation ladder (restart-unit → drain → reboot → replace, or `none`),
 //!   short-circuit, flap guard, startup timeout.
 //! - [`budget`]: per-group disruption budgets with cron windows in IANA time zones.
 //! - [`fence`]: keeps Karpenter's voluntary disruptions out of a NodePool while nodekeeper
@@ -99,6 +100,15 @@ pub enum Action {
     RequestReboot {
         /// Command id (deterministic).
         id: String,
+        /// Why.
+        reason: String,
+    },
+    /// Ask the node's agent to restart one systemd unit (a `restart-unit` step).
+    RestartUnit {
+        /// Command id (deterministic).
+        id: String,
+        /// The unit, e.g. `kubelet.service`.
+        unit: String,
         /// Why.
         reason: String,
     },

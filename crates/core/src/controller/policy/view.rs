@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use super::config::RepairStep;
+use super::config::{LadderStep, RepairStep};
 use super::Action;
 
 /// Stable catalog of the Node annotations (and the label) nodekeeper writes. Changing a key
@@ -20,7 +20,7 @@ pub mod keys {
     pub const STATE_SINCE: &str = "nodekeeper.io/state-since";
     /// Why, human and machine readable: `repair:Ready=False`, `interruption:preemption`.
     pub const REASON: &str = "nodekeeper.io/reason";
-    /// Current repair step: `drain`, `reboot` or `replace`.
+    /// Current repair step: `restart-unit:UNIT`, `drain`, `reboot`, `replace` or `none`.
     pub const REPAIR_STEP: &str = "nodekeeper.io/repair-step";
     /// RFC 3339 time the current repair step began.
     pub const REPAIR_STEP_SINCE: &str = "nodekeeper.io/repair-step-since";
@@ -122,10 +122,12 @@ pub struct ConditionView {
     pub status: String,
     /// When the status last changed.
     pub last_transition_time: DateTime<Utc>,
-    /// Why (the writer's CamelCase cause).
+    /// Why (the writer's CamelCase cause; `""` when none), for a policy's `reason` pattern.
     pub reason: String,
     /// Human-readable details.
     pub message: String,
+    /// When its writer last confirmed it (`lastHeartbeatTime`), if it says.
+    pub last_heartbeat_time: Option<DateTime<Utc>>,
 }
 
 /// A node taint.
@@ -358,13 +360,7 @@ impl NodeView {
             deleting: false,
             unschedulable: false,
             taints: Vec::new(),
-            conditions: vec![ConditionView {
-                type_: "Ready".into(),
-                status: "True".into(),
-                last_transition_time: created_at,
-                reason: String::new(),
-                message: String::new(),
-            }],
+            conditions: vec![condition("Ready", "True", created_at)],
             became_ready: true,
             boot_id: Some("boot-0".into()),
             agent_boot_id: None,
@@ -479,6 +475,7 @@ impl NodeView {
                     .insert(keys::BLOCKED.to_string(), h.encode());
             }
             Action::RequestReboot { .. }
+            | Action::RestartUnit { .. }
             | Action::RequestReplacement { .. }
             | Action::RetireNode { .. }
             | Action::Event { .. } => {}
@@ -556,6 +553,8 @@ pub struct Record {
     pub reason: Option<String>,
     /// Repair step.
     pub step: Option<RepairStep>,
+    /// The unit of a `restart-unit` step.
+    pub step_unit: Option<String>,
     /// When the step began.
     pub step_since: Option<DateTime<Utc>>,
     /// nodekeeper cordoned it.
@@ -591,11 +590,13 @@ impl Record {
     /// Parses the catalog keys; malformed values read as absent.
     pub fn from_annotations(a: &BTreeMap<String, String>) -> Self {
         let get = |k: &str| a.get(k).map(String::as_str);
+        let step = get(keys::REPAIR_STEP).and_then(LadderStep::from_label);
         Record {
             state: State::parse(get(keys::STATE)),
             since: get(keys::STATE_SINCE).and_then(parse_time),
             reason: get(keys::REASON).map(str::to_string),
-            step: get(keys::REPAIR_STEP).and_then(RepairStep::from_name),
+            step: step.as_ref().map(|s| s.step),
+            step_unit: step.and_then(|s| s.unit),
             step_since: get(keys::REPAIR_STEP_SINCE).and_then(parse_time),
             cordoned_by_us: get(keys::CORDONED_BY) == Some(keys::OWNER),
             lb_excluded_by_us: get(keys::LB_EXCLUDED_BY) == Some(keys::OWNER),
@@ -621,5 +622,6 @@ pub fn condition(type_: &str, status: &str, since: DateTime<Utc>) -> ConditionVi
         last_transition_time: since,
         reason: String::new(),
         message: String::new(),
+        last_heartbeat_time: None,
     }
 }

@@ -340,7 +340,7 @@ pub fn render_explanation(x: &Explanation, now: DateTime<Utc>) -> String {
     if let Some(r) = &n.reason {
         line("Reason:", r.clone());
     }
-    if let Some(step) = n.repair_step {
+    if let Some(step) = &n.repair_step {
         line(
             "Repair step:",
             format!("{step} since {}", when(n.repair_step_since, now)),

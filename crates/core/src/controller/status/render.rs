@@ -181,6 +181,7 @@ fn row_cells(r: &NodeStatus, wide: bool, now: DateTime<Utc>) -> Vec<String> {
         cells.extend([
             r.reason.clone().unwrap_or_else(dash),
             r.repair_step
+                .as_deref()
                 .map_or_else(dash, |s| match r.repair_step_since {
                     Some(t) => format!("{s} ({})", age(now - t)),
                     None => s.to_string(),
@@ -248,6 +249,10 @@ pub fn blocker_cell(b: &Blocker) -> String {
             format!("startup retries exhausted ({retries}/{max})")
         }
         Blocker::ReplacementPending { .. } => "replacement pending".to_string(),
+        Blocker::UntrustedCondition { condition, step } => {
+            format!("{step} not taken: {condition} not seen clear")
+        }
+        Blocker::RepairPolicy { condition } => format!("policy for {condition}: step none"),
     }
 }
 
