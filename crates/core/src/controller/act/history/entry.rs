@@ -139,11 +139,12 @@ pub fn merge(old: Vec<Entry>, new: &[Entry], limits: &Limits, now: DateTime<Utc>
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn t0() -> DateTime<Utc> {
+    /// The tests' epoch.
+    pub(in crate::controller::act::history) fn t0() -> DateTime<Utc> {
         DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z")
             .unwrap()
             .with_timezone(&Utc)

@@ -360,11 +360,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    fn t0() -> DateTime<Utc> {
-        DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z")
-            .unwrap()
-            .with_timezone(&Utc)
-    }
+    use super::entry::tests::t0;
 
     fn set(key: &str, v: &str) -> Action {
         Action::Annotate {
