@@ -1,18 +1,18 @@
 //! The per-node action history, on both backends: a node's kubelet posts Ready=False and the
-//! shipped controller config (drain → replace; provider `none`) repairs it, with `[controller.history]
-//! max_entries = 3`. The repair's start, its drain's end, the replacement request and the hand-over to
-//! the provider are recorded in the node's history ConfigMap; the last 3 are kept (the start is
-//! trimmed away, its `RepairStarted` Event proving it happened). The controller restarts; the new
-//! leader sweeps the histories and the entries are still there, and `nodekeeper status NODE
-//! --history` (the real binary, as an operator who may only get Nodes and that ConfigMap) prints
-//! them. The controller's writes met no 403: the shipped RBAC
-//! suffices.
+//! shipped controller config (drain → replace; provider `none`) repairs it, with
+//! `[controller.history] max_entries = 3`. The repair's start, its drain's end, the replacement
+//! request and the hand-over to the provider are recorded in the node's history ConfigMap; the last
+//! 3 are kept (the start is trimmed away, its `RepairStarted` Event proving it happened). The
+//! controller restarts; the new leader sweeps the histories: the entries are still there, the
+//! history of a node long gone is deleted, and `nodekeeper status NODE --history` (the real binary,
+//! as an operator who may only get Nodes and that ConfigMap) prints them. The controller's writes
+//! met no 403: the shipped RBAC suffices.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, DeleteParams};
-use nodekeeper_core::controller::act::history::store;
+use nodekeeper_core::controller::act::history::{self, store};
 use nodekeeper_core::controller::status::explain::node_events;
 use serde_json::json;
 
@@ -21,6 +21,8 @@ use crate::support::*;
 
 const POOL: &str = "hs-pool";
 const NODES: [&str; 4] = ["hs-0", "hs-1", "hs-2", "hs-3"];
+/// A node long gone, whose history only ages out.
+const GONE: &str = "hs-gone";
 
 /// `nodekeeper status NODE --history ARGS` as `kubeconfig`'s user: (exit code, stdout).
 fn status_history(kubeconfig: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
@@ -182,7 +184,20 @@ async fn a_repair_is_recorded_trimmed_and_outlives_a_restart(c: &'static Cluster
     );
     ctl.stop().await;
 
-    // A new controller: it sweeps the histories once it leads, and keeps what is within max_age.
+    // Meanwhile, the history of a node long gone: its one entry is past max_age (30 days).
+    let now = chrono::Utc::now();
+    let old = history::Entry::new(now - chrono::TimeDelta::days(31), "cordon");
+    let keep_all = history::entry::Limits {
+        max_age: chrono::TimeDelta::days(365),
+        ..history::HistoryConfig::default().limits()
+    };
+    histories
+        .append(GONE, &[old], &keep_all, now)
+        .await
+        .unwrap();
+
+    // A new controller: it sweeps the histories once it leads, keeps what is within max_age and
+    // deletes the history left empty.
     let ctl = ControllerProc::start(c, &config, "history").await;
     wait_until(
         Duration::from_secs(30),
@@ -191,6 +206,8 @@ async fn a_repair_is_recorded_trimmed_and_outlives_a_restart(c: &'static Cluster
     )
     .await;
     assert_eq!(histories.read(NODES[0]).await.unwrap(), kept);
+    let gone = cms.get_opt(&store::name(GONE)).await.unwrap();
+    assert!(gone.is_none(), "an emptied history is deleted: {gone:?}");
 
     // `nodekeeper status NODE --history`, as an operator who may only read Nodes and histories.
     let token = history_reader_token(c, &admin).await;
