@@ -18,6 +18,7 @@ mod demo;
 mod drain;
 mod events;
 mod failover;
+mod history;
 mod identity;
 mod install;
 mod karpenter;

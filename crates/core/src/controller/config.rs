@@ -132,6 +132,8 @@ pub struct ControllerConfig {
     pub oci_events: OciEventsConfig,
     /// The disruption engine (reconcile loop and actor).
     pub engine: EngineConfig,
+    /// Each node's action history (`[controller.history]`).
+    pub history: crate::controller::act::history::HistoryConfig,
 }
 
 impl Default for ControllerConfig {
@@ -168,6 +170,7 @@ impl Default for ControllerConfig {
             leader: LeaderConfig::default(),
             oci_events: OciEventsConfig::default(),
             engine: EngineConfig::default(),
+            history: Default::default(),
         }
     }
 }
@@ -396,6 +399,7 @@ impl ControllerConfig {
             );
         }
         d.extend(self.report_limits.validate());
+        d.extend(self.history.validate());
         if self.max_reports_in_flight == 0 {
             err(
                 &mut d,

@@ -201,6 +201,10 @@ pub struct EngineMetrics {
     pub reconciles_held: AtomicU64,
     /// Taint patches refused with 409 (the Node changed since the copy they were computed from).
     pub node_write_conflicts: AtomicU64,
+    /// Node histories written (`act/history`).
+    pub history_writes: AtomicU64,
+    /// History entries not written (the API refused, conflicts, a full queue).
+    pub history_write_failures: AtomicU64,
 }
 
 impl Default for EngineMetrics {
@@ -222,6 +226,8 @@ impl Default for EngineMetrics {
             due_paths: AtomicU64::default(),
             reconciles_held: AtomicU64::default(),
             node_write_conflicts: AtomicU64::default(),
+            history_writes: AtomicU64::default(),
+            history_write_failures: AtomicU64::default(),
         }
     }
 }
@@ -378,6 +384,18 @@ impl Collector for EngineMetrics {
             "nodekeeper_engine_node_write_conflicts_total",
             "Taint patches refused because the Node changed since the copy they were computed from (each is re-read and retried).",
             g(&self.node_write_conflicts),
+        )?;
+        encode_counter(
+            &mut enc,
+            "nodekeeper_engine_history_writes_total",
+            "Node histories written (one read-merge-write of a node's queued entries).",
+            g(&self.history_writes),
+        )?;
+        encode_counter(
+            &mut enc,
+            "nodekeeper_engine_history_write_failures_total",
+            "Node history writes that failed, and entries dropped from a full queue (the actions happened regardless).",
+            g(&self.history_write_failures),
         )?;
         self.encode_groups(&mut enc)
     }

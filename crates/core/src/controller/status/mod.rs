@@ -9,6 +9,7 @@
 //! printing) is the binary's `cli::status`.
 
 pub mod explain;
+pub mod history;
 mod model;
 mod render;
 
