@@ -23,6 +23,7 @@ mod install;
 mod karpenter;
 mod karpenter_budgets;
 mod karpenter_random;
+mod karpenter_repair;
 mod kubectl_plugin;
 mod labels;
 mod node_write;

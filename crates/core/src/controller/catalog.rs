@@ -98,6 +98,9 @@ pub enum Reason {
     /// An operator vetoed the node's repair: `karpenter.sh/do-not-repair` or
     /// `nodekeeper.io/do-not-repair` is `"true"` (Warning).
     BlockedByDoNotRepair,
+    /// Karpenter is disrupting the node (`karpenter.sh/disrupted`): nodekeeper stands back
+    /// (Warning).
+    BlockedByKarpenter,
     /// The group's disruption budget allows no more nodes now (Warning).
     BlockedByBudget,
     /// The group's NodePool has budgets Karpenter would refuse (Warning).
@@ -144,6 +147,7 @@ impl Reason {
         Reason::BlockedByPDB,
         Reason::BlockedByDoNotDisrupt,
         Reason::BlockedByDoNotRepair,
+        Reason::BlockedByKarpenter,
         Reason::BlockedByBudget,
         Reason::BlockedByNodePool,
         Reason::RepairShortCircuited,
@@ -159,6 +163,7 @@ impl Reason {
         Reason::BlockedByPDB,
         Reason::BlockedByDoNotDisrupt,
         Reason::BlockedByDoNotRepair,
+        Reason::BlockedByKarpenter,
         Reason::BlockedByBudget,
         Reason::BlockedByNodePool,
         Reason::RepairShortCircuited,
@@ -196,6 +201,7 @@ impl Reason {
             Reason::BlockedByPDB => "BlockedByPDB",
             Reason::BlockedByDoNotDisrupt => "BlockedByDoNotDisrupt",
             Reason::BlockedByDoNotRepair => "BlockedByDoNotRepair",
+            Reason::BlockedByKarpenter => "BlockedByKarpenter",
             Reason::BlockedByBudget => "BlockedByBudget",
             Reason::BlockedByNodePool => "BlockedByNodePool",
             Reason::RepairShortCircuited => "RepairShortCircuited",
