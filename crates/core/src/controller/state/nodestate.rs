@@ -211,6 +211,16 @@ impl NodeStates {
         self.agent(node).lock().await.pending_commands.push(cmd);
     }
 
+    /// The ids of the commands still sent to the agent on `node` (no result reported yet).
+    pub async fn pending_commands(&self, node: &str) -> Vec<String> {
+        let a = self.agent(node);
+        let a = a.lock().await;
+        a.pending_commands
+            .iter()
+            .map(|c| command_id(c).to_string())
+            .collect()
+    }
+
     fn is_leader(&self) -> bool {
         *self.leader.borrow()
     }
