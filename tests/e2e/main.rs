@@ -24,6 +24,7 @@ mod install;
 mod karpenter;
 mod karpenter_budgets;
 mod karpenter_random;
+mod karpenter_repair;
 mod kubectl_plugin;
 mod labels;
 mod ladder;

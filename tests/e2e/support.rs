@@ -86,6 +86,7 @@ macro_rules! on_both {
 static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
 static SIM: OnceLock<Result<Cluster, String>> = OnceLock::new();
 static KARPENTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+static KARPENTER_REPAIR: OnceLock<Result<Cluster, String>> = OnceLock::new();
 
 /// One try per process: the other tests fail with the same message instead of retrying. A failure
 /// to start is a test failure naming the component and its log, never a skip.
@@ -124,6 +125,24 @@ pub fn sim() -> &'static Cluster {
 pub fn karpenter_cluster() -> &'static Cluster {
     once(&KARPENTER, || {
         let c = up_real("nodekeeper-karpenter", &["--karpenter"]);
+        install_manifests(&c);
+        c
+    })
+}
+
+/// [`karpenter_cluster`] with Karpenter's NodeRepair on (`--karpenter-feature-gates NodeRepair=true`)
+/// for the cooperation tests (`karpenter_repair.rs`): a control plane of its own, so that Karpenter's
+/// repair never acts on the other Karpenter tests' nodes.
+pub fn karpenter_repair_cluster() -> &'static Cluster {
+    once(&KARPENTER_REPAIR, || {
+        let c = up_real(
+            "nodekeeper-karpenter-repair",
+            &[
+                "--karpenter",
+                "--karpenter-feature-gates",
+                "NodeRepair=true",
+            ],
+        );
         install_manifests(&c);
         c
     })
@@ -722,6 +741,14 @@ impl ControllerProc {
         }
         let _ = tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await;
     }
+}
+
+/// The node carries a taint with `key` (any effect).
+pub fn has_taint(n: &Node, key: &str) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == key))
 }
 
 pub fn annotation<'a>(n: &'a Node, key: &str) -> Option<&'a str> {

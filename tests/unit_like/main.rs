@@ -17,6 +17,7 @@ mod imds_parsers_prop;
 mod layering;
 mod notify_webhook;
 mod policy_config;
+mod policy_karpenter_repair;
 mod policy_ladder;
 mod policy_nodepool;
 mod policy_props;

@@ -100,6 +100,9 @@ pub enum Reason {
     /// An operator vetoed the node's repair: `karpenter.sh/do-not-repair` or
     /// `nodekeeper.io/do-not-repair` is `"true"` (Warning).
     BlockedByDoNotRepair,
+    /// Karpenter is disrupting the node (`karpenter.sh/disrupted`): nodekeeper stands back
+    /// (Warning).
+    BlockedByKarpenter,
     /// The group's disruption budget allows no more nodes now (Warning).
     BlockedByBudget,
     /// The group's NodePool has budgets Karpenter would refuse (Warning).
@@ -155,6 +158,7 @@ impl Reason {
         Reason::BlockedByPDB,
         Reason::BlockedByDoNotDisrupt,
         Reason::BlockedByDoNotRepair,
+        Reason::BlockedByKarpenter,
         Reason::BlockedByBudget,
         Reason::BlockedByNodePool,
         Reason::RepairShortCircuited,
@@ -173,6 +177,7 @@ impl Reason {
         Reason::BlockedByPDB,
         Reason::BlockedByDoNotDisrupt,
         Reason::BlockedByDoNotRepair,
+        Reason::BlockedByKarpenter,
         Reason::BlockedByBudget,
         Reason::BlockedByNodePool,
         Reason::RepairShortCircuited,
@@ -212,6 +217,7 @@ impl Reason {
             Reason::BlockedByPDB => "BlockedByPDB",
             Reason::BlockedByDoNotDisrupt => "BlockedByDoNotDisrupt",
             Reason::BlockedByDoNotRepair => "BlockedByDoNotRepair",
+            Reason::BlockedByKarpenter => "BlockedByKarpenter",
             Reason::BlockedByBudget => "BlockedByBudget",
             Reason::BlockedByNodePool => "BlockedByNodePool",
             Reason::RepairShortCircuited => "RepairShortCircuited",

@@ -35,6 +35,10 @@ pub enum Blocker {
         /// The annotation (`karpenter.sh/do-not-repair` or `nodekeeper.io/do-not-repair`).
         annotation: String,
     },
+    /// Karpenter is disrupting the node (its `karpenter.sh/disrupted` taint: its NodeRepair,
+    /// drift or consolidation chose it and replaces and drains it), so nodekeeper starts no
+    /// repair of its own there and stops one that had not reached its replacement.
+    KarpenterDisrupting,
     /// The group's disruption budget allows no more nodes now.
     Budget {
         /// Node group.
@@ -117,6 +121,7 @@ impl Blocker {
             Blocker::Pdb { .. } => Reason::BlockedByPDB,
             Blocker::DoNotDisrupt { .. } => Reason::BlockedByDoNotDisrupt,
             Blocker::DoNotRepair { .. } => Reason::BlockedByDoNotRepair,
+            Blocker::KarpenterDisrupting => Reason::BlockedByKarpenter,
             Blocker::Budget { .. } => Reason::BlockedByBudget,
             Blocker::NodePool { .. } => Reason::BlockedByNodePool,
             Blocker::ShortCircuit { .. } => Reason::RepairShortCircuited,
@@ -148,6 +153,10 @@ impl Blocker {
             }
             Blocker::DoNotRepair { annotation } => format!(
                 "repair vetoed by the node's annotation {annotation}=\"true\": no cordon, drain, reboot or replacement for a repair until it is removed (interruption notices are still handled)"
+            ),
+            Blocker::KarpenterDisrupting => format!(
+                "Karpenter is disrupting the node (taint {}): it drains and replaces it, so nodekeeper stands back (no cordon, drain, reboot or replacement of its own)",
+                super::view::KARPENTER_DISRUPTED_TAINT
             ),
             Blocker::Budget {
                 group,

@@ -10,7 +10,8 @@
 //! `startup_timeout` is replaced, at most `max_startup_retries` times in a row, then held. A node
 //! annotated `karpenter.sh/do-not-repair` or `nodekeeper.io/do-not-repair` (`"true"`) is never
 //! repaired: held instead, and a repair under way is stopped and undone unless its replacement
-//! was already requested.
+//! was already requested. A node Karpenter is disrupting (`karpenter.sh/disrupted`) is left to
+//! Karpenter, and held with that reason.
 
 use chrono::{DateTime, Utc};
 
@@ -230,6 +231,9 @@ fn dur(d: std::time::Duration) -> chrono::Duration {
 
 /// Repair handling of one node (after the interruption flow declined it).
 pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
+    if stands_back(p, cfg, eff) {
+        return;
+    }
     if p.cur.deleting {
         return;
     }
@@ -286,6 +290,33 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'
             });
         }
     }
+}
+
+/// Karpenter chose the node first (its `karpenter.sh/disrupted` taint, written before it
+/// pre-spins a replacement and deletes the NodeClaim: `pkg/controllers/disruption/queue.go`,
+/// `markDisrupted`): nodekeeper stands back. A repair of its own that has not reached its
+/// replacement is stopped and undone; a node a repair policy finds unhealthy (its toleration
+/// expired or not) is held with [`Blocker::KarpenterDisrupting`] (kept while the node is deleted). A node past its own
+/// replacement request is going away by nodekeeper's hand (the taint is then Karpenter's
+/// termination of the NodeClaim nodekeeper deleted): not this case.
+fn stands_back(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) -> bool {
+    if !p.cur.karpenter_disrupted() {
+        return false;
+    }
+    match p.record.state {
+        State::Repairing if !going_away(p, eff) && !p.cur.deleting => p.release(cfg),
+        State::Idle => {}
+        _ => return false,
+    }
+    // Said at once, not only once nodekeeper's toleration expires: Karpenter's repair may come
+    // first, and the node may be gone by then.
+    let unhealthy = eff.enabled
+        && p.cur.became_ready
+        && matches!(evaluate(&p.cur, &eff.policies), Health::Unhealthy { .. });
+    if unhealthy {
+        p.hold = Some(Blocker::KarpenterDisrupting);
+    }
+    true
 }
 
 /// The hold of a node whose repair `annotation` vetoes.

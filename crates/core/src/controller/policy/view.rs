@@ -45,9 +45,16 @@ pub mod keys {
     /// drift) while nodekeeper acts on it. Karpenter's key, not nodekeeper's: not in [`ALL`].
     pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
     /// Karpenter's per-node repair veto (v1.15, `v1.DoNotRepairAnnotationKey`): `"true"` keeps
-    /// every repair off the node. nodekeeper honours it as Karpenter does; set by operators,
-    /// never by nodekeeper: not in [`ALL`].
+    /// every repair off the node. nodekeeper honours it as Karpenter does when an operator set
+    /// it; nodekeeper itself puts it on a node of a NodePool only while it repairs that node
+    /// (recorded in [`DO_NOT_REPAIR_BY`] first), the one mark that keeps Karpenter's own
+    /// NodeRepair off it (Karpenter's repair ignores `do-not-disrupt`). Karpenter's key: not in
+    /// [`ALL`].
     pub const KARPENTER_DO_NOT_REPAIR: &str = "karpenter.sh/do-not-repair";
+    /// `nodekeeper` when nodekeeper put [`KARPENTER_DO_NOT_REPAIR`] on the node for its own repair
+    /// (and will remove it): that mark is not a veto to nodekeeper. Absent when someone else put
+    /// the annotation (a veto then, never removed).
+    pub const DO_NOT_REPAIR_BY: &str = "nodekeeper.io/do-not-repair-by";
     /// nodekeeper's own per-node repair veto, the same for nodes of no Karpenter NodePool:
     /// `"true"` keeps every repair off the node. Set by operators, never by nodekeeper: not in
     /// [`ALL`].
@@ -91,6 +98,7 @@ pub mod keys {
         REPLACEMENT_ACCEPTED,
         RETIRE_REQUESTED,
         DO_NOT_DISRUPT_BY,
+        DO_NOT_REPAIR_BY,
         REBOOT_REQUESTED,
         INTERRUPTION,
         STARTUP_RETRIES,
@@ -397,12 +405,18 @@ impl NodeView {
     }
 
     /// The repair veto the node carries ([`keys::REPAIR_VETOES`] set to `"true"`, exactly as
-    /// Karpenter compares it), if any.
+    /// Karpenter compares it), if any; `karpenter.sh/do-not-repair` is none when nodekeeper put
+    /// it for its own repair ([`keys::DO_NOT_REPAIR_BY`]).
     pub fn repair_veto(&self) -> Option<&'static str> {
-        keys::REPAIR_VETOES
-            .iter()
-            .copied()
-            .find(|k| self.annotation(k) == Some("true"))
+        keys::REPAIR_VETOES.iter().copied().find(|k| {
+            self.annotation(k) == Some("true")
+                && !(*k == keys::KARPENTER_DO_NOT_REPAIR && self.repair_marked_by_us())
+        })
+    }
+
+    /// nodekeeper put `karpenter.sh/do-not-repair` on the node for its own repair.
+    pub fn repair_marked_by_us(&self) -> bool {
+        self.annotation(keys::DO_NOT_REPAIR_BY) == Some(keys::OWNER)
     }
 
     /// Whether [`keys::SEEN_READY`] should be written now: the node is Ready, has no record of

@@ -221,6 +221,11 @@ e-spot     spot        interrupted,cordoned   -                                 
                 "repair once karpenter.sh/do-not-repair is removed",
             ),
             (
+                Blocker::KarpenterDisrupting,
+                "Karpenter is disrupting it",
+                "none: Karpenter replaces the node",
+            ),
+            (
                 Blocker::Budget {
                     group: "".into(),
                     budget: 0,

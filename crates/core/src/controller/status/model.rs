@@ -340,6 +340,7 @@ fn next_when_held(b: &Blocker) -> Option<Next> {
         Blocker::DoNotRepair { annotation } => {
             next_at(format!("repair once {annotation} is removed"), None)
         }
+        Blocker::KarpenterDisrupting => next_at("none: Karpenter replaces the node".into(), None),
         Blocker::Budget {
             opens_at: Some(t), ..
         } => next_at("start when the budget window opens".into(), Some(*t)),

@@ -211,6 +211,7 @@ pub fn blocker_cell(b: &Blocker) -> String {
         Blocker::Pdb { pod, pdb, .. } => format!("PDB {pdb} (pod {pod})"),
         Blocker::DoNotDisrupt { pod, .. } => format!("do-not-disrupt (pod {pod})"),
         Blocker::DoNotRepair { annotation } => format!("repair vetoed by {annotation}"),
+        Blocker::KarpenterDisrupting => "Karpenter is disrupting it".to_string(),
         Blocker::Budget {
             group,
             budget,
