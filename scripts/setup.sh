@@ -16,15 +16,18 @@ apt_install gcc libc6-dev libseccomp-dev buildah strace
 # The real node on the host (scripts/k8s-node.sh: kubelet and kube-proxy over CRI-O, tests/e2e/real_node):
 # CRI-O's conmon, runc and CNI plugins, kube-proxy's iptables, a static busybox for the test images.
 apt_install conmon runc containernetworking-plugins iptables busybox-static
-# promtool (Prometheus 2.42, Debian's `prometheus`): `promtool check rules` and `promtool test rules` on the
-# shipped alerts (tests/host/prometheus_rules.rs). The package also brings a Prometheus server: in a container
-# policy-rc.d keeps it from starting; where systemd runs, prometheus.service listens on :9090 (unused here).
+# Prometheus 2.42 (Debian's `prometheus`): promtool runs `check rules` and `test rules` on the shipped alerts
+# (tests/host/prometheus_rules.rs); the server itself scrapes a real controller in tests/e2e/prometheus.rs (its
+# own config, temp dir and loopback port). In a container policy-rc.d keeps the package's service from
+# starting; where systemd runs, prometheus.service listens on :9090 (unused here).
 apt_install prometheus
 # The .rpm test's packager (tests/host/packaging_rpm.rs).
 . "$REPO/scripts/package-lib.sh"
 ensure_generate_rpm
 [ -x "$REPO/scripts/setup-kubectl.sh" ] && "$REPO/scripts/setup-kubectl.sh"
 [ -x "$REPO/scripts/setup-helm.sh" ] && "$REPO/scripts/setup-helm.sh"
+# Grafana's foundation SDK for the chart's dashboard generator (tools/grafana/dashboard.py).
+"$REPO/scripts/setup-grafana-sdk.sh" >/dev/null
 [ -x "$REPO/scripts/nspawn-rootfs.sh" ] && "$REPO/scripts/nspawn-rootfs.sh"
 # The real control plane (etcd, kube-apiserver, kcm, scheduler, KWOK) and the real node's kubelet and kube-proxy
 # from Go modules, cached by version.

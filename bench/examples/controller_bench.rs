@@ -103,6 +103,7 @@ fn report(node: &str, seq: u64, status: ConditionStatus) -> Vec<u8> {
         label_removals: vec![],
         command_results: vec![],
         problems: vec![],
+        command_types: vec![],
     };
     serde_json::to_vec(&r).unwrap_or_default()
 }

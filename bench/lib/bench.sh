@@ -74,11 +74,18 @@ EOF
 # second), KWOK kept off the status by the label nodekeeper.test/kubelet=not-ready (set on every node first);
 # the status patches are sent in parallel, so that the nodes turn NotReady within a few tens of ms.
 not_ready() {
-  local expiry=$1 n ago now pids=(); shift
-  ago=$(date -u -d "@$(( expiry - 600 ))" +%Y-%m-%dT%H:%M:%SZ)
+  local expiry=$1; shift
+  node_condition "$expiry" 600 Ready False KubeletNotReady "container runtime network not ready: NetworkReady=false" "$@"
+}
+
+# node_condition EXPIRY SECS TYPE STATUS REASON MESSAGE NODE…: the condition TYPE=STATUS patched into each NODE's
+# status (in parallel), its lastTransitionTime SECS before EXPIRY (epoch seconds): a toleration of SECS runs out then.
+node_condition() {
+  local expiry=$1 secs=$2 type=$3 status=$4 reason=$5 message=$6 n ago now pids=(); shift 6
+  ago=$(date -u -d "@$(( expiry - secs ))" +%Y-%m-%dT%H:%M:%SZ)
   now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   for n in "$@"; do
-    k patch node "$n" --subresource=status --type=strategic -p "{\"status\":{\"conditions\":[{\"type\":\"Ready\",\"status\":\"False\",\"reason\":\"KubeletNotReady\",\"message\":\"container runtime network not ready: NetworkReady=false\",\"lastHeartbeatTime\":\"$now\",\"lastTransitionTime\":\"$ago\"}]}}" >/dev/null &
+    k patch node "$n" --subresource=status --type=strategic -p "{\"status\":{\"conditions\":[{\"type\":\"$type\",\"status\":\"$status\",\"reason\":\"$reason\",\"message\":\"$message\",\"lastHeartbeatTime\":\"$now\",\"lastTransitionTime\":\"$ago\"}]}}" >/dev/null &
     pids+=($!)
   done
   for n in "${pids[@]}"; do wait "$n"; done

@@ -14,6 +14,8 @@ faulted nodes, line 3 when the tolerations run out (epoch seconds; "repaired" is
   - max nodes disrupted at once: from a Node watch, each pool node's span from the first update that shows
     it cordoned, tainted karpenter.sh/disrupted or deleting (or its deletion) to its deletion; the most
     overlapping spans (the 200 ms samples miss a node deleted within a sample, as Karpenter does on KWOK);
+  - what each tool says about each faulted node: the Events about it (by source and reason, with one
+    message per reason) and the NodekeeperHeld condition reasons seen True on it;
   - repaired: the first sample with a node of the pool created after the fault and Ready, and every pod
     of NS that a Deployment wants Running and Ready on a Ready node that is not a faulted one.
 It stops 20 s after "repaired", or TIMEOUT s after the tolerations' expiry, and writes OUT.json. Stdlib only.
@@ -58,6 +60,7 @@ def note_pod(p, deleted, now):
 
 
 node_spans = {}  # node -> [first seen disrupted (cordoned, tainted karpenter.sh/disrupted, deleting), gone]
+held = {}  # node -> the NodekeeperHeld reasons seen True on it (nodekeeper's "why is this node held")
 
 
 def note_node(n, deleted, now):
@@ -66,7 +69,10 @@ def note_node(n, deleted, now):
         return
     taints = {t["key"] for t in spec.get("taints") or []}
     name = md["name"]
+    h = cond(n, "NodekeeperHeld")
     with lock:
+        if h.get("status") == "True":
+            held.setdefault(name, set()).add(h.get("reason"))
         if (spec.get("unschedulable") or "karpenter.sh/disrupted" in taints or md.get("deletionTimestamp")
                 or deleted):
             node_spans.setdefault(name, [now, None])
@@ -182,7 +188,22 @@ try:
             events[k] = events.get(k, 0) + ev.get("count", 1)
 except Exception as e:
     print(f"repair-watch: events: {e}", file=sys.stderr)
+# What each tool said about each faulted node: the Events about it (any namespace), by source and reason.
+node_events = {v: {} for v in victims}
+try:
+    for ev in get("/api/v1/events")["items"]:
+        io = ev["involvedObject"]
+        if io.get("kind") == "Node" and io.get("name") in node_events:
+            src = ev.get("reportingComponent") or (ev.get("source") or {}).get("component") or "?"
+            k = f'{src}:{ev["reason"]}'
+            d = node_events[io["name"]]
+            d[k] = d.get(k, 0) + (ev.get("count") or 1)
+            d.setdefault("messages", {}).setdefault(ev["reason"], ev.get("message") or ev.get("note") or "")
+except Exception as e:
+    print(f"repair-watch: node events: {e}", file=sys.stderr)
 out = {
+    "node_events": node_events,
+    "held_reasons": {k: sorted(v) for k, v in held.items() if k in victims},
     "fault_t": fault_t, "victims": sorted(victims), "samples": samples,
     "expiry_t": expiry_t,
     "repaired_s": None if repaired_t is None or fault_t is None else round(repaired_t - expiry_t, 1),

@@ -121,6 +121,15 @@ def chart_schema(cfg):
                 "agentSilentWindow": DURATION,
                 "noLeaderFor": DURATION,
             }),
+            "dashboard": obj({
+                "enabled": BOOL,
+                # A Kubernetes label key and value (the sidecar's `label` and `labelValue`).
+                "label": {"type": "string", "minLength": 1,
+                          "pattern": "^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"},
+                "labelValue": {"type": "string", "maxLength": 63},
+                "labels": STR_MAP,
+                "annotations": STR_MAP,
+            }),
             "extraObjects": {"type": "array", "items": {"type": ["object", "string"]}},
         },
         "$defs": {"config": cfg},

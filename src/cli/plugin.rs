@@ -20,8 +20,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 use nodekeeper_core::config::Env;
 use nodekeeper_core::controller::status::explain::{
-    self, check_installed, get_node, node_events, node_names, render_explanation, render_history,
-    HistoryDocument, Installed, DEFAULT_NAMESPACE, EXPLAIN_SCHEMA_VERSION,
+    self, check_installed, get_node, node_events, node_names, render_explanation, Installed,
+    DEFAULT_NAMESPACE,
 };
 use nodekeeper_core::controller::status::StatusOutput;
 use nodekeeper_core::k8s::client;
@@ -242,9 +242,9 @@ enum PluginCommand {
         #[arg(long, default_value = "karpenter.sh/nodepool")]
         group_label: String,
     },
-    /// The node's nodekeeper Events, newest first (reason, message, age, count). These are the
-    /// Events the API server still keeps (its --event-ttl, 1 h by default): the recent history,
-    /// not a full record of every action.
+    /// What nodekeeper did to the node, newest first (what, why, outcome, how long), from the
+    /// history the controller keeps in its namespace; then the node's nodekeeper Events still on
+    /// the API server (as `nodekeeper status NODE --history`).
     History {
         /// The node.
         node: String,
@@ -305,6 +305,9 @@ pub fn main(env: &Env) -> u8 {
                     PluginOutput::Wide => StatusOutput::Wide,
                     PluginOutput::Json => StatusOutput::Json,
                 },
+                node: None,
+                history: false,
+                namespace: g.namespace,
                 opts,
             },
             env,
@@ -378,23 +381,7 @@ fn explain(g: &Global, node: &str, group_label: &str, output: Output) -> u8 {
 fn history(g: &Global, node: &str, output: Output) -> u8 {
     super::block_on_current_thread(async {
         let (client, server) = connect(g, "kubectl-nodekeeper").await?;
-        // The node must exist (a typo is not an empty history).
-        get_node(client.clone(), &server, node).await?;
-        let events = node_events(client, &server, node).await?;
-        let now = Utc::now();
-        match output {
-            Output::Json => {
-                let doc = HistoryDocument {
-                    version: EXPLAIN_SCHEMA_VERSION,
-                    generated_at: now,
-                    node,
-                    events: &events,
-                };
-                println!("{}", serde_json::to_string_pretty(&doc)?);
-            }
-            Output::Text => print!("{}", render_history(node, &events, now)),
-        }
-        Ok(Exit::Ok.code())
+        status::print_history(client, &server, &g.namespace, node, output).await
     })
 }
 

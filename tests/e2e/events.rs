@@ -8,7 +8,6 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use nodekeeper_core::agent::sources::{EventKind, NodeEvent, NODE_EVENT_VERSION};
 use nodekeeper_core::controller::policy::view::keys;
-use serde_json::json;
 
 use crate::ctl;
 use crate::support::*;
@@ -21,18 +20,7 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events(c: &'
     init_tracing();
     let _one_engine = c.exclusive().await;
     let admin = c.admin().await;
-    let _nodes = c
-        .create_nodes(&[kwok_node(
-            NODE,
-            json!({ "karpenter.sh/nodepool": "ev-pool", "kubernetes.io/hostname": NODE }),
-        )])
-        .await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = controller_toml(dir.path(), "events", |_| {});
-    let ctl_proc = ControllerProc::start(c, &config, "events").await;
-
-    let token = agent_report_token(&admin, NODE).await;
-    let https = ctl::https(&dir.path().join("ca.pem"), ctl_proc.addr);
+    let agent = c.reporting_node(&admin, NODE, "ev-pool", "events").await;
     let now = chrono::Utc::now();
     let mut report = ctl::report(NODE, 1, &[]);
     report.events = vec![NodeEvent {
@@ -48,12 +36,13 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events(c: &'
     }];
     // The leader may take a moment: a follower answers 503 and the agent resends.
     wait_leading(&admin, "nodekeeper-events", "events").await;
-    let acked = report_until(&https, ctl_proc.addr, &token, &report, |resp| {
-        resp["acknowledged_events"]
-            .to_string()
-            .contains("oci-preempt-1")
-    })
-    .await;
+    let acked = agent
+        .report_until(&report, |resp| {
+            resp["acknowledged_events"]
+                .to_string()
+                .contains("oci-preempt-1")
+        })
+        .await;
     eprintln!("report answer: {acked}");
 
     let api: Api<Node> = Api::all(admin.clone());
@@ -85,9 +74,9 @@ async fn a_preemption_notice_cordons_and_kubectl_describe_lists_the_events(c: &'
     );
 
     assert_eq!(
-        ctl_proc.forbidden_lines(),
+        agent.ctl.forbidden_lines(),
         Vec::<String>::new(),
         "the controller hit a 403"
     );
-    ctl_proc.stop().await;
+    agent.ctl.stop().await;
 }

@@ -522,6 +522,82 @@ async fn coop_pods_on(pods: &Api<Pod>, node: &str) -> Vec<String> {
         .collect()
 }
 
+/// The NodeClaim of `node` (by its `status.nodeName`, which Karpenter writes at registration, a little
+/// after the pods may have started).
+pub(crate) async fn claim_of(admin: &kube::Client, node: &str) -> String {
+    let api = nodeclaims(admin);
+    wait_for(Duration::from_secs(30), "the node's NodeClaim", || {
+        let api = api.clone();
+        async move {
+            api.list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|c| c.data["status"]["nodeName"].as_str() == Some(node))?
+                .metadata
+                .name
+        }
+    })
+    .await
+}
+
+/// Waits until Node `node` and NodeClaim `claim` are gone.
+pub(crate) async fn gone(admin: &kube::Client, node: &str, claim: &str) {
+    let (nodes, claims): (Api<Node>, _) = (Api::all(admin.clone()), nodeclaims(admin));
+    wait_until(
+        Duration::from_secs(180),
+        "the old node and NodeClaim gone",
+        || {
+            let (nodes, claims) = (nodes.clone(), claims.clone());
+            async move {
+                nodes.get_opt(node).await.unwrap().is_none()
+                    && claims.get_opt(claim).await.unwrap().is_none()
+            }
+        },
+    )
+    .await;
+}
+
+/// Waits until both of `app`'s pods run, neither on `node`.
+pub(crate) async fn both_running_elsewhere(pods: &Api<Pod>, app: &str, node: &str) {
+    let on: BTreeSet<String> =
+        wait_for(Duration::from_secs(180), "both pods Running again", || {
+            let pods = pods.clone();
+            async move {
+                let on: BTreeSet<String> = app_pods_of(&pods, app)
+                    .await
+                    .iter()
+                    .filter_map(running_on)
+                    .map(String::from)
+                    .collect();
+                (on.len() == 2).then_some(on)
+            }
+        })
+        .await;
+    assert!(!on.contains(node), "{on:?}");
+}
+
+/// The messages of Karpenter's `Evicted` Events (its drain records one per pod it evicts) about
+/// the pods of `app` in `default`.
+pub(crate) async fn karpenter_evictions(admin: &kube::Client, app: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
+    events
+        .list(&ListParams::default().fields("reason=Evicted"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(app))
+        })
+        .filter_map(|e| e.message)
+        .collect()
+}
+
 pub(crate) async fn app_pods_of(pods: &Api<Pod>, app: &str) -> Vec<Pod> {
     pods.list(&ListParams::default().labels(&format!("app={app}")))
         .await
@@ -553,25 +629,7 @@ spec:
     )
     .await;
     let victim = hosts[0].clone();
-    let claim_of = |node: String| {
-        let api = claims_api.clone();
-        async move {
-            api.list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .find(|c| c.data["status"]["nodeName"].as_str() == Some(node.as_str()))
-        }
-    };
-    // Karpenter writes status.nodeName at registration, which may lag the pods' start a little.
-    let victim_claim = wait_for(Duration::from_secs(30), "the node's NodeClaim", || {
-        claim_of(victim.clone())
-    })
-    .await
-    .metadata
-    .name
-    .unwrap();
+    let victim_claim = claim_of(&admin, &victim).await;
 
     // nodekeeper's controller, the shipped policy (drain → replace, Ready=False) with provider karpenter.
     let dir = tempfile::tempdir().unwrap();
@@ -639,55 +697,10 @@ spec:
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Karpenter terminates the node; the evicted pod runs on capacity Karpenter provisioned for it.
-    wait_until(
-        Duration::from_secs(180),
-        "the old node and NodeClaim gone",
-        || {
-            let (nodes, api, victim, claim) = (
-                nodes.clone(),
-                claims_api.clone(),
-                victim.clone(),
-                victim_claim.clone(),
-            );
-            async move {
-                nodes.get_opt(&victim).await.unwrap().is_none()
-                    && api.get_opt(&claim).await.unwrap().is_none()
-            }
-        },
-    )
-    .await;
-    let now_on: BTreeSet<String> =
-        wait_for(Duration::from_secs(180), "both pods Running again", || {
-            let pods = pods.clone();
-            async move {
-                let on: BTreeSet<String> = app_pods_of(&pods, COOP_APP)
-                    .await
-                    .iter()
-                    .filter_map(running_on)
-                    .map(String::from)
-                    .collect();
-                (on.len() == 2).then_some(on)
-            }
-        })
-        .await;
-    assert!(!now_on.contains(&victim), "{now_on:?}");
-    // One eviction stream: Karpenter evicted none of the app's pods (its drain records an `Evicted`
-    // Event per pod it evicts).
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
-    let evicted_by_karpenter: Vec<String> = events
-        .list(&ListParams::default().fields("reason=Evicted"))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.involved_object
-                .name
-                .as_deref()
-                .is_some_and(|n| n.starts_with(COOP_APP))
-        })
-        .filter_map(|e| e.message)
-        .collect();
+    gone(&admin, &victim, &victim_claim).await;
+    both_running_elsewhere(&pods, COOP_APP, &victim).await;
+    // One eviction stream: Karpenter evicted none of the app's pods.
+    let evicted_by_karpenter = karpenter_evictions(&admin, COOP_APP).await;
     assert!(
         evicted_by_karpenter.is_empty(),
         "Karpenter evicted: {evicted_by_karpenter:?}"

@@ -31,14 +31,19 @@ fn repairing(n: &Node) -> bool {
 }
 
 /// `nodekeeper status -l karpenter.sh/nodepool=POOL` as an operator who may only list nodes.
-async fn status_rows(c: &'static Cluster, admin: &kube::Client, dir: &std::path::Path) -> String {
+pub(crate) async fn status_rows(
+    c: &'static Cluster,
+    admin: &kube::Client,
+    dir: &std::path::Path,
+    pool: &str,
+) -> String {
     let token = crate::repair::status_reader_token(c, admin).await;
     let kc = dir.join("reader.kubeconfig");
     c.write_token_kubeconfig(&kc, &token);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
         .args(["status", "--kubeconfig"])
         .arg(&kc)
-        .args(["-l", &format!("karpenter.sh/nodepool={BUDGET_POOL}")])
+        .args(["-l", &format!("karpenter.sh/nodepool={pool}")])
         .env_remove("KUBECONFIG")
         .output()
         .unwrap();
@@ -163,7 +168,7 @@ async fn nodepool_budget_read_from_karpenter_holds_the_second_repair_until_the_f
         },
     )
     .await;
-    let text = status_rows(c, &admin, dir.path()).await;
+    let text = status_rows(c, &admin, dir.path(), BUDGET_POOL).await;
     let row = text
         .lines()
         .find(|l| l.starts_with(second.as_str()))

@@ -4,18 +4,19 @@
 //! Events field selectors; the sim's `status` is `status_cli`'s.
 //!
 //! The held node is written as the controller writes one (its annotations, the `NodekeeperHeld`
-//! condition, an Event reported by `nodekeeper.io/controller`), without a controller: what the
+//! condition, an Event reported by `nodekeeper.io/controller`, its history ConfigMap), without a controller: what the
 //! controller writes is `repair`'s to prove; this test proves what the plugin reads and prints.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use chrono::Utc;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{Context, Kubeconfig, NamedCluster, NamedContext};
+use nodekeeper_core::controller::act::history;
 use nodekeeper_core::controller::policy::explain::{Blocker, Held};
 use nodekeeper_core::controller::policy::view::keys;
 use serde_json::json;
@@ -182,6 +183,27 @@ async fn kubectl_runs_the_plugin_with_its_global_flags_on_the_real_cluster() {
     ] {
         events.create(&PostParams::default(), &e).await.unwrap();
     }
+    // Its history, older than any Event, as the controller's writer stores it.
+    let histories = history::store::Histories::new(admin.clone(), NS);
+    let _ = Api::<ConfigMap>::namespaced(admin.clone(), NS)
+        .delete(&history::store::name(&name), &Default::default())
+        .await;
+    let entry = |days: i64, action: &str, outcome: &str| history::Entry {
+        step: Some("drain".into()),
+        why: Some("repair:Ready=False".into()),
+        outcome: outcome.into(),
+        duration_ms: 1500,
+        ..history::Entry::new(now - chrono::TimeDelta::days(days), action)
+    };
+    let recorded = [
+        entry(3, "start_drain", "ok"),
+        entry(2, "drain", "completed"),
+    ];
+    let limits = history::HistoryConfig::default().limits();
+    histories
+        .append(&name, &recorded, &limits, now)
+        .await
+        .unwrap();
 
     let dir = tempfile::tempdir().unwrap();
     let bin = plugin_dir(dir.path());
@@ -282,20 +304,21 @@ async fn kubectl_runs_the_plugin_with_its_global_flags_on_the_real_cluster() {
     assert_eq!(x["conditions"][0]["type"], "NodekeeperHeld");
     assert_eq!(x["recent_events"][0]["reason"], "BlockedByBudget");
 
-    // history: the Events, newest first.
-    let out = run(&[
-        "nodekeeper",
-        "history",
-        &name,
-        "--kubeconfig",
-        kc,
-        "--context",
-        &admin_ctx,
-        "-o",
-        "json",
-    ]);
+    // history: the recorded actions, newest first, then the Events (-o json and text).
+    let history = |node: &str, output: &str| {
+        let flags = ["--kubeconfig", kc, "--context", &admin_ctx, "-o", output];
+        run(&[&["nodekeeper", "history", node][..], &flags].concat())
+    };
+    let out = history(&name, "json");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let h: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let actions: Vec<&str> = h["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["drain", "start_drain"]);
     let reasons: Vec<&str> = h["events"]
         .as_array()
         .unwrap()
@@ -303,16 +326,21 @@ async fn kubectl_runs_the_plugin_with_its_global_flags_on_the_real_cluster() {
         .map(|e| e["reason"].as_str().unwrap())
         .collect();
     assert_eq!(reasons, ["BlockedByBudget", "RepairCancelled"]);
+    let out = history(&name, "text");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    let lines: Vec<&str> = t.lines().collect();
+    assert!(lines[0].starts_with("WHEN"), "{t}");
+    assert!(
+        lines[1].contains("(2d ago)")
+            && lines[1].contains(" drain ")
+            && lines[1].contains("completed"),
+        "{t}"
+    );
+    assert!(lines[2].contains("start_drain"), "{t}");
+    assert!(t.contains("BlockedByBudget"), "the Events after it:\n{t}");
     // A node that does not exist: exit 1 naming it.
-    let out = run(&[
-        "nodekeeper",
-        "history",
-        "kp-missing",
-        "--kubeconfig",
-        kc,
-        "--context",
-        &admin_ctx,
-    ]);
+    let out = history("kp-missing", "text");
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr).contains("node kp-missing not found"),

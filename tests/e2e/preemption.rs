@@ -453,14 +453,7 @@ async fn oci_events_deliveries_taint_and_cordon_once_stored(c: &'static Cluster)
 pub async fn wait_interrupted(nodes: &Api<Node>, node: &str, within: Duration) -> Node {
     wait_for(within, &format!("{node} tainted and cordoned"), || async {
         let n = nodes.get(node).await.ok()?;
-        let tainted = n
-            .spec
-            .as_ref()?
-            .taints
-            .as_ref()?
-            .iter()
-            .any(|t| t.key == "nodekeeper.io/interruption");
-        (tainted && unschedulable(&n)).then_some(n)
+        (has_taint(&n, "nodekeeper.io/interruption") && unschedulable(&n)).then_some(n)
     })
     .await
 }

@@ -47,24 +47,7 @@ async fn budget_of_one_repairs_one_unknown_node_and_explains_the_other(c: &'stat
     c.kubelet_reports_not_ready(NODES[1]).await;
 
     // One is repaired, the other held by the budget.
-    let (repairing, held) = wait_for(Duration::from_secs(60), "one repairing, one held", || {
-        let api = api.clone();
-        async move {
-            let a = api.get(NODES[0]).await.ok()?;
-            let b = api.get(NODES[1]).await.ok()?;
-            let state = |n: &Node| annotation(n, keys::STATE).map(str::to_string);
-            // The hold's annotation and its NodekeeperHeld condition are two writes: wait for both.
-            let held = |n: &Node| {
-                annotation(n, keys::BLOCKED).is_some() && condition(n, "NodekeeperHeld").is_some()
-            };
-            match (state(&a).as_deref(), state(&b).as_deref()) {
-                (Some("repairing"), _) if held(&b) => Some((a, b)),
-                (_, Some("repairing")) if held(&a) => Some((b, a)),
-                _ => None,
-            }
-        }
-    })
-    .await;
+    let (repairing, held) = one_repairing_one_held(&api, NODES[0], NODES[1]).await;
     let ready = condition(&held, "Ready").unwrap();
     assert_eq!(ready.status, "False");
     let kcm_taint = held
@@ -182,6 +165,28 @@ toleration = "3s""#,
             .unwrap(),
         )]),
     );
+}
+
+/// Waits until one of `a` and `b` is being repaired and the other is held (its hold's annotation
+/// and its NodekeeperHeld condition, two writes, both there): (repairing, held).
+pub(crate) async fn one_repairing_one_held(api: &Api<Node>, a: &str, b: &str) -> (Node, Node) {
+    wait_for(Duration::from_secs(60), "one repairing, one held", || {
+        let api = api.clone();
+        async move {
+            let a = api.get(a).await.ok()?;
+            let b = api.get(b).await.ok()?;
+            let state = |n: &Node| annotation(n, keys::STATE).map(str::to_string);
+            let held = |n: &Node| {
+                annotation(n, keys::BLOCKED).is_some() && condition(n, "NodekeeperHeld").is_some()
+            };
+            match (state(&a).as_deref(), state(&b).as_deref()) {
+                (Some("repairing"), _) if held(&b) => Some((a, b)),
+                (_, Some("repairing")) if held(&a) => Some((b, a)),
+                _ => None,
+            }
+        }
+    })
+    .await
 }
 
 /// Waits until the controller stamped each of `nodes` seen-ready (so that a later failure is a

@@ -86,6 +86,7 @@ macro_rules! on_both {
 static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
 static SIM: OnceLock<Result<Cluster, String>> = OnceLock::new();
 static KARPENTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+static KARPENTER_REPAIR: OnceLock<Result<Cluster, String>> = OnceLock::new();
 
 /// One try per process: the other tests fail with the same message instead of retrying. A failure
 /// to start is a test failure naming the component and its log, never a skip.
@@ -124,6 +125,24 @@ pub fn sim() -> &'static Cluster {
 pub fn karpenter_cluster() -> &'static Cluster {
     once(&KARPENTER, || {
         let c = up_real("nodekeeper-karpenter", &["--karpenter"]);
+        install_manifests(&c);
+        c
+    })
+}
+
+/// [`karpenter_cluster`] with Karpenter's NodeRepair on (`--karpenter-feature-gates NodeRepair=true`)
+/// for the cooperation tests (`karpenter_repair.rs`): a control plane of its own, so that Karpenter's
+/// repair never acts on the other Karpenter tests' nodes.
+pub fn karpenter_repair_cluster() -> &'static Cluster {
+    once(&KARPENTER_REPAIR, || {
+        let c = up_real(
+            "nodekeeper-karpenter-repair",
+            &[
+                "--karpenter",
+                "--karpenter-feature-gates",
+                "NodeRepair=true",
+            ],
+        );
         install_manifests(&c);
         c
     })
@@ -427,11 +446,24 @@ impl Cluster {
     /// KWOK 0.8.0 keeps renewing the Lease of every node it ever managed.) Sim: its admin hook pins the
     /// condition, so its kubelet loop keeps posting it.
     pub async fn kubelet_reports_not_ready(&self, node: &str) {
+        self.kubelet_reports(
+            node,
+            "False",
+            "KubeletNotReady",
+            "container runtime network not ready: NetworkReady=false",
+        )
+        .await;
+    }
+
+    /// The node's kubelet posts Ready=`status` with `reason` and `message`, as
+    /// [`Self::kubelet_reports_not_ready`] does (which is this with `False`); with `True`, a kubelet
+    /// that recovered (the node stays out of KWOK's hands, the sim's condition stays pinned).
+    pub async fn kubelet_reports(&self, node: &str, status: &str, reason: &str, message: &str) {
         let admin = self.admin().await;
         match self.backend {
             Backend::Sim => {
-                let body = serde_json::json!({"type": "Ready", "status": "False", "reason": "KubeletNotReady",
-                    "message": "container runtime network not ready: NetworkReady=false"});
+                let body = serde_json::json!({"type": "Ready", "status": status, "reason": reason,
+                    "message": message});
                 let req = http::Request::post(format!("/sim/v1/nodes/{node}/conditions"))
                     .header("content-type", "application/json")
                     .body(serde_json::to_vec(&body).unwrap())
@@ -451,8 +483,7 @@ impl Cluster {
                 .unwrap();
                 let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
                 let status = serde_json::json!({ "status": { "conditions": [{
-                    "type": "Ready", "status": "False", "reason": "KubeletNotReady",
-                    "message": "container runtime network not ready: NetworkReady=false",
+                    "type": "Ready", "status": status, "reason": reason, "message": message,
                     "lastHeartbeatTime": now, "lastTransitionTime": now
                 }] } });
                 api.patch_status(
@@ -464,6 +495,20 @@ impl Cluster {
                 .unwrap();
             }
         }
+    }
+
+    /// The node's kubelet reports the kernel boot id `id` (`status.nodeInfo.bootID`), as after a
+    /// reboot.
+    pub async fn kubelet_reports_boot_id(&self, node: &str, id: &str) {
+        let api: Api<Node> = Api::all(self.admin().await);
+        let status = serde_json::json!({ "status": { "nodeInfo": { "bootID": id } } });
+        api.patch_status(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await
+        .unwrap();
     }
 
     /// Tests whose controller runs the disruption engine act on every Node of their cluster: they
@@ -698,6 +743,14 @@ impl ControllerProc {
     }
 }
 
+/// The node carries a taint with `key` (any effect).
+pub fn has_taint(n: &Node, key: &str) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == key))
+}
+
 pub fn annotation<'a>(n: &'a Node, key: &str) -> Option<&'a str> {
     n.metadata
         .annotations
@@ -869,6 +922,62 @@ pub async fn wait_first_report(nodes: &Api<Node>, node: &str) {
         },
     )
     .await;
+}
+
+/// A scenario that reports as one node's agent: the KWOK node `node` (in NodePool `pool`), a
+/// controller with the shipped config as `identity`, and the agent's report token and HTTPS client.
+pub struct ReportingNode {
+    /// Deletes the node when dropped.
+    pub nodes: NodesGuard,
+    /// The controller's config, CA and kubeconfig.
+    pub dir: tempfile::TempDir,
+    /// The controller.
+    pub ctl: ControllerProc,
+    /// The agent's report token.
+    pub token: String,
+    /// A client that trusts the controller's CA.
+    pub https: reqwest::Client,
+}
+
+impl Cluster {
+    /// [`ReportingNode`] on this cluster.
+    pub async fn reporting_node(
+        &'static self,
+        admin: &kube::Client,
+        node: &str,
+        pool: &str,
+        identity: &str,
+    ) -> ReportingNode {
+        let nodes = self
+            .create_nodes(&[kwok_node(
+                node,
+                serde_json::json!({ "karpenter.sh/nodepool": pool, "kubernetes.io/hostname": node }),
+            )])
+            .await;
+        let dir = tempfile::tempdir().unwrap();
+        let config = controller_toml(dir.path(), identity, |_| {});
+        let ctl = ControllerProc::start(self, &config, identity).await;
+        let token = agent_report_token(admin, node).await;
+        let https = crate::ctl::https(&dir.path().join("ca.pem"), ctl.addr);
+        ReportingNode {
+            nodes,
+            dir,
+            ctl,
+            token,
+            https,
+        }
+    }
+}
+
+impl ReportingNode {
+    /// [`report_until`] as this node's agent.
+    pub async fn report_until(
+        &self,
+        report: &nodekeeper_core::wire::NodeReport,
+        accepted: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        report_until(&self.https, self.ctl.addr, &self.token, report, accepted).await
+    }
 }
 
 /// POSTs `report` to the controller at `addr` with `token`: (status, body).

@@ -33,7 +33,8 @@ use nodekeeper_core::wire::AgentCommand;
 
 const NODE: &str = "n0";
 
-fn agent_toml(env: &Env, port: u16, host_root: &Path) -> String {
+/// The agent's configuration, with `agent_extra` lines in `[agent]`.
+fn agent_toml(env: &Env, port: u16, host_root: &Path, agent_extra: &str) -> String {
     format!(
         r#"[node]
 name = "{NODE}"
@@ -41,6 +42,7 @@ name = "{NODE}"
 cloud = "none"
 [agent]
 shutdown_watcher = false
+{agent_extra}
 [checks]
 interval = "1s"
 host_root = "{host_root}"
@@ -71,6 +73,17 @@ async fn boot_with_agent(
     port: u16,
     work: &Path,
 ) -> Option<(NspawnNode, Agent, String)> {
+    boot_with_agent_extra(name, env, port, work, "").await
+}
+
+/// [`boot_with_agent`] with `agent_extra` lines in the agent's `[agent]`.
+async fn boot_with_agent_extra(
+    name: &str,
+    env: &Env,
+    port: u16,
+    work: &Path,
+    agent_extra: &str,
+) -> Option<(NspawnNode, Agent, String)> {
     let node = NspawnNode::boot(name).await?;
     let boot_id = node
         .exec_ok(&["cat", "/proc/sys/kernel/random/boot_id"])
@@ -80,10 +93,27 @@ async fn boot_with_agent(
         .join(node.leader_pid().to_string())
         .join("root");
     let config = work.join(format!("{name}.toml"));
-    std::fs::write(&config, agent_toml(env, port, &host_root)).unwrap();
+    std::fs::write(&config, agent_toml(env, port, &host_root, agent_extra)).unwrap();
     // The same --root (so the same state_dir) for every boot: it is the node's persistent disk.
     let agent = Agent::start(&config, &work.join("root"), &node.bus_address());
     Some((node, agent, boot_id))
+}
+
+/// The cluster, the agent's token file, a leading controller on loopback, and the node's
+/// persistent disk (the agent's `--root`, kept across boots).
+async fn controller_and_disk() -> (Env, nodekeeper_core::controller::Running, tempfile::TempDir) {
+    let env = Env::new(1).await;
+    std::fs::write(
+        env.dir.path().join("token"),
+        env.token(NODE, "nodekeeper").await,
+    )
+    .unwrap();
+    let mut cfg = env.config();
+    cfg.listen = "127.0.0.1:0".into();
+    let ctl = env.controller(&cfg, true).await;
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(work.path().join("root/etc/crio/crio.conf.d")).unwrap();
+    (env, ctl, work)
 }
 
 fn reboot(id: &str) -> AgentCommand {
@@ -96,18 +126,8 @@ fn reboot(id: &str) -> AgentCommand {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs root (systemd-nspawn)"]
 async fn reboot_command_runs_once_through_systemd_and_the_new_boot_is_reported() {
-    let env = Env::new(1).await;
-    std::fs::write(
-        env.dir.path().join("token"),
-        env.token(NODE, "nodekeeper").await,
-    )
-    .unwrap();
-    let mut cfg = env.config();
-    cfg.listen = "127.0.0.1:0".into();
-    let ctl = env.controller(&cfg, true).await;
+    let (env, ctl, work) = controller_and_disk().await;
     let port = ctl.addr.port();
-    let work = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(work.path().join("root/etc/crio/crio.conf.d")).unwrap();
 
     // Boot 1: the agent reports the container's boot id.
     let Some((mut node1, mut agent1, boot1)) =
@@ -211,5 +231,112 @@ async fn reboot_command_runs_once_through_systemd_and_the_new_boot_is_reported()
     assert_eq!(state, "running", "the container stays up");
     agent2.terminate(Duration::from_secs(10)).await;
     drop(node2);
+    ctl.stop().await;
+}
+
+/// The controller's `restart_unit` command (a repair's `restart-unit` step) against real systemd
+/// in a container: a unit of the agent's `[agent] restart_units` is restarted over D-Bus (a new
+/// main PID, the result `ok`); another unit is refused without touching it, and the refusal is
+/// the command's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs root (systemd-nspawn)"]
+async fn restart_unit_command_restarts_only_allow_listed_units_through_systemd() {
+    let (env, ctl, work) = controller_and_disk().await;
+    let Some((node, mut agent, _)) = boot_with_agent_extra(
+        "nk-restart-1",
+        &env,
+        ctl.addr.port(),
+        work.path(),
+        r#"restart_units = ["nk-kubelet.service"]"#,
+    )
+    .await
+    else {
+        return;
+    };
+    // Two long-running services: the allow-listed stand-in kubelet and another one.
+    for unit in ["nk-kubelet", "nk-other"] {
+        let body = "[Service]\nExecStart=/bin/sleep infinity\n";
+        node.exec_ok(&[
+            "sh",
+            "-c",
+            &format!("printf '{body}' > /etc/systemd/system/{unit}.service"),
+        ]);
+    }
+    node.exec_ok(&["systemctl", "daemon-reload"]);
+    node.exec_ok(&[
+        "systemctl",
+        "start",
+        "nk-kubelet.service",
+        "nk-other.service",
+    ]);
+    let pid = |unit: &str| node.exec_ok(&["systemctl", "show", "-p", "MainPID", "--value", unit]);
+    let (kubelet_before, other_before) = (pid("nk-kubelet.service"), pid("nk-other.service"));
+    // The agent lists the command type, so the controller sends it.
+    let r = agent
+        .report_with(
+            |r| r["node"] == NODE,
+            "a first report",
+            Duration::from_secs(20),
+        )
+        .await;
+    assert!(
+        r["command_types"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t == "restart_unit")),
+        "{r}"
+    );
+
+    let restart = |id: &str, unit: &str| AgentCommand::RestartUnit {
+        id: id.into(),
+        unit: unit.into(),
+        reason: "repair:Ready=False".into(),
+    };
+    ctl.app
+        .states
+        .queue_command(NODE, restart("restart-1", "nk-kubelet.service"))
+        .await;
+    ctl.app
+        .states
+        .queue_command(NODE, restart("restart-2", "nk-other.service"))
+        .await;
+    let result = |r: &serde_json::Value, id: &str| {
+        r["command_results"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["id"] == id).cloned())
+    };
+    let r = agent
+        .report_with(
+            |r| result(r, "restart-1").is_some() && result(r, "restart-2").is_some(),
+            "both results",
+            Duration::from_secs(30),
+        )
+        .await;
+    let ok = result(&r, "restart-1").unwrap();
+    assert_eq!(ok["ok"], true, "{ok}");
+    assert!(
+        ok["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("nk-kubelet.service restarted")),
+        "{ok}"
+    );
+    let refused = result(&r, "restart-2").unwrap();
+    assert_eq!(refused["ok"], false, "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("refused")
+                && m.contains("not in this agent's [agent] restart_units")),
+        "{refused}"
+    );
+    let kubelet_after = pid("nk-kubelet.service");
+    assert_ne!(kubelet_after, kubelet_before, "restarted: a new main PID");
+    assert_ne!(kubelet_after.trim(), "0", "and running");
+    assert_eq!(
+        pid("nk-other.service"),
+        other_before,
+        "the refused unit untouched"
+    );
+    agent.terminate(Duration::from_secs(10)).await;
+    drop(node);
     ctl.stop().await;
 }

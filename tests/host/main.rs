@@ -21,6 +21,7 @@ mod cli_crio;
 mod crio_apply_systemd;
 mod crio_real;
 mod crio_shortnames;
+mod grafana_dashboard;
 mod helm_chart;
 mod imds_config;
 mod imds_netns;

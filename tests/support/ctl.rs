@@ -262,6 +262,7 @@ pub fn report(node: &str, seq: u64, conds: &[(&str, ConditionStatus)]) -> NodeRe
         label_removals: vec![],
         command_results: vec![],
         problems: vec![],
+        command_types: vec![],
     }
 }
 

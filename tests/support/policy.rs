@@ -49,6 +49,8 @@ pub fn notice(
         kind,
         at,
         detected_at: seen,
+        until: None,
+        boot_id: None,
     }
 }
 

@@ -7,7 +7,9 @@ use std::path::Path;
 
 use nodekeeper_core::agent::checks::{Checks, ChecksConfig};
 use nodekeeper_core::controller::catalog::{
-    Reason, DRAINED, DRAIN_CONDITION_REASONS, DRAIN_IN_PROGRESS, HELD_CONDITION,
+    Reason, DRAINED, DRAIN_CONDITION_REASONS, DRAIN_IN_PROGRESS,
+    GRACEFUL_NODE_SHUTDOWN_IN_PROGRESS, HELD_CONDITION, MAINTENANCE_IN_PROGRESS,
+    MAINTENANCE_PLANNED, NOTICE_CONDITION_REASONS,
 };
 
 fn doc(name: &str) -> String {
@@ -137,6 +139,7 @@ fn the_docs_list_exactly_the_condition_types() {
     let mut want = checks.clone();
     want.push(HELD_CONDITION.to_string());
     want.extend([DRAIN_IN_PROGRESS, DRAINED].map(String::from));
+    want.extend(NOTICE_CONDITIONS.map(String::from));
     want.sort();
     let mut rows: Vec<String> = table(
         &doc("catalog.md"),
@@ -156,24 +159,44 @@ fn the_docs_list_exactly_the_condition_types() {
     assert_eq!(listed, checks, "docs/checks.md's checks table");
 }
 
-/// The lifecycle conditions' rows name exactly the reasons the controller writes.
-#[test]
-fn the_docs_list_exactly_the_drain_condition_reasons() {
+/// The lifecycle conditions that follow notices.
+const NOTICE_CONDITIONS: [&str; 3] = [
+    MAINTENANCE_PLANNED,
+    MAINTENANCE_IN_PROGRESS,
+    GRACEFUL_NODE_SHUTDOWN_IN_PROGRESS,
+];
+
+/// The reasons docs/catalog.md lists in the rows of `types`, sorted, once each.
+fn listed_reasons(types: &[&str]) -> Vec<String> {
     let rows = table(
         &doc("catalog.md"),
         "| condition type | written by | reasons |",
     );
     let mut listed: Vec<String> = rows
         .iter()
-        .filter(|r| [DRAIN_IN_PROGRESS, DRAINED].contains(&r[0].trim_matches('`')))
+        .filter(|r| types.contains(&r[0].trim_matches('`')))
         .flat_map(|r| ticked(&r[2]))
         .collect();
     listed.sort();
     listed.dedup();
+    listed
+}
+
+/// The lifecycle conditions' rows name exactly the reasons the controller writes.
+#[test]
+fn the_docs_list_exactly_the_drain_condition_reasons() {
     let mut want: Vec<String> = DRAIN_CONDITION_REASONS.map(String::from).to_vec();
     want.sort();
     assert_eq!(
-        listed, want,
+        listed_reasons(&[DRAIN_IN_PROGRESS, DRAINED]),
+        want,
         "docs/catalog.md's DrainInProgress and Drained reasons"
+    );
+    let mut want: Vec<String> = NOTICE_CONDITION_REASONS.map(String::from).to_vec();
+    want.sort();
+    assert_eq!(
+        listed_reasons(&NOTICE_CONDITIONS),
+        want,
+        "docs/catalog.md's maintenance and shutdown condition reasons"
     );
 }

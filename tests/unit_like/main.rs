@@ -17,6 +17,8 @@ mod imds_parsers_prop;
 mod layering;
 mod notify_webhook;
 mod policy_config;
+mod policy_karpenter_repair;
+mod policy_ladder;
 mod policy_nodepool;
 mod policy_props;
 mod policy_table;

@@ -24,6 +24,7 @@ fn ready_false_10m() -> RepairPolicy {
         condition_type: "Ready".into(),
         condition_status: "False".into(),
         toleration: Duration::from_secs(600),
+        ..Default::default()
     }
 }
 
@@ -358,4 +359,105 @@ fn kubernetes_names_are_checked_where_they_are_written() {
             "annotation {key}"
         );
     }
+}
+
+#[test]
+fn policy_reason_and_ladder_forms_load_and_errors_are_located() {
+    let text = "[[repair.policy]]\ncondition_type = \"Ready\"\ncondition_status = \"False\"\ntoleration = \"5m\"\nreason = \"ContainerRuntime(Down|NotReady)\"\nsteps = [{ step = \"restart-unit\", unit = \"kubelet.service\", timeout = \"3m\" }, \"restart-unit:crio.service\", \"reboot\", \"replace\"]\n";
+    let l = load(text).unwrap();
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    let p = &l.config.policy().repair.policy[0];
+    let r = p.reason.as_ref().unwrap();
+    assert!(r.matches("ContainerRuntimeDown") && !r.matches("xContainerRuntimeDown"));
+    let steps = p.steps.as_ref().unwrap();
+    assert_eq!(steps[0].timeout, Some(Duration::from_secs(180)));
+    assert_eq!(steps[1].label(), "restart-unit:crio.service");
+    assert_eq!(steps[3].step, RepairStep::Replace);
+    // Printed and read again, the same.
+    let again = load(&l.config.to_redacted_toml()).unwrap();
+    assert_eq!(again.config, l.config);
+
+    let policy = |extra: &str| {
+        format!("[[repair.policy]]\ncondition_type = \"Ready\"\ncondition_status = \"False\"\ntoleration = \"5m\"\n{extra}\n")
+    };
+    let e = errors(&policy("reason = \"Kubelet(\""));
+    assert!(
+        e[0].starts_with("c.toml:")
+            && e[0].contains("reason `Kubelet(` is not a regular expression"),
+        "{e:?}"
+    );
+    let e = errors(&policy("steps = [\"restart-unit\"]"));
+    assert!(e[0].contains("restart-unit needs its unit"), "{e:?}");
+    let e = errors(&policy("steps = [\"restart-unit:kubelet\"]"));
+    assert!(e[0].contains("not a systemd service name"), "{e:?}");
+    let e = errors(&policy(
+        "steps = [\"reboot\", \"restart-unit:kubelet.service\"]",
+    ));
+    assert!(
+        e[0].starts_with("c.toml:5:")
+            && e[0].contains("repair.policy[0].steps")
+            && e[0].contains("escalate"),
+        "{e:?}"
+    );
+    let e = errors(&policy("steps = []"));
+    assert!(e[0].contains("cannot be empty"), "{e:?}");
+    let e = errors("[repair]\nsteps = [\"restart-unit\", \"replace\"]\n");
+    assert!(e[0].contains("restart-unit names its unit"), "{e:?}");
+    // Another component's condition with a destructive step: a warning naming the policy.
+    let l = load("[[repair.policy]]\ncondition_type = \"KernelDeadlock\"\ncondition_status = \"True\"\ntoleration = \"5m\"\n").unwrap();
+    assert_eq!(l.warnings.len(), 1, "{:?}", l.warnings);
+    assert!(
+        l.warnings[0].message.contains("cannot see it clear"),
+        "{:?}",
+        l.warnings
+    );
+    let l = load("[[repair.policy]]\ncondition_type = \"KernelDeadlock\"\ncondition_status = \"True\"\ntoleration = \"5m\"\nallow_destructive = true\n").unwrap();
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    // KPO's JSON, unchanged: no reason, no steps (the global ladder).
+    let kpo = parse_kpo_repair_policies(
+        r#"[{"conditionType":"Ready","conditionStatus":"False","tolerationDuration":600000000000}]"#,
+    )
+    .unwrap();
+    assert_eq!(kpo, vec![ready_false_10m()]);
+}
+
+#[test]
+fn the_ladder_examples_of_docs_policy_md_load_without_warnings() {
+    let doc =
+        std::fs::read_to_string(format!("{}/docs/policy.md", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let section = doc
+        .split("### Policies per (condition, reason), and escalation ladders")
+        .nth(1)
+        .unwrap();
+    let blocks: Vec<&str> = section
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .take_while(|b| b.contains("[[repair.policy]]"))
+        .collect();
+    assert_eq!(blocks.len(), 2, "the AKS-like and the EKS-like examples");
+    for b in blocks {
+        let l = load(b).unwrap_or_else(|e| panic!("{e}\n{b}"));
+        assert!(l.warnings.is_empty(), "{:?}\n{b}", l.warnings);
+        assert!(!l.config.policy().repair.policy.is_empty());
+    }
+}
+
+#[test]
+fn the_agents_restart_allow_list_defaults_to_kubelet_and_crio_and_is_checked() {
+    let l = load("").unwrap();
+    assert_eq!(
+        l.config.agent.agent.restart_units,
+        vec!["kubelet.service".to_string(), "crio.service".to_string()]
+    );
+    let l = load("[agent]\nrestart_units = [\"containerd.service\"]\n").unwrap();
+    assert_eq!(
+        l.config.agent.agent.restart_units,
+        vec!["containerd.service".to_string()]
+    );
+    let e = errors("[agent]\nrestart_units = [\"kubelet.service\", \"../etc/passwd\"]\n");
+    assert!(
+        e[0].starts_with("c.toml:2:") && e[0].contains("agent.restart_units[1]"),
+        "{e:?}"
+    );
 }

@@ -8,8 +8,9 @@
 //! gives the same decisions marked dry-run; the engine's one-node fast path after a notice
 //! (`decide_interruption`) decides exactly what `decide` decides for that node, and its due path
 //! after a repair toleration expires (`decide_groups`, one group alone) what `decide` decides for
-//! that group's nodes; a node carrying a repair veto gets no drain, reboot or replacement for a
-//! repair.
+//! that group's nodes; a node carrying a repair veto gets no drain, unit restart, reboot or
+//! replacement for a repair. The Ready=False policy sometimes has a ladder of its own
+//! (restart-unit, `none`).
 //!
 //! `POLICY_PROP_CASES` sets the number of random seeds (default 256, proptest's default, so the
 //! pure tier stays quick; scripts/test.sh runs 1,000, `POLICY_PROP_CASES=10000` is the full run).
@@ -20,7 +21,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use nodekeeper_core::controller::policy::budget::{GroupBudgets, Reason};
-use nodekeeper_core::controller::policy::config::{InterruptionAction, Quantity, RepairStep};
+use nodekeeper_core::controller::policy::config::{
+    InterruptionAction, LadderStep, Quantity, RepairStep,
+};
 use nodekeeper_core::controller::policy::interruption::drain_deadline;
 use nodekeeper_core::controller::policy::repair::{evaluate, Health};
 use nodekeeper_core::controller::policy::view::{
@@ -89,6 +92,27 @@ fn config(rng: &mut StdRng) -> PolicyConfig {
             let b = budgets(BUDGET_SETS[rng.random_range(0..BUDGET_SETS.len())]);
             c.budgets.groups.insert(g.into(), b);
         }
+    }
+    // The Ready=False policy's own ladder, sometimes (restart-unit first, `none` last).
+    if rng.random_bool(0.4) {
+        let ladders: [&[LadderStep]; 4] = [
+            &[
+                LadderStep::restart("kubelet.service"),
+                LadderStep::of(RepairStep::Reboot),
+                LadderStep::of(RepairStep::Replace),
+            ],
+            &[
+                LadderStep::restart("crio.service"),
+                LadderStep::of(RepairStep::Drain),
+                LadderStep::of(RepairStep::Replace),
+            ],
+            &[
+                LadderStep::restart("kubelet.service"),
+                LadderStep::of(RepairStep::None),
+            ],
+            &[LadderStep::of(RepairStep::None)],
+        ];
+        c.repair.policy[0].steps = Some(ladders[rng.random_range(0..ladders.len())].to_vec());
     }
     c
 }
@@ -519,7 +543,7 @@ fn check_vetoes(before: &ClusterView, ds: &[Decision]) -> Result<(), TestCaseErr
                 Action::StartDrain { reason, .. } | Action::RequestReplacement { reason, .. } => {
                     reason.starts_with("repair:")
                 }
-                Action::RequestReboot { .. } => true,
+                Action::RequestReboot { .. } | Action::RestartUnit { .. } => true,
                 _ => false,
             };
             prop_assert!(

@@ -187,14 +187,17 @@ fn a_veto_put_on_a_node_under_repair_stops_the_repair_and_undoes_it() {
         Action::RequestReboot { .. }
     )));
     apply(&mut v, &ds);
+    // On a node of a NodePool under nodekeeper's repair, karpenter.sh/do-not-repair is already
+    // there as nodekeeper's own mark (policy_karpenter_repair.rs): an operator vetoes with
+    // nodekeeper's annotation.
     node_mut(&mut v, "a")
         .annotations
-        .insert(keys::KARPENTER_DO_NOT_REPAIR.into(), "true".into());
+        .insert(keys::DO_NOT_REPAIR.into(), "true".into());
     let ds = run(&v, &c, now + mins(16));
     let a = of(&ds, "a");
     assert!(has(&a, |x| matches!(x, Action::Uncordon)), "{a:#?}");
     assert!(!has(&a, is_repair_action), "{a:#?}");
-    assert_eq!(hold_of(&a), Some(veto(keys::KARPENTER_DO_NOT_REPAIR)));
+    assert_eq!(hold_of(&a), Some(veto(keys::DO_NOT_REPAIR)));
     apply(&mut v, &ds);
     let n = get(&v, "a");
     assert!(!n.unschedulable, "nodekeeper's cordon undone");
@@ -204,6 +207,8 @@ fn a_veto_put_on_a_node_under_repair_stops_the_repair_and_undoes_it() {
         keys::REBOOT_REQUESTED,
         keys::CORDONED_BY,
         keys::DO_NOT_DISRUPT_BY,
+        keys::DO_NOT_REPAIR_BY,
+        keys::KARPENTER_DO_NOT_REPAIR,
     ] {
         assert_eq!(n.annotation(k), None, "{k} left: {:?}", n.annotations);
     }
@@ -246,7 +251,7 @@ fn a_veto_after_the_replacement_was_requested_does_not_bring_the_node_back() {
     apply(&mut v, &ds);
     node_mut(&mut v, "a")
         .annotations
-        .insert(keys::KARPENTER_DO_NOT_REPAIR.into(), "true".into());
+        .insert(keys::DO_NOT_REPAIR.into(), "true".into());
     let ds = run(&v, &c, now + mins(1));
     let a = of(&ds, "a");
     assert!(!has(&a, |x| matches!(x, Action::Uncordon)), "{a:#?}");

@@ -3,6 +3,8 @@
 //! a round trip that fails on unknown or misspelt fields.
 #![allow(dead_code)]
 
+pub mod grafana;
+pub mod helm;
 pub mod rbac;
 
 use std::collections::{BTreeMap, BTreeSet};

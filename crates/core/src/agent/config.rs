@@ -60,6 +60,14 @@ impl AgentSections {
                 "must be greater than zero",
             ));
         }
+        for (i, u) in self.agent.restart_units.iter().enumerate() {
+            if !crate::wire::valid_unit(u) {
+                diags.push(Diagnostic::error(
+                    cfg_path!["agent", "restart_units", i],
+                    format!("`{u}` is not a systemd service name (NAME.service)"),
+                ));
+            }
+        }
         diags.extend(crate::agent::crio::lint::lint(
             &self.crio,
             self.crio.version.as_deref(),
@@ -86,7 +94,13 @@ pub struct AgentConfig {
     /// `InhibitDelayMaxSec` bounds it further).
     #[serde(with = "humantime_serde")]
     pub shutdown_max_delay: Duration,
+    /// The systemd units the controller may ask this agent to restart (a repair's
+    /// `restart-unit` step); the agent refuses any other, and says so in the command's result.
+    pub restart_units: Vec<String>,
 }
+
+/// The units a repair may restart by default: the kubelet and the container runtime.
+pub const DEFAULT_RESTART_UNITS: &[&str] = &["kubelet.service", "crio.service"];
 
 impl Default for AgentConfig {
     fn default() -> Self {
@@ -94,6 +108,10 @@ impl Default for AgentConfig {
             config_poll_interval: Duration::from_secs(5),
             shutdown_watcher: true,
             shutdown_max_delay: Duration::from_secs(5),
+            restart_units: DEFAULT_RESTART_UNITS
+                .iter()
+                .map(|u| u.to_string())
+                .collect(),
         }
     }
 }

@@ -101,7 +101,7 @@ pub async fn run(
             }
             Some(input) = in_rx.recv() => {
                 match input {
-                    Input::Command(cmd) => execute(cmd, config.sources.clone(), in_tx.clone()),
+                    Input::Command(cmd) => execute(cmd, &config, in_tx.clone()),
                     Input::CommandResult(r) => st.add_command_result(r),
                     other => on_input(other, &mut st, &mut events, &mut held),
                 }
@@ -308,13 +308,47 @@ async fn within_command_timeout<T>(
         })
 }
 
+/// How long the agent waits for a unit's restart job (within [`COMMAND_TIMEOUT`]).
+const UNIT_RESTART_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(25);
+
+/// A repair's `restart-unit` command: refused unless `unit` is in `allowed` (`[agent]
+/// restart_units`); else the unit's failed state is reset (so systemd's start limit does not
+/// refuse it) and it is restarted, waiting for the job. `Ok`: what happened; `Err`: the refusal
+/// or failure, as the command's result says it.
+pub async fn restart_unit<M: crate::agent::host::systemd::UnitManager>(
+    systemd: &M,
+    allowed: &[String],
+    unit: &str,
+) -> Result<String, String> {
+    if !allowed.iter().any(|u| u == unit) {
+        return Err(format!(
+            "refused: {unit} is not in this agent's [agent] restart_units ({})",
+            allowed.join(", ")
+        ));
+    }
+    systemd
+        .reset_failed(unit)
+        .await
+        .map_err(|e| crate::telemetry::error_chain(&e))?;
+    let outcome = systemd
+        .restart(unit, UNIT_RESTART_TIMEOUT)
+        .await
+        .map_err(|e| crate::telemetry::error_chain(&e))?;
+    let state = format!(
+        "job {}, {}/{}",
+        outcome.job_result, outcome.status.active_state, outcome.status.sub_state
+    );
+    match outcome.succeeded() {
+        true => Ok(format!("{unit} restarted: {state}")),
+        false => Err(format!("{unit} restart failed: {state}")),
+    }
+}
+
 /// Runs a controller command in the background; its result comes back as an input.
-fn execute(
-    cmd: crate::wire::AgentCommand,
-    sources: crate::agent::sources::SourcesConfig,
-    tx: mpsc::Sender<Input>,
-) {
+fn execute(cmd: crate::wire::AgentCommand, config: &AgentSections, tx: mpsc::Sender<Input>) {
     use crate::wire::{AgentCommand, CommandResult};
+    let sources = config.sources.clone();
+    let allowed = config.agent.restart_units.clone();
     tokio::spawn(async move {
         let (id, outcome) = match cmd {
             AgentCommand::Reboot { id, reason } => {
@@ -327,6 +361,17 @@ fn execute(
                 };
                 let r = within_command_timeout("systemd did not accept reboot.target", call).await;
                 (id, r.map(|()| "reboot.target started".to_string()))
+            }
+            AgentCommand::RestartUnit { id, unit, reason } => {
+                tracing::warn!(%id, %unit, %reason, "restarting a unit on the controller's request");
+                let call = async {
+                    match Systemd::connect_system().await {
+                        Ok(s) => restart_unit(&s, &allowed, &unit).await,
+                        Err(e) => Err(e.to_string()),
+                    }
+                };
+                let what = format!("the restart of {unit} did not finish");
+                (id, within_command_timeout(&what, call).await)
             }
             AgentCommand::AckScheduledEvent { id, event_id } => {
                 let call = async {
@@ -683,5 +728,46 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         tokio::task::yield_now().await;
         assert!(released.try_recv().is_ok(), "not released at the grace");
+    }
+}
+
+#[cfg(test)]
+mod restart_unit_tests {
+    use super::restart_unit;
+    use crate::agent::host::fake::{FakeCall, FakeUnitManager};
+
+    fn allowed() -> Vec<String> {
+        crate::agent::config::DEFAULT_RESTART_UNITS
+            .iter()
+            .map(|u| u.to_string())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn only_allow_listed_units_are_restarted_and_a_refusal_says_why() {
+        let fake = FakeUnitManager::new()
+            .with_unit("kubelet.service", FakeUnitManager::failed())
+            .with_unit("sshd.service", FakeUnitManager::active());
+        let e = restart_unit(&fake, &allowed(), "sshd.service")
+            .await
+            .unwrap_err();
+        assert!(
+            e.contains("refused") && e.contains("kubelet.service, crio.service"),
+            "{e}"
+        );
+        assert!(fake.calls().is_empty(), "nothing asked of systemd");
+        let ok = restart_unit(&fake, &allowed(), "kubelet.service")
+            .await
+            .unwrap();
+        assert!(ok.starts_with("kubelet.service restarted"), "{ok}");
+        assert!(
+            matches!(&fake.calls()[0], FakeCall::ResetFailed { unit } if unit == "kubelet.service")
+        );
+        assert_eq!(fake.restarts("kubelet.service"), 1);
+        fake.push_restart(Ok(FakeUnitManager::failed_restart()));
+        let e = restart_unit(&fake, &allowed(), "kubelet.service")
+            .await
+            .unwrap_err();
+        assert!(e.contains("restart failed"), "{e}");
     }
 }

@@ -191,6 +191,10 @@ impl AgentState {
             label_removals: self.label_removals.clone(),
             command_results: self.command_results.clone(),
             problems,
+            command_types: crate::wire::COMMAND_TYPES
+                .iter()
+                .map(|t| t.to_string())
+                .collect(),
         }
     }
 }

@@ -84,6 +84,8 @@ pub enum Reason {
     ReplacementRequested,
     /// A reboot was requested (Normal).
     RebootRequested,
+    /// The node's agent was asked to restart a systemd unit (a `restart-unit` step) (Normal).
+    UnitRestartRequested,
     /// A node did not become Ready within `startup_timeout` (Warning).
     StartupTimeout,
     /// A leftover of nodekeeper's (cordon, taint, label) with no state was removed (Normal).
@@ -98,6 +100,9 @@ pub enum Reason {
     /// An operator vetoed the node's repair: `karpenter.sh/do-not-repair` or
     /// `nodekeeper.io/do-not-repair` is `"true"` (Warning).
     BlockedByDoNotRepair,
+    /// Karpenter is disrupting the node (`karpenter.sh/disrupted`): nodekeeper stands back
+    /// (Warning).
+    BlockedByKarpenter,
     /// The group's disruption budget allows no more nodes now (Warning).
     BlockedByBudget,
     /// The group's NodePool has budgets Karpenter would refuse (Warning).
@@ -110,9 +115,17 @@ pub enum Reason {
     StartupRetriesExhausted,
     /// A replacement was requested but the node is still here (Warning).
     ReplacementPending,
+    /// The ladder's next step is a reboot or replace, and the condition is one nodekeeper
+    /// cannot see clear (Warning).
+    BlockedByUntrustedCondition,
+    /// The repair policy's ladder says `none`: held for an operator (Warning).
+    HeldByRepairPolicy,
     // Disruption engine: the actor's.
     /// The replacement provider refused or failed a call (Warning).
     ReplacementFailed,
+    /// The node's agent refused or failed a command (restart-unit, reboot), or cannot run it
+    /// (Warning).
+    AgentCommandFailed,
 }
 
 impl Reason {
@@ -138,19 +151,24 @@ impl Reason {
         Reason::InterruptionReleased,
         Reason::ReplacementRequested,
         Reason::RebootRequested,
+        Reason::UnitRestartRequested,
         Reason::StartupTimeout,
         Reason::NodekeeperCleanup,
         Reason::HoldReleased,
         Reason::BlockedByPDB,
         Reason::BlockedByDoNotDisrupt,
         Reason::BlockedByDoNotRepair,
+        Reason::BlockedByKarpenter,
         Reason::BlockedByBudget,
         Reason::BlockedByNodePool,
         Reason::RepairShortCircuited,
         Reason::DeadlineExceeded,
         Reason::StartupRetriesExhausted,
         Reason::ReplacementPending,
+        Reason::BlockedByUntrustedCondition,
+        Reason::HeldByRepairPolicy,
         Reason::ReplacementFailed,
+        Reason::AgentCommandFailed,
     ];
 
     /// The reasons of the `NodekeeperHeld` condition while `True` (one per blocker kind); each is
@@ -159,12 +177,15 @@ impl Reason {
         Reason::BlockedByPDB,
         Reason::BlockedByDoNotDisrupt,
         Reason::BlockedByDoNotRepair,
+        Reason::BlockedByKarpenter,
         Reason::BlockedByBudget,
         Reason::BlockedByNodePool,
         Reason::RepairShortCircuited,
         Reason::DeadlineExceeded,
         Reason::StartupRetriesExhausted,
         Reason::ReplacementPending,
+        Reason::BlockedByUntrustedCondition,
+        Reason::HeldByRepairPolicy,
     ];
 
     /// The CamelCase reason string.
@@ -196,6 +217,7 @@ impl Reason {
             Reason::BlockedByPDB => "BlockedByPDB",
             Reason::BlockedByDoNotDisrupt => "BlockedByDoNotDisrupt",
             Reason::BlockedByDoNotRepair => "BlockedByDoNotRepair",
+            Reason::BlockedByKarpenter => "BlockedByKarpenter",
             Reason::BlockedByBudget => "BlockedByBudget",
             Reason::BlockedByNodePool => "BlockedByNodePool",
             Reason::RepairShortCircuited => "RepairShortCircuited",
@@ -203,6 +225,10 @@ impl Reason {
             Reason::StartupRetriesExhausted => "StartupRetriesExhausted",
             Reason::ReplacementPending => "ReplacementPending",
             Reason::ReplacementFailed => "ReplacementFailed",
+            Reason::UnitRestartRequested => "UnitRestartRequested",
+            Reason::BlockedByUntrustedCondition => "BlockedByUntrustedCondition",
+            Reason::HeldByRepairPolicy => "HeldByRepairPolicy",
+            Reason::AgentCommandFailed => "AgentCommandFailed",
         }
     }
 
@@ -219,6 +245,7 @@ impl Reason {
             | Reason::InterruptionReleased
             | Reason::ReplacementRequested
             | Reason::RebootRequested
+            | Reason::UnitRestartRequested
             | Reason::NodekeeperCleanup
             | Reason::HoldReleased => NORMAL,
             _ => WARNING,
@@ -272,6 +299,42 @@ pub const DRAIN_CONDITION_REASONS: [&str; 5] = [
     "DrainTimedOut",
     "DrainStopped",
     "DrainFailed",
+];
+
+/// KEP-5683's condition that maintenance is expected: nodekeeper sets it from a scheduled host
+/// maintenance notice until its window starts ([`crate::controller::policy::lifecycle`]).
+pub const MAINTENANCE_PLANNED: &str = "MaintenancePlanned";
+
+/// KEP-5683's condition that maintenance is under way: from the notice's window start to its end.
+pub const MAINTENANCE_IN_PROGRESS: &str = "MaintenanceInProgress";
+
+/// KEP-5683's condition that Graceful Node Shutdown is under way: from the agent's shutdown
+/// watcher until the agent reports from a new boot.
+pub const GRACEFUL_NODE_SHUTDOWN_IN_PROGRESS: &str = "GracefulNodeShutdownInProgress";
+
+/// `True` reason of the maintenance conditions: the node is in, or before, a notice's window
+/// (KEP-5683's own example).
+pub const MAINTENANCE_WINDOW: &str = "MaintenanceWindow";
+/// `False` reason of [`MAINTENANCE_PLANNED`] once the window started.
+pub const MAINTENANCE_STARTED: &str = "MaintenanceStarted";
+/// `False` reason of the maintenance conditions once the window ended.
+pub const MAINTENANCE_ENDED: &str = "MaintenanceEnded";
+/// `True` reason of [`GRACEFUL_NODE_SHUTDOWN_IN_PROGRESS`] (KEP-5683's own example).
+pub const NODE_SHUTDOWN: &str = "NodeShutdown";
+/// `False` reason of [`GRACEFUL_NODE_SHUTDOWN_IN_PROGRESS`] once the agent reports from a new boot.
+pub const NODE_REBOOTED: &str = "NodeRebooted";
+/// `False` reason when the notice was withdrawn (or is no longer known).
+pub const NOTICE_WITHDRAWN: &str = "NoticeWithdrawn";
+
+/// The reasons of [`MAINTENANCE_PLANNED`], [`MAINTENANCE_IN_PROGRESS`] and
+/// [`GRACEFUL_NODE_SHUTDOWN_IN_PROGRESS`].
+pub const NOTICE_CONDITION_REASONS: [&str; 6] = [
+    MAINTENANCE_WINDOW,
+    MAINTENANCE_STARTED,
+    MAINTENANCE_ENDED,
+    NODE_SHUTDOWN,
+    NODE_REBOOTED,
+    NOTICE_WITHDRAWN,
 ];
 
 /// The reason of a nodekeeper condition the controller set to `Unknown` because the node's agent

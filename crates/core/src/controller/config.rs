@@ -132,6 +132,8 @@ pub struct ControllerConfig {
     pub oci_events: OciEventsConfig,
     /// The disruption engine (reconcile loop and actor).
     pub engine: EngineConfig,
+    /// Each node's action history (`[controller.history]`).
+    pub history: crate::controller::act::history::HistoryConfig,
 }
 
 impl Default for ControllerConfig {
@@ -168,6 +170,7 @@ impl Default for ControllerConfig {
             leader: LeaderConfig::default(),
             oci_events: OciEventsConfig::default(),
             engine: EngineConfig::default(),
+            history: Default::default(),
         }
     }
 }
@@ -223,8 +226,9 @@ pub struct EngineConfig {
     /// reports. On by default: at 5,000 nodes on the real control plane its runs ranked ahead of
     /// the shared runtime's (bench/results/2026-12-05-notice-apart.md).
     pub notice_lane: bool,
-    /// Set Kubernetes 1.37's node lifecycle conditions (KEP-5683) around each drain:
-    /// `DrainInProgress` and `Drained` (docs/drain.md).
+    /// Set Kubernetes 1.37's node lifecycle conditions (KEP-5683): `DrainInProgress` and
+    /// `Drained` around each drain, `MaintenancePlanned`, `MaintenanceInProgress` and
+    /// `GracefulNodeShutdownInProgress` from the node's notices (docs/drain.md).
     pub lifecycle_conditions: bool,
 }
 
@@ -395,6 +399,7 @@ impl ControllerConfig {
             );
         }
         d.extend(self.report_limits.validate());
+        d.extend(self.history.validate());
         if self.max_reports_in_flight == 0 {
             err(
                 &mut d,

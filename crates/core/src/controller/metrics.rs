@@ -90,6 +90,11 @@ pub const DRAIN_BUCKETS: [f64; 10] = [
     1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 ];
 
+/// Upper bounds (seconds) of the notice → cordon histogram: the fast path answers in
+/// milliseconds (docs/dev/benchmarks.md); the top buckets catch an API server that stalls.
+pub const NOTICE_CORDON_BUCKETS: [f64; 10] =
+    [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+
 /// Result label of an executed action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ActionResult {
@@ -171,6 +176,7 @@ pub struct EngineMetrics {
     actions: Family<ActionLabels, Counter>,
     wakes: Family<OneLabel, Counter>,
     drains: Family<OneLabel, Histogram, fn() -> Histogram>,
+    notice_to_cordon: Histogram,
     groups: Mutex<Vec<GroupStatus>>,
     held: Mutex<BTreeMap<&'static str, u64>>,
     /// Evictions refused by a PodDisruptionBudget (counted once per blocking pod episode).
@@ -195,6 +201,10 @@ pub struct EngineMetrics {
     pub reconciles_held: AtomicU64,
     /// Taint patches refused with 409 (the Node changed since the copy they were computed from).
     pub node_write_conflicts: AtomicU64,
+    /// Node histories written (`act/history`).
+    pub history_writes: AtomicU64,
+    /// History entries not written (the API refused, conflicts, a full queue).
+    pub history_write_failures: AtomicU64,
 }
 
 impl Default for EngineMetrics {
@@ -203,6 +213,7 @@ impl Default for EngineMetrics {
             actions: Family::default(),
             wakes: Family::default(),
             drains: Family::new_with_constructor(drain_histogram as fn() -> Histogram),
+            notice_to_cordon: Histogram::new(NOTICE_CORDON_BUCKETS),
             groups: Mutex::default(),
             held: Mutex::default(),
             evictions_blocked_by_pdb: AtomicU64::default(),
@@ -215,6 +226,8 @@ impl Default for EngineMetrics {
             due_paths: AtomicU64::default(),
             reconciles_held: AtomicU64::default(),
             node_write_conflicts: AtomicU64::default(),
+            history_writes: AtomicU64::default(),
+            history_write_failures: AtomicU64::default(),
         }
     }
 }
@@ -253,6 +266,12 @@ impl EngineMetrics {
             .observe(took.as_secs_f64());
     }
 
+    /// Observes the time from the engine taking a notice to its node's cordon patch answered
+    /// (the fast path).
+    pub fn notice_cordoned(&self, took: Duration) {
+        self.notice_to_cordon.observe(took.as_secs_f64());
+    }
+
     /// Replaces the per-group figures with the last decision's.
     pub fn set_groups(&self, groups: Vec<GroupStatus>) {
         *lock(&self.groups) = groups;
@@ -279,6 +298,11 @@ impl EngineMetrics {
             "nodekeeper_engine_drain_duration_seconds",
             "Wall time of each drain, by result",
             Described(self.drains.clone()),
+        );
+        registry.register(
+            "nodekeeper_engine_notice_to_cordon_seconds",
+            "Time from the engine taking a notice to its node's cordon patch answered (fast path)",
+            Described(self.notice_to_cordon.clone()),
         );
         registry.register_collector(Box::new(self.clone()));
     }
@@ -360,6 +384,18 @@ impl Collector for EngineMetrics {
             "nodekeeper_engine_node_write_conflicts_total",
             "Taint patches refused because the Node changed since the copy they were computed from (each is re-read and retried).",
             g(&self.node_write_conflicts),
+        )?;
+        encode_counter(
+            &mut enc,
+            "nodekeeper_engine_history_writes_total",
+            "Node histories written (one read-merge-write of a node's queued entries).",
+            g(&self.history_writes),
+        )?;
+        encode_counter(
+            &mut enc,
+            "nodekeeper_engine_history_write_failures_total",
+            "Node history writes that failed, and entries dropped from a full queue (the actions happened regardless).",
+            g(&self.history_write_failures),
         )?;
         self.encode_groups(&mut enc)
     }

@@ -309,7 +309,13 @@ pub async fn start_under(
                 wake: wake.clone(),
                 nodepools,
             };
-            let e = parts.build(opts)?;
+            let (e, history) = parts.build(opts)?;
+            if let Some(writer) = history {
+                tasks.spawn(
+                    "history writer",
+                    writer.run(leader_rx.clone(), cancel.clone()),
+                );
+            }
             let events = states.subscribe_events();
             tasks.spawn(
                 "engine",
@@ -426,7 +432,12 @@ struct EngineStart<'a> {
 }
 
 impl EngineStart<'_> {
-    fn build(self, opts: engine::EngineOptions) -> Result<Arc<engine::Engine>, ControllerError> {
+    /// The engine, and the writer of the node histories its actor and drains record into (none
+    /// with `[controller.history] enabled = false`).
+    fn build(
+        self,
+        opts: engine::EngineOptions,
+    ) -> Result<(Arc<engine::Engine>, Option<act::history::Writer>), ControllerError> {
         let provider: Arc<dyn provider::NodeProvider> = match opts.provider {
             Some(p) => p,
             None => Arc::from(provider::build(
@@ -436,25 +447,43 @@ impl EngineStart<'_> {
             )?),
         };
         let metrics = Arc::new(metrics::EngineMetrics::default());
-        let drains = Arc::new(drain::tasks::DrainTasks::new(
-            opts.drain_client.unwrap_or_else(|| self.client.clone()),
-            self.cfg.engine.clone(),
-            opts.clock.clone(),
-            metrics.clone(),
-            self.wake.clone(),
-        ));
-        let actor = Arc::new(actions::Actor::new(actions::ActorParts {
-            urgent_client: opts.lane.as_ref().map(|l| l.client.clone()),
-            client: self.client,
-            cache: self.store.clone(),
-            recorder: self.recorder,
-            provider,
-            states: self.states,
-            drains: drains.clone(),
-            metrics: metrics.clone(),
-            notifier: opts.notifier,
-        }));
-        Ok(engine::Engine::new(engine::EngineParts {
+        let (history, writer) = match self.cfg.history.enabled {
+            true => {
+                let (h, w) = act::history::channel(
+                    self.client.clone(),
+                    &self.cfg.namespace,
+                    self.cfg.history.clone(),
+                    metrics.clone(),
+                );
+                (Some(h), Some(w))
+            }
+            false => (None, None),
+        };
+        let drains = Arc::new(
+            drain::tasks::DrainTasks::new(
+                opts.drain_client.unwrap_or_else(|| self.client.clone()),
+                self.cfg.engine.clone(),
+                opts.clock.clone(),
+                metrics.clone(),
+                self.wake.clone(),
+            )
+            .with_history(history.clone()),
+        );
+        let actor = Arc::new(
+            actions::Actor::new(actions::ActorParts {
+                urgent_client: opts.lane.as_ref().map(|l| l.client.clone()),
+                client: self.client,
+                cache: self.store.clone(),
+                recorder: self.recorder,
+                provider,
+                states: self.states,
+                drains: drains.clone(),
+                metrics: metrics.clone(),
+                notifier: opts.notifier,
+            })
+            .with_history(history),
+        );
+        let engine = engine::Engine::new(engine::EngineParts {
             cfg: self.cfg.engine.clone(),
             policy: opts.policy,
             clock: opts.clock,
@@ -465,7 +494,8 @@ impl EngineStart<'_> {
             metrics,
             wake: self.wake,
             lane: opts.lane.map(|l| l.handle),
-        }))
+        });
+        Ok((engine, writer))
     }
 }
 

@@ -22,8 +22,10 @@ mod report;
 pub use check::{CheckEvent, CheckResult, ConditionStatus, EventSeverity, OWNED_PREFIX};
 pub use event::{event_id, Cloud, EventKind, NodeEvent, NODE_EVENT_VERSION};
 pub use identity::InstanceIdentity;
+pub use report::valid_unit;
 pub use report::{
     accepted_report_versions, parse_body, parse_versioned, AgentCommand, BodyError, CommandResult,
     CrioReport, CrioResult, LabelRemoval, NodeReport, Problem, ReportResponse,
-    ACCEPTED_REPORT_VERSIONS, MAX_EVENTS_PER_REPORT, REPORT_VERSION,
+    ACCEPTED_REPORT_VERSIONS, COMMAND_TYPES, LEGACY_COMMAND_TYPES, MAX_EVENTS_PER_REPORT,
+    REPORT_VERSION,
 };

@@ -72,6 +72,29 @@ pub struct NodeReport {
     /// Problems of checks, sources and the reporter (e.g. a metadata endpoint answering garbage).
     #[serde(default)]
     pub problems: Vec<Problem>,
+    /// The [`AgentCommand`] types this agent runs (`reboot`, `ack_scheduled_event`,
+    /// `restart_unit`): the controller sends it no other, since an agent fails on a response with
+    /// a type it does not know. Added within version 2: absent (an agent built before it) reads as
+    /// [`LEGACY_COMMAND_TYPES`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command_types: Vec<String>,
+}
+
+/// The command types of an agent whose report does not list them (built before
+/// `command_types`).
+pub const LEGACY_COMMAND_TYPES: &[&str] = &["reboot", "ack_scheduled_event"];
+
+/// The command types this build's agent runs.
+pub const COMMAND_TYPES: &[&str] = &["reboot", "ack_scheduled_event", "restart_unit"];
+
+impl NodeReport {
+    /// Whether the reporting agent runs commands of `type_` ([`AgentCommand::type_name`]).
+    pub fn runs(&self, type_: &str) -> bool {
+        if self.command_types.is_empty() {
+            return LEGACY_COMMAND_TYPES.contains(&type_);
+        }
+        self.command_types.iter().any(|t| t == type_)
+    }
 }
 
 /// One problem the agent reports (version 2; a version 1 problem was a string, read as a
@@ -252,6 +275,47 @@ pub enum AgentCommand {
         /// The Azure `EventId`.
         event_id: String,
     },
+    /// Restart one systemd unit (a repair's `restart-unit` step); the agent runs it only for a
+    /// unit of its allow-list (`[agent] restart_units`) and reports a refusal otherwise. Sent
+    /// only to agents that list `restart_unit` in [`NodeReport::command_types`].
+    RestartUnit {
+        /// Command id.
+        id: String,
+        /// The unit, e.g. `kubelet.service`.
+        unit: String,
+        /// Why, for the logs and the journal.
+        reason: String,
+    },
+}
+
+/// A systemd service name the agent may be asked to restart: `NAME.service`, NAME of letters,
+/// digits and `:-_.@\\` (systemd's unit name characters).
+pub fn valid_unit(u: &str) -> bool {
+    u.len() <= 255
+        && u.strip_suffix(".service").is_some_and(|n| {
+            !n.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ":-_.@\\".contains(c))
+        })
+}
+
+impl AgentCommand {
+    /// The command's id.
+    pub fn id(&self) -> &str {
+        match self {
+            AgentCommand::Reboot { id, .. }
+            | AgentCommand::AckScheduledEvent { id, .. }
+            | AgentCommand::RestartUnit { id, .. } => id,
+        }
+    }
+    /// Its `type` on the wire.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            AgentCommand::Reboot { .. } => "reboot",
+            AgentCommand::AckScheduledEvent { .. } => "ack_scheduled_event",
+            AgentCommand::RestartUnit { .. } => "restart_unit",
+        }
+    }
 }
 
 #[cfg(test)]
@@ -279,6 +343,7 @@ mod tests {
             }],
             command_results: vec![],
             problems: vec![],
+            command_types: vec![],
         };
         let mut v = serde_json::to_value(&r).unwrap();
         v["added_later"] = serde_json::json!(1);
@@ -293,6 +358,21 @@ mod tests {
                 reason: "repair".into()
             }
         );
+        // An agent before `command_types` runs reboots, not unit restarts.
+        assert!(r.runs("reboot") && !r.runs("restart_unit"));
+        let c: AgentCommand = serde_json::from_str(
+            r#"{"type":"restart_unit","id":"u1","unit":"kubelet.service","reason":"repair"}"#,
+        )
+        .unwrap();
+        assert_eq!((c.id(), c.type_name()), ("u1", "restart_unit"));
+        let now = NodeReport {
+            command_types: COMMAND_TYPES.iter().map(|t| t.to_string()).collect(),
+            ..r
+        };
+        assert!(now.runs("restart_unit"));
+        for c in COMMAND_TYPES {
+            assert!(now.runs(c));
+        }
     }
 
     fn body(version: serde_json::Value, problems: serde_json::Value) -> Vec<u8> {

@@ -458,6 +458,7 @@ mod tests {
             label_removals: vec![],
             command_results: vec![],
             problems: vec![],
+            command_types: vec![],
         }
     }
 

@@ -190,11 +190,7 @@ impl Queue {
         let mut out = Vec::new();
         self.replayed.clear();
         for c in cmds {
-            let id = match &c {
-                AgentCommand::Reboot { id, .. } | AgentCommand::AckScheduledEvent { id, .. } => {
-                    id.clone()
-                }
-            };
+            let id = c.id().to_string();
             if self.executed.contains(&id) {
                 tracing::debug!(%id, "command already executed: not running it again");
                 // Run by this process: the agent loop reports its real result.

@@ -13,6 +13,8 @@
 //! - Events go through the [`Recorder`] once the changes before them are stored.
 //! - Dry-run decisions change nothing: they are logged, and their Events are recorded once per
 //!   distinct message (`DryRun` prefix).
+//! - Each batch a node's actions are carried out in is added to its history
+//!   ([`super::history`]), with its outcome and duration, by `Actor::recorded` alone.
 //!
 //! A failed action stops that node's remaining actions; the next reconcile decides again from
 //! what is stored and retries.
@@ -28,6 +30,7 @@ use serde_json::{json, Map, Value};
 
 use crate::controller::act::drain::lifecycle::{self, DrainEdge};
 use crate::controller::act::drain::tasks::DrainTasks;
+use crate::controller::act::history::{self, History};
 use crate::controller::act::provider::{
     request_id, NodeProvider, ProviderError, ReplacementRequest,
 };
@@ -110,6 +113,7 @@ pub fn kind(a: &Action) -> &'static str {
         Action::StartDrain { .. } => "start_drain",
         Action::StopDrain => "stop_drain",
         Action::RequestReboot { .. } => "request_reboot",
+        Action::RestartUnit { .. } => "restart_unit",
         Action::RequestReplacement { .. } => "request_replacement",
         Action::RetireNode { .. } => "retire_node",
         Action::Hold(_) => "hold",
@@ -250,6 +254,8 @@ pub struct Actor {
     retired: Mutex<HashSet<String>>,
     /// Dry-run Event messages already recorded, per node.
     dry_seen: Mutex<HashMap<String, HashSet<String>>>,
+    /// Each node's action history (none: not recorded).
+    history: Option<History>,
 }
 
 /// Everything the actor is built from.
@@ -292,12 +298,58 @@ impl Actor {
             background: Default::default(),
             retired: Mutex::new(HashSet::new()),
             dry_seen: Mutex::new(HashMap::new()),
+            history: None,
         }
+    }
+
+    /// The actor, recording what it does into `history`.
+    pub fn with_history(mut self, history: Option<History>) -> Self {
+        self.history = history;
+        self
+    }
+
+    /// Runs `batch` (the writes for `actions` on `node`) and adds it to the node's history:
+    /// what it did, why, what drove it (the node as it stood before), its outcome and duration.
+    /// The one place the history is fed from the actor; never delays or fails the batch.
+    async fn recorded<T>(
+        &self,
+        node: &str,
+        actions: &[Action],
+        batch: impl std::future::Future<Output = Result<T, ActionError>>,
+    ) -> Result<T, ActionError> {
+        let Some(h) = &self.history else {
+            return batch.await;
+        };
+        let before = self.known(node);
+        let (time, started) = (chrono::Utc::now(), std::time::Instant::now());
+        let result = batch.await;
+        let error = result
+            .as_ref()
+            .err()
+            .map(|e| crate::telemetry::error_chain(e));
+        if let Some(e) =
+            history::of_batch(actions, before.as_deref(), time, started.elapsed(), error)
+        {
+            h.record(node, e);
+        }
+        result
     }
 
     /// The object a write of ours returned, if it is newer than `cached` (see [`FreshNodes`](crate::controller::state::fresh::FreshNodes)).
     pub fn fresher(&self, cached: &Node) -> Option<Arc<Node>> {
         self.states.fresh().fresher(cached)
+    }
+
+    /// Writes lifecycle conditions on `node` ([`lifecycle::write_all`]), its answer kept as our
+    /// freshest copy of the Node (the next decision sees the conditions as written).
+    pub async fn write_conditions(
+        &self,
+        node: &str,
+        conditions: &[crate::controller::policy::lifecycle::Condition],
+    ) -> Result<(), kube::Error> {
+        let n = lifecycle::write_all(&self.nodes, node, conditions).await?;
+        self.states.fresh().record(n);
+        Ok(())
     }
 
     /// The newest copy of `node` this process holds without asking the API: the watch cache or
@@ -345,6 +397,15 @@ impl Actor {
             }
             return Ok(());
         }
+        self.recorded(node, actions, self.carry_out(node, actions))
+            .await
+    }
+
+    async fn carry_out(
+        self: &Arc<Self>,
+        node: &str,
+        actions: &[Action],
+    ) -> Result<(), ActionError> {
         let mut patch = NodePatch::default();
         let mut events = Vec::new();
         for a in actions {
@@ -383,7 +444,9 @@ impl Actor {
             .iter()
             .position(|a| !patch.add(a) && !matches!(a, Action::Event { .. }))
             .unwrap_or(actions.len());
-        (rest, self.flush(&self.urgent, node, &mut patch).await)
+        let leading = &actions[..rest];
+        let written = self.recorded(node, leading, self.flush(&self.urgent, node, &mut patch));
+        (rest, written.await)
     }
 
     /// After [`Self::write_leading`] returned `rest`: the Events before `rest`, then the actions
@@ -561,6 +624,16 @@ impl Actor {
                 };
                 self.states.queue_command(node, cmd).await;
                 self.notify(node, "reboot", "started", reason.clone(), false);
+            }
+            Action::RestartUnit { id, unit, reason } => {
+                let cmd = AgentCommand::RestartUnit {
+                    id: id.clone(),
+                    unit: unit.clone(),
+                    reason: reason.clone(),
+                };
+                self.states.queue_command(node, cmd).await;
+                let line = format!("{reason}: restart {unit}");
+                self.notify(node, "restart_unit", "started", line, false);
             }
             Action::RequestReplacement { id, reason, .. } => {
                 // The provider may retry for a while: in the background (errors are logged,
@@ -741,6 +814,7 @@ impl Actor {
             }
             Action::StartDrain { .. }
             | Action::RequestReboot { .. }
+            | Action::RestartUnit { .. }
             | Action::RequestReplacement { .. }
             | Action::RetireNode { .. } => {
                 self.notify(node, kind(a), "started", line, true);
@@ -780,6 +854,7 @@ pub fn describe(a: &Action) -> String {
         }
         Action::StopDrain => "stop drain".into(),
         Action::RequestReboot { reason, .. } => format!("request reboot ({reason})"),
+        Action::RestartUnit { unit, reason, .. } => format!("restart unit {unit} ({reason})"),
         Action::RequestReplacement { reason, .. } => format!("request replacement ({reason})"),
         Action::RetireNode { reason, .. } => format!("retire node ({reason})"),
         Action::Hold(h) => format!("hold: {}", h.blocker.message()),

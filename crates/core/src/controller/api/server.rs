@@ -193,6 +193,9 @@ async fn report(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> 
         .versions
         .taken(&report.node, version, &report.agent_version);
     let events = report.events.clone();
+    if let Some(engine) = &app.disruption {
+        engine.agent_reported(&report.node, &report.boot_id);
+    }
     let answer = match app.states.handle(report, received).await {
         Ok(mut resp) => {
             if let Some(engine) = &app.disruption {

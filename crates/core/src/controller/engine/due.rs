@@ -10,6 +10,19 @@ pub(super) fn wake_after(clock: &dyn Clock, due: DateTime<Utc>) -> Duration {
     clock.real(left) + Duration::from_millis(5)
 }
 
+/// `due`, or a wake at `at` with no group to decide first (a lifecycle condition's moment:
+/// [`Engine::decide_lifecycle`]) when that is sooner.
+pub(super) fn sooner(due: Option<Due>, at: Option<DateTime<Utc>>) -> Option<Due> {
+    match (due, at) {
+        (Some(d), Some(at)) if at >= d.at => Some(d),
+        (_, Some(at)) => Some(Due {
+            at,
+            groups: BTreeSet::new(),
+        }),
+        (d, None) => d,
+    }
+}
+
 impl Engine {
     /// The due path, when a repair toleration expires ([`Due`]): decides and acts on the groups
     /// of the nodes whose toleration ended, from a view of those groups alone
@@ -86,5 +99,38 @@ impl Engine {
         let took = Duration::from_micros(self.reconcile_us.load(Ordering::Relaxed));
         let window = (took * 2).min(self.cfg.tick);
         self.until_due().is_some_and(|left| left < window)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sooner_lifecycle_moment_wakes_with_no_group() {
+        let t = |s: i64| DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap();
+        let repair = || {
+            Some(Due {
+                at: t(10),
+                groups: ["a".to_string()].into(),
+            })
+        };
+        let alone = |s: i64| {
+            Some(Due {
+                at: t(s),
+                groups: BTreeSet::new(),
+            })
+        };
+        assert_eq!(sooner(repair(), Some(t(5))), alone(5));
+        assert_eq!(
+            sooner(repair(), Some(t(10))),
+            repair(),
+            "the repair's groups kept"
+        );
+        assert_eq!(sooner(repair(), Some(t(20))), repair());
+        assert_eq!(sooner(repair(), None), repair());
+        assert_eq!(sooner(None, Some(t(5))), alone(5));
+        assert_eq!(sooner(None, None), None);
     }
 }

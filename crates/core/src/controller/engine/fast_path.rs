@@ -49,6 +49,11 @@ impl Engine {
             let _urgent = self.fence_gate.urgent();
             self.actor.write_leading(node, &actions, dry_run).await
         };
+        // Notice → cordon: when this patch carried the cordon and it landed.
+        if first.is_ok() && !dry_run && actions[..rest.min(actions.len())].contains(&Action::Cordon)
+        {
+            self.metrics.notice_cordoned(spawned.elapsed());
+        }
         tracing::info!(
             node,
             ok = first.is_ok(),

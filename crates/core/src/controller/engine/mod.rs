@@ -51,6 +51,7 @@ mod fast_path;
 mod fence;
 use fence::FenceBy;
 pub mod fence_gate;
+mod lifecycle;
 mod node_order;
 pub mod notice_thread;
 mod notices;
@@ -86,6 +87,9 @@ pub struct Engine {
     /// Metrics (also rendered on `/metrics`).
     pub metrics: Arc<EngineMetrics>,
     notices: Mutex<HashMap<String, Vec<Notice>>>,
+    /// The boot id of each node agent's last report (a shutdown notice belongs to the boot it
+    /// came from: [`crate::controller::policy::lifecycle`]).
+    agent_boots: Mutex<HashMap<String, String>>,
     /// Nodes seen Ready at least once by this process (a node that fails soon after its
     /// creation is still one that became Ready, whatever the transition-time heuristic says;
     /// young nodes also get [`keys::SEEN_READY`], which survives a restart).
@@ -161,6 +165,7 @@ impl Engine {
             drains: p.drains,
             metrics: p.metrics,
             notices: Mutex::new(HashMap::new()),
+            agent_boots: Mutex::new(HashMap::new()),
             seen_ready: Mutex::new(Default::default()),
             wake: p.wake,
             progress: watch::channel(0).0,
@@ -258,7 +263,10 @@ impl Engine {
             let now = self.clock.now();
             let expired = lock(&self.next_due).take_if(|d| d.at <= now);
             if let Some(due) = expired {
-                self.due_path(&due.groups).await;
+                // A lifecycle condition's moment has no group to decide first.
+                if !due.groups.is_empty() {
+                    self.due_path(&due.groups).await;
+                }
             } else if self.due_before_done() {
                 // A reconcile started now would still be running at the expiry, and the due path
                 // would wait for it: both run at the expiry instead.

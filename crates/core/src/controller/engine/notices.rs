@@ -76,7 +76,8 @@ impl Engine {
     /// Records a notice for `node` (a cancellation replaces the notice it withdraws); true when
     /// the engine did not hold it yet.
     pub fn add_notice(&self, node: &str, ev: &NodeEvent) -> bool {
-        let n = Notice::from(ev);
+        let mut n = Notice::from(ev);
+        n.boot_id = lock(&self.agent_boots).get(node).cloned();
         let mut all = lock(&self.notices);
         let list = all.entry(node.to_string()).or_default();
         if let NoticeKind::Cancelled { of } = &n.kind {
@@ -126,6 +127,15 @@ impl Engine {
             .into_iter()
             .flatten()
             .collect()
+    }
+
+    /// Takes the boot id of a report from `node`'s agent (before its notices: a notice belongs to
+    /// the boot it came from); a new boot wakes the reconcile.
+    pub fn agent_reported(&self, node: &str, boot_id: &str) {
+        let was = lock(&self.agent_boots).insert(node.to_string(), boot_id.to_string());
+        if was.is_some_and(|b| b != boot_id) {
+            self.wake.notify_one();
+        }
     }
 
     /// The current notices of `node`.

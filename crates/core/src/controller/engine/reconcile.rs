@@ -26,11 +26,12 @@ impl Engine {
         let planned = tokio::task::spawn_blocking(move || {
             let view = me.view(now);
             let (decisions, groups) = decide_with_status(&view, &me.policy, now);
-            *lock(&me.next_due) = next_expiry(&view, &me.policy, now);
-            (view, decisions, groups)
+            let (conditions, changes_at) = me.decide_lifecycle(&view, now);
+            *lock(&me.next_due) = due::sooner(next_expiry(&view, &me.policy, now), changes_at);
+            (view, decisions, groups, conditions)
         })
         .await;
-        let (view, decisions, groups) = match planned {
+        let (view, decisions, groups, conditions) = match planned {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, "reconcile failed; next round");
@@ -62,6 +63,7 @@ impl Engine {
             }
         }
         self.act(by_node, taken).await;
+        self.write_lifecycle(conditions, taken).await;
         self.bump();
         self.metrics.reconciles.fetch_add(1, Ordering::Relaxed);
         if count > 0 {

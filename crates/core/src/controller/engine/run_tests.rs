@@ -518,6 +518,7 @@ async fn the_due_path_starts_the_expired_repair_of_its_group_only() {
         condition_type: "Ready".into(),
         condition_status: "False".into(),
         toleration: Duration::from_secs(600),
+        ..Default::default()
     }];
     let engine = engine_with(client, store, EngineConfig::default(), leader_rx, policy);
     let decided = engine.due_path(&["spot".to_string()].into()).await;
@@ -568,6 +569,7 @@ async fn a_reconcile_that_would_run_past_the_expiry_waits_for_it() {
             condition_type: "Ready".into(),
             condition_status: "False".into(),
             toleration: Duration::from_millis(550_500),
+            ..Default::default()
         }];
         let t0 = tokio::time::Instant::now();
         let clock = super::wake_tests::Paused {

@@ -32,6 +32,9 @@ pub fn node_view(n: &Node) -> Option<NodeView> {
                         .as_ref()
                         .map(time)
                         .unwrap_or(created_at),
+                    reason: c.reason.clone().unwrap_or_default(),
+                    message: c.message.clone().unwrap_or_default(),
+                    last_heartbeat_time: c.last_heartbeat_time.as_ref().map(time),
                 })
                 .collect()
         })
@@ -64,6 +67,7 @@ pub fn node_view(n: &Node) -> Option<NodeView> {
             .and_then(|s| s.node_info.as_ref())
             .map(|i| i.boot_id.clone())
             .filter(|b| !b.is_empty()),
+        agent_boot_id: None,
         notices: Vec::new(),
         drain: Default::default(),
         pods: Vec::new(),
@@ -92,6 +96,7 @@ impl Engine {
     /// Adds what only the engine knows to a node built by [`node_view`].
     pub(super) fn complete(&self, v: &mut NodeView) {
         v.notices = self.notices(&v.name);
+        v.agent_boot_id = lock(&self.agent_boots).get(&v.name).cloned();
         v.drain = self.drains.view(&v.name);
         let mut seen = lock(&self.seen_ready);
         if v.is_ready() && !seen.contains(&v.name) {
@@ -133,6 +138,7 @@ impl Engine {
         self.drains.retain(|n| alive.contains_key(n));
         self.actor.retain(|n| alive.contains_key(n));
         lock(&self.seen_ready).retain(|n| alive.contains_key(n));
+        lock(&self.agent_boots).retain(|n, _| alive.contains_key(n));
         self.order.retain(|n| alive.contains_key(n));
         ClusterView {
             nodes,

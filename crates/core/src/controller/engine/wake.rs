@@ -45,9 +45,11 @@ pub fn policy_digest(n: &Node, conditions: Option<&BTreeSet<String>>) -> u64 {
         .iter()
         .filter(|c| conditions.is_none_or(|read| read.contains(&c.type_)))
     {
+        // The reason too: a policy's `reason` pattern reads it.
         (
             &c.type_,
             &c.status,
+            &c.reason,
             c.last_transition_time.as_ref().map(time),
         )
             .hash(&mut h);
@@ -233,6 +235,7 @@ mod tests {
             condition_type: t.into(),
             condition_status: "True".into(),
             toleration: Duration::from_secs(600),
+            ..Default::default()
         };
         let mut policy = PolicyConfig::default();
         policy.repair.policy = vec![named("Ready")];

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::config::RepairStep;
+use super::config::LadderStep;
 use super::explain::Blocker;
 use super::view::NoticeKind;
 use super::Action;
@@ -37,24 +37,33 @@ pub(crate) fn startup_timeout(timeout: Duration, retry: u32, max: u32) -> Action
 }
 
 /// A repair for `why` starts with step `first`.
-pub(crate) fn repair_started(why: &str, first: RepairStep) -> Action {
+pub(crate) fn repair_started(why: &str, first: &LadderStep) -> Action {
     event(
         EventType::Warning,
         Reason::RepairStarted,
-        format!("{why}: repair started with step {}", first.name()),
+        format!("{why}: repair started with step {}", first.label()),
     )
 }
 
 /// The repair step `from` is done or timed out; `next` starts.
-pub(crate) fn repair_escalated(from: RepairStep, next: RepairStep) -> Action {
+pub(crate) fn repair_escalated(from: &LadderStep, next: &LadderStep) -> Action {
     event(
         EventType::Warning,
         Reason::RepairEscalated,
         format!(
             "repair step {} done or timed out; next: {}",
-            from.name(),
-            next.name()
+            from.label(),
+            next.label()
         ),
+    )
+}
+
+/// The repair for `why` asks the node's agent to restart the systemd unit `unit`.
+pub(crate) fn unit_restart_requested(why: &str, unit: &str) -> Action {
+    event(
+        EventType::Normal,
+        Reason::UnitRestartRequested,
+        format!("{why}: restart of {unit} requested"),
     )
 }
 

@@ -35,6 +35,10 @@ pub enum Blocker {
         /// The annotation (`karpenter.sh/do-not-repair` or `nodekeeper.io/do-not-repair`).
         annotation: String,
     },
+    /// Karpenter is disrupting the node (its `karpenter.sh/disrupted` taint: its NodeRepair,
+    /// drift or consolidation chose it and replaces and drains it), so nodekeeper starts no
+    /// repair of its own there and stops one that had not reached its replacement.
+    KarpenterDisrupting,
     /// The group's disruption budget allows no more nodes now.
     Budget {
         /// Node group.
@@ -95,6 +99,19 @@ pub enum Blocker {
         /// Requested at.
         requested_at: DateTime<Utc>,
     },
+    /// The ladder's next step is destructive (reboot, replace) and the condition is one
+    /// nodekeeper cannot see clear (its policy does not set `allow_destructive`).
+    UntrustedCondition {
+        /// The condition type.
+        condition: String,
+        /// The step not taken.
+        step: String,
+    },
+    /// The repair policy's ladder says `none`: no action, held for an operator.
+    RepairPolicy {
+        /// The matched condition (`Type=Status`, `/Reason` with a reason pattern).
+        condition: String,
+    },
 }
 
 impl Blocker {
@@ -104,12 +121,15 @@ impl Blocker {
             Blocker::Pdb { .. } => Reason::BlockedByPDB,
             Blocker::DoNotDisrupt { .. } => Reason::BlockedByDoNotDisrupt,
             Blocker::DoNotRepair { .. } => Reason::BlockedByDoNotRepair,
+            Blocker::KarpenterDisrupting => Reason::BlockedByKarpenter,
             Blocker::Budget { .. } => Reason::BlockedByBudget,
             Blocker::NodePool { .. } => Reason::BlockedByNodePool,
             Blocker::ShortCircuit { .. } => Reason::RepairShortCircuited,
             Blocker::Deadline { .. } => Reason::DeadlineExceeded,
             Blocker::StartupRetries { .. } => Reason::StartupRetriesExhausted,
             Blocker::ReplacementPending { .. } => Reason::ReplacementPending,
+            Blocker::UntrustedCondition { .. } => Reason::BlockedByUntrustedCondition,
+            Blocker::RepairPolicy { .. } => Reason::HeldByRepairPolicy,
         }
     }
 
@@ -133,6 +153,10 @@ impl Blocker {
             }
             Blocker::DoNotRepair { annotation } => format!(
                 "repair vetoed by the node's annotation {annotation}=\"true\": no cordon, drain, reboot or replacement for a repair until it is removed (interruption notices are still handled)"
+            ),
+            Blocker::KarpenterDisrupting => format!(
+                "Karpenter is disrupting the node (taint {}): it drains and replaces it, so nodekeeper stands back (no cordon, drain, reboot or replacement of its own)",
+                super::view::KARPENTER_DISRUPTED_TAINT
             ),
             Blocker::Budget {
                 group,
@@ -182,6 +206,12 @@ impl Blocker {
             Blocker::ReplacementPending { requested_at } => format!(
                 "replacement requested at {} but the node is still present",
                 requested_at.to_rfc3339()
+            ),
+            Blocker::UntrustedCondition { condition, step } => format!(
+                "{condition} is written by another component and nodekeeper cannot see it clear, so the repair does not {step}; held until it clears or an operator acts (allow_destructive = true on its policy trusts it)"
+            ),
+            Blocker::RepairPolicy { condition } => format!(
+                "the repair policy for {condition} takes no action (step none): held for an operator"
             ),
         }
     }

@@ -54,15 +54,7 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig) -> bool {
     if p.cur.deleting {
         return false;
     }
-    let cancelled: Vec<&str> = p
-        .node
-        .notices
-        .iter()
-        .filter_map(|n| match &n.kind {
-            NoticeKind::Cancelled { of } => Some(of.as_str()),
-            _ => None,
-        })
-        .collect();
+    let cancelled = p.node.withdrawn_notices();
     if let Some(rn) = p.record.notice.clone() {
         if cancelled.contains(&rn.id.as_str()) {
             if matches!(p.record.state, State::Interrupted | State::Cordoned) {

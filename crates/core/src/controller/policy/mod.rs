@@ -5,7 +5,8 @@
 //!
 //! - [`interruption`]: notices → taint + cordon + LB exclusion + drain before the deadline +
 //!   immediate replacement; rebalance → cordon; cancellation → undo only what nodekeeper did.
-//! - [`repair`]: condition policies with tolerations, escalation drain → reboot → replace,
+//! - [`repair`]: condition policies (type, status, reason pattern) with tolerations, each with
+//!   its escalation ladder (restart-unit → drain → reboot → replace, or `none`),
 //!   short-circuit, flap guard, startup timeout.
 //! - [`budget`]: per-group disruption budgets with cron windows in IANA time zones.
 //! - [`fence`]: keeps Karpenter's voluntary disruptions out of a NodePool while nodekeeper
@@ -20,6 +21,7 @@ mod events;
 pub mod explain;
 pub mod fence;
 pub mod interruption;
+pub mod lifecycle;
 pub mod nodepool;
 pub mod repair;
 pub mod view;
@@ -98,6 +100,15 @@ pub enum Action {
     RequestReboot {
         /// Command id (deterministic).
         id: String,
+        /// Why.
+        reason: String,
+    },
+    /// Ask the node's agent to restart one systemd unit (a `restart-unit` step).
+    RestartUnit {
+        /// Command id (deterministic).
+        id: String,
+        /// The unit, e.g. `kubelet.service`.
+        unit: String,
         /// Why.
         reason: String,
     },
@@ -344,6 +355,9 @@ impl<'a> Plan<'a> {
         self.set(keys::REASON, reason);
         self.cordon();
         self.keep_karpenter_off();
+        if state == State::Repairing {
+            self.keep_karpenter_repair_off();
+        }
         self.record.state = state;
         self.record.reason = Some(reason.to_string());
     }
@@ -374,6 +388,20 @@ impl<'a> Plan<'a> {
         self.set(keys::DO_NOT_DISRUPT_BY, keys::OWNER);
         self.set(keys::KARPENTER_DO_NOT_DISRUPT, "true");
         self.record.marked_by_us = true;
+    }
+
+    /// On a node of a Karpenter NodePool, puts `karpenter.sh/do-not-repair` (recording ownership
+    /// first) so that Karpenter's NodeRepair (v1.15: a disruption method that ignores
+    /// `do-not-disrupt`, `pkg/controllers/disruption/types.go`) does not repair the node
+    /// nodekeeper is repairing: one drain, one replacement. An operator's mark is left alone.
+    pub(crate) fn keep_karpenter_repair_off(&mut self) {
+        if !self.cur.labels.contains_key(POOL_LABEL)
+            || self.cur.annotation(keys::KARPENTER_DO_NOT_REPAIR) == Some("true")
+        {
+            return;
+        }
+        self.set(keys::DO_NOT_REPAIR_BY, keys::OWNER);
+        self.set(keys::KARPENTER_DO_NOT_REPAIR, "true");
     }
 
     /// Once the provider accepted the replacement and `drain_over`, hands the node to the provider
@@ -431,6 +459,9 @@ impl<'a> Plan<'a> {
         if self.record.marked_by_us {
             self.clear(keys::KARPENTER_DO_NOT_DISRUPT);
         }
+        if self.cur.repair_marked_by_us() {
+            self.clear(keys::KARPENTER_DO_NOT_REPAIR);
+        }
         for k in [
             keys::STATE,
             keys::STATE_SINCE,
@@ -441,6 +472,7 @@ impl<'a> Plan<'a> {
             keys::LB_EXCLUDED_BY,
             keys::CORDONED_BY,
             keys::DO_NOT_DISRUPT_BY,
+            keys::DO_NOT_REPAIR_BY,
         ] {
             self.clear(k);
         }
@@ -510,9 +542,14 @@ impl<'a> Plan<'a> {
         let leftover = self.record.cordoned_by_us
             || self.record.lb_excluded_by_us
             || self.cur.has_taint(&cfg.interruption.taint_key)
-            || [keys::STATE_SINCE, keys::REASON, keys::REPAIR_STEP]
-                .iter()
-                .any(|k| self.cur.annotations.contains_key(*k));
+            || [
+                keys::STATE_SINCE,
+                keys::REASON,
+                keys::REPAIR_STEP,
+                keys::DO_NOT_REPAIR_BY,
+            ]
+            .iter()
+            .any(|k| self.cur.annotations.contains_key(*k));
         if leftover {
             self.release(cfg);
             self.push(events::cleanup());

@@ -1,19 +1,27 @@
-//! Repair: a node whose condition matches a policy for its toleration is repaired gracefully,
-//! within the group's budget, escalating `drain` → `reboot` → `replace` on step timeouts. No
-//! new repair starts while the group has more unhealthy nodes than `max_unhealthy`
-//! (short-circuit). A node healthy again for `healthy_delay` ends its repair (flap guard). A
-//! node never Ready within `startup_timeout` is replaced, at most `max_startup_retries` times
-//! in a row, then held. A node annotated `karpenter.sh/do-not-repair` or
-//! `nodekeeper.io/do-not-repair` (`"true"`) is never repaired: held instead, and a repair under
-//! way is stopped and undone unless its replacement was already requested.
+//! Repair: a node whose condition matches a policy (type, status, and an optional anchored
+//! reason pattern) for its toleration is repaired gracefully, within the group's budget, by the
+//! policy's own ladder (`restart-unit:UNIT` → `drain` → `reboot` → `replace`, or `none`) or else
+//! the group's `steps` (`drain` → `reboot` → `replace`), escalating on step timeouts; each step
+//! is gated on the condition clearing, a reboot on a new boot id. Reboot and replace are taken only
+//! for a condition nodekeeper can see clear ([`seen_clear`]) unless the policy opts in; another
+//! component's condition with a stale heartbeat reads as Unknown ([`observed`]). No new repair
+//! starts while the group has more unhealthy nodes than `max_unhealthy` (short-circuit). A node
+//! healthy again for `healthy_delay` ends its repair (flap guard). A node never Ready within
+//! `startup_timeout` is replaced, at most `max_startup_retries` times in a row, then held. A node
+//! annotated `karpenter.sh/do-not-repair` or `nodekeeper.io/do-not-repair` (`"true"`) is never
+//! repaired: held instead, and a repair under way is stopped and undone unless its replacement
+//! was already requested. A node Karpenter is disrupting (`karpenter.sh/disrupted`) is left to
+//! Karpenter, and held with that reason.
 
 use chrono::{DateTime, Utc};
 
 use super::budget::Reason;
-use super::config::{EffectiveRepair, PolicyConfig, RepairPolicy, RepairStep};
+use super::config::{
+    seen_clear, EffectiveRepair, LadderStep, PolicyConfig, RepairPolicy, RepairStep,
+};
 use super::explain::Blocker;
 use super::interruption::drain_hold;
-use super::view::{keys, DrainPhase, NodeView, State};
+use super::view::{keys, ConditionView, DrainPhase, NodeView, State};
 use super::{events, group_of, later, Action, Candidate, Plan, Start};
 
 /// Health of a node against the repair policies.
@@ -26,42 +34,138 @@ pub enum Health {
     },
     /// A policy matches.
     Unhealthy {
-        /// `Type=Status`.
+        /// `Type=Status` (`Type=Status/Reason` for a policy with a `reason` pattern).
         why: String,
         /// The condition's last transition.
         since: DateTime<Utc>,
         /// `since + toleration` (the earliest over matching policies).
         expires: DateTime<Utc>,
+        /// The index of the matching policy (of the earliest expiry) in the policies given.
+        policy: usize,
     },
 }
 
-/// Evaluates `node` against `policies`.
+/// A condition's status counts as Unknown once its `lastHeartbeatTime` is older than `after`
+/// at `now` (only for conditions nodekeeper cannot see clear, [`seen_clear`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Staleness {
+    /// The decision's time.
+    pub now: DateTime<Utc>,
+    /// `[repair] heartbeat_timeout`.
+    pub after: std::time::Duration,
+}
+
+/// The reason a condition reads with once its heartbeat is stale (it counts as Unknown).
+pub const STALE_REASON: &str = "HeartbeatStale";
+
+/// What the policy reads of `c`: its status, reason and since when, or `Unknown` (reason
+/// [`STALE_REASON`], since the heartbeat went stale) when its writer's heartbeat is older than
+/// `stale.after` and the condition is not one nodekeeper sees clear.
+pub fn observed(c: &ConditionView, stale: Option<Staleness>) -> (&str, &str, DateTime<Utc>) {
+    if let (Some(s), Some(beat)) = (stale, c.last_heartbeat_time) {
+        let stale_at = later(beat, s.after);
+        if !seen_clear(&c.type_) && s.now >= stale_at {
+            return (
+                "Unknown",
+                STALE_REASON,
+                stale_at.max(c.last_transition_time),
+            );
+        }
+    }
+    (&c.status, &c.reason, c.last_transition_time)
+}
+
+/// Evaluates `node` against `policies` (every condition read as written; see [`health`]).
 pub fn evaluate(node: &NodeView, policies: &[RepairPolicy]) -> Health {
+    evaluate_at(node, policies, None)
+}
+
+/// The node's health as the policy reads it at `now`: [`evaluate_at`] with the group's
+/// heartbeat timeout.
+pub fn health(node: &NodeView, eff: &EffectiveRepair<'_>, now: DateTime<Utc>) -> Health {
+    let stale = Staleness {
+        now,
+        after: eff.heartbeat_timeout,
+    };
+    evaluate_at(node, &eff.policies, Some(stale))
+}
+
+/// Evaluates `node` against `policies`, a condition with a stale heartbeat read as Unknown
+/// ([`observed`]).
+pub fn evaluate_at(node: &NodeView, policies: &[RepairPolicy], stale: Option<Staleness>) -> Health {
     let mut worst: Option<Health> = None;
     let mut healthy_since: Option<DateTime<Utc>> = None;
-    for p in policies {
+    for (i, p) in policies.iter().enumerate() {
         let Some(c) = node.condition(&p.condition_type) else {
             continue;
         };
-        if c.status != p.condition_status {
-            healthy_since = healthy_since.max(Some(c.last_transition_time));
+        let (status, reason, transition) = observed(c, stale);
+        if !p.matches(status, reason) {
+            healthy_since = healthy_since.max(Some(transition));
             continue;
         }
-        let expires = later(c.last_transition_time, p.toleration);
+        let expires = later(transition, p.toleration);
         let earlier = match &worst {
             Some(Health::Unhealthy { expires: e, .. }) => expires < *e,
             _ => true,
         };
         if earlier {
+            let why = match &p.reason {
+                Some(_) => format!("{}={status}/{reason}", p.condition_type),
+                None => format!("{}={status}", p.condition_type),
+            };
             worst = Some(Health::Unhealthy {
-                why: format!("{}={}", p.condition_type, p.condition_status),
-                since: c.last_transition_time,
+                why,
+                since: transition,
                 expires,
+                policy: i,
             });
         }
     }
     worst.unwrap_or(Health::Healthy {
         since: healthy_since,
+    })
+}
+
+/// The ladder of `policy` (its own steps, or the group's `steps`).
+pub fn ladder(eff: &EffectiveRepair<'_>, policy: Option<&RepairPolicy>) -> Vec<LadderStep> {
+    match policy.and_then(|p| p.steps.clone()) {
+        Some(steps) => steps,
+        None => eff.steps.iter().map(|s| LadderStep::of(*s)).collect(),
+    }
+}
+
+/// The step after `from` in `ladder`: the next one, or (when `from` is not in it, e.g. after a
+/// configuration change) the first of a later kind.
+pub fn next_after<'l>(ladder: &'l [LadderStep], from: &LadderStep) -> Option<&'l LadderStep> {
+    match ladder.iter().position(|s| s.same(from)) {
+        Some(i) => ladder.get(i + 1),
+        None => ladder.iter().find(|s| s.step > from.step),
+    }
+}
+
+/// How long `step` may take before the next one starts.
+pub fn timeout_of(step: &LadderStep, cfg: &PolicyConfig) -> std::time::Duration {
+    let r = &cfg.repair;
+    step.timeout.unwrap_or(match step.step {
+        RepairStep::RestartUnit => r.restart_timeout,
+        RepairStep::Drain => r.drain_timeout,
+        RepairStep::Reboot => r.reboot_timeout,
+        RepairStep::Replace | RepairStep::None => r.replace_timeout,
+    })
+}
+
+/// Why `step` is not taken for `policy` (matched as `why`), if it is not: `none` holds, and a
+/// destructive step holds for a condition nodekeeper cannot see clear.
+fn refused(step: &LadderStep, policy: &RepairPolicy, why: &str) -> Option<Blocker> {
+    if step.step == RepairStep::None {
+        return Some(Blocker::RepairPolicy {
+            condition: why.to_string(),
+        });
+    }
+    (step.step.destructive() && !policy.trusted()).then(|| Blocker::UntrustedCondition {
+        condition: policy.condition_type.clone(),
+        step: step.label(),
     })
 }
 
@@ -99,7 +203,7 @@ pub fn next_expiry(
         if !eff.enabled {
             continue;
         }
-        let Health::Unhealthy { expires, .. } = evaluate(n, &eff.policies) else {
+        let Health::Unhealthy { expires, .. } = health(n, eff, now) else {
             continue;
         };
         if expires <= now {
@@ -127,6 +231,9 @@ fn dur(d: std::time::Duration) -> chrono::Duration {
 
 /// Repair handling of one node (after the interruption flow declined it).
 pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
+    if stands_back(p, cfg, eff) {
+        return;
+    }
     if p.cur.deleting {
         return;
     }
@@ -150,11 +257,28 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'
     if !eff.enabled {
         return;
     }
-    if let Health::Unhealthy { why, expires, .. } = evaluate(&p.cur, &eff.policies) {
+    if let Health::Unhealthy {
+        why,
+        expires,
+        policy,
+        ..
+    } = health(&p.cur, eff, p.now)
+    {
         if expires <= p.now {
             // As Karpenter's: the veto is checked (and shown) once a repair would start.
             if let Some(veto) = p.cur.repair_veto() {
                 p.hold = Some(vetoed(veto));
+                return;
+            }
+            // A ladder that starts with `none` (or a step its condition may not take) holds the
+            // node without starting anything: no cordon, no budget slot.
+            let policy = &eff.policies[policy];
+            let steps = ladder(eff, Some(policy));
+            let Some(first) = steps.first() else {
+                return;
+            };
+            if let Some(b) = refused(first, policy, &why) {
+                p.hold = Some(b);
                 return;
             }
             p.candidate = Some(Candidate {
@@ -166,6 +290,33 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'
             });
         }
     }
+}
+
+/// Karpenter chose the node first (its `karpenter.sh/disrupted` taint, written before it
+/// pre-spins a replacement and deletes the NodeClaim: `pkg/controllers/disruption/queue.go`,
+/// `markDisrupted`): nodekeeper stands back. A repair of its own that has not reached its
+/// replacement is stopped and undone; a node a repair policy finds unhealthy (its toleration
+/// expired or not) is held with [`Blocker::KarpenterDisrupting`] (kept while the node is deleted). A node past its own
+/// replacement request is going away by nodekeeper's hand (the taint is then Karpenter's
+/// termination of the NodeClaim nodekeeper deleted): not this case.
+fn stands_back(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) -> bool {
+    if !p.cur.karpenter_disrupted() {
+        return false;
+    }
+    match p.record.state {
+        State::Repairing if !going_away(p, eff) && !p.cur.deleting => p.release(cfg),
+        State::Idle => {}
+        _ => return false,
+    }
+    // Said at once, not only once nodekeeper's toleration expires: Karpenter's repair may come
+    // first, and the node may be gone by then.
+    let unhealthy = eff.enabled
+        && p.cur.became_ready
+        && matches!(evaluate(&p.cur, &eff.policies), Health::Unhealthy { .. });
+    if unhealthy {
+        p.hold = Some(Blocker::KarpenterDisrupting);
+    }
+    true
 }
 
 /// The hold of a node whose repair `annotation` vetoes.
@@ -224,7 +375,12 @@ pub const STARTUP: &str = "repair:startup-timeout";
 pub(crate) fn start(p: &mut Plan<'_>, cfg: &PolicyConfig, why: &str) {
     let group = group_of(&p.cur, cfg);
     let eff = cfg.repair.for_group(&group);
-    let Some(&first) = eff.steps.first() else {
+    let policy = match health(&p.cur, &eff, p.now) {
+        Health::Unhealthy { policy, .. } => eff.policies.get(policy),
+        Health::Healthy { .. } => None,
+    };
+    let steps = ladder(&eff, policy);
+    let Some(first) = steps.first() else {
         return;
     };
     p.enter(State::Repairing, why);
@@ -234,21 +390,36 @@ pub(crate) fn start(p: &mut Plan<'_>, cfg: &PolicyConfig, why: &str) {
     p.disrupting = true;
 }
 
-fn enter_step(p: &mut Plan<'_>, cfg: &PolicyConfig, step: RepairStep) {
-    p.set(keys::REPAIR_STEP, step.name());
+fn enter_step(p: &mut Plan<'_>, cfg: &PolicyConfig, step: &LadderStep) {
+    p.set(keys::REPAIR_STEP, step.label());
     p.set(keys::REPAIR_STEP_SINCE, p.now_str());
-    p.record.step = Some(step);
+    p.record.step = Some(step.step);
+    p.record.step_unit = step.unit.clone();
     p.record.step_since = Some(p.now);
     let why = p.record.reason.clone().unwrap_or_else(|| "repair".into());
-    match step {
+    match step.step {
+        RepairStep::RestartUnit => {
+            let unit = step.unit.clone().unwrap_or_default();
+            p.push(events::unit_restart_requested(&why, &unit));
+            p.push(Action::RestartUnit {
+                id: format!("{}/restart-unit/{unit}/{}", p.cur.name, p.now_str()),
+                unit,
+                reason: why,
+            });
+        }
         RepairStep::Drain => p.push(Action::StartDrain {
-            deadline: later(p.now, cfg.repair.drain_timeout),
+            deadline: later(p.now, timeout_of(step, cfg)),
             reason: why,
         }),
         RepairStep::Reboot => request_reboot(p, &why),
         RepairStep::Replace => {
             p.request_replacement(&why, 0);
             replacement_pending(p, cfg);
+        }
+        RepairStep::None => {
+            p.hold = Some(Blocker::RepairPolicy {
+                condition: why.strip_prefix("repair:").unwrap_or(&why).to_string(),
+            })
         }
     }
 }
@@ -276,38 +447,92 @@ fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
         replacement_pending(p, cfg);
         return;
     }
-    let step = p.record.step.or(eff.steps.first().copied());
-    if step == Some(RepairStep::Replace) && p.record.replacement_requested.is_some() {
+    let health = health(&p.cur, eff, p.now);
+    let policy = match &health {
+        Health::Unhealthy { policy, .. } => eff.policies.get(*policy),
+        Health::Healthy { .. } => None,
+    };
+    let steps = ladder(eff, policy);
+    let Some(step) = current(&p.record, &steps) else {
+        return;
+    };
+    if step.step == RepairStep::Replace && p.record.replacement_requested.is_some() {
         // Past the point of no return: the node is going away.
         p.retire_when(drain_over);
         replacement_pending(p, cfg);
         return;
     }
-    if let Health::Healthy { since } = evaluate(&p.cur, &eff.policies) {
-        let delay = dur(cfg.repair.healthy_delay);
-        if since.is_none_or(|s| p.now - s >= delay) {
-            p.release(cfg);
-            p.push(events::repair_cancelled(cfg.repair.healthy_delay));
-        }
-        return;
-    }
     let since = p.record.step_since.or(p.record.since).unwrap_or(p.now);
-    match step {
-        Some(RepairStep::Drain) => drain_step(p, cfg, eff, since),
-        Some(RepairStep::Reboot) => {
+    let timed_out = p.now >= later(since, timeout_of(&step, cfg));
+    let (policy, why) = match (health, policy) {
+        (Health::Unhealthy { why, .. }, Some(policy)) => (policy, why),
+        (Health::Healthy { since }, _) => {
+            // A reboot counts only once the node shows a new boot id: a condition that clears
+            // before it (or without it) does not end the repair until the step's timeout.
+            if step.step == RepairStep::Reboot && !rebooted(p) && !timed_out {
+                return;
+            }
+            let delay = dur(cfg.repair.healthy_delay);
+            if since.is_none_or(|s| p.now - s >= delay) {
+                p.release(cfg);
+                p.push(events::repair_cancelled(cfg.repair.healthy_delay));
+            }
+            return;
+        }
+        _ => return,
+    };
+    match step.step {
+        RepairStep::Drain => drain_step(p, cfg, &steps, policy, &why, &step, since),
+        RepairStep::RestartUnit => {
+            if timed_out {
+                advance(p, cfg, &steps, policy, &why, &step);
+            }
+        }
+        RepairStep::Reboot => {
             if p.record.reboot_boot_id.is_none() {
                 let why = p.record.reason.clone().unwrap_or_default();
                 request_reboot(p, &why);
-            } else if p.now >= later(since, cfg.repair.reboot_timeout) {
-                advance(p, cfg, eff, RepairStep::Reboot);
+            } else if timed_out {
+                advance(p, cfg, &steps, policy, &why, &step);
             }
         }
-        Some(RepairStep::Replace) => {
+        RepairStep::Replace => {
             let why = p.record.reason.clone().unwrap_or_default();
             p.request_replacement(&why, 0);
             replacement_pending(p, cfg);
         }
-        None => {}
+        RepairStep::None => {
+            p.hold = Some(Blocker::RepairPolicy { condition: why });
+        }
+    }
+}
+
+/// The step the repair is on: as recorded (with its timeout from `steps` when it is there),
+/// else the first of `steps`.
+fn current(record: &super::view::Record, steps: &[LadderStep]) -> Option<LadderStep> {
+    let Some(kind) = record.step else {
+        return steps.first().cloned();
+    };
+    let recorded = LadderStep {
+        step: kind,
+        unit: record.step_unit.clone(),
+        timeout: None,
+    };
+    Some(
+        steps
+            .iter()
+            .find(|s| s.same(&recorded))
+            .cloned()
+            .unwrap_or(recorded),
+    )
+}
+
+/// The requested reboot happened: the node shows a boot id other than the one recorded at the
+/// request.
+fn rebooted(p: &Plan<'_>) -> bool {
+    match (&p.record.reboot_boot_id, &p.cur.boot_id) {
+        (Some(before), Some(now)) => before != now,
+        _ => false,
     }
 }
 
@@ -325,13 +550,16 @@ fn replacement_pending(p: &mut Plan<'_>, cfg: &PolicyConfig) {
 fn drain_step(
     p: &mut Plan<'_>,
     cfg: &PolicyConfig,
-    eff: &EffectiveRepair<'_>,
+    steps: &[LadderStep],
+    policy: &RepairPolicy,
+    why: &str,
+    step: &LadderStep,
     since: DateTime<Utc>,
 ) {
-    let deadline = later(since, cfg.repair.drain_timeout);
+    let deadline = later(since, timeout_of(step, cfg));
     let phase = p.cur.drain.phase;
     if phase == DrainPhase::Completed || p.now >= deadline {
-        advance(p, cfg, eff, RepairStep::Drain);
+        advance(p, cfg, steps, policy, why, step);
         return;
     }
     if phase == DrainPhase::Idle {
@@ -343,10 +571,28 @@ fn drain_step(
     p.hold = drain_hold(p, Some(deadline));
 }
 
-fn advance(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>, from: RepairStep) {
-    let Some(&next) = eff.steps.iter().find(|s| **s > from) else {
+/// Starts the step after `from`, unless it is refused ([`refused`]: then the repair stays on
+/// `from`, held and explained).
+fn advance(
+    p: &mut Plan<'_>,
+    cfg: &PolicyConfig,
+    steps: &[LadderStep],
+    policy: &RepairPolicy,
+    why: &str,
+    from: &LadderStep,
+) {
+    let Some(next) = next_after(steps, from) else {
         return;
     };
+    if let Some(b) = refused(next, policy, why) {
+        if next.step == RepairStep::None {
+            // `none` is a step of its own: recorded, so that status shows the ladder ended.
+            p.push(events::repair_escalated(from, next));
+            enter_step(p, cfg, next);
+        }
+        p.hold = Some(b);
+        return;
+    }
     p.push(events::repair_escalated(from, next));
     enter_step(p, cfg, next);
 }
@@ -362,7 +608,7 @@ pub(crate) fn short_circuit(
     let unhealthy = plans
         .iter()
         .filter(|p| !p.cur.deleting)
-        .filter(|p| matches!(evaluate(&p.cur, &eff.policies), Health::Unhealthy { .. }))
+        .filter(|p| matches!(health(&p.cur, eff, p.now), Health::Unhealthy { .. }))
         .count();
     let threshold = eff.max_unhealthy.resolve(total, true);
     if unhealthy <= threshold {

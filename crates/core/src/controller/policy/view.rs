@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use super::config::RepairStep;
+use super::config::{LadderStep, RepairStep};
 use super::Action;
 
 /// Stable catalog of the Node annotations (and the label) nodekeeper writes. Changing a key
@@ -20,7 +20,7 @@ pub mod keys {
     pub const STATE_SINCE: &str = "nodekeeper.io/state-since";
     /// Why, human and machine readable: `repair:Ready=False`, `interruption:preemption`.
     pub const REASON: &str = "nodekeeper.io/reason";
-    /// Current repair step: `drain`, `reboot` or `replace`.
+    /// Current repair step: `restart-unit:UNIT`, `drain`, `reboot`, `replace` or `none`.
     pub const REPAIR_STEP: &str = "nodekeeper.io/repair-step";
     /// RFC 3339 time the current repair step began.
     pub const REPAIR_STEP_SINCE: &str = "nodekeeper.io/repair-step-since";
@@ -45,9 +45,16 @@ pub mod keys {
     /// drift) while nodekeeper acts on it. Karpenter's key, not nodekeeper's: not in [`ALL`].
     pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
     /// Karpenter's per-node repair veto (v1.15, `v1.DoNotRepairAnnotationKey`): `"true"` keeps
-    /// every repair off the node. nodekeeper honours it as Karpenter does; set by operators,
-    /// never by nodekeeper: not in [`ALL`].
+    /// every repair off the node. nodekeeper honours it as Karpenter does when an operator set
+    /// it; nodekeeper itself puts it on a node of a NodePool only while it repairs that node
+    /// (recorded in [`DO_NOT_REPAIR_BY`] first), the one mark that keeps Karpenter's own
+    /// NodeRepair off it (Karpenter's repair ignores `do-not-disrupt`). Karpenter's key: not in
+    /// [`ALL`].
     pub const KARPENTER_DO_NOT_REPAIR: &str = "karpenter.sh/do-not-repair";
+    /// `nodekeeper` when nodekeeper put [`KARPENTER_DO_NOT_REPAIR`] on the node for its own repair
+    /// (and will remove it): that mark is not a veto to nodekeeper. Absent when someone else put
+    /// the annotation (a veto then, never removed).
+    pub const DO_NOT_REPAIR_BY: &str = "nodekeeper.io/do-not-repair-by";
     /// nodekeeper's own per-node repair veto, the same for nodes of no Karpenter NodePool:
     /// `"true"` keeps every repair off the node. Set by operators, never by nodekeeper: not in
     /// [`ALL`].
@@ -91,6 +98,7 @@ pub mod keys {
         REPLACEMENT_ACCEPTED,
         RETIRE_REQUESTED,
         DO_NOT_DISRUPT_BY,
+        DO_NOT_REPAIR_BY,
         REBOOT_REQUESTED,
         INTERRUPTION,
         STARTUP_RETRIES,
@@ -122,6 +130,12 @@ pub struct ConditionView {
     pub status: String,
     /// When the status last changed.
     pub last_transition_time: DateTime<Utc>,
+    /// Why (the writer's CamelCase cause; `""` when none), for a policy's `reason` pattern.
+    pub reason: String,
+    /// Human-readable details.
+    pub message: String,
+    /// When its writer last confirmed it (`lastHeartbeatTime`), if it says.
+    pub last_heartbeat_time: Option<DateTime<Utc>>,
 }
 
 /// A node taint.
@@ -182,6 +196,13 @@ pub struct Notice {
     pub at: Option<DateTime<Utc>>,
     /// When it was first seen.
     pub detected_at: DateTime<Utc>,
+    /// When the announced window ends, if the notice gives a start and a later end (AWS's
+    /// `NotAfter`): `at` is then its start.
+    pub until: Option<DateTime<Utc>>,
+    /// The boot id the node's agent last reported from when the engine took the notice (an
+    /// on-node notice such as a shutdown belongs to that boot); none from OCI Events or before
+    /// the agent's first report to this controller.
+    pub boot_id: Option<String>,
 }
 
 /// Notice kinds (mirrors the agent's `EventKind`).
@@ -259,11 +280,17 @@ impl From<&crate::wire::NodeEvent> for Notice {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let until = e
+            .not_before
+            .zip(e.deadline)
+            .and_then(|(a, b)| (b > a).then_some(b));
         Notice {
             id: e.id.clone(),
             kind,
             at,
             detected_at: e.detected_at,
+            until,
+            boot_id: None,
         }
     }
 }
@@ -289,8 +316,10 @@ pub struct NodeView {
     pub conditions: Vec<ConditionView>,
     /// Has been Ready at least once (see [`became_ready_heuristic`]).
     pub became_ready: bool,
-    /// The agent's current boot id, when it reports.
+    /// The kubelet's boot id (`status.nodeInfo.bootID`), when it reports one.
     pub boot_id: Option<String>,
+    /// The boot id of the node agent's last report to this controller (none before it).
+    pub agent_boot_id: Option<String>,
     /// Notices not yet handled or still current.
     pub notices: Vec<Notice>,
     /// The drain engine's state.
@@ -339,13 +368,10 @@ impl NodeView {
             deleting: false,
             unschedulable: false,
             taints: Vec::new(),
-            conditions: vec![ConditionView {
-                type_: "Ready".into(),
-                status: "True".into(),
-                last_transition_time: created_at,
-            }],
+            conditions: vec![condition("Ready", "True", created_at)],
             became_ready: true,
             boot_id: Some("boot-0".into()),
+            agent_boot_id: None,
             notices: Vec::new(),
             drain: DrainView::default(),
             pods: Vec::new(),
@@ -355,6 +381,17 @@ impl NodeView {
     /// The condition of `type_`.
     pub fn condition(&self, type_: &str) -> Option<&ConditionView> {
         self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// The ids of the notices withdrawn by a cancellation among its notices.
+    pub fn withdrawn_notices(&self) -> Vec<&str> {
+        self.notices
+            .iter()
+            .filter_map(|n| match &n.kind {
+                NoticeKind::Cancelled { of } => Some(of.as_str()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Ready=True.
@@ -368,12 +405,18 @@ impl NodeView {
     }
 
     /// The repair veto the node carries ([`keys::REPAIR_VETOES`] set to `"true"`, exactly as
-    /// Karpenter compares it), if any.
+    /// Karpenter compares it), if any; `karpenter.sh/do-not-repair` is none when nodekeeper put
+    /// it for its own repair ([`keys::DO_NOT_REPAIR_BY`]).
     pub fn repair_veto(&self) -> Option<&'static str> {
-        keys::REPAIR_VETOES
-            .iter()
-            .copied()
-            .find(|k| self.annotation(k) == Some("true"))
+        keys::REPAIR_VETOES.iter().copied().find(|k| {
+            self.annotation(k) == Some("true")
+                && !(*k == keys::KARPENTER_DO_NOT_REPAIR && self.repair_marked_by_us())
+        })
+    }
+
+    /// nodekeeper put `karpenter.sh/do-not-repair` on the node for its own repair.
+    pub fn repair_marked_by_us(&self) -> bool {
+        self.annotation(keys::DO_NOT_REPAIR_BY) == Some(keys::OWNER)
     }
 
     /// Whether [`keys::SEEN_READY`] should be written now: the node is Ready, has no record of
@@ -446,6 +489,7 @@ impl NodeView {
                     .insert(keys::BLOCKED.to_string(), h.encode());
             }
             Action::RequestReboot { .. }
+            | Action::RestartUnit { .. }
             | Action::RequestReplacement { .. }
             | Action::RetireNode { .. }
             | Action::Event { .. } => {}
@@ -523,6 +567,8 @@ pub struct Record {
     pub reason: Option<String>,
     /// Repair step.
     pub step: Option<RepairStep>,
+    /// The unit of a `restart-unit` step.
+    pub step_unit: Option<String>,
     /// When the step began.
     pub step_since: Option<DateTime<Utc>>,
     /// nodekeeper cordoned it.
@@ -558,11 +604,13 @@ impl Record {
     /// Parses the catalog keys; malformed values read as absent.
     pub fn from_annotations(a: &BTreeMap<String, String>) -> Self {
         let get = |k: &str| a.get(k).map(String::as_str);
+        let step = get(keys::REPAIR_STEP).and_then(LadderStep::from_label);
         Record {
             state: State::parse(get(keys::STATE)),
             since: get(keys::STATE_SINCE).and_then(parse_time),
             reason: get(keys::REASON).map(str::to_string),
-            step: get(keys::REPAIR_STEP).and_then(RepairStep::from_name),
+            step: step.as_ref().map(|s| s.step),
+            step_unit: step.and_then(|s| s.unit),
             step_since: get(keys::REPAIR_STEP_SINCE).and_then(parse_time),
             cordoned_by_us: get(keys::CORDONED_BY) == Some(keys::OWNER),
             lb_excluded_by_us: get(keys::LB_EXCLUDED_BY) == Some(keys::OWNER),
@@ -586,5 +634,8 @@ pub fn condition(type_: &str, status: &str, since: DateTime<Utc>) -> ConditionVi
         type_: type_.into(),
         status: status.into(),
         last_transition_time: since,
+        reason: String::new(),
+        message: String::new(),
+        last_heartbeat_time: None,
     }
 }

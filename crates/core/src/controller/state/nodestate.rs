@@ -267,7 +267,31 @@ impl NodeStates {
             .iter()
             .map(|r| r.id.as_str())
             .collect();
+        // A pending command's failure (an agent's refusal among them) is said once, as an Event.
+        let mut failed: Vec<String> = report
+            .command_results
+            .iter()
+            .filter(|r| !r.ok)
+            .filter_map(|r| {
+                let c = a.pending_commands.iter().find(|c| c.id() == r.id)?;
+                Some(format!("{} {}: {}", c.type_name(), r.id, r.message))
+            })
+            .collect();
         a.pending_commands.retain(|c| !done.contains(command_id(c)));
+        // A command type the agent does not run is never sent (it would fail on the whole answer).
+        a.pending_commands.retain(|c| {
+            let runs = report.runs(c.type_name());
+            if !runs {
+                failed.push(format!(
+                    "{} {}: not sent: the node's agent ({}) does not run {} commands; upgrade it",
+                    c.type_name(),
+                    c.id(),
+                    report.agent_version,
+                    c.type_name()
+                ));
+            }
+            runs
+        });
         if !self.is_leader() {
             a.dirty = true;
             return Ok(ReportResponse {
@@ -313,6 +337,14 @@ impl NodeStates {
         }
         self.remove_requested_labels(&node, &report.label_removals)
             .await;
+        for note in failed {
+            tracing::warn!(%node, %note, "agent command failed");
+            if self.admit_event(&node, &mut a).await {
+                self.recorder
+                    .node(&node, Reason::AgentCommandFailed, "AgentCommand", &note)
+                    .await;
+            }
+        }
         Ok(ReportResponse {
             accepted: true,
             acknowledged_events: acked,
@@ -745,9 +777,7 @@ impl NodeStates {
 }
 
 fn command_id(c: &AgentCommand) -> &str {
-    match c {
-        AgentCommand::Reboot { id, .. } | AgentCommand::AckScheduledEvent { id, .. } => id,
-    }
+    c.id()
 }
 
 /// The ids of `events` the node's agent has handed over for good (seen, so never handled again).
@@ -900,6 +930,7 @@ mod tests {
             label_removals: vec![],
             command_results: vec![],
             problems: vec![],
+            command_types: vec![],
         }
     }
 
@@ -935,6 +966,50 @@ mod tests {
 
     fn stale_marked(s: &NodeStates) -> u64 {
         s.counters.stale_marked.load(Ordering::SeqCst)
+    }
+
+    /// A `restart_unit` command goes only to an agent that lists it in `command_types`; an
+    /// older agent's is dropped (said by an `AgentCommandFailed` Event), its reboot still sent.
+    #[tokio::test(start_paused = true)]
+    async fn a_command_type_the_agent_does_not_run_is_never_sent() {
+        let (s, _) = states(S(60), S(3600));
+        let restart = AgentCommand::RestartUnit {
+            id: "n1/restart-unit/kubelet.service/t".into(),
+            unit: "kubelet.service".into(),
+            reason: "repair:Ready=False".into(),
+        };
+        let reboot = AgentCommand::Reboot {
+            id: "n1/reboot/t".into(),
+            reason: "repair:Ready=False".into(),
+        };
+        s.queue_command("n1", restart.clone()).await;
+        s.queue_command("n1", reboot.clone()).await;
+        let old = s.handle(report(1), Instant::now()).await.unwrap();
+        assert_eq!(old.commands, vec![reboot.clone()]);
+        let again = s.handle(report(2), Instant::now()).await.unwrap();
+        assert_eq!(again.commands, vec![reboot], "dropped, not kept for later");
+        // An agent that runs it gets it, until it reports a result (here a refusal).
+        s.queue_command("n1", restart.clone()).await;
+        let mut now = report(3);
+        now.command_types = crate::wire::COMMAND_TYPES
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        now.command_results = vec![crate::wire::CommandResult {
+            id: "n1/reboot/t".into(),
+            ok: true,
+            message: String::new(),
+        }];
+        let r = s.handle(now.clone(), Instant::now()).await.unwrap();
+        assert_eq!(r.commands, vec![restart.clone()]);
+        now.sequence = 4;
+        now.command_results = vec![crate::wire::CommandResult {
+            id: restart.id().into(),
+            ok: false,
+            message: "refused: kubelet.service is not in this agent's [agent] restart_units".into(),
+        }];
+        let r = s.handle(now, Instant::now()).await.unwrap();
+        assert!(r.commands.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,11 +1,11 @@
-//! One node in full (`kubectl nodekeeper explain NODE`), its nodekeeper Events
-//! (`kubectl nodekeeper history NODE`), and whether nodekeeper is installed in a cluster at all.
+//! One node in full (`kubectl nodekeeper explain NODE`), its nodekeeper Events (also the context
+//! of `history NODE`, [`super::history`]), and whether nodekeeper is installed in a cluster at
+//! all.
 //!
 //! The model is [`NodeStatus`] (what `status` shows per row, from the Node's annotations) plus the
 //! Node's nodekeeper conditions and the Events the controller recorded about it
-//! (`events.k8s.io/v1` in [`NODE_EVENT_NAMESPACE`], reported by [`REPORTING_CONTROLLER`]). The
-//! history is those Events, newest first: the API server keeps them for its `--event-ttl` (1 h by
-//! default), so it is the recent history only, until a per-node action history exists.
+//! (`events.k8s.io/v1` in [`NODE_EVENT_NAMESPACE`], reported by [`REPORTING_CONTROLLER`]), which
+//! the API server keeps for its `--event-ttl` (1 h by default).
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
@@ -18,7 +18,7 @@ use super::render::{age, blocker_cell, relative};
 use crate::controller::catalog::{DRAINED, DRAIN_IN_PROGRESS};
 use crate::controller::cluster::events::{NODE_EVENT_NAMESPACE, REPORTING_CONTROLLER};
 
-/// Schema version of the `explain` and `history` JSON documents.
+/// Schema version of the `explain` JSON document.
 pub const EXPLAIN_SCHEMA_VERSION: u32 = 1;
 
 /// The ServiceAccount every installation of nodekeeper has in its namespace (manifests, chart).
@@ -340,7 +340,7 @@ pub fn render_explanation(x: &Explanation, now: DateTime<Utc>) -> String {
     if let Some(r) = &n.reason {
         line("Reason:", r.clone());
     }
-    if let Some(step) = n.repair_step {
+    if let Some(step) = &n.repair_step {
         line(
             "Repair step:",
             format!("{step} since {}", when(n.repair_step_since, now)),
@@ -417,17 +417,8 @@ pub fn render_explanation(x: &Explanation, now: DateTime<Utc>) -> String {
     out
 }
 
-/// `history NODE` as a table: `LAST SEEN  TYPE  REASON  COUNT  MESSAGE`, newest first.
-pub fn render_history(node: &str, events: &[EventLine], now: DateTime<Utc>) -> String {
-    if events.is_empty() {
-        return format!(
-            "no nodekeeper events about node {node} (the API server keeps Events for its --event-ttl, 1h by default)\n"
-        );
-    }
-    render_event_lines(events, now, "")
-}
-
-fn render_event_lines(events: &[EventLine], now: DateTime<Utc>, indent: &str) -> String {
+/// Events as a table: `LAST SEEN  TYPE  REASON  COUNT  MESSAGE`, each line after `indent`.
+pub(super) fn render_event_lines(events: &[EventLine], now: DateTime<Utc>, indent: &str) -> String {
     if events.is_empty() {
         return String::new();
     }
@@ -455,19 +446,6 @@ fn render_event_lines(events: &[EventLine], now: DateTime<Utc>, indent: &str) ->
         out.push('\n');
     }
     out
-}
-
-/// The JSON document of `history -o json`.
-#[derive(Debug, Serialize)]
-pub struct HistoryDocument<'a> {
-    /// [`EXPLAIN_SCHEMA_VERSION`].
-    pub version: u32,
-    /// When it was produced.
-    pub generated_at: DateTime<Utc>,
-    /// The node.
-    pub node: &'a str,
-    /// Its nodekeeper Events, newest first.
-    pub events: &'a [EventLine],
 }
 
 #[cfg(test)]
@@ -539,15 +517,14 @@ mod tests {
         let got = select_events(&items, "n1");
         let reasons: Vec<(&str, i32)> = got.iter().map(|e| (e.reason.as_str(), e.count)).collect();
         assert_eq!(reasons, [("BlockedByBudget", 4), ("RepairStarted", 1)]);
-        let text = render_history("n1", &got, t("2026-11-30T12:00:00Z"));
+        let text = render_event_lines(&got, t("2026-11-30T12:00:00Z"), "");
         assert_eq!(
             text,
             "LAST SEEN   TYPE     REASON            COUNT   MESSAGE\n\
              2m          Normal   BlockedByBudget   4       BlockedByBudget on n1\n\
              10m         Normal   RepairStarted     1       RepairStarted on n1\n"
         );
-        assert!(render_history("n1", &[], t("2026-11-30T12:00:00Z"))
-            .starts_with("no nodekeeper events about node n1"));
+        assert!(render_event_lines(&[], t("2026-11-30T12:00:00Z"), "").is_empty());
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! printing) is the binary's `cli::status`.
 
 pub mod explain;
+pub mod history;
 mod model;
 mod render;
 
@@ -220,6 +221,11 @@ e-spot     spot        interrupted,cordoned   -                                 
                 "repair once karpenter.sh/do-not-repair is removed",
             ),
             (
+                Blocker::KarpenterDisrupting,
+                "Karpenter is disrupting it",
+                "none: Karpenter replaces the node",
+            ),
+            (
                 Blocker::Budget {
                     group: "".into(),
                     budget: 0,
@@ -315,6 +321,24 @@ e-spot     spot        interrupted,cordoned   -                                 
         assert_eq!(step("reboot", false), "wait for the reboot (a new boot id)");
         assert_eq!(step("replace", false), "request a replacement");
         assert_eq!(step("replace", true), "wait for the replacement node");
+        assert_eq!(
+            step("restart-unit:kubelet.service", false),
+            "wait for the condition to clear after the unit's restart, else the next repair step"
+        );
+        assert_eq!(
+            step("none", false),
+            "none: the repair policy takes no action"
+        );
+        let r = row(
+            "n",
+            "g",
+            &[
+                (keys::STATE, "repairing".into()),
+                (keys::REPAIR_STEP, "restart-unit:crio.service".into()),
+            ],
+            false,
+        );
+        assert_eq!(r.repair_step.as_deref(), Some("restart-unit:crio.service"));
         let c = row("n", "g", &[(keys::STATE, "cordoned".into())], true);
         assert_eq!(
             c.next.unwrap().action,

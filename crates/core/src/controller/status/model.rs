@@ -10,7 +10,7 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use crate::controller::policy::budget::{GroupBudgets, Origin, Reason};
-use crate::controller::policy::config::{BudgetsConfig, BudgetsSource, RepairStep};
+use crate::controller::policy::config::{BudgetsConfig, BudgetsSource, LadderStep, RepairStep};
 use crate::controller::policy::explain::{group_name, Blocker, Held};
 use crate::controller::policy::nodepool::PoolBudgets;
 use crate::controller::policy::view::{keys, Record, State};
@@ -211,7 +211,7 @@ pub struct NodeStatus {
     /// Recorded reason (`repair:Ready=False`, `interruption:preemption`).
     pub reason: Option<String>,
     /// Current repair step (`drain`, `reboot`, `replace`).
-    pub repair_step: Option<&'static str>,
+    pub repair_step: Option<String>,
     /// When that step began.
     pub repair_step_since: Option<DateTime<Utc>>,
     /// `spec.unschedulable`.
@@ -250,7 +250,14 @@ impl NodeStatus {
             state: rec.state.name().unwrap_or("idle"),
             since,
             reason: rec.reason.clone(),
-            repair_step: rec.step.map(RepairStep::name),
+            repair_step: rec.step.map(|step| {
+                LadderStep {
+                    step,
+                    unit: rec.step_unit.clone(),
+                    timeout: None,
+                }
+                .label()
+            }),
             repair_step_since: rec.step_since,
             unschedulable,
             cordoned_by: match (unschedulable, rec.cordoned_by_us) {
@@ -333,6 +340,7 @@ fn next_when_held(b: &Blocker) -> Option<Next> {
         Blocker::DoNotRepair { annotation } => {
             next_at(format!("repair once {annotation} is removed"), None)
         }
+        Blocker::KarpenterDisrupting => next_at("none: Karpenter replaces the node".into(), None),
         Blocker::Budget {
             opens_at: Some(t), ..
         } => next_at("start when the budget window opens".into(), Some(*t)),
@@ -364,6 +372,14 @@ fn next_when_held(b: &Blocker) -> Option<Next> {
         Blocker::ReplacementPending { .. } => {
             next_at("wait for the node to be replaced".into(), None)
         }
+        Blocker::UntrustedCondition { condition, step } => next_at(
+            format!("release when {condition} clears; {step} needs its policy's allow_destructive or an operator"),
+            None,
+        ),
+        Blocker::RepairPolicy { .. } => next_at(
+            "none: the repair policy takes no action (needs an operator, or the condition to clear)".into(),
+            None,
+        ),
     }
 }
 
@@ -398,7 +414,11 @@ fn next_when_free(rec: &Record) -> Option<Next> {
 
 fn repair_next(rec: &Record) -> &'static str {
     match (rec.step, rec.replacement_requested) {
+        (Some(RepairStep::RestartUnit), _) => {
+            "wait for the condition to clear after the unit's restart, else the next repair step"
+        }
         (Some(RepairStep::Reboot), _) => "wait for the reboot (a new boot id)",
+        (Some(RepairStep::None), _) => "none: the repair policy takes no action",
         (Some(RepairStep::Replace), Some(_)) => "wait for the replacement node",
         (Some(RepairStep::Replace), None) => "request a replacement",
         _ => "drain, then the next repair step",

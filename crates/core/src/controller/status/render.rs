@@ -181,6 +181,7 @@ fn row_cells(r: &NodeStatus, wide: bool, now: DateTime<Utc>) -> Vec<String> {
         cells.extend([
             r.reason.clone().unwrap_or_else(dash),
             r.repair_step
+                .as_deref()
                 .map_or_else(dash, |s| match r.repair_step_since {
                     Some(t) => format!("{s} ({})", age(now - t)),
                     None => s.to_string(),
@@ -210,6 +211,7 @@ pub fn blocker_cell(b: &Blocker) -> String {
         Blocker::Pdb { pod, pdb, .. } => format!("PDB {pdb} (pod {pod})"),
         Blocker::DoNotDisrupt { pod, .. } => format!("do-not-disrupt (pod {pod})"),
         Blocker::DoNotRepair { annotation } => format!("repair vetoed by {annotation}"),
+        Blocker::KarpenterDisrupting => "Karpenter is disrupting it".to_string(),
         Blocker::Budget {
             group,
             budget,
@@ -248,6 +250,10 @@ pub fn blocker_cell(b: &Blocker) -> String {
             format!("startup retries exhausted ({retries}/{max})")
         }
         Blocker::ReplacementPending { .. } => "replacement pending".to_string(),
+        Blocker::UntrustedCondition { condition, step } => {
+            format!("{step} not taken: {condition} not seen clear")
+        }
+        Blocker::RepairPolicy { condition } => format!("policy for {condition}: step none"),
     }
 }
 

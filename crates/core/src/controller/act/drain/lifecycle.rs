@@ -5,6 +5,8 @@
 //! that admin for the drains it runs. [`changes`] decides which conditions move (pure, only real
 //! transitions, so each `lastTransitionTime` stays true); [`write()`] patches them like the
 //! controller's other conditions (a strategic merge of `status.conditions`, keyed by type).
+//! [`write_all`] is that writer for any lifecycle condition: the engine writes the ones that follow
+//! a node's notices through it too ([`crate::controller::policy::lifecycle`]).
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
@@ -12,6 +14,7 @@ use kube::Api;
 use serde_json::json;
 
 use crate::controller::catalog::{DRAINED, DRAIN_IN_PROGRESS};
+use crate::controller::policy::lifecycle::Condition;
 
 /// A step in a drain's life that moves its conditions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,13 +74,38 @@ pub async fn write(
     edge: DrainEdge,
     message: &str,
 ) -> Result<Node, kube::Error> {
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let items: Vec<_> = changes(edge)
+    let all: Vec<Condition> = changes(edge)
         .into_iter()
+        .map(|c| Condition {
+            type_: c.type_,
+            status: c.status,
+            reason: c.reason,
+            message: message.to_string(),
+            transition: true,
+        })
+        .collect();
+    write_all(nodes, node, &all).await
+}
+
+/// Writes `conditions` on `node` in one strategic merge of `status.conditions` (keyed by type:
+/// the Node's other conditions stay as they are, whoever wrote them), each with the heartbeat
+/// time of now, and the transition time of now where its status changes (the merge keeps the
+/// written one elsewhere).
+pub async fn write_all(
+    nodes: &Api<Node>,
+    node: &str,
+    conditions: &[Condition],
+) -> Result<Node, kube::Error> {
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let items: Vec<_> = conditions
+        .iter()
         .map(|c| {
-            json!({"type": c.type_, "status": if c.status { "True" } else { "False" },
-                "reason": c.reason, "message": message,
-                "lastTransitionTime": now, "lastHeartbeatTime": now})
+            let mut item = json!({"type": c.type_, "status": if c.status { "True" } else { "False" },
+                "reason": c.reason, "message": c.message, "lastHeartbeatTime": now});
+            if c.transition {
+                item["lastTransitionTime"] = json!(now);
+            }
+            item
         })
         .collect();
     let patch = json!({"status": {"conditions": items}});

@@ -20,6 +20,7 @@ use crate::controller::act::drain::lifecycle::{self, DrainEdge};
 use crate::controller::act::drain::{
     self, BlockReason, DrainError, DrainOptions, DrainProgress, DrainReport,
 };
+use crate::controller::act::history::{self, History};
 use crate::controller::clock::Clock;
 use crate::controller::config::EngineConfig;
 use crate::controller::metrics::EngineMetrics;
@@ -50,6 +51,8 @@ pub struct DrainTasks {
     wake: Arc<Notify>,
     slots: Arc<Semaphore>,
     tasks: Arc<Mutex<HashMap<String, Task>>>,
+    /// Each node's action history: a drain's end is added to it.
+    history: Option<History>,
 }
 
 /// What a drain task needs besides the node.
@@ -66,6 +69,7 @@ struct Run {
     reason: String,
     /// `[controller.engine] lifecycle_conditions`.
     lifecycle: bool,
+    history: Option<History>,
 }
 
 impl DrainTasks {
@@ -87,7 +91,14 @@ impl DrainTasks {
             wake,
             slots,
             tasks: Arc::new(Mutex::new(HashMap::new())),
+            history: None,
         }
+    }
+
+    /// The drains, adding each drain's end to the node's `history`.
+    pub fn with_history(mut self, history: Option<History>) -> Self {
+        self.history = history;
+        self
     }
 
     /// The node's drain as the policy sees it (`Idle` when none).
@@ -146,6 +157,7 @@ impl DrainTasks {
             tasks: self.tasks.clone(),
             reason: reason.to_string(),
             lifecycle: self.cfg.lifecycle_conditions,
+            history: self.history.clone(),
         };
         tracing::info!(node, reason, deadline = %deadline.to_rfc3339(), "drain started");
         tokio::spawn(run.go());
@@ -197,7 +209,7 @@ impl Run {
         self.metrics
             .drains_running
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let started = std::time::Instant::now();
+        let (started, since) = (std::time::Instant::now(), Utc::now());
         let node = self.opts.node.clone();
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
             kube::Api::all(self.client.clone());
@@ -216,6 +228,7 @@ impl Run {
             .drains_running
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         let took = started.elapsed();
+        let error = result.as_ref().err().map(|e| e.to_string());
         let (label, phase, report) = match result {
             Ok(r) => ("completed", DrainPhase::Completed, Some(r)),
             Err(DrainError::TimedOut { report, .. }) => {
@@ -231,6 +244,11 @@ impl Run {
             }
         };
         self.metrics.drain_finished(label, took);
+        if let Some(h) = &self.history {
+            let error = error.filter(|_| report.is_none());
+            let entry = history::of_drain(since, &reason, label, took, report.as_ref(), error);
+            h.record(&node, entry);
+        }
         if self.lifecycle {
             let edge = match label {
                 "completed" => DrainEdge::Completed,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::repair::{LadderStep, ReasonPattern};
 use super::RepairPolicy;
 
 /// Wire form of a policy: nodekeeper's keys or Karpenter/KPO's, as-is.
@@ -24,6 +25,15 @@ pub(super) struct RawPolicy {
         skip_serializing_if = "Option::is_none"
     )]
     toleration_duration: Option<u64>,
+    /// nodekeeper's: a regular expression the condition's reason must match (anchored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    /// nodekeeper's: the policy's own ladder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    steps: Option<Vec<LadderStep>>,
+    /// nodekeeper's: reboot and replace for a condition nodekeeper cannot see clear.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    allow_destructive: bool,
 }
 
 impl TryFrom<RawPolicy> for RepairPolicy {
@@ -48,10 +58,20 @@ impl TryFrom<RawPolicy> for RepairPolicy {
                 .map_err(|e| format!("{what}: toleration `{t}` is not a duration: {e}"))?,
             (None, Some(ns)) => Duration::from_nanos(ns),
         };
+        let reason = raw
+            .reason
+            .map(|r| {
+                ReasonPattern::new(&r)
+                    .map_err(|e| format!("{what}: reason `{r}` is not a regular expression: {e}"))
+            })
+            .transpose()?;
         Ok(RepairPolicy {
             condition_type: raw.condition_type,
             condition_status: raw.condition_status,
             toleration,
+            reason,
+            steps: raw.steps,
+            allow_destructive: raw.allow_destructive,
         })
     }
 }
@@ -63,6 +83,9 @@ impl From<RepairPolicy> for RawPolicy {
             condition_status: p.condition_status,
             toleration: Some(humantime::format_duration(p.toleration).to_string()),
             toleration_duration: None,
+            reason: p.reason.map(|r| r.as_str().to_string()),
+            steps: p.steps,
+            allow_destructive: p.allow_destructive,
         }
     }
 }

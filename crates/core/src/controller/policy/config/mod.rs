@@ -24,7 +24,10 @@ use repair::validate_repair;
 pub use budgets::{Budget, BudgetsConfig, BudgetsSource};
 pub use interruption::{InterruptionAction, InterruptionActions, InterruptionConfig, TaintEffect};
 pub use kpo::parse_kpo_repair_policies;
-pub use repair::{EffectiveRepair, RepairConfig, RepairGroup, RepairPolicy, RepairStep};
+pub use repair::{
+    seen_clear, EffectiveRepair, LadderStep, ReasonPattern, RepairConfig, RepairGroup,
+    RepairPolicy, RepairStep,
+};
 
 /// All policy sections. In the config file they are top-level sections (`[repair]`, `[budgets]`,
 /// `[interruption]`, `[controller]`); [`PolicyConfig::from_sections`] bundles them for
