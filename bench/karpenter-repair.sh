@@ -158,7 +158,7 @@ start_nodekeeper() {
   shipped_controller_config 127.0.0.1:0 "$DIR/nk-tls" |
     sed -e 's|^\[repair\]$|[controller.provider]\nkind = "karpenter"\n\n[repair]|' >"$DIR/nk-controller.toml"
   if [ "$FAULT" = kwok-unhealthy ]; then
-    printf '\n[[repair.policy]]\ncondition_type = "KWOKUnhealthy"\ncondition_status = "True"\ntoleration = "30s"\n' \
+    printf '\n[[repair.policy]]\ncondition_type = "KWOKUnhealthy"\ncondition_status = "True"\ntoleration = "30s"\nallow_destructive = true\n' \
       >>"$DIR/nk-controller.toml"
   fi
   KUBECONFIG="$DIR/nk.kubeconfig" NODEKEEPER_LOG_FORMAT=json NODEKEEPER_LOG_LEVEL=info \

@@ -734,12 +734,13 @@ async fn a_repair_of_a_ready_node_fences_its_nodepool_and_karpenter_holds_off() 
     .await;
     let (sick, other) = (hosts[0].clone(), hosts[1].clone());
 
-    // A repair for a condition that leaves the node Ready (Karpenter's budgets cannot count it).
+    // A repair for a condition that leaves the node Ready (Karpenter's budgets cannot count it),
+    // trusted for the replacement (NPD's condition: nodekeeper cannot see it clear).
     let dir = tempfile::tempdir().unwrap();
     let config = karpenter_controller_toml(
         dir.path(),
         "karpenter-fence",
-        "condition_type = \"KernelDeadlock\"\ncondition_status = \"True\"\ntoleration = \"1s\"",
+        "condition_type = \"KernelDeadlock\"\ncondition_status = \"True\"\ntoleration = \"1s\"\nallow_destructive = true",
     );
     let ctl = ControllerProc::start(c, &config, "karpenter-fence").await;
     // KWOK keeps the node Ready (its Lease); the label stops it rewriting the conditions.

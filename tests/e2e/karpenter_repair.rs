@@ -145,13 +145,14 @@ async fn kwok_unhealthy(nodes: &Api<Node>, victim: &str) {
 }
 
 /// nodekeeper's controller (provider `karpenter`) repairing `KWOKUnhealthy=True` after `toleration`,
-/// with a drain bound longer than the test.
+/// with a drain bound longer than the test. The condition is the KWOK provider's, which nodekeeper
+/// cannot see clear: the operator trusts it for the replacement (`allow_destructive`).
 fn config(dir: &std::path::Path, identity: &str, toleration: &str) -> std::path::PathBuf {
     karpenter_controller_toml_with(
         dir,
         identity,
         &format!(
-            "condition_type = \"KWOKUnhealthy\"\ncondition_status = \"True\"\ntoleration = \"{toleration}\""
+            "condition_type = \"KWOKUnhealthy\"\ncondition_status = \"True\"\ntoleration = \"{toleration}\"\nallow_destructive = true"
         ),
         |t| {
             t["repair"]
