@@ -30,32 +30,6 @@ fn repairing(n: &Node) -> bool {
     annotation(n, keys::STATE) == Some("repairing")
 }
 
-/// `nodekeeper status -l karpenter.sh/nodepool=POOL` as an operator who may only list nodes.
-pub(crate) async fn status_rows(
-    c: &'static Cluster,
-    admin: &kube::Client,
-    dir: &std::path::Path,
-    pool: &str,
-) -> String {
-    let token = crate::repair::status_reader_token(c, admin).await;
-    let kc = dir.join("reader.kubeconfig");
-    c.write_token_kubeconfig(&kc, &token);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["status", "--kubeconfig"])
-        .arg(&kc)
-        .args(["-l", &format!("karpenter.sh/nodepool={pool}")])
-        .env_remove("KUBECONFIG")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    eprintln!(
-        "$ nodekeeper status\n{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "nodekeeper status failed");
-    text
-}
-
 /// Two NotReady nodes of a NodePool whose budget nodekeeper reads from the NodePool:
 /// - budget `nodes: "0"`: both held (`BlockedByBudget`, naming the NodePool), neither cordoned;
 /// - the NodePool edited to `nodes: "1"`: one repair starts, the other stays held by budget #0 of the
@@ -168,7 +142,7 @@ async fn nodepool_budget_read_from_karpenter_holds_the_second_repair_until_the_f
         },
     )
     .await;
-    let text = status_rows(c, &admin, dir.path(), BUDGET_POOL).await;
+    let text = crate::repair::status_rows(c, &admin, dir.path(), BUDGET_POOL).await;
     let row = text
         .lines()
         .find(|l| l.starts_with(second.as_str()))

@@ -349,7 +349,7 @@ async fn karpenter_repairs_first_and_nodekeeper_stands_back_saying_why() {
         },
     )
     .await;
-    let text = crate::karpenter_budgets::status_rows(c, &admin, dir.path(), SECOND_POOL).await;
+    let text = crate::repair::status_rows(c, &admin, dir.path(), SECOND_POOL).await;
     let row = text
         .lines()
         .find(|l| l.starts_with(victim.as_str()))

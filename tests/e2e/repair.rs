@@ -101,22 +101,7 @@ async fn budget_of_one_repairs_one_unknown_node_and_explains_the_other(c: &'stat
     );
 
     // `nodekeeper status` as an operator who may only list nodes.
-    let token = status_reader_token(c, &admin).await;
-    let kc = dir.path().join("reader.kubeconfig");
-    c.write_token_kubeconfig(&kc, &token);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["status", "--kubeconfig"])
-        .arg(&kc)
-        .args(["-l", &format!("karpenter.sh/nodepool={POOL}")])
-        .env_remove("KUBECONFIG")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!(
-        "$ nodekeeper status\n{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success());
+    let text = status_rows(c, &admin, dir.path(), POOL).await;
     let held_name = held.metadata.name.as_deref().unwrap();
     let row = text
         .lines()
@@ -203,6 +188,32 @@ pub(crate) async fn seen_ready(api: &Api<Node>, nodes: &[&str]) {
         })
         .await;
     }
+}
+
+/// `nodekeeper status -l karpenter.sh/nodepool=POOL` as an operator who may only list nodes.
+pub(crate) async fn status_rows(
+    c: &'static Cluster,
+    admin: &kube::Client,
+    dir: &std::path::Path,
+    pool: &str,
+) -> String {
+    let token = status_reader_token(c, admin).await;
+    let kc = dir.join("reader.kubeconfig");
+    c.write_token_kubeconfig(&kc, &token);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
+        .args(["status", "--kubeconfig"])
+        .arg(&kc)
+        .args(["-l", &format!("karpenter.sh/nodepool={pool}")])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!(
+        "$ nodekeeper status\n{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "nodekeeper status failed");
+    text
 }
 
 /// A ServiceAccount allowed only `nodes list` (what docs/status.md says `nodekeeper status` needs).

@@ -14,7 +14,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use nodekeeper_core::controller::policy::view::keys;
 use serde_json::json;
 
-use crate::repair::{ready_false_repair, seen_ready, status_reader_token};
+use crate::repair::{ready_false_repair, seen_ready, status_rows};
 use crate::support::*;
 
 const POOL: &str = "vt-pool";
@@ -137,22 +137,7 @@ async fn do_not_repair_holds_a_failing_node_and_status_names_the_veto(c: &'stati
     }
 
     // `nodekeeper status` as an operator who may only list nodes: each row names its veto.
-    let token = status_reader_token(c, &admin).await;
-    let kc = dir.path().join("reader.kubeconfig");
-    c.write_token_kubeconfig(&kc, &token);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nodekeeper"))
-        .args(["status", "--kubeconfig"])
-        .arg(&kc)
-        .args(["-l", &format!("karpenter.sh/nodepool={POOL}")])
-        .env_remove("KUBECONFIG")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!(
-        "$ nodekeeper status\n{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success());
+    let text = status_rows(c, &admin, dir.path(), POOL).await;
     for (n, veto) in NODES.iter().zip(VETO) {
         let row = text
             .lines()
