@@ -4,8 +4,12 @@
 //!   Node becomes Ready and the pods are scheduled there; scaled to 0, the empty node is consolidated away
 //!   (NodeClaim and Node deleted);
 //! - nodekeeper's controller (as its ServiceAccount, provider `karpenter`) repairs a node of a NodePool:
-//!   one drain (nodekeeper's), Karpenter kept off the node meanwhile, the NodeClaim deleted only once the
-//!   drain is over, Karpenter terminating the node and provisioning for the evicted pod (docs/karpenter.md).
+//!   the replacement NodeClaim pre-spun as the drain starts (`[repair] prespin`), one drain
+//!   (nodekeeper's), Karpenter kept off the node meanwhile, the NodeClaim deleted only once the drain is
+//!   over, Karpenter terminating the node, the evicted pod on the pre-spun node and no other NodeClaim
+//!   added (docs/karpenter.md);
+//! - a repair released mid-drain (the node Ready again) abandons its pre-spun NodeClaim: its
+//!   `do-not-disrupt` lifted, the node's replacement marks gone, and Karpenter's consolidation removes it.
 //!
 //! Real only: the sim has no Karpenter. The tests share one cluster and run one at a time (one engine
 //! acts on every node; consolidation would move the other test's pods).
@@ -630,6 +634,7 @@ spec:
     .await;
     let victim = hosts[0].clone();
     let victim_claim = claim_of(&admin, &victim).await;
+    let before = claims_of_pool(&admin, COOP_POOL).await;
 
     // nodekeeper's controller, the shipped policy (drain → replace, Ready=False) with provider karpenter.
     let dir = tempfile::tempdir().unwrap();
@@ -705,14 +710,173 @@ spec:
         evicted_by_karpenter.is_empty(),
         "Karpenter evicted: {evicted_by_karpenter:?}"
     );
-    // The drain had emptied the node: no replacement NodeClaim was added for it.
-    let twins = claims_api
-        .list(&ListParams::default().labels(&format!("nodekeeper.io/replaces={victim}")))
+    // One replacement, pre-spun by nodekeeper as its drain started: the only NodeClaim added, and
+    // the evicted pod runs on its node.
+    let twin = twin_of(&admin, &victim).await;
+    let added: Vec<String> = claims_of_pool(&admin, COOP_POOL)
+        .await
+        .difference(&before)
+        .cloned()
+        .collect();
+    assert_eq!(
+        added,
+        std::slice::from_ref(&twin),
+        "one replacement, nodekeeper's"
+    );
+    let twin_node = claim_node(&admin, &twin).await;
+    let on: Vec<Pod> = app_pods_of(&pods, COOP_APP).await;
+    assert!(
+        on.iter().any(|p| running_on(p) == Some(twin_node.as_str())),
+        "no pod on the pre-spun node {twin_node}"
+    );
+    finish(ctl, c, "deployment,pdb", COOP_APP, COOP_POOL).await;
+}
+
+/// The names of the NodeClaims of NodePool `pool`.
+async fn claims_of_pool(admin: &kube::Client, pool: &str) -> BTreeSet<String> {
+    nodeclaims(admin)
+        .list(&ListParams::default().labels(&format!("karpenter.sh/nodepool={pool}")))
         .await
         .unwrap()
-        .items;
-    assert!(twins.is_empty(), "{twins:?}");
-    finish(ctl, c, "deployment,pdb", COOP_APP, COOP_POOL).await;
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect()
+}
+
+/// The name of the one NodeClaim nodekeeper created to replace `node` (waiting for it).
+async fn twin_of(admin: &kube::Client, node: &str) -> String {
+    let api = nodeclaims(admin);
+    let lp = ListParams::default().labels(&format!("nodekeeper.io/replaces={node}"));
+    wait_for(Duration::from_secs(30), "the pre-spun NodeClaim", || {
+        let (api, lp) = (api.clone(), lp.clone());
+        async move {
+            let items = api.list(&lp).await.ok()?.items;
+            assert!(items.len() <= 1, "more than one replacement of {node}");
+            items.into_iter().next()?.metadata.name
+        }
+    })
+    .await
+}
+
+/// The node of NodeClaim `claim`, once registered.
+async fn claim_node(admin: &kube::Client, claim: &str) -> String {
+    let api = nodeclaims(admin);
+    wait_for(Duration::from_secs(60), "the NodeClaim's node", || {
+        let api = api.clone();
+        async move {
+            let c = api.get_opt(claim).await.ok()??;
+            c.data["status"]["nodeName"].as_str().map(String::from)
+        }
+    })
+    .await
+}
+
+const ABANDON_POOL: &str = "nk-abandon";
+const ABANDON_APP: &str = "nk-abandon-app";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repair_released_mid_drain_abandons_its_prespun_nodeclaim_to_consolidation() {
+    let (_one, c, admin, pods, nodes) = scene().await;
+    // The PDB allows no eviction: the drain holds, the repair stays on its drain step. Empty nodes
+    // consolidated after 10 s.
+    let hosts = pool_with_two_pods(
+        c,
+        &pods,
+        ABANDON_POOL,
+        ABANDON_APP,
+        r#"{consolidationPolicy: WhenEmpty, consolidateAfter: 10s, budgets: [{nodes: "100%"}]}"#,
+        &no_eviction_pdb(ABANDON_APP),
+    )
+    .await;
+    let victim = hosts[0].clone();
+    let dir = tempfile::tempdir().unwrap();
+    let config = karpenter_controller_toml_with(
+        dir.path(),
+        "karpenter-abandon",
+        "condition_type = \"Ready\"\ncondition_status = \"False\"\ntoleration = \"1s\"",
+        |t| {
+            t["repair"]
+                .as_table_mut()
+                .unwrap()
+                .insert("healthy_delay".into(), "1s".into());
+        },
+    );
+    let ctl = ControllerProc::start(c, &config, "karpenter-abandon").await;
+    crate::repair::seen_ready(&nodes, &[victim.as_str()]).await;
+    c.kubelet_reports_not_ready(&victim).await;
+
+    // Repairing, on its drain step, with the replacement pre-spun and held for the node's pods.
+    let twin = twin_of(&admin, &victim).await;
+    wait_until(Duration::from_secs(60), "the replacement accepted", || {
+        let (nodes, victim) = (nodes.clone(), victim.clone());
+        async move {
+            nodes.get(&victim).await.is_ok_and(|n| {
+                annotation(&n, keys::REPAIR_STEP) == Some("drain")
+                    && annotation(&n, keys::REPLACEMENT_ACCEPTED).is_some()
+            })
+        }
+    })
+    .await;
+    let claims = nodeclaims(&admin);
+    let held = claims.get(&twin).await.unwrap();
+    assert!(
+        held.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("karpenter.sh/do-not-disrupt")),
+        "the pre-spun NodeClaim is held while the drain runs"
+    );
+
+    // The kubelet recovers: the repair ends, the replacement is abandoned.
+    c.kubelet_reports(
+        &victim,
+        "True",
+        "KubeletReady",
+        "kubelet is posting ready status",
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(60),
+        "the victim released, its replacement marks gone",
+        || {
+            let (nodes, victim) = (nodes.clone(), victim.clone());
+            async move {
+                nodes.get(&victim).await.is_ok_and(|n| {
+                    !unschedulable(&n)
+                        && annotation(&n, keys::STATE).is_none()
+                        && annotation(&n, keys::REPLACEMENT_REQUESTED).is_none()
+                        && annotation(&n, keys::REPLACEMENT_ACCEPTED).is_none()
+                })
+            }
+        },
+    )
+    .await;
+    // Karpenter's consolidation takes the empty, no longer held NodeClaim.
+    wait_until(
+        Duration::from_secs(120),
+        "the abandoned NodeClaim consolidated away",
+        || {
+            let (claims, twin) = (claims.clone(), twin.clone());
+            async move {
+                claims
+                    .get_opt(&twin)
+                    .await
+                    .unwrap()
+                    .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+            }
+        },
+    )
+    .await;
+    // The pods never moved.
+    let on: BTreeSet<String> = app_pods_of(&pods, ABANDON_APP)
+        .await
+        .iter()
+        .filter_map(running_on)
+        .map(String::from)
+        .collect();
+    assert!(on.contains(&victim), "{on:?}");
+    finish(ctl, c, "deployment,pdb", ABANDON_APP, ABANDON_POOL).await;
 }
 
 const FENCE_POOL: &str = "nk-fence";

@@ -5,7 +5,7 @@
 //! - nodekeeper first (its toleration 1 s): it marks the node `karpenter.sh/do-not-repair` as its own;
 //!   Karpenter's repair finds the node eligible and stands back, saying why (its `DisruptionBlocked`
 //!   Event naming the annotation); nodekeeper drains (a PDB holds the drain until Karpenter has said
-//!   so), Karpenter provisions for the evicted pod, nodekeeper hands the node over.
+//!   so) with its replacement pre-spun as the drain started, then hands the node over.
 //! - Karpenter first (nodekeeper's toleration 10 min): Karpenter taints the node
 //!   `karpenter.sh/disrupted`, pre-spins a replacement and terminates the node; nodekeeper stands
 //!   back, saying why (`NodekeeperHeld` `BlockedByKarpenter`, its Event, `nodekeeper status`).
@@ -256,7 +256,7 @@ async fn nodekeeper_repairs_first_and_karpenters_node_repair_stands_back() {
             "Karpenter chose the node: {s:?}"
         );
     }
-    // The PDB goes: nodekeeper's drain evicts the pod, Karpenter provisions for it, nodekeeper hands
+    // The PDB goes: nodekeeper's drain evicts the pod onto the pre-spun replacement, nodekeeper hands
     // the node over (deletes its NodeClaim) and Karpenter terminates it.
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "default");
     pdbs.delete(FIRST_APP, &Default::default()).await.unwrap();
@@ -275,6 +275,21 @@ async fn nodekeeper_repairs_first_and_karpenters_node_repair_stands_back() {
     );
     let added: Vec<&String> = s.claims.difference(&before).collect();
     assert_eq!(added.len(), 1, "one replacement: {added:?}");
+    // nodekeeper's, pre-spun as its drain started (`[repair] prespin`), not one Karpenter
+    // provisioned for the evicted pod.
+    let twins: Vec<String> = nodeclaims(&admin)
+        .list(&ListParams::default().labels(&format!("nodekeeper.io/replaces={victim}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    assert_eq!(
+        added,
+        twins.iter().collect::<Vec<_>>(),
+        "the replacement is nodekeeper's"
+    );
     finish(ctl, c, "deployment", FIRST_APP, FIRST_POOL).await;
 }
 

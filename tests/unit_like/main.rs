@@ -20,6 +20,7 @@ mod policy_config;
 mod policy_karpenter_repair;
 mod policy_ladder;
 mod policy_nodepool;
+mod policy_prespin;
 mod policy_props;
 mod policy_table;
 mod policy_veto;

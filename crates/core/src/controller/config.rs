@@ -48,6 +48,12 @@ impl ControllerSections {
             &self.interruption,
             &ControllerPolicyConfig {
                 dry_run: self.controller.as_ref().is_some_and(|c| c.dry_run),
+                provider_adds_capacity: self.controller.as_ref().is_some_and(|c| {
+                    matches!(
+                        c.provider,
+                        crate::controller::act::provider::ProviderConfig::Karpenter
+                    )
+                }),
             },
         )
     }

@@ -116,6 +116,7 @@ pub fn kind(a: &Action) -> &'static str {
         Action::RestartUnit { .. } => "restart_unit",
         Action::RequestReplacement { .. } => "request_replacement",
         Action::RetireNode { .. } => "retire_node",
+        Action::AbandonReplacement { .. } => "abandon_replacement",
         Action::Hold(_) => "hold",
         Action::Event { .. } => "event",
     }
@@ -635,14 +636,20 @@ impl Actor {
                 let line = format!("{reason}: restart {unit}");
                 self.notify(node, "restart_unit", "started", line, false);
             }
-            Action::RequestReplacement { id, reason, .. } => {
+            Action::RequestReplacement {
+                id,
+                reason,
+                prespin,
+                ..
+            } => {
                 // The provider may retry for a while: in the background (errors are logged,
                 // Evented and retried by the next reconcile).
                 let (me, node, id, reason) =
                     (self.clone(), node.to_string(), id.clone(), reason.clone());
+                let prespin = *prespin;
                 self.background
                     .spawn("replacement request", None, async move {
-                        if let Err(e) = me.replace(&node, &id, &reason).await {
+                        if let Err(e) = me.replace(&node, &id, &reason, prespin).await {
                             tracing::warn!(error = %e, "replacement request failed");
                         }
                     });
@@ -656,6 +663,15 @@ impl Actor {
                     }
                 });
             }
+            Action::AbandonReplacement { id, reason } => {
+                let (me, node, id, reason) =
+                    (self.clone(), node.to_string(), id.clone(), reason.clone());
+                self.background.spawn("abandon", None, async move {
+                    if let Err(e) = me.abandon(&node, &id, &reason).await {
+                        tracing::warn!(error = %e, "abandoning the replacement failed");
+                    }
+                });
+            }
             _ => {}
         }
         self.metrics.action(kind(a), ActionResult::Ok);
@@ -663,10 +679,18 @@ impl Actor {
     }
 
     /// Asks the provider for a replacement (the `replacement-requested` annotation is stored
-    /// already), once per id in this process; records acceptance on the node.
-    pub async fn replace(&self, node: &str, id: &str, reason: &str) -> Result<(), ActionError> {
+    /// already), once per id in this process; records acceptance on the node. `prespin`: asked
+    /// before the node's drain ([`Action::RequestReplacement`]).
+    pub async fn replace(
+        &self,
+        node: &str,
+        id: &str,
+        reason: &str,
+        prespin: bool,
+    ) -> Result<(), ActionError> {
         let mut req = ReplacementRequest::new(node, reason, id);
         req.request_id = request_id(node, "replacement", id);
+        req.prespin = prespin;
         if !lock(&self.asked).insert(req.request_id.clone()) {
             return Ok(());
         }
@@ -734,6 +758,28 @@ impl Actor {
             Err(source) => {
                 lock(&self.retired).remove(&req.request_id);
                 let call = ("retire_node", "retire_node", "Retire");
+                let about = Regarding::from(node);
+                Err(self
+                    .provider_failed(node, about, call, req.request_id, source)
+                    .await)
+            }
+        }
+    }
+
+    /// Tells the provider that a pre-spun replacement is no longer wanted (the repair ended
+    /// without retiring the node; the node's annotations are cleared already). Not retried: a
+    /// failure leaves the new node held for longer, nothing worse.
+    pub async fn abandon(&self, node: &str, id: &str, reason: &str) -> Result<(), ActionError> {
+        let mut req = ReplacementRequest::new(node, reason, id);
+        req.request_id = request_id(node, "replacement", id);
+        lock(&self.asked).remove(&req.request_id);
+        match self.provider.abandon(&req).await {
+            Ok(()) => {
+                tracing::info!(node, request_id = %req.request_id, provider = self.provider.name(), "replacement abandoned");
+                Ok(())
+            }
+            Err(source) => {
+                let call = ("abandon_replacement", "abandon_replacement", "Abandon");
                 let about = Regarding::from(node);
                 Err(self
                     .provider_failed(node, about, call, req.request_id, source)
@@ -816,7 +862,8 @@ impl Actor {
             | Action::RequestReboot { .. }
             | Action::RestartUnit { .. }
             | Action::RequestReplacement { .. }
-            | Action::RetireNode { .. } => {
+            | Action::RetireNode { .. }
+            | Action::AbandonReplacement { .. } => {
                 self.notify(node, kind(a), "started", line, true);
             }
             _ => {}
@@ -857,6 +904,7 @@ pub fn describe(a: &Action) -> String {
         Action::RestartUnit { unit, reason, .. } => format!("restart unit {unit} ({reason})"),
         Action::RequestReplacement { reason, .. } => format!("request replacement ({reason})"),
         Action::RetireNode { reason, .. } => format!("retire node ({reason})"),
+        Action::AbandonReplacement { reason, .. } => format!("abandon replacement ({reason})"),
         Action::Hold(h) => format!("hold: {}", h.blocker.message()),
         Action::Event {
             reason, message, ..

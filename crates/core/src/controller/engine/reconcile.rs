@@ -145,7 +145,7 @@ impl Engine {
                     let done = if retire {
                         actor.retire(&node, &id, &reason).await
                     } else {
-                        actor.replace(&node, &id, &reason).await
+                        actor.replace(&node, &id, &reason, false).await
                     };
                     if let Err(e) = done {
                         tracing::warn!(error = %e, retire, "provider call failed");

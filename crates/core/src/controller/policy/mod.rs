@@ -127,6 +127,17 @@ pub enum Action {
         reason: String,
         /// Value of `nodekeeper.io/startup-retries` for the new node.
         startup_retries: u32,
+        /// Asked before the node's drain ([`RepairConfig::prespin`](config::RepairConfig::prespin)):
+        /// capacity for every pod still on it, even those its drain is about to evict.
+        prespin: bool,
+    },
+    /// Tell the replacement provider that a pre-spun replacement is no longer wanted (the repair
+    /// ended without retiring the node): it stops holding the new node for the old one's pods.
+    AbandonReplacement {
+        /// The replacement's idempotency key (the same as its `RequestReplacement`).
+        id: String,
+        /// Why.
+        reason: String,
     },
     /// Publish a hold: `nodekeeper.io/blocked` and the `NodekeeperHeld` condition.
     Hold(Held),
@@ -491,10 +502,18 @@ impl<'a> Plan<'a> {
 
     /// Requests a replacement unless one was requested already (recorded first).
     pub(crate) fn request_replacement(&mut self, reason: &str, startup_retries: u32) {
+        self.ask_replacement(reason, startup_retries, false);
+    }
+
+    /// [`Self::request_replacement`], `prespin` when asked before the drain.
+    pub(crate) fn ask_replacement(&mut self, reason: &str, startup_retries: u32, prespin: bool) {
         if self.record.replacement_requested.is_some() {
             return;
         }
         let at = self.now_str();
+        // An acceptance left by an abandoned request's answer is not this request's.
+        self.clear(keys::REPLACEMENT_ACCEPTED);
+        self.record.replacement_accepted = false;
         self.set(keys::REPLACEMENT_REQUESTED, at.clone());
         // The Event before the call: the actor publishes it right after storing the record, so a
         // crash during the call (retried from the record, without a new Event) keeps it.
@@ -503,6 +522,7 @@ impl<'a> Plan<'a> {
             id: format!("{}/{}", self.cur.name, at),
             reason: reason.to_string(),
             startup_retries,
+            prespin,
         });
         self.record.replacement_requested = Some(self.now);
     }

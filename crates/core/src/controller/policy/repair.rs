@@ -245,7 +245,7 @@ pub(crate) fn step(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'
         // Vetoed mid-repair: stop it and undo what it did (drain, cordon, label, mark), then
         // decide as for any idle node (held by the veto if a repair would start now), so that
         // the next decision finds nothing more to do.
-        p.release(cfg);
+        release(p, cfg);
     }
     if p.record.state != State::Idle {
         return;
@@ -304,7 +304,7 @@ fn stands_back(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) 
         return false;
     }
     match p.record.state {
-        State::Repairing if !going_away(p, eff) && !p.cur.deleting => p.release(cfg),
+        State::Repairing if !going_away(p, eff) && !p.cur.deleting => release(p, cfg),
         State::Idle => {}
         _ => return false,
     }
@@ -386,11 +386,11 @@ pub(crate) fn start(p: &mut Plan<'_>, cfg: &PolicyConfig, why: &str) {
     p.enter(State::Repairing, why);
     p.exclude_from_lb(&cfg.interruption.lb_exclude_label);
     p.push(events::repair_started(why, first));
-    enter_step(p, cfg, first);
+    enter_step(p, cfg, &steps, first);
     p.disrupting = true;
 }
 
-fn enter_step(p: &mut Plan<'_>, cfg: &PolicyConfig, step: &LadderStep) {
+fn enter_step(p: &mut Plan<'_>, cfg: &PolicyConfig, steps: &[LadderStep], step: &LadderStep) {
     p.set(keys::REPAIR_STEP, step.label());
     p.set(keys::REPAIR_STEP_SINCE, p.now_str());
     p.record.step = Some(step.step);
@@ -407,10 +407,15 @@ fn enter_step(p: &mut Plan<'_>, cfg: &PolicyConfig, step: &LadderStep) {
                 reason: why,
             });
         }
-        RepairStep::Drain => p.push(Action::StartDrain {
-            deadline: later(p.now, timeout_of(step, cfg)),
-            reason: why,
-        }),
+        RepairStep::Drain => {
+            if prespins(cfg, steps, step) {
+                p.ask_replacement(&why, 0, true);
+            }
+            p.push(Action::StartDrain {
+                deadline: later(p.now, timeout_of(step, cfg)),
+                reason: why,
+            })
+        }
         RepairStep::Reboot => request_reboot(p, &why),
         RepairStep::Replace => {
             p.request_replacement(&why, 0);
@@ -474,7 +479,7 @@ fn progress(p: &mut Plan<'_>, cfg: &PolicyConfig, eff: &EffectiveRepair<'_>) {
             }
             let delay = dur(cfg.repair.healthy_delay);
             if since.is_none_or(|s| p.now - s >= delay) {
-                p.release(cfg);
+                release(p, cfg);
                 p.push(events::repair_cancelled(cfg.repair.healthy_delay));
             }
             return;
@@ -588,13 +593,49 @@ fn advance(
         if next.step == RepairStep::None {
             // `none` is a step of its own: recorded, so that status shows the ladder ended.
             p.push(events::repair_escalated(from, next));
-            enter_step(p, cfg, next);
+            enter_step(p, cfg, steps, next);
         }
         p.hold = Some(b);
         return;
     }
     p.push(events::repair_escalated(from, next));
-    enter_step(p, cfg, next);
+    enter_step(p, cfg, steps, next);
+}
+
+/// A `drain` step that `replace` follows asks for the replacement as it starts, when the
+/// provider's request only adds capacity ([`RepairConfig::prespin`](super::config::RepairConfig::prespin)).
+fn prespins(cfg: &PolicyConfig, steps: &[LadderStep], drain: &LadderStep) -> bool {
+    cfg.repair.prespin
+        && cfg.controller.provider_adds_capacity
+        && next_after(steps, drain).is_some_and(|s| s.step == RepairStep::Replace)
+}
+
+/// Ends a repair ([`Plan::release`]); a replacement pre-spun for its drain ([`prespins`]) that
+/// the node was not handed over for is abandoned, its marks cleared, so that a later repair asks
+/// anew.
+fn release(p: &mut Plan<'_>, cfg: &PolicyConfig) {
+    let prespun = p.record.state == State::Repairing
+        && p.record.step == Some(RepairStep::Drain)
+        && p.record.reason.as_deref() != Some(STARTUP)
+        && !p.record.retire_requested;
+    let at = p
+        .cur
+        .annotation(keys::REPLACEMENT_REQUESTED)
+        .map(str::to_string)
+        .filter(|_| prespun && p.record.replacement_requested.is_some());
+    let reason = p.record.reason.clone();
+    p.release(cfg);
+    let Some(at) = at else {
+        return;
+    };
+    p.clear(keys::REPLACEMENT_REQUESTED);
+    p.clear(keys::REPLACEMENT_ACCEPTED);
+    p.record.replacement_requested = None;
+    p.record.replacement_accepted = false;
+    p.push(Action::AbandonReplacement {
+        id: format!("{}/{}", p.cur.name, at),
+        reason: reason.unwrap_or_else(|| "repair".into()),
+    });
 }
 
 /// Short-circuit: when more nodes of the group are unhealthy than `max_unhealthy`, pending

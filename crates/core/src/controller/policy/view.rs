@@ -492,6 +492,7 @@ impl NodeView {
             | Action::RestartUnit { .. }
             | Action::RequestReplacement { .. }
             | Action::RetireNode { .. }
+            | Action::AbandonReplacement { .. }
             | Action::Event { .. } => {}
         }
     }

@@ -249,7 +249,8 @@ pub fn of_batch(
             Action::StartDrain { reason, .. }
             | Action::RequestReboot { reason, .. }
             | Action::RequestReplacement { reason, .. }
-            | Action::RetireNode { reason, .. } => {
+            | Action::RetireNode { reason, .. }
+            | Action::AbandonReplacement { reason, .. } => {
                 why.get_or_insert_with(|| reason.clone());
             }
             Action::Hold(h) => {

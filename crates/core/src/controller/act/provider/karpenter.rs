@@ -7,11 +7,14 @@
 //!    request (`<claim>-nk<hash>`), which Karpenter launches like its own. It carries
 //!    `karpenter.sh/do-not-disrupt` so consolidation does not take it while it is still empty. When
 //!    no workload pod is left on the node (a repair whose drain step emptied it) nothing is created:
-//!    Karpenter provisioned for the evicted pods already.
+//!    Karpenter provisioned for the evicted pods already; a request made before the drain
+//!    (`[repair] prespin`) creates it all the same.
 //! 2. [`NodeProvider::retire`], called by the controller once its drain of the old node is over,
 //!    **deletes the old NodeClaim**: Karpenter's termination (taint `karpenter.sh/disrupted`, its own
 //!    drain, instance deletion) then finds nothing left to evict. It also lifts the
 //!    `do-not-disrupt` of the new claim and its node.
+//! 3. [`NodeProvider::abandon`], for a replacement asked for before a drain (`[repair] prespin`)
+//!    whose repair was released: the new claim loses its `do-not-disrupt` and stays Karpenter's.
 //!
 //! A new Ready node of the same NodePool that did not exist at the request is the replacement.
 //! Idempotency: the new claim's name derives from the request id (a second create answers 409);
@@ -20,6 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -44,6 +48,9 @@ pub const REPLACES_LABEL: &str = "nodekeeper.io/replaces";
 
 /// Annotation on a NodeClaim nodekeeper created: the id of the request that created it.
 pub const CREATED_BY_REQUEST_ANNOTATION: &str = "nodekeeper.io/created-by-request";
+
+/// How long an abandoned replacement's claim not launched yet is waited for.
+const ABANDON_WAIT: Duration = Duration::from_secs(60);
 
 /// Annotation put on the NodeClaim with the id of the request that deletes it.
 pub const REQUEST_ANNOTATION: &str = "nodekeeper.io/replacement-request";
@@ -172,7 +179,7 @@ impl Karpenter {
                     Some(&req.request_id),
                 )
                 .await?;
-                if self.has_workload(&req.node).await? {
+                if req.prespin || self.has_workload(&req.node).await? {
                     self.launch_twin(req, &claim).await?
                 } else {
                     // Nothing left to move (e.g. a repair whose drain step emptied the node): the
@@ -252,33 +259,10 @@ impl Karpenter {
     /// removes a NotReady node at once when its NodeClaim goes, and the engine retries a failed
     /// retire only while the node is there, so every step that may fail runs before it.
     async fn retire_node(&self, req: &ReplacementRequest) -> Result<(), ProviderError> {
+        // Not waiting for a claim still launching: by the end of a drain it normally has (an
+        // abandonment, which may come a second after the request, waits).
+        self.free_twins(req).await?;
         let api = self.claims();
-        let twins = api
-            .list(&ListParams::default().labels(&format!("{REPLACES_LABEL}={}", req.node)))
-            .await
-            .map_err(|source| kube_err("listing replacement NodeClaims", &req.node, source))?;
-        for twin in twins.items {
-            let name = twin.metadata.name.clone().unwrap_or_default();
-            if has_annotation(&twin.metadata, DO_NOT_DISRUPT) {
-                self.annotate(&api, &name, &req.node, DO_NOT_DISRUPT, None)
-                    .await?;
-            }
-            let node_name = twin
-                .data
-                .pointer("/status/nodeName")
-                .and_then(|v| v.as_str());
-            if let Some(node_name) = node_name {
-                let nodes: Api<Node> = Api::all(self.client.clone());
-                let node = nodes
-                    .get_opt(node_name)
-                    .await
-                    .map_err(|source| kube_err("reading replacement node", &req.node, source))?;
-                if node.is_some_and(|n| has_annotation(&n.metadata, DO_NOT_DISRUPT)) {
-                    self.annotate(&nodes, node_name, &req.node, DO_NOT_DISRUPT, None)
-                        .await?;
-                }
-            }
-        }
         if let Some(claim) = self.find_claim(&req.node).await? {
             let name = claim.metadata.name.clone().unwrap_or_default();
             if claim.metadata.deletion_timestamp.is_none() {
@@ -291,6 +275,85 @@ impl Karpenter {
             }
         }
         Ok(())
+    }
+
+    /// A pre-spun replacement no longer wanted (the repair was released before its `replace`):
+    /// lifts the `do-not-disrupt` of the new claim and node, so that Karpenter's consolidation
+    /// may take it like any other, and the request's mark from the old claim. Deletes nothing:
+    /// the pods the drain moved may run there already. A claim not launched yet is waited for
+    /// (up to [`ABANDON_WAIT`]): a launch in flight may still create its node from the claim as it
+    /// was, mark included (the KWOK provider's `toNode` copies the claim's annotations).
+    async fn abandon_twins(&self, req: &ReplacementRequest) -> Result<(), ProviderError> {
+        let until = tokio::time::Instant::now() + ABANDON_WAIT;
+        while !self.free_twins(req).await? && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        if let Some(claim) = self.find_claim(&req.node).await? {
+            let marked = claim
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(REQUEST_ANNOTATION));
+            if marked == Some(&req.request_id) {
+                let name = claim.metadata.name.clone().unwrap_or_default();
+                self.annotate(&self.claims(), &name, &req.node, REQUEST_ANNOTATION, None)
+                    .await?;
+            }
+        }
+        tracing::info!(node = %req.node, request = %req.request_id, "replacement abandoned: its NodeClaim is Karpenter's to keep or consolidate");
+        crate::sync::lock(&self.tickets).remove(&req.request_id);
+        Ok(())
+    }
+
+    /// Lifts `do-not-disrupt` from every NodeClaim created to replace `req.node`, and from its
+    /// node: the one registered (`status.nodeName`) or, before registration, the node of the
+    /// pool with its `status.providerID` (Karpenter's KWOK provider creates it at launch). Whether
+    /// every such claim was launched (had a provider id) when looked at.
+    async fn free_twins(&self, req: &ReplacementRequest) -> Result<bool, ProviderError> {
+        let api = self.claims();
+        let twins = api
+            .list(&ListParams::default().labels(&format!("{REPLACES_LABEL}={}", req.node)))
+            .await
+            .map_err(|source| kube_err("listing replacement NodeClaims", &req.node, source))?;
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let mut launched = true;
+        for twin in twins.items {
+            let name = twin.metadata.name.clone().unwrap_or_default();
+            if has_annotation(&twin.metadata, DO_NOT_DISRUPT) {
+                self.annotate(&api, &name, &req.node, DO_NOT_DISRUPT, None)
+                    .await?;
+            }
+            let status = |k: &str| twin.data.pointer(k).and_then(|v| v.as_str());
+            let node = match (status("/status/nodeName"), status("/status/providerID")) {
+                (Some(n), _) => nodes
+                    .get_opt(n)
+                    .await
+                    .map_err(|source| kube_err("reading replacement node", &req.node, source))?,
+                (None, Some(id)) => {
+                    let pool = twin
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(POOL_LABEL));
+                    self.pool_nodes(pool.map(String::as_str), &req.node)
+                        .await?
+                        .into_iter()
+                        .find(|n| {
+                            n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(id)
+                        })
+                }
+                (None, None) => {
+                    launched = false;
+                    None
+                }
+            };
+            if let Some(n) = node.filter(|n| has_annotation(&n.metadata, DO_NOT_DISRUPT)) {
+                let node_name = n.metadata.name.clone().unwrap_or_default();
+                self.annotate(&nodes, &node_name, &req.node, DO_NOT_DISRUPT, None)
+                    .await?;
+            }
+        }
+        Ok(launched)
     }
 
     /// Sets (`Some`) or removes (`None`) one annotation of `name` (404: nothing to do).
@@ -397,5 +460,12 @@ impl NodeProvider for Karpenter {
         req: &'a ReplacementRequest,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(self.retire_node(req))
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        req: &'a ReplacementRequest,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(self.abandon_twins(req))
     }
 }

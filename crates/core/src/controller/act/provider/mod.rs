@@ -45,6 +45,11 @@ pub struct ReplacementRequest {
     pub reason: String,
     /// Idempotency key: the same node, reason and episode give the same id.
     pub request_id: String,
+    /// Asked before the node's drain (`[repair] prespin`): capacity for every pod on the node,
+    /// even one its drain is evicting as the request is made. Left out of the webhook's body
+    /// when false (it is never true for a webhook).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prespin: bool,
 }
 
 impl ReplacementRequest {
@@ -57,6 +62,7 @@ impl ReplacementRequest {
             provider_id: None,
             reason: reason.to_string(),
             request_id: request_id(node, reason, episode),
+            prespin: false,
         }
     }
 }
@@ -220,6 +226,17 @@ pub trait NodeProvider: Send + Sync {
     /// of a replacement; the others remove the old node when asked and do nothing here.
     /// Idempotent on `req.request_id`; called again after a failure or a controller restart.
     fn retire<'a>(
+        &'a self,
+        req: &'a ReplacementRequest,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        let _ = req;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Gives up a replacement asked for before a drain that did not end in `replace` (the repair
+    /// was released): the provider stops holding the new node for the old one's pods. Only
+    /// `karpenter`'s request adds capacity before a drain; the others do nothing here.
+    fn abandon<'a>(
         &'a self,
         req: &'a ReplacementRequest,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {

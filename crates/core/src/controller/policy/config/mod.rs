@@ -71,6 +71,12 @@ pub struct ControllerPolicyConfig {
     /// Decide as usual, but mark every decision dry-run: the actor only logs them and writes
     /// Events/status, never cordons, evicts, reboots or replaces.
     pub dry_run: bool,
+    /// The provider's replacement request only adds capacity, the old node staying until it is
+    /// retired (`karpenter`): a replacement may be asked for before the drain
+    /// ([`RepairConfig::prespin`]). Derived from
+    /// `[controller.provider]`, not a key of its own.
+    #[serde(skip)]
+    pub provider_adds_capacity: bool,
 }
 
 /// A node count: absolute (`"1"`, `1`) or a percentage of the group (`"10%"`).

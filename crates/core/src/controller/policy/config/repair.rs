@@ -314,6 +314,11 @@ pub struct RepairConfig {
     pub startup_timeout: Duration,
     /// How many times a node that fails to start is replaced before it is held.
     pub max_startup_retries: u32,
+    /// A `drain` step followed by `replace` asks for the replacement when the drain starts, so
+    /// the drained pods land on capacity already launching (as Karpenter v1.15's repair
+    /// pre-spins). Only with a provider whose request only adds capacity (`karpenter`); a repair
+    /// that ends without its `replace` (the condition cleared, a veto) abandons the replacement.
+    pub prespin: bool,
     /// Per-group overrides, keyed by the group name (the value of `budgets.group_by`).
     pub groups: BTreeMap<String, RepairGroup>,
 }
@@ -334,6 +339,7 @@ impl Default for RepairConfig {
             replace_timeout: Duration::from_secs(30 * 60),
             startup_timeout: Duration::from_secs(10 * 60),
             max_startup_retries: 3,
+            prespin: true,
             groups: BTreeMap::new(),
         }
     }
