@@ -83,6 +83,9 @@ fn config(rng: &mut StdRng) -> PolicyConfig {
     };
     c.repair.healthy_delay = std::time::Duration::from_secs(60 * rng.random_range(0..5));
     c.repair.max_startup_retries = rng.random_range(0..3);
+    // A provider whose request only adds capacity (`karpenter`): drains that replace follows
+    // pre-spin, and a repair released mid-drain abandons its replacement.
+    c.controller.provider_adds_capacity = rng.random_bool(0.5);
     if rng.random_bool(0.3) {
         c.interruption.actions.rebalance = InterruptionAction::Drain;
     }
@@ -242,6 +245,14 @@ impl Sim {
         check_group_path(&before, &self.cfg, self.now, &ds)?;
         let mut after = before.clone();
         apply(&mut after, &ds);
+        for d in &ds {
+            if let Action::AbandonReplacement { .. } = &d.action {
+                // Given back: the node's next repair may ask anew.
+                let c = self.replaced.entry(d.node.clone()).or_default();
+                prop_assert_eq!(*c, 1, "abandoned a replacement never asked for {}", d.node);
+                *c = 0;
+            }
+        }
         for d in &ds {
             if let Action::RequestReplacement {
                 startup_retries, ..
