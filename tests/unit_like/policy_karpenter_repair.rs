@@ -14,7 +14,7 @@ use nodekeeper_core::controller::catalog::{EventType, Reason};
 use nodekeeper_core::controller::policy::config::RepairStep;
 use nodekeeper_core::controller::policy::explain::{Blocker, Held};
 use nodekeeper_core::controller::policy::view::{
-    keys, ClusterView, DrainPhase, TaintView, KARPENTER_DISRUPTED_TAINT,
+    keys, ClusterView, DrainPhase, TaintView, KARPENTER_DISRUPTED_TAINT, KARPENTER_REBOOTING_TAINT,
 };
 use nodekeeper_core::controller::policy::Action;
 use policy_support::*;
@@ -283,4 +283,47 @@ fn the_taint_of_karpenters_termination_after_nodekeepers_own_retire_changes_noth
         Reason::BlockedByKarpenter.as_str(),
         Blocker::KarpenterDisrupting.reason()
     );
+}
+
+/// Karpenter's in-place reboot (`RebootNode`, v1.15) taints the node `karpenter.sh/rebooting`
+/// before its drain: nodekeeper stands back as from `karpenter.sh/disrupted` (held and said, a
+/// repair of its own stopped), counts it against the budget, and acts again once it is lifted.
+#[test]
+fn karpenters_reboot_in_place_is_stood_back_from_like_its_replacement() {
+    let rebooting = TaintView {
+        key: KARPENTER_REBOOTING_TAINT.into(),
+        value: String::new(),
+        effect: "NoSchedule".into(),
+    };
+    // Held, with the Event, once unhealthy; not a repair.
+    let (mut v, now) = failing("pool", 11);
+    node_mut(&mut v, "a").taints.push(rebooting.clone());
+    let acts = of(&run(&v, &cfg(), now), "a");
+    assert!(!starts_repair(&acts), "{acts:#?}");
+    assert_eq!(hold_of(&acts), Some(Blocker::KarpenterDisrupting));
+    // A repair of nodekeeper's own, still draining, is stopped when Karpenter starts rebooting.
+    let (mut v, now) = failing("pool", 11);
+    let ds = run(&v, &cfg(), now);
+    apply(&mut v, &ds);
+    assert!(starts_repair(&of(&ds, "a")));
+    node_mut(&mut v, "a").taints.push(rebooting.clone());
+    let acts = of(&run(&v, &cfg(), now + mins(1)), "a");
+    assert!(has(&acts, |x| matches!(x, Action::StopDrain)), "{acts:#?}");
+    assert!(has(&acts, |x| matches!(x, Action::Uncordon)), "{acts:#?}");
+    // Counted against the budget (one node per group): another failing node waits.
+    let (mut v, now) = failing("pool", 11);
+    node_mut(&mut v, "a").taints.push(rebooting);
+    ready(node_mut(&mut v, "b"), "False", now - mins(11));
+    let mut c = cfg();
+    c.budgets.default = budgets(r#"[{ nodes = "1" }]"#);
+    c.repair.max_unhealthy = nodekeeper_core::controller::policy::config::Quantity::Percent(50);
+    let acts = of(&run(&v, &c, now), "b");
+    assert!(!starts_repair(&acts), "{acts:#?}");
+    assert!(
+        matches!(hold_of(&acts), Some(Blocker::Budget { .. })),
+        "{acts:#?}"
+    );
+    // The reboot over (taint lifted) and still failing: nodekeeper's own repair may start.
+    let (v, now) = failing("pool", 11);
+    assert!(starts_repair(&of(&run(&v, &cfg(), now), "a")));
 }

@@ -100,7 +100,8 @@ pub enum Reason {
     /// An operator vetoed the node's repair: `karpenter.sh/do-not-repair` or
     /// `nodekeeper.io/do-not-repair` is `"true"` (Warning).
     BlockedByDoNotRepair,
-    /// Karpenter is disrupting the node (`karpenter.sh/disrupted`): nodekeeper stands back
+    /// Karpenter is disrupting the node (`karpenter.sh/disrupted`, or `karpenter.sh/rebooting`
+    /// for a reboot in place): nodekeeper stands back
     /// (Warning).
     BlockedByKarpenter,
     /// The group's disruption budget allows no more nodes now (Warning).

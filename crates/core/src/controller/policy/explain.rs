@@ -36,7 +36,8 @@ pub enum Blocker {
         annotation: String,
     },
     /// Karpenter is disrupting the node (its `karpenter.sh/disrupted` taint: its NodeRepair,
-    /// drift or consolidation chose it and replaces and drains it), so nodekeeper starts no
+    /// drift or consolidation chose it and replaces and drains it; or `karpenter.sh/rebooting`:
+    /// its NodeRepair reboots it in place), so nodekeeper starts no
     /// repair of its own there and stops one that had not reached its replacement.
     KarpenterDisrupting,
     /// The group's disruption budget allows no more nodes now.
@@ -155,8 +156,9 @@ impl Blocker {
                 "repair vetoed by the node's annotation {annotation}=\"true\": no cordon, drain, reboot or replacement for a repair until it is removed (interruption notices are still handled)"
             ),
             Blocker::KarpenterDisrupting => format!(
-                "Karpenter is disrupting the node (taint {}): it drains and replaces it, so nodekeeper stands back (no cordon, drain, reboot or replacement of its own)",
-                super::view::KARPENTER_DISRUPTED_TAINT
+                "Karpenter is disrupting the node (taint {} or {}): it drains and replaces or reboots it, so nodekeeper stands back (no cordon, drain, reboot or replacement of its own)",
+                super::view::KARPENTER_DISRUPTED_TAINT,
+                super::view::KARPENTER_REBOOTING_TAINT
             ),
             Blocker::Budget {
                 group,

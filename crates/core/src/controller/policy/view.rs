@@ -111,6 +111,10 @@ pub mod keys {
 /// deletes the node's NodeClaim: such a node counts against its group's budget.
 pub const KARPENTER_DISRUPTED_TAINT: &str = "karpenter.sh/disrupted";
 
+/// The taint Karpenter (v1.15) puts on a node its repair reboots in place (`RebootNode`), before
+/// its drain (`pkg/controllers/nodeclaim/reboot`, `RebootingNoScheduleTaint`), and lifts after.
+pub const KARPENTER_REBOOTING_TAINT: &str = "karpenter.sh/rebooting";
+
 /// The cluster as the controller sees it at one instant.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClusterView {
@@ -436,9 +440,10 @@ impl NodeView {
         self.taints.iter().any(|t| t.key == key)
     }
 
-    /// Karpenter has chosen to disrupt it: it carries [`KARPENTER_DISRUPTED_TAINT`] (any effect).
+    /// Karpenter has chosen to disrupt it: it carries [`KARPENTER_DISRUPTED_TAINT`], or
+    /// [`KARPENTER_REBOOTING_TAINT`] for a reboot in place (any effect).
     pub fn karpenter_disrupted(&self) -> bool {
-        self.has_taint(KARPENTER_DISRUPTED_TAINT)
+        self.has_taint(KARPENTER_DISRUPTED_TAINT) || self.has_taint(KARPENTER_REBOOTING_TAINT)
     }
 
     /// nodekeeper's recorded progress, parsed from the annotations.
