@@ -635,6 +635,7 @@ spec:
     let victim = hosts[0].clone();
     let victim_claim = claim_of(&admin, &victim).await;
     let before = claims_of_pool(&admin, COOP_POOL).await;
+    let victim_host = hostname(&nodes.get(&victim).await.unwrap());
 
     // nodekeeper's controller, the shipped policy (drain → replace, Ready=False) with provider karpenter.
     let dir = tempfile::tempdir().unwrap();
@@ -724,12 +725,28 @@ spec:
         "one replacement, nodekeeper's"
     );
     let twin_node = claim_node(&admin, &twin).await;
+    // A host of its own: the old claim's hostname label (KWOK's, recorded on the claim at launch) is
+    // not copied, else the registration gives it to the new Node and every pod with a hostname
+    // anti-affinity to the evicted one refuses the node while that pod terminates.
+    let twin_host = hostname(&nodes.get(&twin_node).await.unwrap());
+    assert_ne!(
+        twin_host, victim_host,
+        "the pre-spun node took the old hostname"
+    );
     let on: Vec<Pod> = app_pods_of(&pods, COOP_APP).await;
     assert!(
         on.iter().any(|p| running_on(p) == Some(twin_node.as_str())),
         "no pod on the pre-spun node {twin_node}"
     );
     finish(ctl, c, "deployment,pdb", COOP_APP, COOP_POOL).await;
+}
+
+fn hostname(n: &Node) -> Option<String> {
+    n.metadata
+        .labels
+        .as_ref()?
+        .get("kubernetes.io/hostname")
+        .cloned()
 }
 
 /// The names of the NodeClaims of NodePool `pool`.

@@ -24,5 +24,6 @@ mod policy_prespin;
 mod policy_props;
 mod policy_table;
 mod policy_veto;
+mod provider_karpenter;
 mod provider_none;
 mod provider_webhook;

@@ -385,6 +385,17 @@ impl Karpenter {
     }
 }
 
+/// Labels of the old claim that belong to its instance, not to its shape, and are not copied:
+/// the hostname (Karpenter's one restricted label; its launch records the provider's value on
+/// the claim, e.g. the KWOK provider's claim name, and its registration copies claim labels onto
+/// the Node, so a copy would give the new node the old one's hostname and every pod with a
+/// hostname anti-affinity to the old node's pods would refuse it) and Karpenter's lifecycle marks.
+pub const PER_INSTANCE_LABELS: [&str; 3] = [
+    "kubernetes.io/hostname",
+    "karpenter.sh/registered",
+    "karpenter.sh/initialized",
+];
+
 /// The replacement claim's name: the old claim's, then `-nk` and 10 hex digits of the request id
 /// (cut so that the whole stays a valid name of at most 63 characters, as Node names from it must).
 pub fn twin_name(old: &str, request_id: &str) -> String {
@@ -395,11 +406,12 @@ pub fn twin_name(old: &str, request_id: &str) -> String {
     format!("{}{suffix}", base.trim_end_matches(['-', '.']))
 }
 
-/// The NodeClaim that replaces `old`: its spec, NodePool label and hash annotations, owner
-/// references; labelled with the node it replaces, annotated with the request that created it and
+/// The NodeClaim that replaces `old`: its spec, labels (but [`PER_INSTANCE_LABELS`]) and NodePool
+/// hash annotations, owner references; labelled with the node it replaces, annotated with the request that created it and
 /// `do-not-disrupt`; no status, no finalizers (Karpenter adds its own).
 pub fn twin_of(old: &DynamicObject, name: &str, req: &ReplacementRequest) -> DynamicObject {
     let mut labels = old.metadata.labels.clone().unwrap_or_default();
+    labels.retain(|k, _| !PER_INSTANCE_LABELS.contains(&k.as_str()));
     labels.insert(REPLACES_LABEL.into(), req.node.clone());
     let mut annotations: BTreeMap<String, String> = old
         .metadata
