@@ -750,7 +750,7 @@ fn hostname(n: &Node) -> Option<String> {
 }
 
 /// The names of the NodeClaims of NodePool `pool`.
-async fn claims_of_pool(admin: &kube::Client, pool: &str) -> BTreeSet<String> {
+pub(crate) async fn claims_of_pool(admin: &kube::Client, pool: &str) -> BTreeSet<String> {
     nodeclaims(admin)
         .list(&ListParams::default().labels(&format!("karpenter.sh/nodepool={pool}")))
         .await
@@ -761,18 +761,29 @@ async fn claims_of_pool(admin: &kube::Client, pool: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The names of the NodeClaims nodekeeper created to replace `node`.
+pub(crate) async fn twins(admin: &kube::Client, node: &str) -> Vec<String> {
+    nodeclaims(admin)
+        .list(&ListParams::default().labels(&format!("nodekeeper.io/replaces={node}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect()
+}
+
 /// The name of the one NodeClaim nodekeeper created to replace `node` (waiting for it).
 async fn twin_of(admin: &kube::Client, node: &str) -> String {
-    let api = nodeclaims(admin);
-    let lp = ListParams::default().labels(&format!("nodekeeper.io/replaces={node}"));
-    wait_for(Duration::from_secs(30), "the pre-spun NodeClaim", || {
-        let (api, lp) = (api.clone(), lp.clone());
-        async move {
-            let items = api.list(&lp).await.ok()?.items;
-            assert!(items.len() <= 1, "more than one replacement of {node}");
-            items.into_iter().next()?.metadata.name
-        }
-    })
+    wait_for(
+        Duration::from_secs(30),
+        "the pre-spun NodeClaim",
+        || async move {
+            let names = twins(admin, node).await;
+            assert!(names.len() <= 1, "more than one replacement of {node}");
+            names.into_iter().next()
+        },
+    )
     .await
 }
 

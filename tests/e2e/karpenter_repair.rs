@@ -27,8 +27,8 @@ use nodekeeper_core::controller::policy::view::{keys, KARPENTER_DISRUPTED_TAINT}
 use serde_json::json;
 
 use crate::karpenter::{
-    both_running_elsewhere, claim_of, finish, gone, karpenter_controller_toml_with,
-    karpenter_evictions, no_eviction_pdb, nodeclaims, pool_with_two_pods,
+    both_running_elsewhere, claim_of, claims_of_pool, finish, gone, karpenter_controller_toml_with,
+    karpenter_evictions, no_eviction_pdb, nodeclaims, pool_with_two_pods, twins,
 };
 use crate::support::*;
 
@@ -111,18 +111,6 @@ fn watch(
     (tasks, seen)
 }
 
-/// The NodePool's NodeClaims now.
-async fn claim_names(admin: &kube::Client, pool: &str) -> BTreeSet<String> {
-    nodeclaims(admin)
-        .list(&ListParams::default().labels(&format!("karpenter.sh/nodepool={pool}")))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|c| c.metadata.name)
-        .collect()
-}
-
 /// The victim's node-monitoring agent reports `KWOKUnhealthy=True` (the KWOK provider's simulated
 /// fault); KWOK keeps the node Ready (its Lease) and, for the label, leaves the conditions alone.
 async fn kwok_unhealthy(nodes: &Api<Node>, victim: &str) {
@@ -196,7 +184,7 @@ async fn scene(pool: &str, app: &str) -> Scene {
     let hosts = pool_with_two_pods(c, &pods, pool, app, DISRUPTION, &no_eviction_pdb(app)).await;
     let victim = hosts[0].clone();
     let claim = claim_of(&admin, &victim).await;
-    let before = claim_names(&admin, pool).await;
+    let before = claims_of_pool(&admin, pool).await;
     let nodes = Api::all(admin.clone());
     (c, admin, pods, nodes, victim, claim, before)
 }
@@ -277,14 +265,7 @@ async fn nodekeeper_repairs_first_and_karpenters_node_repair_stands_back() {
     assert_eq!(added.len(), 1, "one replacement: {added:?}");
     // nodekeeper's, pre-spun as its drain started (`[repair] prespin`), not one Karpenter
     // provisioned for the evicted pod.
-    let twins: Vec<String> = nodeclaims(&admin)
-        .list(&ListParams::default().labels(&format!("nodekeeper.io/replaces={victim}")))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|c| c.metadata.name)
-        .collect();
+    let twins = twins(&admin, &victim).await;
     assert_eq!(
         added,
         twins.iter().collect::<Vec<_>>(),
