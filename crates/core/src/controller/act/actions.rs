@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, Patch, PatchParams};
@@ -47,6 +48,9 @@ use crate::sync::lock;
 use crate::wire::AgentCommand;
 
 pub use crate::controller::policy::view::keys::REPLACEMENT_ACCEPTED;
+
+/// Attempts of an abandonment ([`Actor::abandon`]) before it is given up (and Evented).
+pub const ABANDON_ATTEMPTS: u32 = 5;
 
 /// Field manager of the actor's patches.
 pub const FIELD_MANAGER: &str = "nodekeeper-controller";
@@ -767,13 +771,27 @@ impl Actor {
     }
 
     /// Tells the provider that a pre-spun replacement is no longer wanted (the repair ended
-    /// without retiring the node; the node's annotations are cleared already). Not retried: a
-    /// failure leaves the new node held for longer, nothing worse.
+    /// without retiring the node; the node's annotations are cleared already, so nothing asks
+    /// again later): retried here, up to [`ABANDON_ATTEMPTS`] times with backoff, since a
+    /// failure leaves the new node held out of consolidation.
     pub async fn abandon(&self, node: &str, id: &str, reason: &str) -> Result<(), ActionError> {
         let mut req = ReplacementRequest::new(node, reason, id);
         req.request_id = request_id(node, "replacement", id);
         lock(&self.asked).remove(&req.request_id);
-        match self.provider.abandon(&req).await {
+        let mut attempt = 0;
+        let result = loop {
+            attempt += 1;
+            match self.provider.abandon(&req).await {
+                Err(e) if !e.is_permanent() && attempt < ABANDON_ATTEMPTS => {
+                    tracing::warn!(node, attempt, error = %e, "abandoning the replacement failed; retrying");
+                    let max = Duration::from_secs(30);
+                    let base = Duration::from_secs(1);
+                    tokio::time::sleep(crate::backoff::delay(base, max, attempt)).await;
+                }
+                done => break done,
+            }
+        };
+        match result {
             Ok(()) => {
                 tracing::info!(node, request_id = %req.request_id, provider = self.provider.name(), "replacement abandoned");
                 Ok(())
