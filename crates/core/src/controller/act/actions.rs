@@ -49,6 +49,14 @@ use crate::wire::AgentCommand;
 
 pub use crate::controller::policy::view::keys::REPLACEMENT_ACCEPTED;
 
+/// The provider request of replacement `id` (the node's `replacement-requested` time): one
+/// request id for its request, its retirement and its abandonment.
+fn provider_request(node: &str, id: &str, reason: &str) -> ReplacementRequest {
+    let mut req = ReplacementRequest::new(node, reason, id);
+    req.request_id = request_id(node, "replacement", id);
+    req
+}
+
 /// Attempts of an abandonment ([`Actor::abandon`]) before it is given up (and Evented).
 pub const ABANDON_ATTEMPTS: u32 = 5;
 
@@ -692,8 +700,7 @@ impl Actor {
         reason: &str,
         prespin: bool,
     ) -> Result<(), ActionError> {
-        let mut req = ReplacementRequest::new(node, reason, id);
-        req.request_id = request_id(node, "replacement", id);
+        let mut req = provider_request(node, id, reason);
         req.prespin = prespin;
         if !lock(&self.asked).insert(req.request_id.clone()) {
             return Ok(());
@@ -748,8 +755,7 @@ impl Actor {
     /// already), once per id in this process; a failure is logged, Evented and asked again by the
     /// engine's next pass.
     pub async fn retire(&self, node: &str, id: &str, reason: &str) -> Result<(), ActionError> {
-        let mut req = ReplacementRequest::new(node, reason, id);
-        req.request_id = request_id(node, "replacement", id);
+        let req = provider_request(node, id, reason);
         if !lock(&self.retired).insert(req.request_id.clone()) {
             return Ok(());
         }
@@ -775,8 +781,7 @@ impl Actor {
     /// again later): retried here, up to [`ABANDON_ATTEMPTS`] times with backoff, since a
     /// failure leaves the new node held out of consolidation.
     pub async fn abandon(&self, node: &str, id: &str, reason: &str) -> Result<(), ActionError> {
-        let mut req = ReplacementRequest::new(node, reason, id);
-        req.request_id = request_id(node, "replacement", id);
+        let req = provider_request(node, id, reason);
         lock(&self.asked).remove(&req.request_id);
         let mut attempt = 0;
         let result = loop {
